@@ -1,0 +1,224 @@
+"""Range mappers: which part of a buffer a chunk of a kernel accesses.
+
+A user-facing mapper is any callable ``(chunk: Subrange, buffer_shape) -> Subrange
+| Box | Region``.  ``to_scheduler_mapper`` turns it into what the scheduler calls
+(``(Box, shape) -> Region``), checking dimensionality and clipping to the buffer
+so that errors name the buffer and the mapper instead of failing deep inside.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+from scheduler.errors import RangeMapperError
+from scheduler.geometry import Box, Region, Subrange
+
+
+class RangeMapper:
+    """Base of the built-in mappers; ``__call__`` follows the user mapper signature."""
+
+    name = "range_mapper"
+
+    def __call__(self, chunk: Subrange, shape: tuple[int, ...]) -> Subrange | Box | Region:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"cl.{self.name}()"
+
+
+class one_to_one(RangeMapper):
+    name = "one_to_one"
+
+    def __call__(self, chunk, shape):
+        if len(chunk.offset) != len(shape):
+            raise RangeMapperError(f"one_to_one maps a {len(chunk.offset)}-D kernel onto a "
+                                   f"{len(shape)}-D buffer; the dimensionalities must match")
+        return chunk
+
+
+class all(RangeMapper):  # noqa: A001 - the API name is cl.all
+    name = "all"
+
+    def __call__(self, chunk, shape):
+        return Box.full(shape)
+
+
+class fixed(RangeMapper):
+    name = "fixed"
+
+    def __init__(self, subrange: Subrange | Box | Region | tuple):
+        if isinstance(subrange, tuple) and len(subrange) == 2:
+            subrange = Subrange(*subrange)
+        if not isinstance(subrange, (Subrange, Box, Region)):
+            raise RangeMapperError(f"cl.fixed takes a Subrange, Box or Region, got {type(subrange).__name__}")
+        self.subrange = subrange
+
+    def __call__(self, chunk, shape):
+        return self.subrange
+
+    def __repr__(self):
+        return f"cl.fixed({self.subrange})"
+
+
+class slice(RangeMapper):  # noqa: A001 - the API name is cl.slice
+    """The chunk's extent in every dimension except ``dim``, where it spans the buffer."""
+
+    name = "slice"
+
+    def __init__(self, dim: int):
+        self.dim = int(dim)
+
+    def __call__(self, chunk, shape):
+        if not 0 <= self.dim < len(shape):
+            raise RangeMapperError(f"cl.slice({self.dim}) on a {len(shape)}-D buffer")
+        off = list(chunk.offset[: len(shape)]) + [0] * (len(shape) - len(chunk.offset))
+        rng = list(chunk.range[: len(shape)]) + [1] * (len(shape) - len(chunk.range))
+        off[self.dim] = 0
+        rng[self.dim] = shape[self.dim]
+        return Subrange(off, rng)
+
+    def __repr__(self):
+        return f"cl.slice({self.dim})"
+
+
+class neighborhood(RangeMapper):
+    """The chunk grown by ``extent`` per dimension: a box, or a cross along the axes."""
+
+    name = "neighborhood"
+
+    def __init__(self, *extent: int | Sequence[int], shape: str = "bounding_box"):
+        if len(extent) == 1 and isinstance(extent[0], (tuple, list)):
+            extent = tuple(extent[0])
+        if not extent or any(int(e) < 0 for e in extent):
+            raise RangeMapperError(f"cl.neighborhood needs non-negative extents, got {extent}")
+        if shape not in ("bounding_box", "along_axes"):
+            raise RangeMapperError(f"cl.neighborhood shape must be 'bounding_box' or 'along_axes', got {shape!r}")
+        self.extent = tuple(int(e) for e in extent)
+        self.shape = shape
+
+    def __call__(self, chunk, shape):
+        n = len(chunk.offset)
+        if len(self.extent) != n:
+            raise RangeMapperError(f"cl.neighborhood{self.extent} used with a {n}-D kernel")
+        lo = chunk.offset
+        hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
+        if self.shape == "bounding_box" or n == 1:
+            return Box(tuple(l - e for l, e in zip(lo, self.extent)), tuple(h + e for h, e in zip(hi, self.extent)), n)
+        boxes = []
+        for d in range(n):
+            l2 = list(lo)
+            h2 = list(hi)
+            l2[d] -= self.extent[d]
+            h2[d] += self.extent[d]
+            boxes.append(Box(tuple(l2), tuple(h2), n))
+        return Region(boxes)
+
+    def __repr__(self):
+        return f"cl.neighborhood({self.extent}, shape={self.shape!r})"
+
+
+class transposed(RangeMapper):
+    """Chunk (i, j) reads (j, i): reverses the dimensions."""
+
+    name = "transposed"
+
+    def __call__(self, chunk, shape):
+        return Subrange(tuple(reversed(chunk.offset)), tuple(reversed(chunk.range)))
+
+
+class even_split(RangeMapper):
+    """Maps the chunk's relative position in the kernel range onto dimension 0 of the buffer."""
+
+    name = "even_split"
+
+    def __init__(self, granularity: int | None = None):
+        self.granularity = int(granularity) if granularity else 1
+
+    def __call__(self, chunk, shape):
+        g = getattr(chunk, "global_range", None) or chunk.range
+        if not shape:
+            return Box.full(shape)
+        total = shape[0]
+        gran = self.granularity
+        units = -(-total // gran)
+
+        def at(p):
+            return min(total, ((p * units) // g[0]) * gran)
+
+        start = at(chunk.offset[0] - (getattr(chunk, "global_offset", None) or (0,))[0])
+        end = at(chunk.offset[0] + chunk.range[0] - (getattr(chunk, "global_offset", None) or (0,))[0])
+        return Subrange((start,) + (0,) * (len(shape) - 1), (end - start,) + tuple(shape[1:]))
+
+
+class ChunkView(Subrange):
+    """The chunk a user mapper receives: a Subrange that also knows the kernel's global range."""
+
+    __slots__ = ("global_range", "global_offset")
+
+    def __init__(self, offset, range, global_range=None, global_offset=None):
+        Subrange.__init__(self, offset, range)
+        self.global_range = global_range
+        self.global_offset = global_offset
+
+
+def _arity(fn: Callable) -> int:
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values()):
+            return 2
+        return len(params)
+    except (TypeError, ValueError):
+        return 2
+
+
+def to_region(result: Any, dims: int, what: str) -> Region:
+    """Convert a mapper result to a Region of ``dims`` dimensions, or say what is wrong."""
+    if isinstance(result, Subrange):
+        if result.dims != dims:
+            raise RangeMapperError(f"{what} returned a {result.dims}-D subrange for a {dims}-D buffer")
+        return Region.from_box(result.box)
+    if isinstance(result, Box):
+        if result.dims != dims:
+            raise RangeMapperError(f"{what} returned a {result.dims}-D box for a {dims}-D buffer")
+        return Region.from_box(result)
+    if isinstance(result, Region):
+        if result.dims != dims and not result.empty:
+            raise RangeMapperError(f"{what} returned a {result.dims}-D region for a {dims}-D buffer")
+        return result.with_dims(dims)
+    raise RangeMapperError(f"{what} returned {type(result).__name__}; a range mapper must return "
+                           f"a cl.Subrange, cl.Box or cl.Region")
+
+
+def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int,
+                        kernel_dims: int | None = None, global_box: Box | None = None
+                        ) -> Callable[[Box, tuple], Region]:
+    """Wrap a user-facing mapper into the scheduler's ``(Box, shape) -> Region`` form."""
+    if not callable(mapper):
+        raise RangeMapperError(f"the range mapper for buffer {buffer_label} is not callable: {mapper!r}")
+    arity = _arity(mapper)
+    what = f"range mapper {mapper!r} for buffer {buffer_label}"
+    g_range = global_box.range if global_box is not None else None
+    g_off = global_box.offset if global_box is not None else None
+    cache: dict = {}
+
+    def mapped(chunk: Box, shape: tuple) -> Region:
+        key = (chunk.lo, chunk.hi, chunk.dims)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        view = ChunkView(chunk.offset, chunk.range, g_range, g_off)
+        try:
+            res = mapper(view, tuple(shape)) if arity >= 2 else mapper(view)
+        except RangeMapperError:
+            raise
+        except Exception as exc:
+            raise RangeMapperError(f"{what} raised {type(exc).__name__}: {exc}") from exc
+        reg = to_region(res, len(shape), what) & Box.full(shape)
+        if len(cache) < 64:
+            cache[key] = reg
+        return reg
+
+    mapped.__name__ = getattr(mapper, "name", getattr(mapper, "__name__", "mapper"))
+    mapped.user_mapper = mapper  # type: ignore[attr-defined]
+    return mapped

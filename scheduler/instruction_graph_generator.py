@@ -1,0 +1,793 @@
+"""Lowers one rank's commands into instructions.
+
+Per buffer and memory it keeps allocations (boxes that only grow, merged on
+resize) and, per allocation, the last writer and the concurrent readers of every
+region; per buffer a map of which memories hold the newest data.  Dependencies
+come only from those maps, so independent work (kernels on different devices, a
+send and a kernel, a copy and an unrelated kernel) stays concurrent.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from . import command_graph as cg
+from . import task_graph as tg
+from .geometry import Box, Region, RegionMap
+from .instruction_graph import (
+    HOST_MEMORY, USER_MEMORY, AccessAllocation, AllocInstruction, AwaitReceiveInstruction,
+    CloneCollectiveGroupInstruction, CopyInstruction, DestroyHostObjectInstruction,
+    DeviceKernelInstruction, EpochInstruction, FenceInstruction, FillIdentityInstruction,
+    FreeInstruction, GatherReceiveInstruction, HorizonInstruction, HostTaskInstruction,
+    Instruction, Pilot, ReceiveInstruction, ReduceInstruction, ReductionAllocation,
+    SendInstruction, SplitReceiveInstruction, device_memory)
+from .split import split_1d, split_2d
+
+log = logging.getLogger("celeritas.instruction_graph")
+
+# dependency origins
+DEP_ALLOCATION = "allocation_lifetime"
+DEP_READ = "read"              # reads what the predecessor wrote
+DEP_WRITE = "write"            # overwrites what the predecessor read or wrote
+DEP_SIDE_EFFECT = "side_effect"
+DEP_COLLECTIVE = "collective_order"
+DEP_LAST_EPOCH = "last_epoch"
+DEP_EXECUTION_FRONT = "execution_front"
+DEP_SPLIT_RECEIVE = "split_receive"
+
+PRIORITY_COMM = 2
+PRIORITY_COPY = 1
+
+FREQUENT_ALLOCATION_THRESHOLD = 10
+
+
+@dataclass(slots=True)
+class SystemInfo:
+    """What the generator needs to know about the rank's hardware."""
+
+    num_devices: int = 1
+    # (source memory, destination memory) pairs that can copy directly; memories 0 and 1
+    # can always copy to and from anything.  None = every pair is direct.
+    peers: frozenset[tuple[int, int]] | None = None
+    # memories the communicator can send from / receive into (None = all)
+    comm_memories: frozenset[int] | None = frozenset((HOST_MEMORY,))
+
+    def can_copy(self, src: int, dst: int) -> bool:
+        if src <= HOST_MEMORY or dst <= HOST_MEMORY or src == dst or self.peers is None:
+            return True
+        return (src, dst) in self.peers
+
+    def comm_capable(self, memory: int) -> bool:
+        return memory != USER_MEMORY and (self.comm_memories is None or memory in self.comm_memories)
+
+
+class _Allocation:
+    __slots__ = ("id", "memory", "box", "writers", "readers", "dims")
+
+    def __init__(self, aid: int, memory: int, box: Box, creator: int | None):
+        self.id = aid
+        self.memory = memory
+        self.box = box
+        self.dims = box.dims
+        self.writers = RegionMap(box, creator)
+        self.readers = RegionMap(box, frozenset())
+
+    def users(self) -> set[int]:
+        out = {w for w in self.writers.values() if w is not None}
+        for s in self.readers.values():
+            out |= s
+        return out
+
+
+class _PendingReceive:
+    __slots__ = ("transfer", "region")
+
+    def __init__(self, transfer, region: Region):
+        self.transfer = transfer
+        self.region = region
+
+
+class _Buffer:
+    __slots__ = ("info", "allocs", "newest", "pending", "user", "anticipated", "dtype",
+                 "itemsize", "alloc_counts", "warned")
+
+    def __init__(self, info: tg.BufferInfo):
+        self.info = info
+        self.allocs: dict[int, list[_Allocation]] = {}
+        self.newest = RegionMap(info.box, frozenset())    # memories holding the newest data
+        self.pending: list[_PendingReceive] = []
+        self.user: _Allocation | None = None
+        self.anticipated: dict[int, list[Box]] = {}
+        self.dtype = np.dtype(info.dtype)
+        self.itemsize = self.dtype.itemsize
+        self.alloc_counts: dict[int, int] = {}
+        self.warned = False
+
+
+@dataclass(slots=True)
+class _ChunkPlan:
+    box: Box
+    memory: int
+    device: int | None
+    accesses: list[tuple[tg.BufferAccess, Region]] = field(default_factory=list)
+    consumed: dict[int, Region] = field(default_factory=dict)
+    produced: dict[int, Region] = field(default_factory=dict)
+    bbox: dict[int, Box] = field(default_factory=dict)
+
+
+class InstructionGraphGenerator:
+    """Compiles commands of one rank into instructions and outbound pilots."""
+
+    def __init__(self, system: SystemInfo, *, rank: int = 0, num_ranks: int = 1,
+                 record: bool = False, lookahead_merge: bool = True):
+        self.system = system
+        self.rank = rank
+        self.num_ranks = num_ranks
+        self.record = record
+        self.records: list[dict] = []
+        self.pilot_records: list[dict] = []
+        self._next_instr = 0
+        self._next_alloc = 1
+        self._next_msg = 0
+        self._buffers: dict[int, _Buffer] = {}
+        self._front: set[int] = set()
+        self._epoch: int | None = None
+        self._garbage: list[int] = []
+        self._host_objects: dict[int, int | None] = {}   # host object -> last instruction
+        self._collective: dict[int, int | None] = {}     # group -> last instruction
+        self._out: list[Instruction] = []
+        self._pilots: list[Pilot] = []
+        self._current_horizon: int | None = None
+        self.counts: dict[str, int] = {}
+
+    # ---- objects ---------------------------------------------------------------
+    def create_buffer(self, info: tg.BufferInfo) -> int | None:
+        """Register a buffer; returns the id of its user allocation when host-initialized."""
+        b = _Buffer(info)
+        self._buffers[info.id] = b
+        if info.host_initialized:
+            aid = self._new_alloc_id()
+            b.user = _Allocation(aid, USER_MEMORY, info.box, self._epoch)
+            b.newest.update(info.box, frozenset((USER_MEMORY,)))
+            return aid
+        return None
+
+    def destroy_buffer(self, bid: int) -> list[Instruction]:
+        b = self._buffers.pop(bid, None)
+        if b is None:
+            return []
+        self._begin()
+        self._materialize_all(b)
+        for mem in sorted(b.allocs):
+            for a in b.allocs[mem]:
+                self._free(a)
+        if b.user is not None:
+            self._garbage.append(b.user.id)
+        return self._end()[0]
+
+    def create_host_object(self, hoid: int) -> None:
+        self._host_objects[hoid] = None
+
+    def destroy_host_object(self, hoid: int) -> list[Instruction]:
+        self._begin()
+        last = self._host_objects.pop(hoid, None)
+        ins = DestroyHostObjectInstruction(self._new_id(), host_object=hoid)
+        if last is not None:
+            ins.deps.append((last, DEP_SIDE_EFFECT))
+        self._emit(ins)
+        return self._end()[0]
+
+    # ---- bookkeeping -------------------------------------------------------------
+    def _new_id(self) -> int:
+        i = self._next_instr
+        self._next_instr += 1
+        return i
+
+    def _new_alloc_id(self) -> int:
+        a = self._next_alloc
+        self._next_alloc += 1
+        return a
+
+    def _begin(self) -> None:
+        self._out = []
+        self._pilots = []
+
+    def _end(self) -> tuple[list[Instruction], list[Pilot]]:
+        out, pilots = self._out, self._pilots
+        self._out, self._pilots = [], []
+        return out, pilots
+
+    def _emit(self, ins: Instruction) -> Instruction:
+        # de-duplicate dependencies, keep the first origin
+        if ins.deps:
+            seen: dict[int, str] = {}
+            for d, o in ins.deps:
+                if d not in seen and d != ins.id:
+                    seen[d] = o
+            ins.deps = sorted(seen.items())
+            front = self._front
+            for d in seen:
+                front.discard(d)
+        elif self._epoch is not None:
+            ins.deps = [(self._epoch, DEP_LAST_EPOCH)]
+            self._front.discard(self._epoch)
+        self._front.add(ins.id)
+        self._out.append(ins)
+        self.counts[ins.kind] = self.counts.get(ins.kind, 0) + 1
+        if self.record:
+            self.records.append(ins.to_record())
+        return ins
+
+    def _pilot(self, p: Pilot) -> None:
+        self._pilots.append(p)
+        if self.record:
+            self.pilot_records.append(p.to_record())
+
+    # ---- access tracking ---------------------------------------------------------
+    @staticmethod
+    def _read(alloc: _Allocation, region, ins: Instruction) -> None:
+        deps = ins.deps
+        for _b, w in alloc.writers.query(region):
+            if w is not None:
+                deps.append((w, DEP_READ))
+        iid = ins.id
+        alloc.readers.apply(region, lambda s: s | {iid})
+
+    @staticmethod
+    def _write(alloc: _Allocation, region, ins: Instruction) -> None:
+        deps = ins.deps
+        for b, readers in alloc.readers.query(region):
+            if readers:
+                deps.extend((r, DEP_WRITE) for r in readers)
+            else:
+                for _b, w in alloc.writers.query(b):
+                    if w is not None:
+                        deps.append((w, DEP_WRITE))
+        alloc.writers.update(region, ins.id)
+        alloc.readers.update(region, frozenset())
+
+    # ---- allocation ------------------------------------------------------------------
+    def _find_alloc(self, b: _Buffer, memory: int, box: Box) -> _Allocation | None:
+        for a in b.allocs.get(memory, ()):
+            if a.box.contains(box):
+                return a
+        return None
+
+    def _allocate(self, b: _Buffer, memory: int, box: Box, discard: Region | None = None) -> _Allocation:
+        """An allocation on ``memory`` containing ``box``, resizing (merging) if needed."""
+        found = self._find_alloc(b, memory, box)
+        if found is not None:
+            return found
+        allocs = b.allocs.setdefault(memory, [])
+        target = box
+        antic = b.anticipated.get(memory, ())
+        changed = True
+        merge: list[_Allocation] = []
+        while changed:
+            changed = False
+            for ab in antic:
+                if not target.contains(ab) and _touches(target, ab):
+                    target = target.bounding(ab)
+                    changed = True
+            for a in allocs:
+                if a not in merge and a.box.intersects(target):
+                    merge.append(a)
+                    if not target.contains(a.box):
+                        target = target.bounding(a.box)
+                    changed = True
+        target = target & b.info.box if not b.info.box.empty else target
+        aid = self._new_alloc_id()
+        ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=b.info.id,
+                               box=target, shape=target.range, dtype=b.dtype,
+                               size_bytes=target.area * b.itemsize)
+        self._emit(ins)
+        new = _Allocation(aid, memory, target, ins.id)
+        n = b.alloc_counts.get(memory, 0) + 1
+        b.alloc_counts[memory] = n
+        if n >= FREQUENT_ALLOCATION_THRESHOLD and not b.warned:
+            b.warned = True
+            log.warning("buffer %s was allocated %d times on memory %d: its access pattern grows; "
+                        "lookahead 'auto' or 'infinite' allocates once instead", b.info.label, n, memory)
+        newest_here = b.newest.region_of(lambda ms: memory in ms)
+        if memory == HOST_MEMORY:
+            for p in b.pending:
+                newest_here = newest_here - p.region
+        for old in sorted(merge, key=lambda a: a.id):
+            keep = Region.from_box(old.box) & newest_here
+            if discard is not None:
+                keep = keep - discard
+            for cbox in keep:
+                cp = CopyInstruction(self._new_id(), source=old.id, dest=aid, source_memory=memory,
+                                     dest_memory=memory, buffer=b.info.id, box=cbox, source_box=old.box,
+                                     dest_box=target, size_bytes=cbox.area * b.itemsize,
+                                     priority=PRIORITY_COPY)
+                self._read(old, cbox, cp)
+                self._write(new, cbox, cp)
+                self._emit(cp)
+            allocs.remove(old)
+            self._free(old)
+        allocs.append(new)
+        return new
+
+    def _free(self, a: _Allocation) -> None:
+        ins = FreeInstruction(self._new_id(), allocation=a.id, memory=a.memory)
+        ins.deps.extend((u, DEP_ALLOCATION) for u in sorted(a.users()))
+        self._emit(ins)
+
+    def _scratch(self, memory: int, box: Box, dtype: np.dtype) -> _Allocation:
+        aid = self._new_alloc_id()
+        ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=None, box=None,
+                               shape=(box.area,), dtype=dtype, size_bytes=box.area * dtype.itemsize)
+        self._emit(ins)
+        return _Allocation(aid, memory, box, ins.id)
+
+    # ---- coherence ---------------------------------------------------------------
+    def _source_memory(self, mems: frozenset[int], dst: int) -> int | None:
+        """Best memory to copy from directly: a peer device, then host, then user."""
+        best = None
+        for m in sorted(mems, reverse=True):
+            if m == dst:
+                return m
+            if self.system.can_copy(m, dst):
+                if best is None or (m >= 2 and best < 2) or (m == HOST_MEMORY and best == USER_MEMORY):
+                    best = m
+        return best
+
+    def _copy_between(self, b: _Buffer, src_mem: int, dst: _Allocation, box: Box) -> None:
+        """Copy ``box`` from the allocations of ``src_mem`` into ``dst``."""
+        srcs = [b.user] if src_mem == USER_MEMORY else b.allocs.get(src_mem, [])
+        for src in srcs:
+            if src is None:
+                continue
+            part = src.box & box
+            if part.empty:
+                continue
+            cp = CopyInstruction(self._new_id(), source=src.id, dest=dst.id, source_memory=src_mem,
+                                 dest_memory=dst.memory, buffer=b.info.id, box=part, source_box=src.box,
+                                 dest_box=dst.box, size_bytes=part.area * b.itemsize,
+                                 priority=PRIORITY_COPY)
+            self._read(src, part, cp)
+            self._write(dst, part, cp)
+            self._emit(cp)
+
+    def _make_coherent(self, b: _Buffer, memory: int, region: Region) -> None:
+        """Copy whatever of ``region`` is not newest on ``memory`` from where it is."""
+        if not region:
+            return
+        for box, mems in b.newest.query(region):
+            if not mems or memory in mems:
+                continue
+            dst = self._find_alloc(b, memory, box)
+            if dst is None:
+                dst = self._allocate(b, memory, box)
+            src = self._source_memory(mems, memory)
+            if src is None:
+                # no direct path (devices without peer access): stage through host memory once
+                stage_src = self._source_memory(mems, HOST_MEMORY)
+                host = self._find_alloc(b, HOST_MEMORY, box) or self._allocate(b, HOST_MEMORY, box)
+                self._copy_between(b, stage_src, host, box)
+                mems = mems | {HOST_MEMORY}
+                src = HOST_MEMORY
+            self._copy_between(b, src, dst, box)
+            b.newest.update(box, mems | {memory})
+
+    # ---- receives ---------------------------------------------------------------
+    def _materialize(self, b: _Buffer, touched: list[Region]) -> None:
+        """Turn pending await-pushes that ``touched`` regions intersect into receives."""
+        if not b.pending:
+            return
+        keep = []
+        for p in b.pending:
+            parts: list[Region] = []
+            covered = Region.empty_region(p.region.dims)
+            for reg in touched:
+                part = (reg & p.region) - covered
+                if part:
+                    parts.append(part)
+                    covered = covered | part
+            if not parts:
+                keep.append(p)
+                continue
+            self._receive(b, p, parts)
+        b.pending = keep
+
+    def _materialize_all(self, b: _Buffer) -> None:
+        for p in b.pending:
+            self._receive(b, p, [p.region])
+        b.pending = []
+
+    def _receive(self, b: _Buffer, p: _PendingReceive, parts: list[Region]) -> None:
+        region = p.region
+        dst_mem = HOST_MEMORY
+        bbox = region.bounding_box
+        dst = self._allocate(b, dst_mem, bbox)
+        common = dict(transfer=p.transfer, region=region, dest=dst.id, dest_box=dst.box, dtype=b.dtype,
+                      size_bytes=region.area * b.itemsize, priority=PRIORITY_COMM)
+        if len(parts) <= 1:
+            ins = ReceiveInstruction(self._new_id(), **common)
+            self._write(dst, region, ins)
+            self._emit(ins)
+        else:
+            split = SplitReceiveInstruction(self._new_id(), **common)
+            self._write(dst, region, split)
+            self._emit(split)
+            for part in parts:
+                aw = AwaitReceiveInstruction(self._new_id(), transfer=p.transfer, region=part,
+                                             priority=PRIORITY_COMM)
+                aw.deps.append((split.id, DEP_SPLIT_RECEIVE))
+                dst.writers.update(part, aw.id)
+                self._emit(aw)
+        b.newest.update(region, frozenset((dst_mem,)))
+
+    # ---- lookahead --------------------------------------------------------------
+    def anticipate(self, cmd: cg.Command) -> bool:
+        """Record the boxes ``cmd`` will need; True if any is not allocated yet."""
+        new_need = False
+        for bid, memory, box in self._requirements(cmd):
+            b = self._buffers.get(bid)
+            if b is None or box.empty:
+                continue
+            if self._find_alloc(b, memory, box) is None:
+                lst = b.anticipated.setdefault(memory, [])
+                if not any(x.contains(box) for x in lst):
+                    lst.append(box)
+                    new_need = True
+        return new_need
+
+    def clear_anticipation(self) -> None:
+        for b in self._buffers.values():
+            b.anticipated.clear()
+
+    def _requirements(self, cmd: cg.Command) -> Iterable[tuple[int, int, Box]]:
+        if isinstance(cmd, cg.ExecutionCommand):
+            for plan in self._plan_chunks(cmd):
+                for bid, box in plan.bbox.items():
+                    yield bid, plan.memory, box
+        elif isinstance(cmd, cg.AwaitPushCommand) and cmd.transfer[2] == 0:
+            yield cmd.transfer[1], HOST_MEMORY, cmd.region.bounding_box
+
+    # ---- compile -------------------------------------------------------------------
+    def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot]]:
+        self._begin()
+        kind = cmd.kind
+        if kind == cg.EXECUTION:
+            self._compile_execution(cmd)
+        elif kind == cg.PUSH:
+            self._compile_push(cmd)
+        elif kind == cg.AWAIT_PUSH:
+            self._compile_await_push(cmd)
+        elif kind == cg.REDUCTION:
+            self._compile_reduction(cmd)
+        elif kind == cg.FENCE:
+            self._compile_fence(cmd)
+        elif kind in (cg.HORIZON, cg.EPOCH):
+            self._compile_horizon_or_epoch(cmd)
+        else:
+            raise ValueError(f"unknown command kind {kind}")
+        return self._end()
+
+    def _plan_chunks(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
+        task = cmd.task
+        if task.kind == tg.DEVICE_COMPUTE:
+            d = self.system.num_devices
+            k = max(1, task.oversubscribe)
+            n = d * k
+            gran = task.geometry.granularity or (1,) * task.geometry.dims
+            if task.geometry.dims == 0 or n == 1:
+                boxes = [cmd.box]
+            elif task.split == "2d" and task.geometry.dims >= 2:
+                boxes = split_2d(cmd.box, gran, n)
+            else:
+                boxes = split_1d(cmd.box, gran, n)
+            plans = []
+            nb = len(boxes)
+            for j, box in enumerate(boxes):
+                dev = (j * d) // nb if nb >= d else j
+                plans.append(_ChunkPlan(box, device_memory(dev), dev))
+        else:
+            plans = [_ChunkPlan(cmd.box, HOST_MEMORY, None)]
+        for plan in plans:
+            for a in task.accesses:
+                b = self._buffers[a.buffer]
+                reg = a.mapper(plan.box, b.info.shape)
+                plan.accesses.append((a, reg))
+                if a.mode in tg.CONSUMER_MODES:
+                    plan.consumed[a.buffer] = plan.consumed[a.buffer] | reg if a.buffer in plan.consumed else reg
+                if a.mode in tg.PRODUCER_MODES:
+                    plan.produced[a.buffer] = plan.produced[a.buffer] | reg if a.buffer in plan.produced else reg
+                if reg:
+                    bb = reg.bounding_box
+                    plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb) if a.buffer in plan.bbox else bb
+        return plans
+
+    def _compile_execution(self, cmd: cg.ExecutionCommand) -> None:
+        task = cmd.task
+        plans = self._plan_chunks(cmd)
+        # pending receives this command touches
+        for bid in sorted({bid for p in plans for bid in p.bbox}):
+            b = self._buffers[bid]
+            if b.pending:
+                touched = [Region.from_box(p.bbox[bid]) for p in plans if bid in p.bbox]
+                self._materialize(b, touched)
+        # allocations first (a resize later in this command would free what a chunk uses)
+        need: dict[tuple[int, int], Box] = {}
+        discard: dict[tuple[int, int], Region] = {}
+        for p in plans:
+            for bid, box in p.bbox.items():
+                key = (bid, p.memory)
+                need[key] = need[key].bounding(box) if key in need else box
+                prod = p.produced.get(bid)
+                if prod:
+                    dis = prod - p.consumed[bid] if bid in p.consumed else prod
+                    discard[key] = discard[key] | dis if key in discard else dis
+        for (bid, mem), box in sorted(need.items(), key=lambda kv: kv[0]):
+            self._allocate(self._buffers[bid], mem, box, discard.get((bid, mem)))
+        # coherence, then one kernel / host task per chunk
+        kernels: list[tuple[_ChunkPlan, Instruction, list[_Allocation]]] = []
+        for p in plans:
+            for bid, reg in sorted(p.consumed.items()):
+                self._make_coherent(self._buffers[bid], p.memory, reg)
+            if task.kind == tg.DEVICE_COMPUTE:
+                ins: Instruction = DeviceKernelInstruction(self._new_id(), device=p.device, task=task.id,
+                                                           box=p.box, launcher=task.launcher,
+                                                           name=task.name)
+            else:
+                ins = HostTaskInstruction(self._new_id(), task=task.id, box=p.box,
+                                          global_range=task.geometry.global_range if task.geometry else (),
+                                          collective_group=task.collective_group, launcher=task.launcher,
+                                          name=task.name)
+            for a, reg in p.accesses:
+                b = self._buffers[a.buffer]
+                if not reg:
+                    ins.accesses.append(AccessAllocation(a.buffer, -1, Box.empty_box(b.info.box.dims),
+                                                         Box.empty_box(b.info.box.dims), reg))
+                    continue
+                alloc = self._find_alloc(b, p.memory, reg.bounding_box)
+                ins.accesses.append(AccessAllocation(a.buffer, alloc.id, alloc.box, reg.bounding_box, reg))
+            for bid, reg in sorted(p.consumed.items()):
+                b = self._buffers[bid]
+                alloc = self._find_alloc(b, p.memory, reg.bounding_box) if reg else None
+                if alloc is not None:
+                    self._read(alloc, reg, ins)
+            for bid, reg in sorted(p.produced.items()):
+                b = self._buffers[bid]
+                alloc = self._find_alloc(b, p.memory, reg.bounding_box) if reg else None
+                if alloc is not None:
+                    self._write(alloc, reg, ins)
+            scratch = []
+            for red in task.reductions:
+                b = self._buffers[red.buffer]
+                j = len(kernels)
+                s = self._scratch(p.memory, Box((j,), (j + 1,)), b.dtype)
+                ins.reductions.append(ReductionAllocation(red.id, red.buffer, s.id, False))
+                self._write(s, s.box, ins)
+                scratch.append(s)
+            for ho in task.side_effects:
+                last = self._host_objects.get(ho)
+                if last is not None:
+                    ins.deps.append((last, DEP_SIDE_EFFECT))
+                self._host_objects[ho] = ins.id
+            if task.collective_group is not None:
+                self._collective_order(task.collective_group, ins)
+            self._emit(ins)
+            kernels.append((p, ins, scratch))
+        # newest data after the writes
+        for p in plans:
+            for bid, reg in p.produced.items():
+                if reg:
+                    self._buffers[bid].newest.update(reg, frozenset((p.memory,)))
+        if task.reductions:
+            self._local_reductions(cmd, kernels)
+
+    def _collective_order(self, group: int, ins: Instruction) -> None:
+        if group not in self._collective:
+            clone = CloneCollectiveGroupInstruction(self._new_id(), original=0, new=group)
+            self._emit(clone)
+            self._collective[group] = clone.id
+        ins.deps.append((self._collective[group], DEP_COLLECTIVE))
+        self._collective[group] = ins.id
+
+    def _local_reductions(self, cmd: cg.ExecutionCommand, kernels) -> None:
+        n = len(kernels)
+        for ri, red in enumerate(cmd.task.reductions):
+            b = self._buffers[red.buffer]
+            gather = self._scratch(HOST_MEMORY, Box((0,), (n,)), b.dtype)
+            for j, (_p, _ins, scratch) in enumerate(kernels):
+                s = scratch[ri]
+                cp = CopyInstruction(self._new_id(), source=s.id, dest=gather.id, source_memory=s.memory,
+                                     dest_memory=HOST_MEMORY, buffer=None, box=s.box, source_box=s.box,
+                                     dest_box=gather.box, size_bytes=b.itemsize, priority=PRIORITY_COPY)
+                self._read(s, s.box, cp)
+                self._write(gather, s.box, cp)
+                self._emit(cp)
+            include = red.include_current and cmd.include_current_reductions
+            full = b.info.box
+            dst = self._allocate(b, HOST_MEMORY, full)
+            if include:
+                self._make_coherent(b, HOST_MEMORY, Region.from_box(full))
+            rd = ReduceInstruction(self._new_id(), reduction=red.id, source=gather.id, dest=dst.id, count=n,
+                                   op=red.op, include_dest=include)
+            self._read(gather, gather.box, rd)
+            if include:
+                self._read(dst, full, rd)
+            self._write(dst, full, rd)
+            self._emit(rd)
+            b.newest.update(full, frozenset((HOST_MEMORY,)))
+            for _p, _ins, scratch in kernels:
+                self._free(scratch[ri])
+            self._free(gather)
+
+    def _send_sources(self, b: _Buffer, box: Box) -> list[tuple[_Allocation, Box]]:
+        """Allocations to send ``box`` from, staging through host memory where needed."""
+        out = []
+        for part, mems in b.newest.query(box):
+            src_mem = None
+            for m in sorted(mems, reverse=True):
+                if self.system.comm_capable(m):
+                    src_mem = m
+                    break
+            if src_mem is None:
+                if not mems:
+                    src_mem = HOST_MEMORY   # uninitialized: send whatever host memory holds
+                    self._allocate(b, HOST_MEMORY, part)
+                else:
+                    self._allocate(b, HOST_MEMORY, part)
+                    self._make_coherent(b, HOST_MEMORY, Region.from_box(part))
+                    src_mem = HOST_MEMORY
+            for a in b.allocs.get(src_mem, []):
+                piece = a.box & part
+                if not piece.empty:
+                    out.append((a, piece))
+        return out
+
+    def _compile_push(self, cmd: cg.PushCommand) -> None:
+        tid, bid, rid = cmd.transfer
+        b = self._buffers[bid]
+        if rid != 0 and not cmd.contributes:
+            for rank, _reg in cmd.targets:
+                self._pilot(Pilot(self._next_msg, rank, cmd.transfer, Box.empty_box(b.info.box.dims)))
+                self._next_msg += 1
+            return
+        union = Region.empty_region(b.info.box.dims)
+        for _r, reg in cmd.targets:
+            union = union | reg
+        self._materialize(b, [union])
+        for rank, reg in cmd.targets:
+            for box in reg:
+                for alloc, piece in self._send_sources(b, box):
+                    msg = self._next_msg
+                    self._next_msg += 1
+                    s = SendInstruction(self._new_id(), to=rank, msg_id=msg, transfer=cmd.transfer, box=piece,
+                                        source=alloc.id, source_box=alloc.box, dtype=b.dtype,
+                                        size_bytes=piece.area * b.itemsize, priority=PRIORITY_COMM)
+                    self._read(alloc, piece, s)
+                    self._emit(s)
+                    self._pilot(Pilot(msg, rank, cmd.transfer, piece))
+
+    def _compile_await_push(self, cmd: cg.AwaitPushCommand) -> None:
+        tid, bid, rid = cmd.transfer
+        if rid != 0:
+            return   # the reduction command receives the partial results
+        b = self._buffers[bid]
+        # data still pending from an earlier transfer of the same region must land first
+        self._materialize(b, [cmd.region])
+        b.pending.append(_PendingReceive(cmd.transfer, cmd.region))
+        b.newest.update(cmd.region, frozenset((HOST_MEMORY,)))
+
+    def _compile_reduction(self, cmd: cg.ReductionCommand) -> None:
+        b = self._buffers[cmd.buffer]
+        red = cmd.reduction
+        n = self.num_ranks
+        full = b.info.box
+        gather = self._scratch(HOST_MEMORY, Box((0,), (n,)), b.dtype)
+        fill = FillIdentityInstruction(self._new_id(), reduction=red.id, allocation=gather.id, count=n,
+                                       identity=red.identity)
+        self._write(gather, gather.box, fill)
+        self._emit(fill)
+        dst = self._allocate(b, HOST_MEMORY, full)
+        me = Box((self.rank,), (self.rank + 1,))
+        if cmd.contributes:
+            self._make_coherent(b, HOST_MEMORY, Region.from_box(full))
+            cp = CopyInstruction(self._new_id(), source=dst.id, dest=gather.id, source_memory=HOST_MEMORY,
+                                 dest_memory=HOST_MEMORY, buffer=None, box=me, source_box=me,
+                                 dest_box=gather.box, layout="linearized", size_bytes=b.itemsize,
+                                 priority=PRIORITY_COPY)
+            self._read(dst, full, cp)
+            self._write(gather, me, cp)
+            self._emit(cp)
+        if n > 1:
+            gr = GatherReceiveInstruction(self._new_id(), transfer=cmd.transfer, dest=gather.id,
+                                          chunk_bytes=b.itemsize, num_ranks=n, priority=PRIORITY_COMM)
+            self._write(gather, Region.from_box(gather.box) - me, gr)
+            self._emit(gr)
+        rd = ReduceInstruction(self._new_id(), reduction=red.id, source=gather.id, dest=dst.id, count=n,
+                               op=red.op, include_dest=False)
+        self._read(gather, gather.box, rd)
+        self._write(dst, full, rd)
+        self._emit(rd)
+        b.newest.update(full, frozenset((HOST_MEMORY,)))
+        self._free(gather)
+
+    def _compile_fence(self, cmd: cg.FenceCommand) -> None:
+        task = cmd.task
+        ins = FenceInstruction(self._new_id(), task=task.id, promise=task.fence_promise)
+        if task.fence_buffer is not None:
+            b = self._buffers[task.fence_buffer]
+            box = task.fence_box
+            self._materialize(b, [Region.from_box(box)])
+            aid = self._new_alloc_id()
+            al = AllocInstruction(self._new_id(), allocation=aid, memory=USER_MEMORY, buffer=b.info.id,
+                                  box=box, shape=box.range, dtype=b.dtype, size_bytes=box.area * b.itemsize)
+            self._emit(al)
+            snap = _Allocation(aid, USER_MEMORY, box, al.id)
+            for part, mems in b.newest.query(box):
+                if not mems:
+                    continue
+                src = self._source_memory(mems, USER_MEMORY)
+                self._copy_between(b, src, snap, part)
+            ins.allocation = aid
+            ins.deps.extend((u, DEP_READ) for u in sorted(snap.users()))
+        if task.fence_host_object is not None:
+            ho = task.fence_host_object
+            ins.host_object = ho
+            last = self._host_objects.get(ho)
+            if last is not None:
+                ins.deps.append((last, DEP_SIDE_EFFECT))
+            self._host_objects[ho] = ins.id
+        self._emit(ins)
+
+    def _compile_horizon_or_epoch(self, cmd: cg.Command) -> None:
+        for b in self._buffers.values():
+            self._materialize_all(b)
+        task = cmd.task
+        if cmd.kind == cg.EPOCH:
+            ins: Instruction = EpochInstruction(self._new_id(), task=task.id, action=task.epoch_action,
+                                                garbage=self._garbage)
+        else:
+            ins = HorizonInstruction(self._new_id(), task=task.id, garbage=self._garbage)
+        self._garbage = []
+        ins.deps = [(f, DEP_EXECUTION_FRONT) for f in sorted(self._front)]
+        self._front.clear()
+        if not ins.deps and self._epoch is not None:
+            ins.deps = [(self._epoch, DEP_LAST_EPOCH)]
+        self._front.add(ins.id)
+        self._out.append(ins)
+        self.counts[ins.kind] = self.counts.get(ins.kind, 0) + 1
+        if self.record:
+            self.records.append(ins.to_record())
+        if cmd.kind == cg.EPOCH:
+            self._apply_epoch(ins.id)
+        else:
+            prev = self._current_horizon
+            self._current_horizon = ins.id
+            if prev is not None:
+                self._apply_epoch(prev)
+
+    def _apply_epoch(self, eid: int) -> None:
+        """Older instructions are represented by the epoch from now on."""
+        self._epoch = eid
+        for b in self._buffers.values():
+            allocs = [a for lst in b.allocs.values() for a in lst]
+            if b.user is not None:
+                allocs.append(b.user)
+            for a in allocs:
+                if any(v is not None and v < eid for v in a.writers.values()):
+                    a.writers.apply(a.box, lambda v: eid if v is not None and v < eid else v)
+                if any(any(r < eid for r in s) for s in a.readers.values()):
+                    a.readers.apply(a.box, lambda s: frozenset(r for r in s if r >= eid))
+        for d in (self._host_objects, self._collective):
+            for k, v in d.items():
+                if v is not None and v < eid:
+                    d[k] = eid
+
+
+def _touches(a: Box, b: Box) -> bool:
+    """Intersecting or face-adjacent boxes (their union may be contiguous)."""
+    a0, a1, b0, b1 = a.lo, a.hi, b.lo, b.hi
+    return (a0[0] <= b1[0] and b0[0] <= a1[0] and a0[1] <= b1[1] and b0[1] <= a1[1]
+            and a0[2] <= b1[2] and b0[2] <= a1[2])
+
+

@@ -1,0 +1,219 @@
+"""The scheduler thread: task stream in, instruction batches out, with lookahead.
+
+Lookahead holds commands back while they keep asking for new allocations, so
+that when they are compiled the first allocation already covers every box the
+held commands anticipate (one allocation instead of a resize per step).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Protocol
+
+from . import command_graph as cg
+from . import task_graph as tg
+from .instruction_graph import InstructionBatch, Instruction, Pilot
+from .instruction_graph_generator import InstructionGraphGenerator, SystemInfo
+
+log = logging.getLogger("celeritas.scheduler")
+
+LOOKAHEAD_NONE = "none"
+LOOKAHEAD_AUTO = "auto"
+LOOKAHEAD_INFINITE = "infinite"
+LOOKAHEAD_MODES = (LOOKAHEAD_NONE, LOOKAHEAD_AUTO, LOOKAHEAD_INFINITE)
+
+
+class SchedulerDelegate(Protocol):
+    def submit(self, batch: InstructionBatch) -> None: ...
+    def track_user_allocation(self, aid: int, array: Any) -> None: ...
+    def track_host_object(self, hoid: int, obj: Any) -> None: ...
+
+
+class Lookahead:
+    """Decides when held commands are compiled (see module docstring)."""
+
+    def __init__(self, igg: InstructionGraphGenerator, mode: str = LOOKAHEAD_AUTO):
+        if mode not in LOOKAHEAD_MODES:
+            raise ValueError(f"lookahead must be one of {LOOKAHEAD_MODES}, got {mode!r}")
+        self.igg = igg
+        self.mode = mode
+        self.held: list[cg.Command] = []
+        self._holding = False
+        self._need_since_horizon = False
+        self._clean_horizons = 0
+
+    def push(self, cmd: cg.Command, out: list) -> None:
+        """Queue ``cmd``; appends compiled (instructions, pilots) pairs to ``out``."""
+        if self.mode == LOOKAHEAD_NONE:
+            out.append(self.igg.compile(cmd))
+            return
+        if self.igg.anticipate(cmd):
+            self._holding = True
+            self._need_since_horizon = True
+            self._clean_horizons = 0
+        if not self._holding:
+            out.append(self.igg.compile(cmd))
+            return
+        self.held.append(cmd)
+        if cmd.kind == cg.HORIZON:
+            if self._need_since_horizon:
+                self._clean_horizons = 0
+            else:
+                self._clean_horizons += 1
+            self._need_since_horizon = False
+            if self.mode == LOOKAHEAD_AUTO and self._clean_horizons >= 2:
+                self.flush(out)
+        elif cmd.kind in (cg.EPOCH, cg.FENCE):
+            self.flush(out)
+
+    def flush(self, out: list) -> None:
+        held, self.held = self.held, []
+        for c in held:
+            out.append(self.igg.compile(c))
+        self.igg.clear_anticipation()
+        self._holding = False
+        self._need_since_horizon = False
+        self._clean_horizons = 0
+
+    def set_mode(self, mode: str, out: list) -> None:
+        if mode not in LOOKAHEAD_MODES:
+            raise ValueError(f"lookahead must be one of {LOOKAHEAD_MODES}, got {mode!r}")
+        if mode == LOOKAHEAD_NONE:
+            self.flush(out)
+        self.mode = mode
+
+
+class Scheduler:
+    """Runs the command and instruction graph generators; synchronously or on a thread."""
+
+    def __init__(self, *, num_ranks: int, rank: int, system: SystemInfo, delegate: SchedulerDelegate,
+                 lookahead: str = LOOKAHEAD_AUTO, diagnostics: str = tg.DIAG_WARN, record: bool = False,
+                 on_error=None):
+        self.num_ranks = num_ranks
+        self.rank = rank
+        self.delegate = delegate
+        self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, record=record)
+        self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, record=record)
+        self.lookahead = Lookahead(self.igg, lookahead)
+        self.on_error = on_error
+        self.failed: BaseException | None = None
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._busy = False
+        self.busy_ns = 0
+        self.num_tasks = 0
+
+    # ---- thread-safe entry points (application thread) -----------------------------
+    def notify_task(self, task: tg.Task) -> None:
+        self._post(("task", task))
+
+    def notify_buffer_created(self, info: tg.BufferInfo, array: Any) -> None:
+        self._post(("buffer_created", info, array))
+
+    def notify_buffer_destroyed(self, bid: int) -> None:
+        self._post(("buffer_destroyed", bid))
+
+    def notify_host_object_created(self, hoid: int, obj: Any) -> None:
+        self._post(("host_object_created", hoid, obj))
+
+    def notify_host_object_destroyed(self, hoid: int) -> None:
+        self._post(("host_object_destroyed", hoid))
+
+    def set_lookahead(self, mode: str) -> None:
+        if mode not in LOOKAHEAD_MODES:
+            raise ValueError(f"lookahead must be one of {LOOKAHEAD_MODES}, got {mode!r}")
+        self._post(("lookahead", mode))
+
+    def flush(self) -> None:
+        self._post(("flush",))
+
+    def _post(self, event: tuple) -> None:
+        if self._thread is None:
+            self.process(event)
+        else:
+            self._events.put(event)
+
+    # ---- thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"celeritas-scheduler-{self.rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the events queued so far (the shutdown epoch among them)."""
+        if self._thread is not None:
+            self._events.put(("stop",))
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy and self._events.empty()
+
+    def _loop(self) -> None:
+        get = self._events.get
+        while True:
+            ev = get()
+            if ev[0] == "stop":
+                return
+            self._busy = True
+            t0 = time.perf_counter_ns()
+            try:
+                self.process(ev)
+            finally:
+                self.busy_ns += time.perf_counter_ns() - t0
+                self._busy = False
+
+    # ---- processing ------------------------------------------------------------------
+    def process(self, ev: tuple) -> None:
+        if self.failed is not None:
+            return
+        try:
+            self._process(ev)
+        except BaseException as exc:   # reported to the runtime, surfaced at the next sync point
+            self.failed = exc
+            log.debug("scheduler failed", exc_info=True)
+            if self.on_error is not None:
+                self.on_error(exc)
+            else:
+                raise
+
+    def _process(self, ev: tuple) -> None:
+        kind = ev[0]
+        out: list[tuple[list[Instruction], list[Pilot]]] = []
+        if kind == "task":
+            task: tg.Task = ev[1]
+            self.num_tasks += 1
+            for cmd in self.cdag.build(task):
+                self.lookahead.push(cmd, out)
+        elif kind == "buffer_created":
+            info, array = ev[1], ev[2]
+            self.cdag.create_buffer(info)
+            aid = self.igg.create_buffer(info)
+            if aid is not None:
+                self.delegate.track_user_allocation(aid, array)
+        elif kind == "buffer_destroyed":
+            self.lookahead.flush(out)
+            self.cdag.destroy_buffer(ev[1])
+            out.append((self.igg.destroy_buffer(ev[1]), []))
+        elif kind == "host_object_created":
+            self.igg.create_host_object(ev[1])
+            self.delegate.track_host_object(ev[1], ev[2])
+        elif kind == "host_object_destroyed":
+            self.lookahead.flush(out)
+            out.append((self.igg.destroy_host_object(ev[1]), []))
+        elif kind == "lookahead":
+            self.lookahead.set_mode(ev[1], out)
+        elif kind == "flush":
+            self.lookahead.flush(out)
+        else:
+            raise ValueError(f"unknown scheduler event {kind}")
+        if out:
+            instrs: list[Instruction] = []
+            pilots: list[Pilot] = []
+            for i, p in out:
+                instrs.extend(i)
+                pilots.extend(p)
+            if instrs or pilots:
+                self.delegate.submit(InstructionBatch(instrs, pilots))

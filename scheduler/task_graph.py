@@ -1,0 +1,422 @@
+"""Task graph: one node per command group, dependencies from buffer accesses.
+
+The task manager runs on the application thread; it must produce the identical
+task stream on every rank, so it depends only on what the program submits.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .errors import DiagnosticError, RangeMapperError
+from .geometry import Box, Region, RegionMap
+
+log = logging.getLogger("celeritas.task_graph")
+
+# task kinds
+DEVICE_COMPUTE = "device_compute"
+HOST_COMPUTE = "host_compute"
+COLLECTIVE = "collective"
+MASTER_NODE = "master_node"
+HORIZON = "horizon"
+EPOCH = "epoch"
+FENCE = "fence"
+
+# access modes
+READ = "read"
+WRITE = "write"
+READ_WRITE = "read_write"
+DISCARD_WRITE = "discard_write"
+DISCARD_READ_WRITE = "discard_read_write"
+ACCESS_MODES = (READ, WRITE, READ_WRITE, DISCARD_WRITE, DISCARD_READ_WRITE)
+CONSUMER_MODES = frozenset((READ, WRITE, READ_WRITE))
+PRODUCER_MODES = frozenset((WRITE, READ_WRITE, DISCARD_WRITE, DISCARD_READ_WRITE))
+
+# dependency kinds and origins
+TRUE_DEP = "true"
+ANTI_DEP = "anti"
+ORIGIN_DATAFLOW = "dataflow"
+ORIGIN_COLLECTIVE = "collective_group_serialization"
+ORIGIN_SIDE_EFFECT = "side_effect"
+ORIGIN_EXECUTION_FRONT = "execution_front"
+ORIGIN_LAST_EPOCH = "last_epoch"
+
+# epoch actions
+EPOCH_NONE = "none"
+EPOCH_INIT = "init"
+EPOCH_BARRIER = "barrier"
+EPOCH_SHUTDOWN = "shutdown"
+
+DIAG_OFF = "off"
+DIAG_WARN = "warn"
+DIAG_ERROR = "error"
+
+RangeMapper = Callable[[Box, tuple], Region]
+"""Scheduler-level mapper: (chunk box, buffer shape) -> region of the buffer (clipped)."""
+
+
+@dataclass(slots=True)
+class BufferInfo:
+    id: int
+    shape: tuple[int, ...]
+    dtype: Any
+    name: str
+    host_initialized: bool
+
+    @property
+    def box(self) -> Box:
+        return Box.full(self.shape)
+
+    @property
+    def label(self) -> str:
+        return f"B{self.id}" + (f' "{self.name}"' if self.name else "")
+
+
+@dataclass(slots=True)
+class BufferAccess:
+    buffer: int
+    mode: str
+    mapper: RangeMapper
+
+    def region(self, chunk: Box, shape: tuple) -> Region:
+        return self.mapper(chunk, shape)
+
+
+@dataclass(slots=True)
+class Reduction:
+    id: int
+    buffer: int
+    op: Any                  # numpy ufunc
+    identity: Any
+    include_current: bool    # not initialize_to_identity: the buffer's value takes part
+
+
+@dataclass(slots=True)
+class TaskGeometry:
+    dims: int
+    global_range: tuple[int, ...]
+    offset: tuple[int, ...]
+    granularity: tuple[int, ...]
+
+    @property
+    def box(self) -> Box:
+        return Box(self.offset, tuple(o + r for o, r in zip(self.offset, self.global_range)), self.dims)
+
+
+@dataclass(slots=True, eq=False)
+class Task:
+    id: int
+    kind: str
+    name: str = ""
+    geometry: TaskGeometry | None = None
+    accesses: list[BufferAccess] = field(default_factory=list)
+    side_effects: list[int] = field(default_factory=list)   # host object ids
+    collective_group: int | None = None
+    reductions: list[Reduction] = field(default_factory=list)
+    split: str = "1d"                 # "1d" | "2d"
+    oversubscribe: int = 1
+    launcher: Any = None              # opaque to the scheduler: the kernel / host function
+    epoch_action: str = EPOCH_NONE
+    fence_promise: Any = None
+    fence_buffer: int | None = None
+    fence_box: Box | None = None
+    fence_host_object: int | None = None
+    deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
+    dependents: list["Task"] = field(default_factory=list)
+    critical_path_length: int = 0
+
+    def add_dep(self, dep: "Task", kind: str, origin: str) -> None:
+        cur = self.deps.get(dep.id)
+        if cur is not None:
+            if cur[0] == ANTI_DEP and kind == TRUE_DEP:
+                self.deps[dep.id] = (kind, origin)
+            return
+        self.deps[dep.id] = (kind, origin)
+        dep.dependents.append(self)
+        if dep.critical_path_length + 1 > self.critical_path_length:
+            self.critical_path_length = dep.critical_path_length + 1
+
+    def has_true_dep(self) -> bool:
+        return any(k == TRUE_DEP for k, _ in self.deps.values())
+
+    @property
+    def label(self) -> str:
+        return f"T{self.id}" + (f' "{self.name}"' if self.name else "")
+
+    def to_record(self, buffers: dict[int, BufferInfo] | None = None) -> dict:
+        g = self.geometry
+        rec = {"id": self.id, "kind": self.kind, "name": self.name,
+               "range": list(g.global_range) if g else [],
+               "offset": list(g.offset) if g else [],
+               "deps": [{"id": d, "kind": k, "origin": o} for d, (k, o) in sorted(self.deps.items())],
+               "accesses": [], "critical_path_length": self.critical_path_length}
+        if g is not None:
+            full = g.box
+            for a in self.accesses:
+                shape = buffers[a.buffer].shape if buffers and a.buffer in buffers else None
+                entry = {"buffer": a.buffer, "mode": a.mode}
+                if shape is not None:
+                    try:
+                        entry["region"] = a.mapper(full, shape).to_json()
+                    except Exception:   # a record must never fail; the error surfaces elsewhere
+                        entry["region"] = None
+                rec["accesses"].append(entry)
+        if self.reductions:
+            rec["reductions"] = [{"id": r.id, "buffer": r.buffer} for r in self.reductions]
+        if self.side_effects:
+            rec["side_effects"] = list(self.side_effects)
+        if self.collective_group is not None:
+            rec["collective_group"] = self.collective_group
+        if self.kind == EPOCH:
+            rec["action"] = self.epoch_action
+        return rec
+
+
+class TaskManager:
+    """Builds the task graph: dependencies, horizons, epochs and pruning.
+
+    ``on_task`` receives every task (including horizons and epochs) in order;
+    the runtime forwards them to the scheduler thread.
+    """
+
+    def __init__(self, *, horizon_step: int = 4, horizon_max_parallelism: int = 64,
+                 on_task: Callable[[Task], None] | None = None, diagnostics: str = DIAG_WARN,
+                 record: bool = False):
+        self.horizon_step = horizon_step
+        self.horizon_max_parallelism = horizon_max_parallelism
+        self.on_task = on_task
+        self.diagnostics = diagnostics
+        self.record = record
+        self.records: list[dict] = []
+        self.buffers: dict[int, BufferInfo] = {}
+        self.tasks: dict[int, Task] = {}
+        self._next_id = 0
+        self._next_reduction = 1
+        self._last_writers: dict[int, RegionMap] = {}
+        self._written: dict[int, Region] = {}        # ever written or host-initialized
+        self._last_side_effect: dict[int, Task] = {}
+        self._last_collective: dict[int, Task] = {}
+        self._execution_front: dict[int, Task] = {}
+        self._max_cpl = 0
+        self._horizon_cpl = 0
+        self._current_horizon: Task | None = None
+        self.epoch_for_new_tasks: Task | None = None
+        self.latest_epoch: Task | None = None
+        self.stream_hash = 0
+        init = self._new_task(EPOCH, name="init")
+        init.epoch_action = EPOCH_INIT
+        self._commit(init, reduce_front=False)
+        self.epoch_for_new_tasks = init
+        self.latest_epoch = init
+
+    # ---- buffers -------------------------------------------------------------
+    def create_buffer(self, bid: int, shape: tuple[int, ...], dtype: Any, name: str,
+                      host_initialized: bool) -> BufferInfo:
+        info = BufferInfo(bid, tuple(shape), dtype, name, host_initialized)
+        self.buffers[bid] = info
+        box = info.box
+        init = self.epoch_for_new_tasks if host_initialized else None
+        self._last_writers[bid] = RegionMap(box, init.id if init else None)
+        self._written[bid] = Region.from_box(box) if host_initialized else Region.empty_region(len(shape))
+        return info
+
+    def destroy_buffer(self, bid: int) -> None:
+        self._last_writers.pop(bid, None)
+        self._written.pop(bid, None)
+
+    def new_reduction_id(self) -> int:
+        rid = self._next_reduction
+        self._next_reduction += 1
+        return rid
+
+    # ---- tasks -----------------------------------------------------------------
+    def _new_task(self, kind: str, **kw) -> Task:
+        t = Task(self._next_id, kind, **kw)
+        self._next_id += 1
+        return t
+
+    def submit(self, kind: str, *, name: str = "", geometry: TaskGeometry | None = None,
+               accesses: Sequence[BufferAccess] = (), side_effects: Sequence[int] = (),
+               collective_group: int | None = None, reductions: Sequence[Reduction] = (),
+               split: str = "1d", oversubscribe: int = 1, launcher: Any = None) -> Task:
+        t = self._new_task(kind, name=name, geometry=geometry, accesses=list(accesses),
+                           side_effects=list(side_effects), collective_group=collective_group,
+                           reductions=list(reductions), split=split,
+                           oversubscribe=oversubscribe, launcher=launcher)
+        self._compute_dependencies(t)
+        self._commit(t)
+        self._maybe_horizon()
+        return t
+
+    def fence(self, *, buffer: int | None = None, box: Box | None = None,
+              host_object: int | None = None, promise: Any = None) -> Task:
+        accesses = []
+        side_effects = []
+        if buffer is not None:
+            fbox = box
+
+            def fence_mapper(chunk: Box, shape: tuple, _b=fbox) -> Region:
+                return Region.from_box(_b)
+
+            accesses.append(BufferAccess(buffer, READ, fence_mapper))
+        if host_object is not None:
+            side_effects.append(host_object)
+        geom = TaskGeometry(0, (), (), ())
+        t = self._new_task(FENCE, name="fence", geometry=geom, accesses=accesses,
+                           side_effects=side_effects, fence_promise=promise,
+                           fence_buffer=buffer, fence_box=box, fence_host_object=host_object)
+        self._compute_dependencies(t)
+        self._commit(t)
+        self._maybe_horizon()
+        return t
+
+    def epoch(self, action: str = EPOCH_NONE) -> Task:
+        t = self._new_task(EPOCH, name=action if action != EPOCH_NONE else "epoch")
+        t.epoch_action = action
+        self._commit(t)
+        self.epoch_for_new_tasks = t
+        self.latest_epoch = t
+        self._current_horizon = None
+        self._apply_epoch(t)
+        return t
+
+    # ---- dependency computation ----------------------------------------------
+    def _compute_dependencies(self, t: Task) -> None:
+        geom = t.geometry
+        full = geom.box if geom is not None else Box((), ())
+        for bid in sorted({a.buffer for a in t.accesses}):
+            info = self.buffers.get(bid)
+            if info is None:
+                raise RangeMapperError(f"{t.label} accesses buffer B{bid}, which does not exist (destroyed?)")
+            consumed = Region.empty_region(len(info.shape))
+            produced = Region.empty_region(len(info.shape))
+            for a in t.accesses:
+                if a.buffer != bid:
+                    continue
+                reg = a.mapper(full, info.shape)
+                if a.mode in CONSUMER_MODES:
+                    consumed = consumed | reg
+                if a.mode in PRODUCER_MODES:
+                    produced = produced | reg
+            for red in t.reductions:
+                if red.buffer == bid:
+                    if red.include_current:
+                        consumed = consumed | info.box
+                    produced = produced | info.box
+            lw = self._last_writers[bid]
+            if consumed:
+                uninit = consumed - self._written[bid]
+                if uninit and self.diagnostics != DIAG_OFF:
+                    msg = (f"{t.label} reads {uninit} of buffer {info.label}, "
+                           f"which has never been written (uninitialized read)")
+                    if self.diagnostics == DIAG_ERROR:
+                        raise DiagnosticError(msg)
+                    log.warning(msg)
+                for _box, writer in lw.query(consumed):
+                    if writer is not None and writer in self.tasks:
+                        t.add_dep(self.tasks[writer], TRUE_DEP, ORIGIN_DATAFLOW)
+            if produced:
+                for box, writer in lw.query(produced):
+                    if writer is None or writer not in self.tasks:
+                        continue
+                    self._add_anti_dependencies(t, self.tasks[writer], bid, box)
+                lw.update(produced, t.id)
+                self._written[bid] = self._written[bid] | produced
+        for ho in t.side_effects:
+            prev = self._last_side_effect.get(ho)
+            if prev is not None and prev.id in self.tasks:
+                t.add_dep(prev, TRUE_DEP, ORIGIN_SIDE_EFFECT)
+            self._last_side_effect[ho] = t
+        if t.collective_group is not None:
+            prev = self._last_collective.get(t.collective_group)
+            if prev is not None and prev.id in self.tasks:
+                t.add_dep(prev, TRUE_DEP, ORIGIN_COLLECTIVE)
+            self._last_collective[t.collective_group] = t
+        if not t.has_true_dep() and self.epoch_for_new_tasks is not None:
+            t.add_dep(self.epoch_for_new_tasks, TRUE_DEP, ORIGIN_LAST_EPOCH)
+
+    def _add_anti_dependencies(self, t: Task, writer: Task, bid: int, box: Box) -> None:
+        """t overwrites ``box`` last written by ``writer``: order t after its readers."""
+        found_reader = False
+        for dep in writer.dependents:
+            if dep is t or dep.id not in self.tasks:
+                continue
+            if dep.deps.get(writer.id, ("", ""))[0] != TRUE_DEP:
+                continue
+            dg = dep.geometry
+            dfull = dg.box if dg is not None else Box((), ())
+            shape = self.buffers[bid].shape
+            for a in dep.accesses:
+                if a.buffer == bid and a.mode in CONSUMER_MODES and a.mapper(dfull, shape).intersects(box):
+                    t.add_dep(dep, ANTI_DEP, ORIGIN_DATAFLOW)
+                    found_reader = True
+                    break
+            else:
+                for red in dep.reductions:
+                    if red.buffer == bid and red.include_current:
+                        t.add_dep(dep, ANTI_DEP, ORIGIN_DATAFLOW)
+                        found_reader = True
+                        break
+        if not found_reader and writer is not t:
+            t.add_dep(writer, ANTI_DEP, ORIGIN_DATAFLOW)
+
+    # ---- commit, horizons, epochs ------------------------------------------------
+    def _commit(self, t: Task, reduce_front: bool = True) -> None:
+        if reduce_front and t.kind in (HORIZON, EPOCH):
+            for f in sorted(self._execution_front.values(), key=lambda x: x.id):
+                t.add_dep(f, TRUE_DEP, ORIGIN_EXECUTION_FRONT)
+            self._execution_front.clear()
+        else:
+            for d in t.deps:
+                self._execution_front.pop(d, None)
+        self._execution_front[t.id] = t
+        self.tasks[t.id] = t
+        if t.critical_path_length > self._max_cpl:
+            self._max_cpl = t.critical_path_length
+        self.stream_hash = hash((self.stream_hash, t.kind, t.name, t.id,
+                                 t.geometry.global_range if t.geometry else (),
+                                 tuple((a.buffer, a.mode) for a in t.accesses)))
+        if self.record:
+            self.records.append(t.to_record(self.buffers))
+        if self.on_task is not None:
+            self.on_task(t)
+
+    def _maybe_horizon(self) -> None:
+        if (self._max_cpl - self._horizon_cpl >= self.horizon_step
+                or len(self._execution_front) > self.horizon_max_parallelism):
+            self._generate_horizon()
+
+    def _generate_horizon(self) -> Task:
+        self._horizon_cpl = self._max_cpl
+        h = self._new_task(HORIZON, name="horizon")
+        prev = self._current_horizon
+        self._commit(h)
+        self._current_horizon = h
+        if prev is not None:
+            self.epoch_for_new_tasks = prev
+            self._apply_epoch(prev)
+        return h
+
+    def _apply_epoch(self, epoch: Task) -> None:
+        """Everything older than ``epoch`` is now represented by it."""
+        eid = epoch.id
+        for lw in self._last_writers.values():
+            if any(v is not None and v < eid for v in lw.values()):
+                lw.apply(lw.extent, lambda v: eid if v is not None and v < eid else v)
+        for d in (self._last_side_effect, self._last_collective):
+            for k, v in list(d.items()):
+                if v.id < eid:
+                    d[k] = epoch
+
+    def prune_before(self, task_id: int) -> None:
+        """Forget tasks older than an epoch/horizon the executor has reached."""
+        eft = self.epoch_for_new_tasks.id if self.epoch_for_new_tasks else task_id
+        limit = min(task_id, eft)
+        for tid in [k for k in self.tasks if k < limit]:
+            self.tasks[tid].dependents.clear()
+            del self.tasks[tid]
+
+    @property
+    def num_live_tasks(self) -> int:
+        return len(self.tasks)

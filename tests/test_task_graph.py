@@ -1,0 +1,148 @@
+import logging
+
+import numpy as np
+import pytest
+
+from celeritas import range_mappers as rm
+from scheduler import task_graph as tg
+from scheduler.errors import DiagnosticError
+from scheduler.geometry import Box, Subrange
+
+from graph_context import GraphContext
+
+R, W, RW, DW, DRW = tg.READ, tg.WRITE, tg.READ_WRITE, tg.DISCARD_WRITE, tg.DISCARD_READ_WRITE
+
+
+def deps(ctx, t):
+    return {d: k for d, (k, _o) in ctx.tasks()[t.id].deps.items()}
+
+
+def test_behaviour_1_true_and_anti_dependencies():
+    ctx = GraphContext(1)
+    b = ctx.buffer((128,))
+    ta = ctx.task((128,), [(b, rm.fixed(Subrange((0,), (128,))), DW)], name="a")
+    tb = ctx.task((128,), [(b, rm.fixed(Subrange((0,), (64,))), R)], name="b")
+    tc = ctx.task((128,), [(b, rm.fixed(Subrange((64,), (64,))), DW)], name="c")
+    td = ctx.task((128,), [(b, rm.fixed(Subrange((0,), (64,))), DW)], name="d")
+    assert deps(ctx, tb)[ta.id] == "true"
+    assert deps(ctx, tc)[ta.id] == "anti"
+    assert tb.id not in deps(ctx, tc)
+    assert deps(ctx, td)[tb.id] == "anti"
+    assert ta.id not in deps(ctx, td)
+
+
+@pytest.mark.parametrize("c_mode", [R, RW, W])
+@pytest.mark.parametrize("p2_mode", [W, RW, DW, DRW])
+def test_behaviour_2_producer_consumer_producer(c_mode, p2_mode):
+    ctx = GraphContext(1)
+    b = ctx.buffer((64,), host_init=True)
+    p = ctx.task((64,), [(b, rm.all(), W)], name="P")
+    c = ctx.task((64,), [(b, rm.all(), c_mode)], name="C")
+    p2 = ctx.task((64,), [(b, rm.all(), p2_mode)], name="P2")
+    assert deps(ctx, c)[p.id] == "true"
+    expected = "anti" if (c_mode == R or p2_mode in (DW, DRW)) else "true"
+    assert deps(ctx, p2)[c.id] == expected
+
+
+def test_behaviour_3_host_initialized_and_uninitialized_reads(caplog):
+    ctx = GraphContext(1)
+    init_epoch = next(t for t in ctx.tasks().values() if t.kind == tg.EPOCH)
+    hb = ctx.buffer((32,), host_init=True)
+    t1 = ctx.task((32,), [(hb, rm.one_to_one(), R)])
+    assert deps(ctx, t1) == {init_epoch.id: "true"}
+    assert ctx.tasks()[t1.id].deps[init_epoch.id][1] == tg.ORIGIN_LAST_EPOCH or \
+        ctx.tasks()[t1.id].deps[init_epoch.id][1] == tg.ORIGIN_DATAFLOW
+    ub = ctx.buffer((32,), name="never_written")
+    with caplog.at_level(logging.WARNING, logger="celeritas"):
+        t2 = ctx.task((32,), [(ub, rm.one_to_one(), R)])
+    # no dataflow dependency, only the epoch
+    assert {o for _k, o in ctx.tasks()[t2.id].deps.values()} == {tg.ORIGIN_LAST_EPOCH}
+    assert any("uninitialized read" in r.message and "never_written" in r.message for r in caplog.records)
+
+
+def test_uninitialized_read_under_error_policy_raises():
+    ctx = GraphContext(1, diagnostics="error")
+    ub = ctx.buffer((8,), name="ub")
+    with pytest.raises(DiagnosticError, match="ub"):
+        ctx.task((8,), [(ub, rm.all(), R)], name="reader")
+
+
+def test_behaviour_4_task_after_wait_depends_only_on_epoch():
+    ctx = GraphContext(1)
+    b = ctx.buffer((16,))
+    ctx.task((16,), [(b, rm.one_to_one(), DW)])
+    ep = ctx.epoch()
+    t = ctx.task((16,), [])
+    assert deps(ctx, t) == {ep.id: "true"}
+    assert ctx.tasks()[t.id].deps[ep.id][1] == tg.ORIGIN_LAST_EPOCH
+    # a reader of data written before the epoch depends on the epoch (the writer is behind it)
+    r = ctx.task((16,), [(b, rm.all(), R)])
+    assert deps(ctx, r) == {ep.id: "true"}
+
+
+def test_horizons_every_step_of_critical_path():
+    ctx = GraphContext(1, horizon_step=2)
+    b = ctx.buffer((16,), host_init=True)
+    for _ in range(8):
+        ctx.task((16,), [(b, rm.one_to_one(), RW)])
+    kinds = [t.kind for t in sorted(ctx.tasks().values(), key=lambda t: t.id)]
+    # init epoch, then after every 2 steps of critical path a horizon
+    assert kinds == ["epoch"] + ["device_compute", "device_compute", "horizon"] * 4
+    horizons = [t for t in ctx.tasks().values() if t.kind == tg.HORIZON]
+    # each horizon depends on the execution front (the last compute task)
+    for h in horizons:
+        assert all(o == tg.ORIGIN_EXECUTION_FRONT for _k, o in h.deps.values())
+    # horizons chain: each depends on the previous one, which was still in the front
+    for prev, h in zip(horizons, horizons[1:]):
+        assert prev.id in h.deps
+    # the previous horizon became the epoch for new tasks
+    assert ctx.tm.epoch_for_new_tasks is horizons[-2]
+
+
+def test_horizon_on_wide_execution_front():
+    ctx = GraphContext(1, horizon_step=100, horizon_max_parallelism=3)
+    for _ in range(4):
+        ctx.task((4,), [])
+    hs = [t for t in ctx.tasks().values() if t.kind == tg.HORIZON]
+    assert len(hs) == 1
+    assert len(hs[0].deps) == 4
+
+
+def test_side_effects_and_collective_groups_serialize():
+    ctx = GraphContext(1)
+    t1 = ctx.task((1,), [], kind=tg.HOST_COMPUTE, side_effects=[7])
+    t2 = ctx.task((1,), [], kind=tg.HOST_COMPUTE, side_effects=[7])
+    t3 = ctx.task((1,), [], kind=tg.HOST_COMPUTE, side_effects=[8])
+    assert ctx.tasks()[t2.id].deps[t1.id] == ("true", tg.ORIGIN_SIDE_EFFECT)
+    assert t1.id not in ctx.tasks()[t3.id].deps
+    c1 = ctx.task((1,), [], kind=tg.COLLECTIVE, collective_group=1)
+    c2 = ctx.task((1,), [], kind=tg.COLLECTIVE, collective_group=1)
+    assert ctx.tasks()[c2.id].deps[c1.id] == ("true", tg.ORIGIN_COLLECTIVE)
+
+
+def test_pruning_forgets_tasks_behind_the_epoch():
+    ctx = GraphContext(1, horizon_step=1)
+    b = ctx.buffer((16,), host_init=True)
+    for _ in range(20):
+        ctx.task((16,), [(b, rm.one_to_one(), RW)])
+    before = ctx.tm.num_live_tasks
+    last_h = max(t.id for t in ctx.tasks().values() if t.kind == tg.HORIZON)
+    ctx.tm.prune_before(last_h)
+    assert ctx.tm.num_live_tasks < before
+    assert ctx.tm.num_live_tasks <= 6
+    # new tasks still get correct dependencies after pruning
+    t = ctx.task((16,), [(b, rm.one_to_one(), R)])
+    (dep_id, (kind, _)), = ctx.tasks()[t.id].deps.items()
+    assert kind == "true" and dep_id in ctx.tasks()
+
+
+def test_task_records_are_plain_dicts():
+    import json
+    ctx = GraphContext(1)
+    b = ctx.buffer((8,))
+    t = ctx.task((8,), [(b, rm.one_to_one(), DW)], name="w")
+    rec = ctx.task_record(t.id)
+    json.dumps(rec)
+    assert rec["kind"] == "device_compute" and rec["name"] == "w" and rec["range"] == [8]
+    assert rec["accesses"] == [{"buffer": b, "mode": "discard_write", "region": [[[0], [8]]]}]
+    assert rec["deps"][0]["kind"] == "true" and rec["deps"][0]["origin"] == "last_epoch"
