@@ -259,7 +259,8 @@ class CommandGraphGenerator:
                 lw.apply(lw.extent, lambda v: eid if v is not None and v < eid else v)
             rd = st.readers
             if any(any(r < eid for r in s) for s in rd.values()):
-                rd.apply(rd.extent, lambda s: frozenset(r for r in s if r >= eid))
+                rd.apply(rd.extent, lambda s: frozenset([r for r in s if r >= eid] + [eid])
+                         if any(r < eid for r in s) else s)
         for d in (self._last_side_effect, self._last_collective):
             for k, v in list(d.items()):
                 if v.id < eid:

@@ -135,11 +135,25 @@ class Box:
                 and a0[2] < b1[2] and b0[2] < a1[2] and a0[0] < a1[0] and b0[0] < b1[0])
 
     def __and__(self, other: "Box") -> "Box":
+        if not isinstance(other, Box):
+            return NotImplemented  # box & region: Region.__rand__
         r = _isect(self.lo, self.hi, other.lo, other.hi)
-        dims = max(self.dims, other.dims)
+        dims = self.dims if self.dims >= other.dims else other.dims
         if r is None:
             return _empty_box(dims)
         return Box._make(r[0], r[1], dims)
+
+    def __or__(self, other: "Box | Region") -> "Region":
+        """Union as a Region (box | box, box | region)."""
+        if isinstance(other, Box):
+            return Region.from_box(self).union(other)
+        return NotImplemented
+
+    def __sub__(self, other: "Box | Region") -> "Region":
+        """Difference as a Region (box - box, box - region)."""
+        if isinstance(other, Box):
+            return Region.from_box(self).difference(other)
+        return NotImplemented
 
     def contains(self, other: "Box | Sequence[int]") -> bool:
         lo, hi = self.lo, self.hi
@@ -194,7 +208,11 @@ def _isect(a0, a1, b0, b1):
 
 
 def _box_minus(a0, a1, b0, b1, out: list) -> None:
-    """Append the (at most 6) disjoint pieces of box a outside box b to ``out``."""
+    """Append the (at most 6) disjoint pieces of box a outside box b to ``out``.
+
+    Sorted, the pieces are the canonical decomposition of ``a - b``: slabs along
+    dim 0, then dim 1, then intervals along dim 2.
+    """
     r = _isect(a0, a1, b0, b1)
     if r is None:
         out.append((a0, a1))
@@ -217,9 +235,253 @@ def _box_minus(a0, a1, b0, b1, out: list) -> None:
         out.append(((i0[0], i0[1], i1[2]), (i1[0], i1[1], a1[2])))
 
 
-def _merge_intervals(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+# ----------------------------------------------------------------------------------
+# Canonical form and exact set operations.
+#
+# The canonical decomposition of a point set: slabs along dim 0 where the
+# cross-section (itself canonical, recursively) is constant, adjacent slabs with
+# equal cross-sections merged; along the last dimension, maximal intervals.  It is
+# unique per point set, comes out sorted, and makes every box maximal along the
+# fastest (last) dimension.  ``Region._pairs`` is this decomposition, flattened
+# into ((lo0, lo1, lo2), (hi0, hi1, hi2)) pairs.
+#
+# Set operations work on the same decomposition seen as nested *step functions*
+# ("sf"): a level-0 sf is a list of (x, cross_section) breakpoints along dim 0, the
+# cross-section holding on [x, next x) and the last one empty; a level-1 sf is the
+# same along dim 1 with level-2 values; a level-2 value is a flat list of interval
+# boundaries along dim 2 [a0, b0, a1, b1, ...].  Consecutive values always differ
+# (canonical), so equality of cross-sections is list equality, and a union,
+# intersection or difference is one merge-sweep over the breakpoints per level,
+# linear in the sizes of the operands, whose output is canonical by construction.
+# ----------------------------------------------------------------------------------
+
+_OR, _AND, _SUB = 0, 1, 2
+_NIL: list = []  # the empty value at every level (shared, never mutated)
+
+
+def _op2(a: list, b: list, op: int) -> list:
+    """Set operation on two flat sorted lists of non-touching intervals."""
+    if op == _OR:
+        if not a:
+            return b
+        if not b:
+            return a
+        if a[-1] < b[0]:
+            return a + b
+        if b[-1] < a[0]:
+            return b + a
+    elif op == _AND:
+        if not a or not b or a[-1] <= b[0] or b[-1] <= a[0]:
+            return _NIL
+    else:
+        if not a:
+            return _NIL
+        if not b or a[-1] <= b[0] or b[-1] <= a[0]:
+            return a
+    if a == b:
+        return _NIL if op == _SUB else a
+    out: list = []
+    na = len(a)
+    nb = len(b)
+    i = j = 0
+    ina = inb = cur = False
+    while i < na and j < nb:
+        x = a[i]
+        y = b[j]
+        if x < y:
+            ina = not ina
+            i += 1
+        elif y < x:
+            inb = not inb
+            j += 1
+            x = y
+        else:
+            ina = not ina
+            inb = not inb
+            i += 1
+            j += 1
+        if op == _OR:
+            s = ina or inb
+        elif op == _AND:
+            s = ina and inb
+        else:
+            s = ina and not inb
+        if s is not cur:
+            out.append(x)
+            cur = s
+    if i < na:
+        if op != _AND:
+            out.extend(a[i:])
+    elif j < nb and op == _OR:
+        out.extend(b[j:])
+    return out or _NIL
+
+
+def _opn(a: list, b: list, op: int, inner) -> list:
+    """Set operation on two step functions whose values combine with ``inner``."""
+    if op == _OR:
+        if not a:
+            return b
+        if not b:
+            return a
+        if a[-1][0] < b[0][0]:
+            return a + b
+        if b[-1][0] < a[0][0]:
+            return b + a
+    elif op == _AND:
+        if not a or not b or a[-1][0] <= b[0][0] or b[-1][0] <= a[0][0]:
+            return _NIL
+    else:
+        if not a:
+            return _NIL
+        if not b or a[-1][0] <= b[0][0] or b[-1][0] <= a[0][0]:
+            return a
+    if a == b:
+        return _NIL if op == _SUB else a
+    out: list = []
+    na = len(a)
+    nb = len(b)
+    i = j = 0
+    va = vb = cur = _NIL
+    while i < na and j < nb:
+        ea = a[i]
+        eb = b[j]
+        x = ea[0]
+        y = eb[0]
+        if x < y:
+            va = ea[1]
+            i += 1
+        elif y < x:
+            vb = eb[1]
+            j += 1
+            x = y
+        else:
+            va = ea[1]
+            vb = eb[1]
+            i += 1
+            j += 1
+        if op == _OR:
+            if not va:
+                v = vb
+            elif not vb or va is vb:
+                v = va
+            else:
+                v = inner(va, vb, op)
+        elif op == _AND:
+            if not va or not vb:
+                v = _NIL
+            elif va is vb:
+                v = va
+            else:
+                v = inner(va, vb, op)
+        else:
+            if not va or va is vb:
+                v = _NIL
+            elif not vb:
+                v = va
+            else:
+                v = inner(va, vb, op)
+        if v != cur:
+            out.append((x, v))
+            cur = v
+    if i < na:
+        if op != _AND:
+            out.extend(a[i:])
+    elif j < nb and op == _OR:
+        out.extend(b[j:])
+    return out or _NIL
+
+
+def _op1(a: list, b: list, op: int) -> list:
+    return _opn(a, b, op, _op2)
+
+
+def _op0(a: list, b: list, op: int) -> list:
+    return _opn(a, b, op, _op1)
+
+
+def _box_sf(lo, hi) -> list:
+    return [(lo[0], [(lo[1], [lo[2], hi[2]]), (hi[1], _NIL)]), (hi[0], _NIL)]
+
+
+def _to_sf(pairs) -> list:
+    """Step function of sorted, disjoint pairs grouped like a canonical decomposition.
+
+    Touching groups with equal cross-sections are merged, so this also canonicalizes
+    inputs that are canonical up to such merges (e.g. a canonical region clipped to a
+    box).  Every list it builds ends with an (end, NIL) terminator.
+    """
+    n = len(pairs)
+    if not n:
+        return _NIL
+    out: list = []
+    lprev = None
+    k = 0
+    lo, hi = pairs[0]
+    while k < n:
+        x0 = lo[0]
+        x1 = hi[0]
+        l1: list = []
+        iprev = None
+        while True:
+            y0 = lo[1]
+            y1 = hi[1]
+            iv = [lo[2], hi[2]]
+            k += 1
+            while k < n:
+                lo, hi = pairs[k]
+                if lo[0] != x0 or lo[1] != y0:
+                    break
+                iv.append(lo[2])
+                iv.append(hi[2])
+                k += 1
+            if l1 and l1[-1][0] == y0:
+                if iv == iprev:
+                    l1[-1] = (y1, _NIL)
+                else:
+                    l1[-1] = (y0, iv)
+                    l1.append((y1, _NIL))
+                    iprev = iv
+            else:
+                l1.append((y0, iv))
+                l1.append((y1, _NIL))
+                iprev = iv
+            if k >= n or lo[0] != x0:
+                break
+        if out and out[-1][0] == x0:
+            if l1 == lprev:
+                out[-1] = (x1, _NIL)
+            else:
+                out[-1] = (x0, l1)
+                out.append((x1, _NIL))
+                lprev = l1
+        else:
+            out.append((x0, l1))
+            out.append((x1, _NIL))
+            lprev = l1
+    return out
+
+
+def _from_sf(sf: list) -> tuple:
+    out = []
+    for k in range(len(sf) - 1):
+        x0, l1 = sf[k]
+        if not l1:
+            continue
+        x1 = sf[k + 1][0]
+        for m in range(len(l1) - 1):
+            y0, iv = l1[m]
+            if not iv:
+                continue
+            y1 = l1[m + 1][0]
+            for t in range(0, len(iv), 2):
+                out.append(((x0, y0, iv[t]), (x1, y1, iv[t + 1])))
+    return tuple(out)
+
+
+def _merge_intervals(ivs: list) -> list:
     ivs.sort()
-    out: list[tuple[int, int]] = []
+    out: list = []
     cur_lo, cur_hi = ivs[0]
     for lo, hi in ivs:
         if lo <= cur_hi:
@@ -232,90 +494,163 @@ def _merge_intervals(ivs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _canon(boxes: list, d: int) -> list:
-    """Canonical disjoint decomposition of possibly overlapping boxes over dims d..2.
-
-    Boxes are pairs of tuples covering dims d..2. The result is unique per point set:
-    slabs along dimension d where the cross-section (recursively canonical) is constant,
-    adjacent slabs with equal cross-sections merged. This maximizes extents along the
-    fastest (last) dimension first, and comes out sorted.
-    """
-    if d == 2:
-        return [((lo,), (hi,)) for lo, hi in _merge_intervals([(b[0][0], b[1][0]) for b in boxes])]
-    first = boxes[0]
-    rest_lo, rest_hi = first[0][1:], first[1][1:]
-    same_rest = True
-    same_head = True
-    h_lo, h_hi = first[0][0], first[1][0]
-    for lo, hi in boxes:
-        if same_rest and (lo[1:] != rest_lo or hi[1:] != rest_hi):
-            same_rest = False
-        if same_head and (lo[0] != h_lo or hi[0] != h_hi):
-            same_head = False
-        if not same_rest and not same_head:
+def _normalize(pairs) -> tuple:
+    """Canonical decomposition of possibly overlapping non-empty boxes (as pairs)."""
+    n = len(pairs)
+    if n <= 1:
+        return tuple(pairs)
+    lo, hi = pairs[0]
+    r0 = (lo[1], lo[2], hi[1], hi[2])
+    for lo, hi in pairs:
+        if (lo[1], lo[2], hi[1], hi[2]) != r0:
             break
-    if same_rest:
-        # all boxes share their cross-section: a 1-D merge along d
-        return [((lo,) + rest_lo, (hi,) + rest_hi)
-                for lo, hi in _merge_intervals([(b[0][0], b[1][0]) for b in boxes])]
-    if same_head:
-        sub = _canon([(lo[1:], hi[1:]) for lo, hi in boxes], d + 1)
-        return [((h_lo,) + lo, (h_hi,) + hi) for lo, hi in sub]
-    pts = sorted({b[0][0] for b in boxes} | {b[1][0] for b in boxes})
-    out: list = []
-    slab_lo = None
-    slab_hi = None
-    slab_cs: list | None = None
-    for i in range(len(pts) - 1):
-        a, b = pts[i], pts[i + 1]
-        sub = [(lo[1:], hi[1:]) for lo, hi in boxes if lo[0] <= a and hi[0] >= b]
-        cs = _canon(sub, d + 1) if sub else None
-        if cs is not None and slab_cs is not None and cs == slab_cs and slab_hi == a:
-            slab_hi = b
-            continue
-        if slab_cs is not None:
-            out.extend(((slab_lo,) + lo, (slab_hi,) + hi) for lo, hi in slab_cs)
-        slab_lo, slab_hi, slab_cs = a, b, cs
-    if slab_cs is not None:
-        out.extend(((slab_lo,) + lo, (slab_hi,) + hi) for lo, hi in slab_cs)
-    return out
+    else:
+        # every box has the same cross-section (always so in 1-D): merge along dim 0
+        l1, l2, h1, h2 = r0
+        return tuple(((a, l1, l2), (b, h1, h2))
+                     for a, b in _merge_intervals([(lo[0], hi[0]) for lo, hi in pairs]))
+    return _from_sf(_normalize_sf(pairs))
 
 
-def _normalize(pairs: list) -> list:
-    if len(pairs) <= 1:
-        return pairs
-    return _canon(pairs, 0)
+def _normalize_sf(pairs) -> list:
+    """Step function of the union of arbitrary non-empty boxes (balanced pairwise unions)."""
+    sfs = [_box_sf(lo, hi) for lo, hi in sorted(pairs)]
+    while len(sfs) > 1:
+        nxt = [_op0(sfs[i], sfs[i + 1], _OR) for i in range(0, len(sfs) - 1, 2)]
+        if len(sfs) & 1:
+            nxt.append(sfs[-1])
+        sfs = nxt
+    return sfs[0] if sfs else _NIL
+
+
+def _pairs_bounds(p) -> tuple:
+    if len(p) == 1:
+        return p[0]
+    lo0 = p[0][0][0]  # sorted: the first box has the smallest dim-0 start
+    hi0 = max(h[0] for _, h in p)
+    return ((lo0, min(l[1] for l, _ in p), min(l[2] for l, _ in p)),
+            (hi0, max(h[1] for _, h in p), max(h[2] for _, h in p)))
 
 
 class Region:
     """A normalized set of disjoint boxes; one representation per point set."""
 
-    __slots__ = ("_pairs", "dims", "_boxes")
+    # _pairs: the canonical decomposition (see above); the rest are lazily computed
+    # caches: _boxes (Box objects), _sf (step function), _bb (bounds), _fl (for
+    # regions whose boxes all share their dims-1/2 extent, as in every 1-D region:
+    # (lo1, lo2, hi1, hi2, flat dim-0 boundaries), else False)
+    __slots__ = ("_pairs", "dims", "_boxes", "_sf", "_bb", "_fl")
 
     def __init__(self, boxes: Iterable[Box] = (), dims: int | None = None):
-        pairs = []
+        pairs: list = []
         d = 0
+        lone = None  # a single Region argument is taken as is (already normalized)
+        nregions = 0
         for b in boxes:
             if isinstance(b, Region):
+                nregions += 1
+                lone = b
                 pairs.extend(b._pairs)
-                d = max(d, b.dims)
+                if b.dims > d:
+                    d = b.dims
                 continue
             if not isinstance(b, Box):
                 raise TypeError(f"Region takes Box objects, got {type(b).__name__}")
-            d = max(d, b.dims)
+            if b.dims > d:
+                d = b.dims
             if not b.empty:
                 pairs.append((b.lo, b.hi))
-        self._pairs = tuple(_normalize(pairs))
+        if nregions == 1 and len(pairs) == len(lone._pairs):
+            self._pairs = lone._pairs
+            self._sf = lone._sf
+            self._bb = lone._bb
+            self._fl = lone._fl
+        else:
+            self._pairs = _normalize(pairs)
+            self._sf = None
+            self._bb = None
+            self._fl = None
         self.dims = d if dims is None else dims
         self._boxes = None
 
     @classmethod
     def _from_pairs(cls, pairs, dims: int, normalized: bool = False) -> "Region":
         r = object.__new__(cls)
-        r._pairs = tuple(pairs if normalized else _normalize(list(pairs)))
+        r._pairs = tuple(pairs) if normalized else _normalize(pairs)
         r.dims = dims
         r._boxes = None
+        r._sf = None
+        r._bb = None
+        r._fl = None
         return r
+
+    @classmethod
+    def _from_sf(cls, sf: list, dims: int) -> "Region":
+        r = object.__new__(cls)
+        r._pairs = _from_sf(sf)
+        r.dims = dims
+        r._boxes = None
+        r._sf = sf
+        r._bb = None
+        r._fl = None
+        return r
+
+    @classmethod
+    def _from_flat(cls, fl: tuple, dims: int) -> "Region":
+        r = object.__new__(cls)
+        l1, l2, h1, h2, flat = fl
+        r._pairs = tuple([((flat[i], l1, l2), (flat[i + 1], h1, h2)) for i in range(0, len(flat), 2)])
+        r.dims = dims
+        r._boxes = None
+        r._sf = None
+        r._bb = None
+        r._fl = fl
+        return r
+
+    def _flat(self):
+        """(lo1, lo2, hi1, hi2, [a0, b0, a1, b1, ...]) when all boxes share their extent
+        in dims 1 and 2 (the region is 1-D along dim 0), else False. Non-empty only."""
+        fl = self._fl
+        if fl is None:
+            p = self._pairs
+            l, h = p[0]
+            l1, l2, h1, h2 = l[1], l[2], h[1], h[2]
+            flat = []
+            for l, h in p:
+                if l[1] != l1 or h[1] != h1 or l[2] != l2 or h[2] != h2:
+                    fl = False
+                    break
+                flat.append(l[0])
+                flat.append(h[0])
+            else:
+                fl = (l1, l2, h1, h2, flat)
+            self._fl = fl
+        return fl
+
+    def _with_dims(self, dims: int) -> "Region":
+        if dims == self.dims:
+            return self
+        r = object.__new__(Region)
+        r._pairs = self._pairs
+        r.dims = dims
+        r._boxes = None
+        r._sf = self._sf
+        r._bb = self._bb
+        r._fl = self._fl
+        return r
+
+    def _get_sf(self) -> list:
+        sf = self._sf
+        if sf is None:
+            sf = self._sf = _to_sf(self._pairs)
+        return sf
+
+    def _bounds(self) -> tuple:
+        """(lo, hi) 3-tuples of the bounding box of a non-empty region (cached)."""
+        bb = self._bb
+        if bb is None:
+            bb = self._bb = _pairs_bounds(self._pairs)
+        return bb
 
     @classmethod
     def from_box(cls, box: Box) -> "Region":
@@ -351,85 +686,222 @@ class Region:
 
     @property
     def bounding_box(self) -> Box:
-        p = self._pairs
-        if not p:
+        if not self._pairs:
             return _empty_box(self.dims)
-        if len(p) == 1:
-            return Box._make(p[0][0], p[0][1], self.dims)
-        return Box._make((min(l[0] for l, _ in p), min(l[1] for l, _ in p), min(l[2] for l, _ in p)),
-                         (max(h[0] for _, h in p), max(h[1] for _, h in p), max(h[2] for _, h in p)),
-                         self.dims)
+        lo, hi = self._bounds()
+        return Box._make(lo, hi, self.dims)
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, Region):
+            return self._pairs == other._pairs
         if isinstance(other, Box):
-            other = Region.from_box(other)
-        if not isinstance(other, Region):
-            return NotImplemented
-        return self._pairs == other._pairs
+            p = self._pairs
+            if other.empty:
+                return not p
+            return len(p) == 1 and p[0][0] == other.lo and p[0][1] == other.hi
+        return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._pairs)
+        # consistent with Box.__hash__, since a one-box region equals its box
+        p = self._pairs
+        if len(p) == 1:
+            return hash(p[0])
+        if not p:
+            return hash((_EMPTY_LO, _EMPTY_HI))
+        return hash(p)
 
     def __repr__(self) -> str:
         return "Region(" + ", ".join(f"[{list(b.min)}, {list(b.max)}]" for b in self.boxes) + ")"
 
+    # ------------------------------------------------------------------ set algebra
+    # Each operation tries, in order: trivial operands; single boxes (a box minus a
+    # box is already canonical once sorted); regions that are 1-D along dim 0 with
+    # the same extent in dims 1/2 (a flat interval sweep); the general step-function
+    # sweep.  Results keep whatever cached form the operation produced.
+
     def union(self, other: "Region | Box") -> "Region":
-        op = _pairs_of(other)
-        if not op:
-            return self if self.dims >= other.dims else Region._from_pairs(self._pairs, other.dims, True)
-        if not self._pairs:
-            return Region._from_pairs(op, max(self.dims, other.dims), True)
-        return Region._from_pairs(self._pairs + op, max(self.dims, other.dims))
+        p = self._pairs
+        if isinstance(other, Box):
+            d = self.dims if self.dims >= other.dims else other.dims
+            if other.empty:
+                return self._with_dims(d)
+            olo, ohi = other.lo, other.hi
+            if not p:
+                return Region._from_pairs(((olo, ohi),), d, True)
+            if len(p) == 1:
+                a0, a1 = p[0]
+                if (a0[0] <= olo[0] and ohi[0] <= a1[0] and a0[1] <= olo[1] and ohi[1] <= a1[1]
+                        and a0[2] <= olo[2] and ohi[2] <= a1[2]):
+                    return self._with_dims(d)
+                if (olo[0] <= a0[0] and a1[0] <= ohi[0] and olo[1] <= a0[1] and a1[1] <= ohi[1]
+                        and olo[2] <= a0[2] and a1[2] <= ohi[2]):
+                    return Region._from_pairs(((olo, ohi),), d, True)
+            fl = self._flat()
+            if fl and fl[0] == olo[1] and fl[1] == olo[2] and fl[2] == ohi[1] and fl[3] == ohi[2]:
+                return Region._from_flat(fl[:4] + (_op2(fl[4], [olo[0], ohi[0]], _OR),), d)
+            osf = _box_sf(olo, ohi)
+        elif isinstance(other, Region):
+            d = self.dims if self.dims >= other.dims else other.dims
+            op = other._pairs
+            if not op or op == p:
+                return self._with_dims(d)
+            if not p:
+                return other._with_dims(d)
+            if len(op) == 1:
+                return self.union(Box._make(op[0][0], op[0][1], d))
+            if len(p) == 1:
+                return other.union(Box._make(p[0][0], p[0][1], d))
+            fl = self._flat()
+            if fl:
+                ofl = other._flat()
+                if ofl and fl[:4] == ofl[:4]:
+                    return Region._from_flat(fl[:4] + (_op2(fl[4], ofl[4], _OR),), d)
+            osf = other._get_sf()
+        else:
+            raise TypeError(f"expected Region or Box, got {type(other).__name__}")
+        return Region._from_sf(_op0(self._get_sf(), osf, _OR), d)
 
     __or__ = union
+    __ror__ = union
 
     def intersection(self, other: "Region | Box") -> "Region":
-        op = _pairs_of(other)
-        out = []
-        for a0, a1 in self._pairs:
-            for b0, b1 in op:
-                r = _isect(a0, a1, b0, b1)
-                if r is not None:
-                    out.append(r)
-        return Region._from_pairs(out, max(self.dims, other.dims))
+        p = self._pairs
+        if isinstance(other, Box):
+            d = self.dims if self.dims >= other.dims else other.dims
+            if other.empty or not p:
+                return Region._from_pairs((), d, True)
+            return _clip(self, p, other.lo, other.hi, d)
+        if not isinstance(other, Region):
+            raise TypeError(f"expected Region or Box, got {type(other).__name__}")
+        d = self.dims if self.dims >= other.dims else other.dims
+        op = other._pairs
+        if not op or not p:
+            return Region._from_pairs((), d, True)
+        if len(op) == 1:
+            return _clip(self, p, op[0][0], op[0][1], d)
+        if len(p) == 1:
+            return _clip(other, op, p[0][0], p[0][1], d)
+        if op == p:
+            return self._with_dims(d)
+        fl = self._flat()
+        if fl:
+            ofl = other._flat()
+            if ofl and fl[:4] == ofl[:4]:
+                return Region._from_flat(fl[:4] + (_op2(fl[4], ofl[4], _AND),), d)
+        if len(p) * len(op) <= 16 and not _any_overlap(p, op):
+            return Region._from_pairs((), d, True)
+        return Region._from_sf(_op0(self._get_sf(), other._get_sf(), _AND), d)
 
     __and__ = intersection
+    __rand__ = intersection
 
     def difference(self, other: "Region | Box") -> "Region":
-        op = _pairs_of(other)
-        cur = list(self._pairs)
-        changed = False
-        for b0, b1 in op:
-            nxt: list = []
-            for a0, a1 in cur:
-                if _isect(a0, a1, b0, b1) is None:
-                    nxt.append((a0, a1))
-                else:
-                    changed = True
-                    _box_minus(a0, a1, b0, b1, nxt)
-            cur = nxt
-            if not cur:
-                break
-        if not changed:
+        p = self._pairs
+        if not p:
             return self
-        return Region._from_pairs(cur, self.dims)
+        if isinstance(other, Box):
+            if other.empty:
+                return self
+            olo, ohi = other.lo, other.hi
+        elif isinstance(other, Region):
+            op = other._pairs
+            if not op:
+                return self
+            if len(op) > 1:
+                if op == p:
+                    return Region._from_pairs((), self.dims, True)
+                fl = self._flat()
+                if fl:
+                    ofl = other._flat()
+                    if ofl and fl[:4] == ofl[:4]:
+                        res = _op2(fl[4], ofl[4], _SUB)
+                        return self if res is fl[4] else Region._from_flat(fl[:4] + (res,), self.dims)
+                if len(p) * len(op) <= 16 and not _any_overlap(p, op):
+                    return self
+                return Region._from_sf(_op0(self._get_sf(), other._get_sf(), _SUB), self.dims)
+            olo, ohi = op[0]
+        else:
+            raise TypeError(f"expected Region or Box, got {type(other).__name__}")
+        if len(p) == 1:
+            a0, a1 = p[0]
+            if _isect(a0, a1, olo, ohi) is None:
+                return self
+            pieces: list = []
+            _box_minus(a0, a1, olo, ohi, pieces)
+            pieces.sort()
+            return Region._from_pairs(pieces, self.dims, True)
+        if len(p) <= 8:
+            for a0, a1 in p:
+                if _isect(a0, a1, olo, ohi) is not None:
+                    break
+            else:
+                return self
+        else:
+            blo, bhi = self._bounds()
+            if _isect(blo, bhi, olo, ohi) is None:
+                return self
+        fl = self._flat()
+        if fl:
+            if fl[0] >= olo[1] and fl[1] >= olo[2] and fl[2] <= ohi[1] and fl[3] <= ohi[2]:
+                # the box spans the region's whole extent in dims 1/2: a 1-D difference
+                res = _op2(fl[4], [olo[0], ohi[0]], _SUB)
+                return self if res is fl[4] else Region._from_flat(fl[:4] + (res,), self.dims)
+        return Region._from_sf(_op0(self._get_sf(), _box_sf(olo, ohi), _SUB), self.dims)
 
     __sub__ = difference
 
+    def __rsub__(self, other: "Box") -> "Region":
+        if isinstance(other, Box):
+            return Region.from_box(other).difference(self)
+        return NotImplemented
+
     def intersects(self, other: "Region | Box") -> bool:
-        op = _pairs_of(other)
-        for a0, a1 in self._pairs:
-            for b0, b1 in op:
-                if _isect(a0, a1, b0, b1) is not None:
+        p = self._pairs
+        if not p:
+            return False
+        if isinstance(other, Box):
+            if other.empty:
+                return False
+            b0, b1 = other.lo, other.hi
+            for a0, a1 in p:
+                if (a0[0] < b1[0] and b0[0] < a1[0] and a0[1] < b1[1] and b0[1] < a1[1]
+                        and a0[2] < b1[2] and b0[2] < a1[2]):
                     return True
-        return False
+            return False
+        op = _pairs_of(other)
+        if not op:
+            return False
+        if len(p) * len(op) <= 64:
+            for b0, b1 in op:
+                for a0, a1 in p:
+                    if (a0[0] < b1[0] and b0[0] < a1[0] and a0[1] < b1[1] and b0[1] < a1[1]
+                            and a0[2] < b1[2] and b0[2] < a1[2]):
+                        return True
+            return False
+        blo, bhi = self._bounds()
+        olo, ohi = other._bounds()
+        if _isect(blo, bhi, olo, ohi) is None:
+            return False
+        return bool(_op0(self._get_sf(), other._get_sf(), _AND))
 
     def contains(self, other: "Region | Box | Sequence[int]") -> bool:
-        if isinstance(other, (Region, Box)):
-            return not (_as_region(other) - self)
-        p = _pad(tuple(other), 0)
+        if isinstance(other, Box):
+            if other.empty:
+                return True
+            return _covers(self._pairs, other.lo, other.hi)
+        if isinstance(other, Region):
+            op = other._pairs
+            if not op:
+                return True
+            p = self._pairs
+            if len(op) == 1:
+                return _covers(p, op[0][0], op[0][1])
+            if not p:
+                return False
+            return not _op0(other._get_sf(), self._get_sf(), _SUB)
+        q = _pad(tuple(other), 0)
         for l, h in self._pairs:
-            if l[0] <= p[0] < h[0] and l[1] <= p[1] < h[1] and l[2] <= p[2] < h[2]:
+            if l[0] <= q[0] < h[0] and l[1] <= q[1] < h[1] and l[2] <= q[2] < h[2]:
                 return True
         return False
 
@@ -437,10 +909,62 @@ class Region:
         return self.contains(other)
 
     def with_dims(self, dims: int) -> "Region":
-        return self if dims == self.dims else Region._from_pairs(self._pairs, dims, True)
+        return self._with_dims(dims)
 
     def to_json(self) -> list:
         return [b.to_json() for b in self.boxes]
+
+
+def _any_overlap(p, q) -> bool:
+    for b0, b1 in q:
+        for a0, a1 in p:
+            if (a0[0] < b1[0] and b0[0] < a1[0] and a0[1] < b1[1] and b0[1] < a1[1]
+                    and a0[2] < b1[2] and b0[2] < a1[2]):
+                return True
+    return False
+
+
+def _covers(p, b0, b1) -> bool:
+    """Whether the disjoint boxes ``p`` cover the non-empty box (b0, b1): by area."""
+    need = (b1[0] - b0[0]) * (b1[1] - b0[1]) * (b1[2] - b0[2])
+    for a0, a1 in p:
+        l0 = a0[0] if a0[0] > b0[0] else b0[0]
+        h0 = a1[0] if a1[0] < b1[0] else b1[0]
+        if h0 <= l0:
+            continue
+        l1 = a0[1] if a0[1] > b0[1] else b0[1]
+        h1 = a1[1] if a1[1] < b1[1] else b1[1]
+        if h1 <= l1:
+            continue
+        l2 = a0[2] if a0[2] > b0[2] else b0[2]
+        h2 = a1[2] if a1[2] < b1[2] else b1[2]
+        if h2 <= l2:
+            continue
+        need -= (h0 - l0) * (h1 - l1) * (h2 - l2)
+        if need == 0:
+            return True
+    return False
+
+
+def _clip(r: Region, p: tuple, b0, b1, d: int) -> Region:
+    """``r & box`` for a normalized region ``r`` with pairs ``p`` and a non-empty box."""
+    out = []
+    changed = False
+    for a0, a1 in p:
+        x = _isect(a0, a1, b0, b1)
+        if x is None:
+            changed = True
+        else:
+            if not changed and (x[0] != a0 or x[1] != a1):
+                changed = True
+            out.append(x)
+    if not changed:
+        return r._with_dims(d)
+    if len(out) <= 1 or r._fl:
+        # (a region that is 1-D along dim 0 stays canonical when clipped)
+        return Region._from_pairs(out, d, True)
+    # clipping keeps the slab structure but may make touching slabs equal: re-merge
+    return Region._from_sf(_to_sf(out), d)
 
 
 def _pairs_of(x: "Region | Box") -> tuple:
@@ -509,108 +1033,148 @@ class Subrange:
 class RegionMap:
     """A value for every point of an extent; values must be hashable.
 
-    Stored as disjoint (box, value) entries; an update replaces the values of a
-    region, a query returns (box, value) pairs clipped to the query with equal
-    values merged, so callers see as few boxes as the data allows.
+    Stored as one normalized region per distinct value (the regions are disjoint
+    and cover the extent); an update replaces the values of a region, a query
+    returns (box, value) pairs clipped to the query with equal values merged (the
+    canonical decomposition of each value's part), so callers see as few boxes as
+    the data allows.
     """
 
-    __slots__ = ("extent", "_entries", "dims")
+    __slots__ = ("extent", "_regions", "dims")
 
     def __init__(self, extent: Box, default: Any = None):
         self.extent = extent
         self.dims = extent.dims
-        self._entries: list[tuple[tuple, tuple, Any]] = [] if extent.empty else [(extent.lo, extent.hi, default)]
+        self._regions: dict[Any, Region] = {} if extent.empty else {default: Region.from_box(extent)}
+
+    def _clip(self, where: "Region | Box") -> Region:
+        ext = self.extent
+        if isinstance(where, Box):
+            r = _isect(where.lo, where.hi, ext.lo, ext.hi)
+            return Region._from_pairs(() if r is None else (r,), self.dims, True)
+        if not isinstance(where, Region):
+            raise TypeError(f"expected Region or Box, got {type(where).__name__}")
+        if not where._pairs or ext.empty:
+            return Region._from_pairs((), self.dims, True)
+        return where.intersection(ext)._with_dims(self.dims)
 
     def update(self, where: "Region | Box", value: Any) -> None:
-        op = _pairs_of(where)
-        if not op:
+        w = self._clip(where)
+        if not w._pairs:
             return
-        ext = self.extent
-        clipped = []
-        for b0, b1 in op:
-            r = _isect(b0, b1, ext.lo, ext.hi)
-            if r is not None:
-                clipped.append(r)
-        if not clipped:
-            return
-        entries = self._entries
-        keep: list = []
-        same: list = []
-        for e in entries:
-            e0, e1, ev = e
-            pieces = [(e0, e1)]
-            hit = False
-            for b0, b1 in clipped:
-                nxt: list = []
-                for a0, a1 in pieces:
-                    if _isect(a0, a1, b0, b1) is None:
-                        nxt.append((a0, a1))
-                    else:
-                        hit = True
-                        _box_minus(a0, a1, b0, b1, nxt)
-                pieces = nxt
-                if not pieces:
-                    break
-            if ev == value:
-                same.extend(pieces)
-            elif not hit:
-                keep.append(e)
+        wlo, whi = w._bounds()
+        regions = self._regions
+        for u, r in list(regions.items()):
+            if u == value:
+                continue
+            rlo, rhi = r._bounds()
+            if _isect(rlo, rhi, wlo, whi) is None:
+                continue
+            rest = r.difference(w)
+            if rest is r:
+                continue
+            if rest._pairs:
+                regions[u] = rest
             else:
-                keep.extend((a0, a1, ev) for a0, a1 in pieces)
-        same.extend(clipped)
-        keep.extend((a0, a1, value) for a0, a1 in _normalize(same))
-        self._entries = keep
+                del regions[u]
+        old = regions.get(value)
+        regions[value] = w if old is None else old.union(w)
+
+    def _parts(self, where: "Region | Box | None") -> list[tuple[Region, Any]]:
+        """(part of the value's region inside ``where``, value) for every value present."""
+        regions = self._regions
+        if where is None:
+            return [(r, u) for u, r in regions.items()]
+        if isinstance(where, Box):
+            if where.empty:
+                return []
+            b0, b1 = where.lo, where.hi
+        elif isinstance(where, Region):
+            if not where._pairs:
+                return []
+            if len(where._pairs) > 1:
+                blo, bhi = where._bounds()
+                out = []
+                for u, r in regions.items():
+                    rlo, rhi = r._bounds()
+                    if _isect(rlo, rhi, blo, bhi) is not None:
+                        part = r.intersection(where)
+                        if part._pairs:
+                            out.append((part, u))
+                return out
+            b0, b1 = where._pairs[0]
+        else:
+            raise TypeError(f"expected Region or Box, got {type(where).__name__}")
+        out = []
+        d = self.dims
+        for u, r in regions.items():
+            rlo, rhi = r._bounds()
+            if (b0[0] <= rlo[0] and rhi[0] <= b1[0] and b0[1] <= rlo[1] and rhi[1] <= b1[1]
+                    and b0[2] <= rlo[2] and rhi[2] <= b1[2]):
+                out.append((r, u))
+            elif _isect(rlo, rhi, b0, b1) is not None:
+                part = _clip(r, r._pairs, b0, b1, d)
+                if part._pairs:
+                    out.append((part, u))
+        return out
 
     def query(self, where: "Region | Box | None" = None) -> list[tuple[Box, Any]]:
-        """(box, value) pairs covering ``where`` (default: the whole extent)."""
+        """(box, value) pairs covering ``where`` clipped to the extent (default: all of it),
+        sorted by box."""
         d = self.dims
-        if where is None:
-            groups: dict = {}
-            for e0, e1, ev in self._entries:
-                groups.setdefault(ev, []).append((e0, e1))
-        else:
-            op = _pairs_of(where)
-            groups = {}
-            for e0, e1, ev in self._entries:
-                for b0, b1 in op:
-                    r = _isect(e0, e1, b0, b1)
-                    if r is not None:
-                        groups.setdefault(ev, []).append(r)
         out = []
-        for ev, pairs in groups.items():
-            for lo, hi in _normalize(pairs):
-                out.append((Box._make(lo, hi, d), ev))
-        out.sort(key=lambda bv: (bv[0].lo, bv[0].hi))
+        for r, u in self._parts(where):
+            if r.dims == d:
+                out.extend((b, u) for b in r.boxes)
+            else:
+                out.extend((Box._make(lo, hi, d), u) for lo, hi in r._pairs)
+        if len(out) > 1:
+            out.sort(key=_box_key)
         return out
 
     def query_values(self, where: "Region | Box | None" = None) -> list[tuple[Region, Any]]:
-        """Like ``query`` but one (region, value) per distinct value."""
+        """Like ``query`` but one (region, value) per distinct value, ordered by region."""
         d = self.dims
-        if where is None:
-            groups: dict = {}
-            for e0, e1, ev in self._entries:
-                groups.setdefault(ev, []).append((e0, e1))
-        else:
-            op = _pairs_of(where)
-            groups = {}
-            for e0, e1, ev in self._entries:
-                for b0, b1 in op:
-                    r = _isect(e0, e1, b0, b1)
-                    if r is not None:
-                        groups.setdefault(ev, []).append(r)
-        return [(Region._from_pairs(p, d), ev) for ev, p in groups.items()]
+        out = [(r._with_dims(d), u) for r, u in self._parts(where)]
+        if len(out) > 1:
+            out.sort(key=lambda rv: rv[0]._pairs[0])
+        return out
 
     def region_of(self, predicate) -> Region:
         """The region of all points whose value satisfies ``predicate``."""
-        return Region._from_pairs([(e0, e1) for e0, e1, ev in self._entries if predicate(ev)], self.dims)
+        acc = Region._from_pairs((), self.dims, True)
+        for u, r in self._regions.items():
+            if predicate(u):
+                acc = acc.union(r)
+        return acc._with_dims(self.dims)
 
     def values(self) -> set:
-        return {ev for _, _, ev in self._entries}
+        return set(self._regions)
 
     def apply(self, where: "Region | Box", fn) -> None:
         """Replace each value v inside ``where`` by ``fn(v)``."""
-        for region, v in self.query_values(where):
-            self.update(region, fn(v))
+        regions = self._regions
+        moves = []
+        for part, u in self._parts(where):
+            nv = fn(u)
+            if nv is u or nv == u:
+                continue
+            r = regions[u]
+            rest = r.difference(part) if part is not r else None
+            if rest is not None and rest._pairs:
+                regions[u] = rest
+            else:
+                del regions[u]
+            moves.append((part, nv))
+        # every moved part was removed from its old value: no other region overlaps it
+        for part, nv in moves:
+            old = regions.get(nv)
+            regions[nv] = part._with_dims(self.dims) if old is None else old.union(part)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(r._pairs) for r in self._regions.values())
+
+
+def _box_key(bv):
+    b = bv[0]
+    return (b.lo, b.hi)

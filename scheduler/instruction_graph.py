@@ -51,9 +51,11 @@ class AccessAllocation:
     allocation_box: Box   # the allocation's extent in buffer coordinates
     box: Box              # bounding box of what the chunk accesses (buffer coordinates)
     region: Region | None = None  # exact accessed region (for bounds checks); None = box
+    mode: str = ""                # access mode (read, write, ...) of the accessor
 
     def to_record(self) -> dict:
-        return {"buffer": self.buffer, "allocation": self.allocation, "box": self.box.to_json()}
+        return {"buffer": self.buffer, "allocation": self.allocation, "box": self.box.to_json(),
+                "mode": self.mode}
 
 
 @dataclass(slots=True)

@@ -319,7 +319,7 @@ class InstructionGraphGenerator:
 
     def _scratch(self, memory: int, box: Box, dtype: np.dtype) -> _Allocation:
         aid = self._new_alloc_id()
-        ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=None, box=None,
+        ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=None, box=box,
                                shape=(box.area,), dtype=dtype, size_bytes=box.area * dtype.itemsize)
         self._emit(ins)
         return _Allocation(aid, memory, box, ins.id)
@@ -543,10 +543,10 @@ class InstructionGraphGenerator:
                 b = self._buffers[a.buffer]
                 if not reg:
                     ins.accesses.append(AccessAllocation(a.buffer, -1, Box.empty_box(b.info.box.dims),
-                                                         Box.empty_box(b.info.box.dims), reg))
+                                                         Box.empty_box(b.info.box.dims), reg, a.mode))
                     continue
                 alloc = self._find_alloc(b, p.memory, reg.bounding_box)
-                ins.accesses.append(AccessAllocation(a.buffer, alloc.id, alloc.box, reg.bounding_box, reg))
+                ins.accesses.append(AccessAllocation(a.buffer, alloc.id, alloc.box, reg.bounding_box, reg, a.mode))
             for bid, reg in sorted(p.consumed.items()):
                 b = self._buffers[bid]
                 alloc = self._find_alloc(b, p.memory, reg.bounding_box) if reg else None
@@ -713,7 +713,8 @@ class InstructionGraphGenerator:
 
     def _compile_fence(self, cmd: cg.FenceCommand) -> None:
         task = cmd.task
-        ins = FenceInstruction(self._new_id(), task=task.id, promise=task.fence_promise)
+        deps: list[tuple[int, str]] = []
+        allocation = None
         if task.fence_buffer is not None:
             b = self._buffers[task.fence_buffer]
             box = task.fence_box
@@ -728,8 +729,10 @@ class InstructionGraphGenerator:
                     continue
                 src = self._source_memory(mems, USER_MEMORY)
                 self._copy_between(b, src, snap, part)
-            ins.allocation = aid
-            ins.deps.extend((u, DEP_READ) for u in sorted(snap.users()))
+            allocation = aid
+            deps.extend((u, DEP_READ) for u in sorted(snap.users()))
+        ins = FenceInstruction(self._new_id(), task=task.id, promise=task.fence_promise, allocation=allocation)
+        ins.deps = deps
         if task.fence_host_object is not None:
             ho = task.fence_host_object
             ins.host_object = ho
@@ -777,11 +780,18 @@ class InstructionGraphGenerator:
                 if any(v is not None and v < eid for v in a.writers.values()):
                     a.writers.apply(a.box, lambda v: eid if v is not None and v < eid else v)
                 if any(any(r < eid for r in s) for s in a.readers.values()):
-                    a.readers.apply(a.box, lambda s: frozenset(r for r in s if r >= eid))
+                    a.readers.apply(a.box, lambda s: _collapse(s, eid))
         for d in (self._host_objects, self._collective):
             for k, v in d.items():
                 if v is not None and v < eid:
                     d[k] = eid
+
+
+def _collapse(readers: frozenset, eid: int) -> frozenset:
+    """Readers older than epoch ``eid`` are represented by the epoch itself."""
+    if all(r >= eid for r in readers):
+        return readers
+    return frozenset([r for r in readers if r >= eid] + [eid])
 
 
 def _touches(a: Box, b: Box) -> bool:

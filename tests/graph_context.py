@@ -38,6 +38,7 @@ class GraphContext:
         self.pilots: dict[int, list] = {r: [] for r in self.compile_ranks}
         self.commands: dict[int, list[cg.Command]] = {r: [] for r in range(num_ranks)}
         self._next_buffer = 0
+        self._live_buffers: set[int] = set()
         self._pending_tasks: list[tg.Task] = []
         self._ready = True
         # the init epoch was created before the generators existed
@@ -48,6 +49,7 @@ class GraphContext:
     def buffer(self, shape: Sequence[int], dtype=np.float32, host_init: bool = False, name: str = "") -> int:
         bid = self._next_buffer
         self._next_buffer += 1
+        self._live_buffers.add(bid)
         info = self.tm.create_buffer(bid, tuple(shape), np.dtype(dtype), name, host_init)
         for c in self.cdags:
             c.create_buffer(info)
@@ -82,7 +84,21 @@ class GraphContext:
     def epoch(self, action: str = tg.EPOCH_NONE) -> tg.Task:
         return self.tm.epoch(action)
 
+    def destroy_buffer(self, bid: int) -> None:
+        self.tm.destroy_buffer(bid)
+        for c in self.cdags:
+            c.destroy_buffer(bid)
+        for r, igg in self.iggs.items():
+            out: list = []
+            self.lookaheads[r].flush(out)
+            self._collect(r, out)
+            self.instructions[r].extend(igg.destroy_buffer(bid))
+        self._live_buffers.discard(bid)
+
     def finish(self) -> "GraphContext":
+        """Shut down as the runtime does: destroy live buffers, then the shutdown epoch."""
+        for bid in sorted(self._live_buffers):
+            self.destroy_buffer(bid)
         self.epoch(tg.EPOCH_SHUTDOWN)
         for r in self.compile_ranks:
             out: list = []

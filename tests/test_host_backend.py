@@ -1,0 +1,219 @@
+"""Host backend: separate memories, n-d strided copies, in-order concurrent lanes."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from executor.backends import AllocationError, BackendError, HostBackend, Lane, box_view, copy_box
+from scheduler.geometry import Box
+from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
+
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+D0 = Lane("device", 0, 0)
+D1 = Lane("device", 1, 0)
+H0 = Lane("host", None, 0)
+
+
+@pytest.fixture
+def backend():
+    b = HostBackend(2)
+    yield b
+    b.close()
+
+
+def test_allocations_are_separate_arrays(backend):
+    arrays = [backend.allocate(m, (4, 5), np.float32) for m in (USER_MEMORY, HOST_MEMORY,
+                                                                  device_memory(0), device_memory(1))]
+    arrays.append(backend.allocate(device_memory(0), (4, 5), np.float32))
+    for a in arrays:
+        assert a.shape == (4, 5) and a.dtype == np.float32
+    for i, a in enumerate(arrays):
+        for b in arrays[i + 1:]:
+            assert not np.shares_memory(a, b)
+    assert backend.live_bytes(device_memory(0)) == 2 * 80
+    backend.free(device_memory(0), arrays[2])
+    assert backend.live_bytes(device_memory(0)) == 80
+    with pytest.raises(BackendError):
+        backend.free(device_memory(0), arrays[2])    # double free
+
+
+def test_allocation_failures_are_clear():
+    b = HostBackend(1, memory_capacity=1000)
+    try:
+        keep = b.allocate(device_memory(0), (100,), np.float64)   # 800 bytes
+        with pytest.raises(AllocationError, match=r"cannot allocate 800 bytes in M2.*\n.*M2: 1 live"):
+            b.allocate(device_memory(0), (100,), np.float64)
+        b.free(device_memory(0), keep)
+        b.allocate(device_memory(0), (100,), np.float64)          # fits again
+        with pytest.raises(AllocationError, match="M7 does not exist"):
+            b.allocate(7, (1,), np.float32)
+        with pytest.raises(AllocationError, match="invalid allocation"):
+            b.allocate(HOST_MEMORY, (-3,), np.float32)
+        with pytest.raises(MemoryError):                           # AllocationError is a MemoryError
+            b.allocate(HOST_MEMORY, (1,), "not-a-dtype")
+    finally:
+        b.close()
+
+
+def test_system_info():
+    b = HostBackend(2, peer_to_peer=False)
+    info = b.system_info()
+    assert info.num_devices == 2
+    assert info.memories == (0, 1, 2, 3)
+    assert info.can_copy(1, 2) and info.can_copy(3, 1) and info.can_copy(0, 1)
+    assert not info.can_copy(2, 3)
+    assert HostBackend(2).system_info().can_copy(2, 3)
+    assert info.communicator_memories == {USER_MEMORY, HOST_MEMORY}
+    assert info.device_memories == {0: 2, 1: 3}
+
+
+@st.composite
+def copy_case(draw, dims):
+    """Two allocation extents and a box inside both."""
+    box_lo, box_hi = [], []
+    s_lo, s_hi, d_lo, d_hi = [], [], [], []
+    for _ in range(dims):
+        lo = draw(st.integers(-3, 5))
+        hi = lo + draw(st.integers(1, 5))
+        box_lo.append(lo)
+        box_hi.append(hi)
+        s_lo.append(lo - draw(st.integers(0, 3)))
+        s_hi.append(hi + draw(st.integers(0, 3)))
+        d_lo.append(lo - draw(st.integers(0, 3)))
+        d_hi.append(hi + draw(st.integers(0, 3)))
+    return Box(s_lo, s_hi), Box(d_lo, d_hi), Box(box_lo, box_hi)
+
+
+def _expected(src, src_box, dst, dst_box, box):
+    out = dst.copy()
+    sl_d = tuple(slice(b - e, c - e) for b, c, e in zip(box.min, box.max, dst_box.min))
+    sl_s = tuple(slice(b - e, c - e) for b, c, e in zip(box.min, box.max, src_box.min))
+    out[sl_d] = src[sl_s]
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@SETTINGS
+@given(data=st.data())
+def test_strided_copy_matches_numpy(backend, dims, data):
+    src_box, dst_box, box = data.draw(copy_case(dims))
+    src = backend.allocate(device_memory(0), src_box.shape, np.int64)
+    dst = backend.allocate(device_memory(1), dst_box.shape, np.int64)
+    src[...] = np.arange(src.size).reshape(src.shape)
+    dst[...] = -1
+    want = _expected(src, src_box, dst, dst_box, box)
+    c = backend.copy(src, src_box, dst, dst_box, box, D1)
+    assert c.wait(10)
+    assert c.error() is None
+    np.testing.assert_array_equal(dst, want)
+    backend.free(device_memory(0), src)
+    backend.free(device_memory(1), dst)
+
+
+def test_copy_into_and_out_of_linearized_staging(backend):
+    src_box = Box((0, 0, 0), (4, 5, 6))
+    box = Box((1, 2, 1), (3, 4, 5))
+    src = np.arange(120, dtype=np.float32).reshape(4, 5, 6)
+    flat = backend.allocate(HOST_MEMORY, (box.area,), np.float32)
+    assert backend.copy(src, src_box, flat, None, box, H0).wait(10)
+    np.testing.assert_array_equal(flat, src[1:3, 2:4, 1:5].reshape(-1))
+    back = np.zeros_like(src)
+    assert backend.copy(flat, None, back, src_box, box, H0).wait(10)
+    np.testing.assert_array_equal(back[1:3, 2:4, 1:5], src[1:3, 2:4, 1:5])
+    assert back.sum() == src[1:3, 2:4, 1:5].sum()
+
+
+def test_box_view_is_a_view_and_checks_bounds():
+    a = np.zeros((4, 4))
+    v = box_view(a, Box((2, 2), (6, 6)), Box((3, 4), (5, 6)))
+    v[...] = 1
+    assert a[1:3, 2:4].sum() == 4 and a.sum() == 4
+    with pytest.raises(BackendError):
+        box_view(a, Box((2, 2), (6, 6)), Box((0, 0), (3, 3)))
+    scalar = np.zeros(())
+    copy_box(np.full((), 7.0), Box(), scalar, Box(), Box())   # 0-d buffers: the unit box
+    assert scalar == 7.0
+    empty = Box((1,), (1,))
+    assert empty.empty
+    dst = np.zeros(3)
+    copy_box(np.ones(3), Box((0,), (3,)), dst, Box((0,), (3,)), empty)   # empty box: no-op
+    assert dst.sum() == 0
+
+
+@pytest.mark.timeout(60)
+def test_lane_runs_in_order(backend):
+    seen = []
+    cs = [backend.launch(D0, lambda i=i: seen.append(i)) for i in range(500)]
+    assert cs[-1].wait(10)
+    assert seen == list(range(500))
+    assert all(c.is_done() and c.error() is None for c in cs)
+    assert all(c.start_ns <= c.end_ns for c in cs)
+
+
+@pytest.mark.timeout(60)
+def test_lanes_run_concurrently(backend):
+    # each lane waits for the other: only possible if they run at the same time
+    a_started, b_started = threading.Event(), threading.Event()
+    result = {}
+
+    def on_a():
+        a_started.set()
+        result["a"] = b_started.wait(10)
+
+    def on_b():
+        b_started.set()
+        result["b"] = a_started.wait(10)
+
+    ca = backend.launch(D0, on_a)
+    cb = backend.launch(D1, on_b)
+    assert ca.wait(20) and cb.wait(20)
+    assert result == {"a": True, "b": True}
+
+
+@pytest.mark.timeout(60)
+def test_lane_threads_are_reused(backend):
+    idents = {H0: set(), D0: set()}
+    for i in range(50):
+        lane = H0 if i % 2 else D0
+        backend.launch(lane, lambda lane=lane: idents[lane].add(threading.get_ident()))
+    assert backend.launch(H0, lambda: None).wait(10)
+    assert backend.launch(D0, lambda: None).wait(10)
+    assert sorted(backend.lanes) == sorted([H0, D0])
+    assert len(idents[H0]) == 1 and len(idents[D0]) == 1
+    assert idents[H0] != idents[D0]
+    assert threading.get_ident() not in idents[H0] | idents[D0]
+
+
+@pytest.mark.timeout(60)
+def test_errors_are_reported_and_the_lane_survives(backend):
+    def boom():
+        raise ZeroDivisionError("boom")
+
+    c1 = backend.launch(D0, boom)
+    c2 = backend.launch(D0, lambda: 42)
+    assert c2.wait(10)
+    assert isinstance(c1.error(), ZeroDivisionError)
+    assert c2.error() is None
+
+
+@pytest.mark.timeout(60)
+def test_notifier_sees_every_completion(backend):
+    got = []
+    done = threading.Event()
+
+    def notify(c):
+        got.append(c)
+        if len(got) == 3:
+            done.set()
+
+    backend.set_notifier(notify)
+    cs = [backend.launch(D0, lambda: None), backend.launch(H0, lambda: None), backend.launch(D1, lambda: None)]
+    assert done.wait(10)
+    assert set(map(id, got)) == set(map(id, cs))
+    assert all(c.notifying for c in cs)
