@@ -7,6 +7,7 @@ because the scheduler does thousands of these per task.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Iterable, Iterator, Sequence
 
 _EMPTY_LO = (0, 0, 0)
@@ -266,10 +267,10 @@ def _op2(a: list, b: list, op: int) -> list:
             return b
         if not b:
             return a
-        if a[-1] < b[0]:
-            return a + b
-        if b[-1] < a[0]:
-            return b + a
+        if a[-1] <= b[0]:
+            return a + b if a[-1] < b[0] else a[:-1] + b[1:]
+        if b[-1] <= a[0]:
+            return b + a if b[-1] < a[0] else b[:-1] + a[1:]
     elif op == _AND:
         if not a or not b or a[-1] <= b[0] or b[-1] <= a[0]:
             return _NIL
@@ -526,10 +527,19 @@ def _normalize_sf(pairs) -> list:
 def _pairs_bounds(p) -> tuple:
     if len(p) == 1:
         return p[0]
-    lo0 = p[0][0][0]  # sorted: the first box has the smallest dim-0 start
-    hi0 = max(h[0] for _, h in p)
-    return ((lo0, min(l[1] for l, _ in p), min(l[2] for l, _ in p)),
-            (hi0, max(h[1] for _, h in p), max(h[2] for _, h in p)))
+    (l0, l1, l2), (h0, h1, h2) = p[0]  # sorted: the first box has the smallest dim-0 start
+    for lo, hi in p:
+        if lo[1] < l1:
+            l1 = lo[1]
+        if lo[2] < l2:
+            l2 = lo[2]
+        if hi[0] > h0:
+            h0 = hi[0]
+        if hi[1] > h1:
+            h1 = hi[1]
+        if hi[2] > h2:
+            h2 = hi[2]
+    return (l0, l1, l2), (h0, h1, h2)
 
 
 class Region:
@@ -576,7 +586,10 @@ class Region:
     @classmethod
     def _from_pairs(cls, pairs, dims: int, normalized: bool = False) -> "Region":
         r = object.__new__(cls)
-        r._pairs = tuple(pairs) if normalized else _normalize(pairs)
+        if normalized:
+            r._pairs = tuple(pairs)
+        else:
+            r._pairs = _normalize(pairs if isinstance(pairs, (list, tuple)) else list(pairs))
         r.dims = dims
         r._boxes = None
         r._sf = None
@@ -726,20 +739,6 @@ class Region:
             if other.empty:
                 return self._with_dims(d)
             olo, ohi = other.lo, other.hi
-            if not p:
-                return Region._from_pairs(((olo, ohi),), d, True)
-            if len(p) == 1:
-                a0, a1 = p[0]
-                if (a0[0] <= olo[0] and ohi[0] <= a1[0] and a0[1] <= olo[1] and ohi[1] <= a1[1]
-                        and a0[2] <= olo[2] and ohi[2] <= a1[2]):
-                    return self._with_dims(d)
-                if (olo[0] <= a0[0] and a1[0] <= ohi[0] and olo[1] <= a0[1] and a1[1] <= ohi[1]
-                        and olo[2] <= a0[2] and a1[2] <= ohi[2]):
-                    return Region._from_pairs(((olo, ohi),), d, True)
-            fl = self._flat()
-            if fl and fl[0] == olo[1] and fl[1] == olo[2] and fl[2] == ohi[1] and fl[3] == ohi[2]:
-                return Region._from_flat(fl[:4] + (_op2(fl[4], [olo[0], ohi[0]], _OR),), d)
-            osf = _box_sf(olo, ohi)
         elif isinstance(other, Region):
             d = self.dims if self.dims >= other.dims else other.dims
             op = other._pairs
@@ -747,19 +746,42 @@ class Region:
                 return self._with_dims(d)
             if not p:
                 return other._with_dims(d)
-            if len(op) == 1:
-                return self.union(Box._make(op[0][0], op[0][1], d))
-            if len(p) == 1:
-                return other.union(Box._make(p[0][0], p[0][1], d))
-            fl = self._flat()
-            if fl:
-                ofl = other._flat()
-                if ofl and fl[:4] == ofl[:4]:
-                    return Region._from_flat(fl[:4] + (_op2(fl[4], ofl[4], _OR),), d)
-            osf = other._get_sf()
+            if len(op) > 1:
+                if len(p) == 1:
+                    return other.union(self)
+                fl = self._flat()
+                if fl:
+                    ofl = other._flat()
+                    if ofl and fl[:4] == ofl[:4]:
+                        return Region._from_flat(fl[:4] + (_op2(fl[4], ofl[4], _OR),), d)
+                return Region._from_sf(_op0(self._get_sf(), other._get_sf(), _OR), d)
+            olo, ohi = op[0]
         else:
             raise TypeError(f"expected Region or Box, got {type(other).__name__}")
-        return Region._from_sf(_op0(self._get_sf(), osf, _OR), d)
+        # union with one box (olo, ohi)
+        if not p:
+            return Region._from_pairs(((olo, ohi),), d, True)
+        if len(p) == 1:
+            a0, a1 = p[0]
+            if (a0[0] <= olo[0] and ohi[0] <= a1[0] and a0[1] <= olo[1] and ohi[1] <= a1[1]
+                    and a0[2] <= olo[2] and ohi[2] <= a1[2]):
+                return self._with_dims(d)
+            if (olo[0] <= a0[0] and a1[0] <= ohi[0] and olo[1] <= a0[1] and a1[1] <= ohi[1]
+                    and olo[2] <= a0[2] and a1[2] <= ohi[2]):
+                return Region._from_pairs(((olo, ohi),), d, True)
+            if a0[1] == olo[1] and a0[2] == olo[2] and a1[1] == ohi[1] and a1[2] == ohi[2]:
+                # same extent in dims 1/2: an interval union along dim 0
+                if a1[0] < olo[0]:
+                    return Region._from_pairs(((a0, a1), (olo, ohi)), d, True)
+                if ohi[0] < a0[0]:
+                    return Region._from_pairs(((olo, ohi), (a0, a1)), d, True)
+                lo = a0 if a0[0] <= olo[0] else olo
+                hi = a1 if a1[0] >= ohi[0] else ohi
+                return Region._from_pairs(((lo, hi),), d, True)
+        fl = self._flat()
+        if fl and fl[0] == olo[1] and fl[1] == olo[2] and fl[2] == ohi[1] and fl[3] == ohi[2]:
+            return Region._from_flat(fl[:4] + (_op2(fl[4], [olo[0], ohi[0]], _OR),), d)
+        return Region._from_sf(_op0(self._get_sf(), _box_sf(olo, ohi), _OR), d)
 
     __or__ = union
     __ror__ = union
@@ -960,11 +982,25 @@ def _clip(r: Region, p: tuple, b0, b1, d: int) -> Region:
             out.append(x)
     if not changed:
         return r._with_dims(d)
-    if len(out) <= 1 or r._fl:
-        # (a region that is 1-D along dim 0 stays canonical when clipped)
+    if len(out) <= 1 or r._fl or not _touching(out):
         return Region._from_pairs(out, d, True)
     # clipping keeps the slab structure but may make touching slabs equal: re-merge
     return Region._from_sf(_to_sf(out), d)
+
+
+def _touching(p) -> bool:
+    """Whether sorted, canonically grouped pairs have touching dim-0 slabs or touching
+    dim-1 groups inside a slab: the only places where clipping can require a merge (a
+    clipped region that is 1-D along dim 0, for one, never needs one)."""
+    pl, ph = p[0]
+    for lo, hi in p:
+        if lo[0] == pl[0]:
+            if lo[1] != pl[1] and lo[1] == ph[1]:
+                return True
+        elif lo[0] == ph[0]:
+            return True
+        pl, ph = lo, hi
+    return False
 
 
 def _pairs_of(x: "Region | Box") -> tuple:
@@ -1060,15 +1096,31 @@ class RegionMap:
 
     def update(self, where: "Region | Box", value: Any) -> None:
         w = self._clip(where)
-        if not w._pairs:
+        wp = w._pairs
+        if not wp:
             return
-        wlo, whi = w._bounds()
+        wlo, whi = w._bb or w._bounds()
+        single = len(wp) == 1
         regions = self._regions
-        for u, r in list(regions.items()):
-            if u == value:
+        old = regions.get(value)
+        dead = []
+        for u, r in regions.items():
+            if r is old:  # the value's own region (as the dict sees keys)
                 continue
-            rlo, rhi = r._bounds()
-            if _isect(rlo, rhi, wlo, whi) is None:
+            p = r._pairs
+            rlo, rhi = r._bb or r._bounds()
+            if not (rlo[0] < whi[0] and wlo[0] < rhi[0] and rlo[1] < whi[1] and wlo[1] < rhi[1]
+                    and rlo[2] < whi[2] and wlo[2] < rhi[2]):
+                continue
+            if single and len(p) == 1:
+                # (the bounds are the boxes, and they overlap)
+                pieces: list = []
+                _box_minus(rlo, rhi, wlo, whi, pieces)
+                if pieces:
+                    pieces.sort()
+                    regions[u] = Region._from_pairs(pieces, r.dims, True)
+                else:
+                    dead.append(u)
                 continue
             rest = r.difference(w)
             if rest is r:
@@ -1076,8 +1128,9 @@ class RegionMap:
             if rest._pairs:
                 regions[u] = rest
             else:
-                del regions[u]
-        old = regions.get(value)
+                dead.append(u)
+        for u in dead:
+            del regions[u]
         regions[value] = w if old is None else old.union(w)
 
     def _parts(self, where: "Region | Box | None") -> list[tuple[Region, Any]]:
@@ -1120,17 +1173,48 @@ class RegionMap:
 
     def query(self, where: "Region | Box | None" = None) -> list[tuple[Box, Any]]:
         """(box, value) pairs covering ``where`` clipped to the extent (default: all of it),
-        sorted by box."""
+        sorted by box; per value, the boxes are the canonical decomposition of its part."""
         d = self.dims
-        out = []
-        for r, u in self._parts(where):
-            if r.dims == d:
-                out.extend((b, u) for b in r.boxes)
+        regions = self._regions
+        if where is None:
+            found = [(lo, hi, u) for u, r in regions.items() for lo, hi in r._pairs]
+        else:
+            if isinstance(where, Box):
+                if where.empty:
+                    return []
+                b0, b1 = where.lo, where.hi
+            elif isinstance(where, Region) and len(where._pairs) == 1:
+                b0, b1 = where._pairs[0]
             else:
-                out.extend((Box._make(lo, hi, d), u) for lo, hi in r._pairs)
-        if len(out) > 1:
-            out.sort(key=_box_key)
-        return out
+                found = [(lo, hi, u) for part, u in self._parts(where) for lo, hi in part._pairs]
+                b0 = None
+            if b0 is not None:
+                found = []
+                for u, r in regions.items():
+                    p = r._pairs
+                    if len(p) == 1:
+                        a0, a1 = p[0]
+                        l0 = a0[0] if a0[0] > b0[0] else b0[0]
+                        h0 = a1[0] if a1[0] < b1[0] else b1[0]
+                        if h0 <= l0:
+                            continue
+                        l1 = a0[1] if a0[1] > b0[1] else b0[1]
+                        h1 = a1[1] if a1[1] < b1[1] else b1[1]
+                        if h1 <= l1:
+                            continue
+                        l2 = a0[2] if a0[2] > b0[2] else b0[2]
+                        h2 = a1[2] if a1[2] < b1[2] else b1[2]
+                        if h2 <= l2:
+                            continue
+                        found.append(((l0, l1, l2), (h0, h1, h2), u))
+                    else:
+                        rlo, rhi = r._bb or r._bounds()
+                        if _isect(rlo, rhi, b0, b1) is None:
+                            continue
+                        found.extend((lo, hi, u) for lo, hi in _clip(r, p, b0, b1, d)._pairs)
+        if len(found) > 1:
+            found.sort(key=_itemgetter0)  # disjoint boxes never share a min corner
+        return [(Box._make(lo, hi, d), u) for lo, hi, u in found]
 
     def query_values(self, where: "Region | Box | None" = None) -> list[tuple[Region, Any]]:
         """Like ``query`` but one (region, value) per distinct value, ordered by region."""
@@ -1175,6 +1259,4 @@ class RegionMap:
         return sum(len(r._pairs) for r in self._regions.values())
 
 
-def _box_key(bv):
-    b = bv[0]
-    return (b.lo, b.hi)
+_itemgetter0 = itemgetter(0)

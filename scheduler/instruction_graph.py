@@ -337,6 +337,8 @@ class LaunchContext:
     communicator: Any = None       # collective host tasks: the group's communicator
     rank: int = 0
     stream: Any = None             # backend lane handle (CUDA stream / OpenCL queue)
+    accesses: list = field(default_factory=list)  # the instruction's AccessAllocation list
+    task: int = -1                 # task id, for error messages
 
 
 @dataclass(slots=True)

@@ -129,6 +129,12 @@ class Scheduler:
     def flush(self) -> None:
         self._post(("flush",))
 
+    def sync(self, timeout: float | None = 60.0) -> bool:
+        """Wait until every event posted so far has been processed."""
+        ev = threading.Event()
+        self._post(("sync", ev))
+        return ev.wait(timeout)
+
     def _post(self, event: tuple) -> None:
         if self._thread is None:
             self.process(event)
@@ -167,6 +173,9 @@ class Scheduler:
 
     # ---- processing ------------------------------------------------------------------
     def process(self, ev: tuple) -> None:
+        if ev[0] == "sync":
+            ev[1].set()
+            return
         if self.failed is not None:
             return
         try:

@@ -246,3 +246,21 @@ def test_abort_breaks_a_waiting_barrier():
     r = cluster.communicator(1).receive_payload(0, 0, np.zeros(1))
     with pytest.raises(CommunicatorError):
         r.test()
+
+
+@pytest.mark.timeout(60)
+def test_abort_fails_posted_requests_and_pilot_polls():
+    cluster = InProcessCluster(2)
+    a, b = cluster.communicator(0), cluster.communicator(1)
+    woken = []
+    b.set_notifier(lambda: woken.append(1))
+    r = b.receive_payload(0, 1, np.zeros(2))
+    a.send_pilot(1, pilot(5, 1))
+    woken.clear()
+    cluster.abort()
+    assert woken                                   # the waiting executor is woken up
+    with pytest.raises(CommunicatorError, match="aborted"):
+        r.test()
+    assert [p.msg_id for _, p in b.poll_pilots()] == [5]   # what arrived is still delivered
+    with pytest.raises(CommunicatorError, match="aborted"):
+        b.poll_pilots()

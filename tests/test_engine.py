@@ -200,6 +200,19 @@ def test_host_lanes_limit():
     assert [x[0] for x in drain(e)] == [2]
 
 
+def test_saturated_target_releases_waiters_by_priority():
+    e = OutOfOrderEngine(max_host_lanes=1)
+    for i, p in [(1, 0), (2, 1), (3, 9), (4, 5), (5, 5)]:
+        e.submit(host(i, priority=p))
+    order = []
+    while not e.is_idle():
+        got = drain(e)
+        assert len(got) == 1            # one lane: one at a time
+        order.append(got[0][0])
+        e.complete(got[0][0])
+    assert order == [3, 4, 5, 2, 1]
+
+
 def test_unknown_and_retired_predecessors_are_complete():
     e = OutOfOrderEngine()
     e.submit(horizon(10, 3, 4))      # never seen

@@ -148,40 +148,47 @@ AWAIT_NEEDS = {31: {0}, 32: {1, 2}}
 
 
 def test_split_receive_with_awaits_every_order():
+    # 9! = 362880 orders; the loop body is kept lean so this stays around half a minute
     events = (["split", ("await", 31), ("await", 32)] + [("pilot", i) for i in range(3)]
               + [("payload", i) for i in range(3)])
     want = expected_dest()
+    payloads = [payload(i) for i in range(3)]
+    pilots = [pilot(i) for i in range(3)]
+    split = SplitReceiveInstruction(id=30, transfer=TRANSFER, region=REGION, dest=1, dest_box=DEST_BOX)
+    awaits = {aid: AwaitReceiveInstruction(id=aid, transfer=TRANSFER, region=r)
+              for aid, r in SPLIT_AWAITS.items()}
+    needs = [(aid, frozenset(n)) for aid, n in AWAIT_NEEDS.items()]
+    everything = frozenset({0, 1, 2})
     count = 0
     for order in itertools.permutations(events):
         comm = FakeComm(accepts_strided=True)
         arb = ReceiveArbiter(comm)
         dest = np.full(DEST_BOX.shape, -1, dtype=np.float32)
-        split = SplitReceiveInstruction(id=30, transfer=TRANSFER, region=REGION, dest=1,
-                                        dest_box=DEST_BOX)
         handles = {}
         seen_pilot, seen_payload = set(), set()
         for ev in order:
             if ev == "split":
                 handles[30] = arb.begin_receive(split, dest)
-            elif ev[0] == "await":
-                handles[ev[1]] = arb.await_receive(AwaitReceiveInstruction(
-                    id=ev[1], transfer=TRANSFER, region=SPLIT_AWAITS[ev[1]]))
-            elif ev[0] == "pilot":
-                seen_pilot.add(ev[1])
-                arb.on_pilot(*pilot(ev[1]))
             else:
-                seen_payload.add(ev[1])
-                fr, msg, _ = FRAGMENTS[ev[1]]
-                comm.deliver(fr, msg, payload(ev[1]))
+                what, i = ev
+                if what == "await":
+                    handles[i] = arb.await_receive(awaits[i])
+                elif what == "pilot":
+                    seen_pilot.add(i)
+                    arb.on_pilot(*pilots[i])
+                else:
+                    seen_payload.add(i)
+                    fr, msg, _ = FRAGMENTS[i]
+                    comm.deliver(fr, msg, payloads[i])
             arb.poll()
             arrived = seen_pilot & seen_payload if 30 in handles else set()
-            for aid, needs in AWAIT_NEEDS.items():
+            for aid, n in needs:
                 if aid in handles:
-                    assert handles[aid].is_done() == (needs <= arrived), order
+                    assert handles[aid].done == (n <= arrived), order
             if 30 in handles:
-                assert handles[30].is_done() == (arrived == {0, 1, 2}), order
-        np.testing.assert_array_equal(dest, want)
-        assert all(h.is_done() and h.error() is None for h in handles.values())
+                assert handles[30].done == (arrived == everything), order
+        assert np.array_equal(dest, want), order
+        assert all(h.done and h.error_ is None for h in handles.values())
         assert not arb.has_active
         count += 1
     assert count == 362880
@@ -190,7 +197,7 @@ def test_split_receive_with_awaits_every_order():
 def test_gather_every_order():
     n, me, cb = 4, 1, 8
     values = {0: 1.25, 3: -4.5}
-    pilots = {0: Box((0,), (1,)), 2: Box(), 3: Box((0,), (1,))}   # rank 2: no contribution
+    pilots = {0: Box((0,), (1,)), 2: Box((0,), (0,)), 3: Box((0,), (1,))}   # rank 2: nothing
     msg = {0: 100, 2: 200, 3: 300}
     transfer = (9, 4, 2)
     events = ["instr"] + [("pilot", r) for r in pilots] + [("payload", r) for r in values]

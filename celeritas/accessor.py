@@ -1,0 +1,150 @@
+"""Accessors: global-coordinate views of a buffer inside kernels and host tasks.
+
+One accessor object is captured by a kernel that runs concurrently for several
+chunks on several lane threads, so it cannot hold the chunk's array itself.
+The launcher *hydrates* it per call through a thread-local slot owned by the
+command group: the accessor looks its array up there on every index.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from scheduler.errors import AccessError
+from scheduler.geometry import Box, Region
+
+READ = "read"
+WRITE = "write"
+READ_WRITE = "read_write"
+DISCARD_WRITE = "discard_write"
+DISCARD_READ_WRITE = "discard_read_write"
+MODES = (READ, WRITE, READ_WRITE, DISCARD_WRITE, DISCARD_READ_WRITE)
+
+
+class Hydration(threading.local):
+    """Per-thread binding of a command group's accessors to the arrays of one chunk."""
+
+    def __init__(self) -> None:
+        self.slots: list[tuple[Any, Box, Region | None]] | None = None
+        self.label: str = ""
+
+
+class Accessor:
+    """Indexes a buffer in global coordinates: ``acc[chunk]``, ``acc[box]``, ``acc[i, j]``, ``acc[slices]``."""
+
+    __slots__ = ("buffer_id", "buffer_name", "mode", "mapper", "dims", "index", "_hydration", "_checks",
+                 "dtype", "shape")
+
+    def __init__(self, buffer, mode: str, mapper, index: int, hydration: Hydration, checks: bool):
+        self.buffer_id = buffer.id
+        self.buffer_name = buffer.label
+        self.dtype = buffer.dtype
+        self.shape = buffer.shape
+        self.mode = mode
+        self.mapper = mapper
+        self.dims = len(buffer.shape)
+        self.index = index
+        self._hydration = hydration
+        self._checks = checks
+
+    def __repr__(self) -> str:
+        return f"<Accessor {self.buffer_name} {self.mode} {self.mapper!r}>"
+
+    # ---- binding ---------------------------------------------------------------------
+    def _slot(self) -> tuple[Any, Box, Region | None]:
+        slots = self._hydration.slots
+        if slots is None:
+            raise AccessError(f"accessor of buffer {self.buffer_name} used outside its kernel or host task")
+        return slots[self.index]
+
+    @property
+    def array(self) -> Any:
+        """The whole backing allocation (device-local array, allocation coordinates)."""
+        return self._slot()[0]
+
+    @property
+    def allocation_box(self) -> Box:
+        return self._slot()[1]
+
+    @property
+    def offset(self) -> tuple[int, ...]:
+        """Global coordinates of ``array[0, ...]``."""
+        return self._slot()[1].offset
+
+    @property
+    def region(self) -> Region | None:
+        """What the range mapper grants the current chunk."""
+        return self._slot()[2]
+
+    # ---- indexing ---------------------------------------------------------------------
+    def _local(self, key) -> tuple[Any, Any]:
+        arr, abox, granted = self._slot()
+        d = self.dims
+        lo = abox.lo
+        box = getattr(key, "box", None)
+        if isinstance(key, Box):
+            box = key
+        if box is not None:
+            if box.dims != d and not (box.empty and d == 0):
+                raise AccessError(f"a {box.dims}-D box indexes the {d}-D buffer {self.buffer_name}")
+            if self._checks:
+                self._check(box, granted)
+            return arr, box.slices_in(abox)
+        if key is Ellipsis:
+            return arr, Ellipsis
+        if not isinstance(key, tuple):
+            key = (key,)
+        if len(key) != d:
+            raise AccessError(f"{len(key)} indices for the {d}-D buffer {self.buffer_name}")
+        local = []
+        pmin = []
+        pmax = []
+        for i, k in enumerate(key):
+            if isinstance(k, slice):
+                start = k.start if k.start is not None else abox.lo[i]
+                stop = k.stop if k.stop is not None else abox.hi[i]
+                if (k.step or 1) <= 0:
+                    raise AccessError("accessor slices need a positive step")
+                local.append(slice(start - lo[i], stop - lo[i], k.step))
+                pmin.append(start)
+                pmax.append(stop)
+            else:
+                try:
+                    k = int(k)
+                except TypeError:
+                    # array (fancy) indices: shift them
+                    local.append(k - lo[i])
+                    pmin.append(None)
+                    pmax.append(None)
+                    continue
+                local.append(k - lo[i])
+                pmin.append(k)
+                pmax.append(k + 1)
+        if self._checks and None not in pmin:
+            self._check(Box(tuple(pmin), tuple(pmax), d), granted)
+        if self._checks or None in pmin:
+            for i, (a, b) in enumerate(zip(pmin, pmax)):
+                if a is not None and (a < abox.lo[i] or b > abox.hi[i]):
+                    raise AccessError(f"index {key} is outside the part {abox} of buffer {self.buffer_name} "
+                                      f"held for this chunk")
+        return arr, tuple(local)
+
+    def _check(self, box: Box, granted: Region | None) -> None:
+        if box.empty:
+            return
+        if granted is None or not granted.contains(box):
+            raise AccessError(f"access to {box} of buffer {self.buffer_name} is outside what its range "
+                              f"mapper grants this chunk ({granted}); mode {self.mode}")
+
+    def __getitem__(self, key):
+        arr, idx = self._local(key)
+        return arr[idx]
+
+    def __setitem__(self, key, value) -> None:
+        if self.mode == READ:
+            raise AccessError(f"buffer {self.buffer_name} is accessed read-only here")
+        arr, idx = self._local(key)
+        arr[idx] = value
+
+    def view(self, key=Ellipsis):
+        return self[key]

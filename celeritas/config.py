@@ -1,0 +1,138 @@
+"""Configuration from the environment (and Queue arguments), validated up front.
+
+Every invalid value raises ``ConfigError`` naming the variable and the accepted
+values, so a typo in a job script fails at start-up instead of mid-run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from scheduler.errors import ConfigError
+
+LOOKAHEAD_MODES = ("none", "auto", "infinite")
+DIAGNOSTICS = ("off", "warn", "error")
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """Parsed ``CELERITAS_DEVICES``: a backend name and which devices."""
+
+    backend: str                      # "host" | "cuda" | "opencl" | "default"
+    count: int | None = None          # host:N
+    ids: tuple = ()                   # cuda:0,1 -> (0, 1); opencl:P:D -> ((P, D), ...)
+
+    @staticmethod
+    def parse(value: str, var: str = "CELERITAS_DEVICES") -> "DeviceSpec":
+        v = value.strip().lower()
+        if v in ("", "default"):
+            return DeviceSpec("default")
+        m = re.fullmatch(r"host(?::(\d+))?", v)
+        if m:
+            n = int(m.group(1)) if m.group(1) else 1
+            if n < 1 or n > 64:
+                raise ConfigError(f"{var}={value!r}: host:N needs 1 <= N <= 64")
+            return DeviceSpec("host", n)
+        m = re.fullmatch(r"cuda(?::(\d+(?:,\d+)*))?", v)
+        if m:
+            ids = tuple(int(x) for x in m.group(1).split(",")) if m.group(1) else ()
+            if len(set(ids)) != len(ids):
+                raise ConfigError(f"{var}={value!r}: a CUDA device is listed twice")
+            return DeviceSpec("cuda", None, ids)
+        m = re.fullmatch(r"opencl(?::(\d+:\d+(?:,\d+:\d+)*))?", v)
+        if m:
+            ids = tuple(tuple(int(y) for y in x.split(":")) for x in m.group(1).split(",")) if m.group(1) else ()
+            return DeviceSpec("opencl", None, ids)
+        raise ConfigError(f"{var}={value!r} is not a device list; use host:N, cuda, cuda:0,1, opencl or "
+                          f"opencl:P:D,...")
+
+    def __str__(self) -> str:
+        if self.backend == "host":
+            return f"host:{self.count}"
+        if self.backend == "cuda":
+            return "cuda" + (":" + ",".join(map(str, self.ids)) if self.ids else "")
+        if self.backend == "opencl":
+            return "opencl" + (":" + ",".join(f"{p}:{d}" for p, d in self.ids) if self.ids else "")
+        return self.backend
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    devices: DeviceSpec = field(default_factory=lambda: DeviceSpec("default"))
+    lookahead: str = "auto"
+    horizon_step: int = 4
+    horizon_max_parallelism: int = 64
+    dry_run_nodes: int | None = None
+    print_graphs: str | None = None
+    trace: str | None = None
+    record: bool = False
+    diagnostics: str = "warn"
+    accessor_checks: bool = False
+    log_level: str = "warning"
+    summary: bool = False
+
+    def with_overrides(self, **kw) -> "Config":
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if "devices" in kw and isinstance(kw["devices"], str):
+            kw["devices"] = DeviceSpec.parse(kw["devices"], "devices")
+        if "lookahead" in kw and kw["lookahead"] not in LOOKAHEAD_MODES:
+            raise ConfigError(f"lookahead={kw['lookahead']!r}; use one of {', '.join(LOOKAHEAD_MODES)}")
+        return replace(self, **kw)
+
+
+def _int(env: Mapping[str, str], var: str, default: int | None, minimum: int = 1) -> int | None:
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not an integer") from None
+    if v < minimum:
+        raise ConfigError(f"{var}={raw!r} must be >= {minimum}")
+    return v
+
+
+def _choice(env: Mapping[str, str], var: str, choices, default: str) -> str:
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    v = raw.strip().lower()
+    if v not in choices:
+        raise ConfigError(f"{var}={raw!r}; use one of {', '.join(choices)}")
+    return v
+
+
+def _flag(env: Mapping[str, str], var: str) -> bool:
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return False
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{var}={raw!r}; use 1 or 0")
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    devices = DeviceSpec.parse(env["CELERITAS_DEVICES"]) if env.get("CELERITAS_DEVICES") else DeviceSpec("default")
+    return Config(
+        devices=devices,
+        lookahead=_choice(env, "CELERITAS_LOOKAHEAD", LOOKAHEAD_MODES, "auto"),
+        horizon_step=_int(env, "CELERITAS_HORIZON_STEP", 4),
+        horizon_max_parallelism=_int(env, "CELERITAS_HORIZON_MAX_PARALLELISM", 64),
+        dry_run_nodes=_int(env, "CELERITAS_DRY_RUN_NODES", None),
+        print_graphs=env.get("CELERITAS_PRINT_GRAPHS") or None,
+        trace=env.get("CELERITAS_TRACE") or None,
+        record=_flag(env, "CELERITAS_RECORD"),
+        diagnostics=_choice(env, "CELERITAS_DIAGNOSTICS", DIAGNOSTICS, "warn"),
+        accessor_checks=_flag(env, "CELERITAS_ACCESSOR_CHECKS"),
+        log_level=_choice(env, "CELERITAS_LOG_LEVEL", tuple(LOG_LEVELS), "warning"),
+        summary=_flag(env, "CELERITAS_SUMMARY"),
+    )

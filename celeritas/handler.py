@@ -1,0 +1,426 @@
+"""The command group handler (``cgh``): what one ``submit`` declares, turned into a task.
+
+Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
+``Reducer``) and the launchers the executor calls with a ``LaunchContext``.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from scheduler import task_graph as tg
+from scheduler.errors import AccessError, CeleritasError, KernelError, RangeMapperError
+from scheduler.geometry import Box, Region
+from scheduler.instruction_graph import LaunchContext
+
+from .accessor import Accessor, Hydration
+from .range_mappers import to_scheduler_mapper
+
+# ---- reductions ---------------------------------------------------------------------
+plus = np.add
+multiplies = np.multiply
+minimum = np.minimum
+maximum = np.maximum
+logical_and = np.logical_and
+logical_or = np.logical_or
+bit_and = np.bitwise_and
+bit_or = np.bitwise_or
+bit_xor = np.bitwise_xor
+
+
+def identity_of(op: Any, dtype: np.dtype) -> Any:
+    """The identity of ``op`` for ``dtype`` (numpy's ``ufunc.identity`` is not always defined)."""
+    dtype = np.dtype(dtype)
+    if op is np.minimum or op is np.fmin:
+        return np.inf if dtype.kind in "fc" else (True if dtype.kind == "b" else np.iinfo(dtype).max)
+    if op is np.maximum or op is np.fmax:
+        return -np.inf if dtype.kind in "fc" else (False if dtype.kind == "b" else np.iinfo(dtype).min)
+    if op is np.bitwise_and:
+        return True if dtype.kind == "b" else (-1 if dtype.kind == "i" else np.iinfo(dtype).max)
+    ident = getattr(op, "identity", None)
+    if ident is None:
+        raise CeleritasError(f"reduction operation {getattr(op, '__name__', op)!r} has no identity; pass identity=")
+    return ident
+
+
+class ReductionDescriptor:
+    """What ``cl.reduction`` returns: passed to ``parallel_for(reductions=...)``."""
+
+    __slots__ = ("buffer", "op", "identity", "initialize_to_identity", "id")
+
+    def __init__(self, buffer, op, identity, initialize_to_identity):
+        self.buffer = buffer
+        self.op = op
+        self.identity = identity
+        self.initialize_to_identity = initialize_to_identity
+        self.id = 0
+
+
+def reduction(buffer, cgh, op, *, identity=None, initialize_to_identity: bool = False) -> ReductionDescriptor:
+    if not isinstance(op, np.ufunc):
+        raise CeleritasError(f"reduction op must be cl.plus, cl.minimum, ... or a numpy ufunc, got {op!r}")
+    if op.nin != 2:
+        raise CeleritasError(f"reduction op {op.__name__} is not a binary ufunc")
+    if buffer.size != 1:
+        raise AccessError(f"reduction into buffer {buffer.label} of shape {buffer.shape}: a reduction target "
+                          f"holds exactly one element")
+    ident = identity_of(op, buffer.dtype) if identity is None else identity
+    d = ReductionDescriptor(buffer, op, ident, initialize_to_identity)
+    cgh._reductions.append(d)
+    return d
+
+
+class Reducer:
+    """Handed to a kernel per reduction; ``combine`` folds values into the chunk's partial result."""
+
+    __slots__ = ("_acc", "op", "_dtype")
+
+    def __init__(self, acc, op, dtype):
+        self._acc = acc
+        self.op = op
+        self._dtype = dtype
+
+    def combine(self, values) -> None:
+        acc = self._acc
+        flat = acc.reshape(-1)
+        v = values
+        if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0:
+            if v.size == 0:
+                return
+            v = self.op.reduce(v.reshape(-1))
+        flat[0] = self.op(flat[0], v)
+
+
+# ---- hints and tags -----------------------------------------------------------------
+class _Hint:
+    __slots__ = ("kind", "value")
+
+    def __init__(self, kind: str, value: Any = None):
+        self.kind = kind
+        self.value = value
+
+    def __repr__(self):
+        return f"cl.{self.kind}({self.value if self.value is not None else ''})"
+
+
+def split_1d() -> _Hint:
+    return _Hint("split_1d")
+
+
+def split_2d() -> _Hint:
+    return _Hint("split_2d")
+
+
+def oversubscribe(k: int) -> _Hint:
+    if int(k) < 1:
+        raise CeleritasError(f"cl.oversubscribe({k}): the factor must be >= 1")
+    return _Hint("oversubscribe", int(k))
+
+
+def hint(cgh, h: _Hint) -> None:
+    if not isinstance(h, _Hint):
+        raise CeleritasError(f"cl.hint takes cl.split_1d(), cl.split_2d() or cl.oversubscribe(k), got {h!r}")
+    if h.kind == "oversubscribe":
+        cgh._oversubscribe = h.value
+    else:
+        cgh._split = "2d" if h.kind == "split_2d" else "1d"
+
+
+def constrain_split(cgh, granularity) -> None:
+    if isinstance(granularity, int):
+        granularity = (granularity,)
+    g = tuple(int(x) for x in granularity)
+    if any(x < 1 for x in g):
+        raise CeleritasError(f"cl.constrain_split granularity must be >= 1, got {g}")
+    cgh._granularity = g
+
+
+class _Placement:
+    __slots__ = ("kind", "group")
+
+    def __init__(self, kind: str, group: int | None = None):
+        self.kind = kind
+        self.group = group
+
+    def __repr__(self):
+        return f"cl.{self.kind}"
+
+
+class CollectiveGroup:
+    """Host tasks of one collective group run in order and share one communicator."""
+
+    _ids = itertools.count(2)   # group 1 is the default collective group
+
+    def __init__(self):
+        self.id = next(CollectiveGroup._ids)
+
+
+class _Collective(_Placement):
+    def __call__(self, group: CollectiveGroup | None = None) -> _Placement:
+        return _Placement("collective", group.id if group is not None else 1)
+
+
+on_master_node = _Placement("on_master_node")
+collective = _Collective("collective", 1)
+once = _Placement("once")
+
+
+# ---- what kernels and host tasks receive -------------------------------------------
+class Chunk:
+    """The part of the index space one kernel call covers (global coordinates)."""
+
+    __slots__ = ("box", "xp", "device", "global_range", "global_offset")
+
+    def __init__(self, box: Box, xp, device, global_range, global_offset):
+        self.box = box
+        self.xp = xp
+        self.device = device
+        self.global_range = global_range
+        self.global_offset = global_offset
+
+    @property
+    def offset(self) -> tuple[int, ...]:
+        return self.box.offset
+
+    @property
+    def range(self) -> tuple[int, ...]:
+        return self.box.range
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        return self.box.slices
+
+    @property
+    def dims(self) -> int:
+        return self.box.dims
+
+    def arange(self, dim: int = 0):
+        """Global indices of this chunk along ``dim`` (on the chunk's device)."""
+        return self.xp.arange(self.box.lo[dim], self.box.hi[dim])
+
+    def indices(self):
+        """Global index grids of this chunk, like ``numpy.indices`` shifted to the offset."""
+        xp = self.xp
+        return xp.meshgrid(*[xp.arange(self.box.lo[d], self.box.hi[d]) for d in range(self.dims)], indexing="ij")
+
+    def __repr__(self) -> str:
+        return f"Chunk({self.box})"
+
+
+class Partition:
+    """What a host task receives."""
+
+    __slots__ = ("box", "global_range", "comm", "rank")
+
+    def __init__(self, box, global_range, comm, rank):
+        self.box = box
+        self.global_range = global_range
+        self.comm = comm
+        self.rank = rank
+
+    @property
+    def offset(self):
+        return self.box.offset
+
+    @property
+    def range(self):
+        return self.box.range
+
+    @property
+    def slices(self):
+        return self.box.slices
+
+    def __repr__(self) -> str:
+        return f"Partition({self.box}, global_range={self.global_range})"
+
+
+# ---- the handler ---------------------------------------------------------------------
+class CommandGroupHandler:
+    def __init__(self, runtime):
+        self._runtime = runtime
+        self._accesses: list[tuple[Any, Any, str]] = []   # (buffer, user mapper, mode)
+        self._accessors: list[Accessor] = []
+        self._hydration = Hydration()
+        self._reductions: list[ReductionDescriptor] = []
+        self._side_effects: list[Any] = []
+        self._split = "1d"
+        self._oversubscribe = 1
+        self._granularity: tuple[int, ...] | None = None
+        self._kind: str | None = None
+        self._kernel = None
+        self._geometry: tg.TaskGeometry | None = None
+        self._name = ""
+        self._collective_group: int | None = None
+        self._args: tuple = ()
+        self._local_range = None
+
+    def _add_access(self, buffer, mapper, mode: str) -> Accessor:
+        if buffer._runtime is not self._runtime:
+            raise AccessError(f"buffer {buffer.label} belongs to another runtime")
+        if not callable(mapper):
+            raise RangeMapperError(f"the range mapper for buffer {buffer.label} is not callable: {mapper!r}")
+        acc = Accessor(buffer, mode, mapper, len(self._accessors), self._hydration,
+                       self._runtime.config.accessor_checks)
+        self._accesses.append((buffer, mapper, mode))
+        self._accessors.append(acc)
+        return acc
+
+    def _set_kernel(self, kind, kernel, geometry, name):
+        if self._kind is not None:
+            raise CeleritasError("one command group submits exactly one parallel_for or host_task")
+        self._kind = kind
+        self._kernel = kernel
+        self._geometry = geometry
+        self._name = name or getattr(kernel, "__name__", "") or ""
+
+    @staticmethod
+    def _geometry_of(global_range, offset) -> tg.TaskGeometry:
+        if isinstance(global_range, (int, np.integer)):
+            global_range = (int(global_range),)
+        rng = tuple(int(x) for x in global_range)
+        if len(rng) > 3 or any(x < 0 for x in rng):
+            raise CeleritasError(f"global range {global_range} must have 0 to 3 non-negative extents")
+        if offset is None:
+            off = (0,) * len(rng)
+        else:
+            if isinstance(offset, (int, np.integer)):
+                offset = (int(offset),)
+            off = tuple(int(x) for x in offset)
+            if len(off) != len(rng):
+                raise CeleritasError(f"offset {offset} and global range {global_range} differ in dimensionality")
+        return tg.TaskGeometry(len(rng), rng, off, (1,) * len(rng))
+
+    def parallel_for(self, global_range, kernel=None, *, offset=None, name=None, reductions=(),
+                     local_range=None, args=()):
+        geom = self._geometry_of(global_range, offset)
+        self._args = tuple(args)
+        self._local_range = local_range
+        for r in reductions:
+            if not isinstance(r, ReductionDescriptor):
+                raise CeleritasError(f"reductions= takes the results of cl.reduction(...), got {r!r}")
+        self._kernel_reductions = list(reductions)
+
+        def register(fn):
+            if not callable(fn) and not hasattr(fn, "source"):
+                raise CeleritasError(f"parallel_for needs a callable kernel, got {fn!r}")
+            self._set_kernel(tg.DEVICE_COMPUTE, fn, geom, name)
+            return fn
+
+        if kernel is not None:
+            return register(kernel)
+        return register
+
+    def host_task(self, fn=None, *, range=None, on=None, name=None):  # noqa: A002 - API name
+        def register(f):
+            if not callable(f):
+                raise CeleritasError(f"host_task needs a callable, got {f!r}")
+            if on is None and range is None:
+                kind, geom = tg.HOST_COMPUTE, self._geometry_of((1,), None)
+            elif range is not None and on is None:
+                kind, geom = tg.HOST_COMPUTE, self._geometry_of(range, None)
+            elif isinstance(on, _Placement) and on.kind == "on_master_node":
+                kind = tg.MASTER_NODE
+                geom = self._geometry_of(range if range is not None else (), None)
+            elif isinstance(on, _Placement) and on.kind == "once":
+                kind, geom = tg.HOST_COMPUTE, self._geometry_of((1,), None)
+            elif isinstance(on, _Placement) and on.kind == "collective":
+                kind = tg.COLLECTIVE
+                geom = self._geometry_of((self._runtime.num_ranks,), None)
+                self._collective_group = on.group
+            else:
+                raise CeleritasError(f"host_task(on=...) takes cl.on_master_node, cl.collective or cl.once, "
+                                     f"got {on!r}")
+            self._set_kernel(kind, f, geom, name)
+            return f
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    # ---- building the task --------------------------------------------------------
+    def _build(self):
+        """Arguments for TaskManager.submit, with mappers wrapped and the launcher built."""
+        if self._kind is None:
+            raise CeleritasError("the command group function declared no parallel_for or host_task")
+        rt = self._runtime
+        geom = self._geometry
+        if self._granularity is not None:
+            g = self._granularity + (1,) * (geom.dims - len(self._granularity))
+            geom = tg.TaskGeometry(geom.dims, geom.global_range, geom.offset, g[: geom.dims])
+        full = geom.box
+        accesses = []
+        for buf, mapper, mode in self._accesses:
+            sm = to_scheduler_mapper(mapper, buffer_label=buf.label, buffer_dims=buf.ndim,
+                                     kernel_dims=geom.dims, global_box=full)
+            accesses.append(tg.BufferAccess(buf.id, mode, sm))
+        reductions = []
+        for d in getattr(self, "_kernel_reductions", []):
+            if d not in self._reductions:
+                raise CeleritasError("a reduction passed to parallel_for was created for another command group")
+        for d in self._reductions:
+            d.id = rt.task_manager.new_reduction_id()
+            reductions.append(tg.Reduction(d.id, d.buffer.id, d.op, d.identity, not d.initialize_to_identity))
+        if self._kind != tg.DEVICE_COMPUTE and reductions:
+            raise CeleritasError("reductions are only supported in parallel_for")
+        launcher = _make_launcher(self, rt)
+        return dict(name=self._name, geometry=geom, accesses=accesses,
+                    side_effects=[h.id for h in self._side_effects], collective_group=self._collective_group,
+                    reductions=reductions, split=self._split, oversubscribe=self._oversubscribe,
+                    launcher=launcher)
+
+
+def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], None]:
+    fn = cgh._kernel
+    kind = cgh._kind
+    hydration = cgh._hydration
+    name = cgh._name or getattr(fn, "__name__", "kernel")
+    geom = cgh._geometry
+    rank = rt.rank
+    red_ops = [(d.op, d.identity, d.buffer.dtype) for d in cgh._reductions]
+    args = cgh._args
+    if hasattr(fn, "source") and kind == tg.DEVICE_COMPUTE:
+        launch_source = getattr(rt.backend, "launch_source_kernel", None)
+        if launch_source is None:
+            raise CeleritasError(f"kernel {name!r} is device source code; the {rt.backend_name} backend runs only "
+                                 f"Python kernels")
+
+    def launcher(ctx: LaunchContext) -> None:
+        slots = []
+        for arr, acc in zip(ctx.arrays, ctx.accesses):
+            slots.append((arr, acc.allocation_box, acc.region))
+        prev = hydration.slots
+        hydration.slots = slots
+        try:
+            if kind == tg.DEVICE_COMPUTE:
+                chunk = Chunk(ctx.box, ctx.xp, ctx.device, geom.global_range, geom.offset)
+                reducers = []
+                for arr, (op, ident, dt) in zip(ctx.reduction_arrays, red_ops):
+                    arr.reshape(-1)[0] = ident
+                    reducers.append(Reducer(arr, op, dt))
+                if hasattr(fn, "source"):
+                    rt.backend.launch_source_kernel(fn, ctx, args, cgh._local_range)
+                else:
+                    fn(chunk, *reducers, *args)
+            else:
+                fn(Partition(ctx.box, geom.global_range, ctx.communicator, rank))
+        except CeleritasError as exc:
+            if isinstance(exc, KernelError):
+                raise
+            raise type(exc)(f"{exc} (in {'kernel' if kind == tg.DEVICE_COMPUTE else 'host task'} {name!r} "
+                            f"of task T{ctx_task(ctx)}, rank {rank}, chunk {ctx.box})") from exc
+        except Exception as exc:
+            raise KernelError(f"{'kernel' if kind == tg.DEVICE_COMPUTE else 'host task'} {name!r} of task "
+                              f"T{ctx_task(ctx)} failed on rank {rank}, chunk {ctx.box}"
+                              f"{'' if ctx.device is None else f', device {ctx.device}'}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            hydration.slots = prev
+
+    launcher.task_name = name  # type: ignore[attr-defined]
+    return launcher
+
+
+def ctx_task(ctx: LaunchContext) -> Any:
+    return ctx.task

@@ -1,0 +1,39 @@
+"""Host objects: Python objects that host tasks mutate in submission order."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class HostObject:
+    """Wraps an object that host tasks use through ``cl.side_effect``; their order is the submit order."""
+
+    def __init__(self, obj: Any = None):
+        from .runtime import Runtime
+        self._runtime = Runtime.current(create=True)
+        self.obj = obj
+        self.id: int = self._runtime.create_host_object(self)
+        self._alive = True
+
+    def destroy(self) -> None:
+        if getattr(self, "_alive", False):
+            self._alive = False
+            self._runtime.destroy_host_object(self.id)
+
+    def __del__(self) -> None:
+        try:
+            self.destroy()
+        except Exception:   # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"<cl.HostObject H{self.id} {type(self.obj).__name__}>"
+
+
+def side_effect(host_object: HostObject, cgh) -> Any:
+    """Order this command group after earlier ones on ``host_object``; returns the object."""
+    if not isinstance(host_object, HostObject):
+        from scheduler.errors import CeleritasError
+        raise CeleritasError(f"cl.side_effect takes a cl.HostObject, got {type(host_object).__name__}")
+    if host_object not in cgh._side_effects:
+        cgh._side_effects.append(host_object)
+    return host_object.obj

@@ -1,0 +1,31 @@
+"""Device source kernels: CUDA / OpenCL C source launched by the GPU backends."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from scheduler.errors import CeleritasError
+
+
+class Kernel:
+    """``cl.Kernel(source={"cuda": ..., "opencl": ...}, name="entry")``.
+
+    Its arguments are the ``args`` of ``parallel_for`` in order; an accessor
+    passes a pointer plus the allocation's offset and extents.  Only the device
+    backends run these; on host devices a kernel needs a Python implementation.
+    """
+
+    def __init__(self, source: Mapping[str, str] | str, name: str, *, options: tuple[str, ...] = ()):
+        if isinstance(source, str):
+            source = {"cuda": source, "opencl": source}
+        if not source or not all(isinstance(v, str) for v in source.values()):
+            raise CeleritasError("cl.Kernel needs source={'cuda': '...', 'opencl': '...'}")
+        unknown = set(source) - {"cuda", "opencl"}
+        if unknown:
+            raise CeleritasError(f"cl.Kernel source languages are 'cuda' and 'opencl', got {sorted(unknown)}")
+        self.source = dict(source)
+        self.name = name
+        self.__name__ = name
+        self.options = tuple(options)
+
+    def __repr__(self) -> str:
+        return f"cl.Kernel({self.name!r}, languages={sorted(self.source)})"

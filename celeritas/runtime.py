@@ -1,0 +1,482 @@
+"""The runtime object: wires the task manager, scheduler thread and executor thread.
+
+One runtime per process (per simulated rank under ``run_cluster``).  It owns all
+mutable state; the only process-level state is which runtime is current.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from scheduler import task_graph as tg
+from scheduler.errors import CeleritasError, ConfigError, KernelError
+from scheduler.geometry import Box, Subrange
+from scheduler.instruction_graph import (EpochInstruction, FenceInstruction, HorizonInstruction,
+                                         AllocInstruction, InstructionBatch)
+from scheduler.instruction_graph_generator import SystemInfo
+from scheduler.scheduler import Scheduler
+
+from . import config as cfg
+
+log = logging.getLogger("celeritas.runtime")
+
+
+class _ClusterContext(threading.local):
+    """Set by ``run_cluster`` on each rank's thread: which communicator and config to use."""
+
+    def __init__(self):
+        self.communicator = None
+        self.env: dict | None = None
+        self.runtime: "Runtime | None" = None
+
+
+_cluster = _ClusterContext()
+_process: dict[str, "Runtime | None"] = {"runtime": None}
+_process_lock = threading.Lock()
+
+
+def make_backend(spec: cfg.DeviceSpec):
+    """The backend for a device spec; ``default`` means every CUDA GPU, else one host device."""
+    if spec.backend in ("default", "cuda"):
+        try:
+            from executor.backends.cuda import CudaBackend, cuda_device_count
+        except ImportError as exc:
+            if spec.backend == "cuda":
+                raise ConfigError(f"CELERITAS_DEVICES={spec}: the CUDA backend needs CuPy "
+                                  f"(pip install 'celeritas[cuda]'): {exc}") from None
+        else:
+            n = cuda_device_count()
+            if spec.backend == "cuda":
+                if n == 0:
+                    raise ConfigError(f"CELERITAS_DEVICES={spec}: no CUDA GPU is visible")
+                return CudaBackend(list(spec.ids) or list(range(n)))
+            if n > 0:
+                return CudaBackend(list(range(n)))
+        from executor.backends.host import HostBackend
+        return HostBackend(1)
+    if spec.backend == "host":
+        from executor.backends.host import HostBackend
+        return HostBackend(spec.count)
+    if spec.backend == "opencl":
+        try:
+            from executor.backends.opencl import OpenCLBackend
+        except ImportError as exc:
+            raise ConfigError(f"CELERITAS_DEVICES={spec}: the OpenCL backend needs PyOpenCL "
+                              f"(pip install 'celeritas[opencl]'): {exc}") from None
+        return OpenCLBackend(list(spec.ids))
+    raise ConfigError(f"unknown backend {spec.backend!r}")
+
+
+def scheduler_system(backend) -> SystemInfo:
+    info = backend.system_info()
+    peers = frozenset((s, d) for s, d in info.copy_pairs if s >= 2 and d >= 2 and s != d)
+    return SystemInfo(num_devices=backend.num_devices, peers=peers,
+                      comm_memories=frozenset(info.communicator_memories))
+
+
+class DryRunExecutor:
+    """Stands in for the executor under ``CELERITAS_DRY_RUN_NODES``: no kernels, no transfers."""
+
+    def __init__(self, on_horizon, on_epoch):
+        self._on_horizon = on_horizon
+        self._on_epoch = on_epoch
+        self._allocs: dict[int, AllocInstruction] = {}
+        self._host_objects: dict[int, Any] = {}
+        self.num_instructions = 0
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, batch: InstructionBatch) -> None:
+        for ins in batch.instructions:
+            self.num_instructions += 1
+            if isinstance(ins, AllocInstruction) and ins.memory == 0:
+                self._allocs[ins.allocation] = ins
+            elif isinstance(ins, HorizonInstruction):
+                self._on_horizon(ins.task)
+            elif isinstance(ins, EpochInstruction):
+                self._on_epoch(ins.task)
+            elif isinstance(ins, FenceInstruction) and ins.promise is not None:
+                if ins.allocation is not None:
+                    a = self._allocs.pop(ins.allocation)
+                    ins.promise.set_result(np.zeros(a.shape, a.dtype))
+                else:
+                    ins.promise.set_result(self._host_objects.get(ins.host_object))
+
+    def track_user_allocation(self, aid, array) -> None:
+        pass
+
+    def track_host_object(self, hoid, obj) -> None:
+        self._host_objects[hoid] = obj
+
+    def shutdown(self, timeout=None, *, drain=True) -> bool:
+        return True
+
+    def join(self, timeout=None) -> bool:
+        return True
+
+    @property
+    def error(self):
+        return None
+
+    @property
+    def trace(self):
+        return []
+
+
+class Runtime:
+    """Everything one rank runs: task manager, scheduler thread, executor thread."""
+
+    # ---- which runtime is current ---------------------------------------------------
+    @classmethod
+    def current(cls, create: bool = False, **overrides) -> "Runtime":
+        if _cluster.communicator is not None:
+            rt = _cluster.runtime
+            if rt is None or rt.is_shut_down:
+                if not create:
+                    raise CeleritasError("no celeritas runtime on this rank; create a cl.Queue first")
+                rt = cls(_config(_cluster.env, overrides), communicator=_cluster.communicator)
+                _cluster.runtime = rt
+            else:
+                rt._check_overrides(overrides)
+            return rt
+        with _process_lock:
+            rt = _process["runtime"]
+            if rt is None or rt.is_shut_down:
+                if not create:
+                    raise CeleritasError("no celeritas runtime; create a cl.Queue first")
+                rt = cls(_config(None, overrides))
+                _process["runtime"] = rt
+                atexit.register(rt._atexit)
+            else:
+                rt._check_overrides(overrides)
+            return rt
+
+    # ---- construction ----------------------------------------------------------------
+    def __init__(self, config: cfg.Config, communicator=None):
+        self.config = config
+        logging.getLogger("celeritas").setLevel(cfg.LOG_LEVELS[config.log_level])
+        self._lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._epoch_reached = -1
+        self._horizon_reached = -1
+        self._pruned_before = -1
+        self._fences: list[concurrent.futures.Future] = []
+        self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self._host_objects: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self._next_buffer = 0
+        self._next_host_object = 0
+        self.is_shut_down = False
+        self._shutting_down = False
+        self.start_time = time.perf_counter()
+        if communicator is None:
+            communicator = _default_communicator(config)
+        self.communicator = communicator
+        dry = config.dry_run_nodes
+        self.dry_run = dry is not None
+        self.rank = 0 if self.dry_run else communicator.rank
+        self.num_ranks = dry if self.dry_run else communicator.num_ranks
+        self.backend = make_backend(config.devices)
+        self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
+        self.num_devices = self.backend.num_devices
+        system = scheduler_system(self.backend)
+        if self.dry_run:
+            self.executor = DryRunExecutor(self._on_horizon, self._on_epoch)
+        else:
+            from executor.executor import Executor
+            self.executor = Executor(self.backend, communicator, on_horizon=self._on_horizon,
+                                     on_epoch=self._on_epoch, on_error=self._on_executor_error,
+                                     trace=bool(config.trace) or config.summary,
+                                     name=f"celeritas-executor-{self.rank}")
+        record = config.record or bool(config.print_graphs)
+        self.scheduler = Scheduler(num_ranks=self.num_ranks, rank=self.rank, system=system,
+                                   delegate=self.executor, lookahead=config.lookahead,
+                                   diagnostics=config.diagnostics, record=record,
+                                   on_error=self._on_scheduler_error)
+        self.executor.start()
+        self.scheduler.start()
+        self.task_manager = tg.TaskManager(horizon_step=config.horizon_step,
+                                           horizon_max_parallelism=config.horizon_max_parallelism,
+                                           on_task=self.scheduler.notify_task,
+                                           diagnostics=config.diagnostics if self.rank == 0 else
+                                           ("error" if config.diagnostics == "error" else "off"),
+                                           record=record)
+        log.info("celeritas rank %d/%d: %s backend with %d device(s), lookahead %s%s", self.rank,
+                 self.num_ranks, self.backend_name, self.num_devices, config.lookahead,
+                 " (dry run)" if self.dry_run else "")
+
+    def _check_overrides(self, overrides: dict) -> None:
+        dev = overrides.get("devices")
+        if dev is not None:
+            spec = cfg.DeviceSpec.parse(dev, "devices") if isinstance(dev, str) else dev
+            if spec != self.config.devices:
+                raise ConfigError(f"the runtime already runs on {self.config.devices}; create the Queue with "
+                                  f"devices={dev!r} before any Buffer")
+        if overrides.get("lookahead") is not None:
+            self.set_lookahead(overrides["lookahead"])
+        if overrides.get("record"):
+            self.enable_record()
+
+    # ---- callbacks (executor / scheduler threads) -----------------------------------------
+    def _on_horizon(self, tid: int) -> None:
+        if tid > self._horizon_reached:
+            self._horizon_reached = tid
+
+    def _on_epoch(self, tid: int) -> None:
+        with self._cond:
+            if tid > self._epoch_reached:
+                self._epoch_reached = tid
+            self._cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
+        for f in self._fences:
+            if not f.done():
+                try:
+                    f.set_exception(self._surface(exc))
+                except concurrent.futures.InvalidStateError:
+                    pass
+
+    def _on_executor_error(self, exc: BaseException, instr=None) -> None:
+        self._fail(exc)
+
+    def _on_scheduler_error(self, exc: BaseException) -> None:
+        self._fail(exc)
+
+    def _surface(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, CeleritasError):
+            return exc
+        err = CeleritasError(f"rank {self.rank}: internal error: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    # ---- application-thread API ------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            err = self._surface(self._error)
+            self._abort()
+            raise err
+        if self.is_shut_down:
+            raise CeleritasError("the celeritas runtime has been shut down")
+
+    def _prune(self) -> None:
+        h = self._horizon_reached
+        if h > self._pruned_before:
+            self._pruned_before = h
+            self.task_manager.prune_before(h)
+
+    def create_buffer(self, buffer, data: np.ndarray | None) -> int:
+        with self._lock:
+            self._check_alive()
+            bid = self._next_buffer
+            self._next_buffer += 1
+            info = self.task_manager.create_buffer(bid, buffer.shape, buffer.dtype, buffer.name,
+                                                   data is not None)
+            self._buffers[bid] = buffer
+            self.scheduler.notify_buffer_created(info, data)
+            return bid
+
+    def rename_buffer(self, bid: int, name: str) -> None:
+        info = self.task_manager.buffers.get(bid)
+        if info is not None:
+            info.name = name
+
+    def destroy_buffer(self, bid: int) -> None:
+        if self.is_shut_down or self._shutting_down:
+            return
+        with self._lock:
+            self.task_manager.destroy_buffer(bid)
+            self.scheduler.notify_buffer_destroyed(bid)
+
+    def create_host_object(self, ho) -> int:
+        with self._lock:
+            self._check_alive()
+            hid = self._next_host_object
+            self._next_host_object += 1
+            self._host_objects[hid] = ho
+            self.scheduler.notify_host_object_created(hid, ho.obj)
+            return hid
+
+    def destroy_host_object(self, hid: int) -> None:
+        if self.is_shut_down or self._shutting_down:
+            return
+        with self._lock:
+            self.scheduler.notify_host_object_destroyed(hid)
+
+    def submit(self, cgf) -> None:
+        from .handler import CommandGroupHandler
+        self._check_alive()
+        cgh = CommandGroupHandler(self)
+        cgf(cgh)
+        spec = cgh._build()
+        with self._lock:
+            self._check_alive()
+            self._prune()
+            self.task_manager.submit(cgh._kind, **spec)
+
+    def fence(self, obj, subrange=None) -> concurrent.futures.Future:
+        from .buffer import Buffer
+        from .host_object import HostObject
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._check_alive()
+            if isinstance(obj, Buffer):
+                box = Box.full(obj.shape)
+                if subrange is not None:
+                    if isinstance(subrange, Subrange):
+                        sbox = subrange.box
+                    elif isinstance(subrange, Box):
+                        sbox = subrange
+                    else:
+                        sbox = Subrange(*subrange).box
+                    if sbox.dims != len(obj.shape) or not box.contains(sbox):
+                        raise CeleritasError(f"fence subrange {subrange} is not inside buffer {obj.label} of "
+                                             f"shape {obj.shape}")
+                    box = sbox
+                self.task_manager.fence(buffer=obj.id, box=box, promise=fut)
+            elif isinstance(obj, HostObject):
+                self.task_manager.fence(host_object=obj.id, promise=fut)
+            else:
+                raise CeleritasError(f"fence takes a cl.Buffer or cl.HostObject, got {type(obj).__name__}")
+            self._fences = [f for f in self._fences if not f.done()]
+            self._fences.append(fut)
+        return fut
+
+    def epoch(self, action: str = tg.EPOCH_NONE) -> None:
+        with self._lock:
+            self._check_alive()
+            t = self.task_manager.epoch(action)
+        self._await_epoch(t.id)
+
+    def _await_epoch(self, tid: int) -> None:
+        with self._cond:
+            while self._epoch_reached < tid and self._error is None:
+                self._cond.wait(0.5)
+                if not self.dry_run and not self.executor.is_running and self._epoch_reached < tid \
+                        and self._error is None:
+                    self._error = CeleritasError(f"rank {self.rank}: the executor stopped before epoch T{tid}")
+        self._check_alive()
+        self._prune()
+
+    def flush(self) -> None:
+        self._check_alive()
+        self.scheduler.flush()
+
+    def set_lookahead(self, mode: str) -> None:
+        if mode not in cfg.LOOKAHEAD_MODES:
+            raise ConfigError(f"lookahead {mode!r}; use one of {', '.join(cfg.LOOKAHEAD_MODES)}")
+        self.scheduler.set_lookahead(mode)
+
+    def enable_record(self) -> None:
+        self.task_manager.record = True
+        self.scheduler.cdag.record = True
+        self.scheduler.igg.record = True
+
+    def graphs(self) -> dict:
+        from .graphs import GraphRecord
+        if not (self.task_manager.record and self.scheduler.cdag.record):
+            raise CeleritasError("graph records are off; create the Queue with record=True or set CELERITAS_RECORD=1")
+        self._check_alive()
+        self.scheduler.flush()
+        self.scheduler.sync()
+        return GraphRecord.collect(self)
+
+    # ---- shutdown --------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if self.is_shut_down or self._shutting_down:
+            return
+        if self._error is not None:
+            err = self._surface(self._error)
+            self._abort()
+            raise err
+        self._shutting_down = True
+        try:
+            with self._lock:
+                for bid in sorted(self.task_manager.buffers):
+                    b = self._buffers.get(bid)
+                    if b is not None:
+                        b._alive = False
+                    self.task_manager.destroy_buffer(bid)
+                    self.scheduler.notify_buffer_destroyed(bid)
+                self.task_manager.buffers.clear()
+                for hid in list(self._host_objects.keys()):
+                    h = self._host_objects.get(hid)
+                    if h is not None:
+                        h._alive = False
+                    self.scheduler.notify_host_object_destroyed(hid)
+                t = self.task_manager.epoch(tg.EPOCH_SHUTDOWN)
+            self._await_epoch(t.id)
+        except BaseException:
+            self._abort()
+            raise
+        self.scheduler.stop()
+        self.executor.join(30)
+        self._finish_outputs()
+        self.is_shut_down = True
+        self._release_current()
+
+    def _finish_outputs(self) -> None:
+        try:
+            from . import graphs
+            graphs.write_outputs(self)
+        except ImportError:
+            pass
+
+    def _abort(self) -> None:
+        """Stop both threads without waiting for outstanding work (after an error)."""
+        if self.is_shut_down:
+            return
+        self.is_shut_down = True
+        try:
+            self.executor.shutdown(10, drain=False)
+        except Exception:  # noqa: BLE001 - best effort while failing
+            log.debug("executor shutdown failed", exc_info=True)
+        sched_thread = self.scheduler._thread
+        if sched_thread is not None:
+            self.scheduler._events.put(("stop",))
+            sched_thread.join(10)
+        self._release_current()
+
+    def _release_current(self) -> None:
+        if _cluster.runtime is self:
+            _cluster.runtime = None
+        with _process_lock:
+            if _process["runtime"] is self:
+                _process["runtime"] = None
+
+    def _atexit(self) -> None:
+        if not self.is_shut_down:
+            try:
+                self.shutdown()
+            except Exception as exc:  # noqa: BLE001 - report, never hang the interpreter exit
+                log.error("celeritas shutdown at exit failed: %s", exc)
+
+
+def _config(env: dict | None, overrides: dict) -> cfg.Config:
+    import os
+    base = cfg.from_env({**os.environ, **env} if env else None)
+    return base.with_overrides(**{k: v for k, v in overrides.items() if k in ("devices", "lookahead", "record")})
+
+
+def _default_communicator(config: cfg.Config):
+    from executor.communicator import SingleRankCommunicator
+    if config.dry_run_nodes is None:
+        try:
+            from executor.mpi_communicator import launched_under_mpi, MpiCommunicator
+        except ImportError:
+            pass
+        else:
+            if launched_under_mpi():
+                return MpiCommunicator()
+    return SingleRankCommunicator()

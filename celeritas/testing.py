@@ -1,0 +1,76 @@
+"""A whole simulated cluster in one process: one thread and one runtime per rank."""
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any, Callable
+
+from scheduler.errors import CeleritasError
+
+from . import runtime as _rt
+
+
+def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | None = None,
+                timeout: float = 300.0, **env: str) -> list:
+    """Run ``program(rank)`` on ``nodes`` threads connected by the in-process communicator.
+
+    ``devices`` gives each rank ``host:devices``; ``env`` overrides ``CELERITAS_*``
+    variables (e.g. ``CELERITAS_LOOKAHEAD="none"``).  Returns each rank's return
+    value; the first rank's exception is raised after every rank has stopped.
+    """
+    from executor.communicator import InProcessCluster
+    if nodes < 1:
+        raise CeleritasError(f"run_cluster needs nodes >= 1, got {nodes}")
+    env = {k: str(v) for k, v in env.items()}
+    if devices is not None:
+        env["CELERITAS_DEVICES"] = f"host:{int(devices)}"
+    cluster = InProcessCluster(nodes)
+    results: list[Any] = [None] * nodes
+    errors: list[BaseException | None] = [None] * nodes
+
+    def body(rank: int) -> None:
+        ctx = _rt._cluster
+        ctx.communicator = cluster.communicator(rank)
+        ctx.env = env
+        ctx.runtime = None
+        try:
+            results[rank] = program(rank)
+            rt = ctx.runtime
+            if rt is not None and not rt.is_shut_down:
+                rt.shutdown()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            errors[rank] = exc
+            rt = ctx.runtime
+            if rt is not None:
+                rt._abort()
+            cluster.abort()   # peers waiting for this rank's data fail instead of hanging
+        finally:
+            ctx.communicator = None
+            ctx.env = None
+            ctx.runtime = None
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"celeritas-rank-{r}", daemon=True)
+               for r in range(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if any(t.is_alive() for t in threads):
+        cluster.abort()
+        for t in threads:
+            t.join(10)
+        raise CeleritasError(f"run_cluster: ranks {[r for r, t in enumerate(threads) if t.is_alive()]} did not "
+                             f"finish within {timeout} s")
+    for r, e in enumerate(errors):
+        if e is not None and not _is_secondary(e):
+            raise e
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+def _is_secondary(exc: BaseException) -> bool:
+    """An error caused by another rank's abort rather than by this rank's own failure."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).lower()
+    return "abort" in text

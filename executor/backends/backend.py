@@ -1,0 +1,225 @@
+"""The interface every backend (host/numpy, CUDA/CuPy, OpenCL/PyOpenCL) implements.
+
+The executor only talks to a backend through this module: allocations are opaque
+array objects, work runs on *lanes* (in-order queues: a worker thread, a CUDA
+stream, an OpenCL command queue) and reports back through completion objects that
+can be tested without blocking.  Keeping the surface this small is what lets the
+executor loop stay identical across backends.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, NamedTuple
+
+from scheduler.geometry import Box
+from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
+
+log = logging.getLogger("celeritas.executor")
+
+
+class BackendError(RuntimeError):
+    """A backend operation failed in a way the executor cannot recover from."""
+
+
+class AllocationError(BackendError, MemoryError):
+    """An allocation failed; the message names the memory and the live allocations.
+
+    The runtime re-raises this as ``cl.OutOfMemoryError`` (the executor may not
+    import ``celeritas``/``scheduler.errors``).
+    """
+
+
+class Lane(NamedTuple):
+    """Identifies one in-order queue of a backend.
+
+    A NamedTuple (not a dataclass) because it is a dict key on the hot path and
+    tuple hashing is the cheapest there is.
+    """
+
+    kind: str            # "host" or "device"
+    device: int | None   # None for host lanes
+    index: int
+
+    @property
+    def name(self) -> str:
+        if self.kind == "device":
+            return f"D{self.device}.lane{self.index}"
+        return f"host.lane{self.index}"
+
+
+class Completion:
+    """Completion of one piece of asynchronous backend work.
+
+    ``notifying`` tells the executor whether the backend will call its notifier
+    when this completes (host threads can; CUDA/OpenCL events must be polled), so
+    the executor knows whether it may block or has to keep polling.
+    """
+
+    __slots__ = ()
+    notifying: ClassVar[bool] = False
+
+    def is_done(self) -> bool:
+        raise NotImplementedError
+
+    def error(self) -> BaseException | None:
+        """The exception the work raised, once done; None on success."""
+        return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done (tests and teardown only; the executor never waits)."""
+        raise NotImplementedError
+
+    # optional timing (time.perf_counter_ns) for traces; None when unknown
+    @property
+    def start_ns(self) -> int | None:
+        return None
+
+    @property
+    def end_ns(self) -> int | None:
+        return None
+
+
+class DoneCompletion(Completion):
+    """Work that finished synchronously (or failed synchronously)."""
+
+    __slots__ = ("_error",)
+    notifying = False
+
+    def __init__(self, error: BaseException | None = None):
+        self._error = error
+
+    def is_done(self) -> bool:
+        return True
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+
+@dataclass(slots=True)
+class SystemInfo:
+    """What the instruction graph generator needs to know about the node.
+
+    ``copy_pairs`` are the (source, dest) memory pairs a single copy can connect;
+    everything else is staged through host memory.  ``communicator_memories`` are
+    the memories the communicator can send from and receive into directly.
+    """
+
+    num_devices: int
+    memories: tuple[int, ...]
+    copy_pairs: frozenset[tuple[int, int]]
+    communicator_memories: frozenset[int]
+    device_memories: dict[int, int] = field(default_factory=dict)
+
+    def can_copy(self, source: int, dest: int) -> bool:
+        return (source, dest) in self.copy_pairs
+
+
+def default_copy_pairs(num_devices: int, peer_to_peer: bool) -> frozenset[tuple[int, int]]:
+    """user<->host, host<->device, user<->device, same-memory, and peers if allowed."""
+    mems = [USER_MEMORY, HOST_MEMORY] + [device_memory(d) for d in range(num_devices)]
+    pairs = set()
+    for s in mems:
+        for d in mems:
+            if s >= 2 and d >= 2 and s != d and not peer_to_peer:
+                continue
+            pairs.add((s, d))
+    return frozenset(pairs)
+
+
+class Backend(abc.ABC):
+    """Allocation, copies and launches on lanes for one rank's devices."""
+
+    @property
+    @abc.abstractmethod
+    def num_devices(self) -> int: ...
+
+    @abc.abstractmethod
+    def xp_for_memory(self, memory: int) -> Any:
+        """The array module (numpy, cupy) whose arrays live in ``memory``."""
+
+    @abc.abstractmethod
+    def system_info(self) -> SystemInfo: ...
+
+    @abc.abstractmethod
+    def allocate(self, memory: int, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new (uninitialized) array in ``memory``; raises AllocationError."""
+
+    @abc.abstractmethod
+    def free(self, memory: int, array: Any) -> None: ...
+
+    @abc.abstractmethod
+    def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
+             lane: Lane) -> Completion:
+        """Copy ``box`` (buffer coordinates) from ``src`` (extent ``src_box``) to
+        ``dst`` (extent ``dst_box``) on ``lane``; an extent of None means the array
+        holds exactly ``box``, linearized."""
+
+    @abc.abstractmethod
+    def launch(self, lane: Lane, fn: Callable[[], Any]) -> Completion:
+        """Run ``fn()`` in the order of ``lane``."""
+
+    def lane_handle(self, lane: Lane) -> Any:
+        """The native queue behind a lane (CUDA stream, OpenCL queue); None for host."""
+        return None
+
+    def set_notifier(self, notifier: Callable[[Completion], None] | None) -> None:
+        """Register a callable invoked (from any thread) when a notifying completion finishes."""
+
+    def to_host(self, array: Any) -> Any:
+        """A numpy array with the contents of ``array`` (fence results)."""
+        return array
+
+    def hand_over(self, memory: int, array: Any) -> Any:
+        """The allocation leaves the executor (a fence result, or user-memory garbage).
+
+        The backend stops accounting for it but must not reuse its memory while
+        the returned object is alive; returns a numpy array the user may keep.
+        """
+        return self.to_host(array)
+
+    def close(self) -> None:
+        """Release lanes and worker threads; the backend is unusable afterwards."""
+
+
+def box_view(array: Any, extent: Box | None, box: Box) -> Any:
+    """The view of ``array`` (holding ``extent`` in buffer coordinates) that covers ``box``.
+
+    Arrays are normally shaped like their extent; a flat (linearized) array or a
+    scratch allocation without an extent is reinterpreted as the 3-D extent first,
+    which for a contiguous array is a view, never a copy (writes must land).
+    """
+    if extent is None:
+        extent = box
+    elif not extent.contains(box):
+        raise BackendError(f"box {box} lies outside the allocation extent {extent}")
+    lo, hi = extent.lo, extent.hi
+    nd = array.ndim
+    if nd <= 3 and array.shape == tuple(hi[i] - lo[i] for i in range(nd)) and all(
+            hi[i] - lo[i] == 1 for i in range(nd, 3)):
+        arr = array
+    else:
+        arr = array.view()
+        try:
+            arr.shape = (hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2])
+        except (AttributeError, ValueError) as exc:
+            raise BackendError(f"array of shape {array.shape} cannot hold extent {extent}") from exc
+        nd = 3
+    blo, bhi = box.lo, box.hi
+    idx = tuple(slice(blo[i] - lo[i], bhi[i] - lo[i]) for i in range(nd))
+    return arr[idx + (Ellipsis,)]
+
+
+def copy_box(src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box) -> None:
+    """One n-d strided slice assignment: no per-row Python loops."""
+    if box.empty:
+        return
+    d = box_view(dst, dst_box, box)
+    s = box_view(src, src_box, box)
+    if s.shape != d.shape:
+        s = s.reshape(d.shape)
+    d[...] = s

@@ -1,0 +1,237 @@
+"""Host backend: N simulated devices, each with its own numpy memory.
+
+Copies between memories are real copies between separate arrays and every lane
+is a real worker thread, so the executor's ordering and concurrency logic is
+exercised exactly as on GPUs (numpy releases the GIL in large copies and ufuncs,
+so lanes do overlap).  This is the default backend when no GPU is present.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from queue import SimpleQueue
+from typing import Any, Callable
+
+import numpy as np
+
+from scheduler.geometry import Box
+from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
+
+from .backend import (AllocationError, Backend, BackendError, Completion, Lane, SystemInfo,
+                      copy_box, default_copy_pairs)
+
+log = logging.getLogger("celeritas.executor")
+
+_perf_ns = time.perf_counter_ns
+
+
+class HostCompletion(Completion):
+    """Set by a lane worker; ``is_done`` is a plain attribute read (no lock)."""
+
+    __slots__ = ("_done", "_error", "_start_ns", "_end_ns", "_worker")
+    notifying = True
+
+    def __init__(self, worker: "_LaneWorker"):
+        self._done = False
+        self._error: BaseException | None = None
+        self._start_ns: int | None = None
+        self._end_ns: int | None = None
+        self._worker = worker
+
+    def is_done(self) -> bool:
+        return self._done
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._done:
+            return True
+        w = self._worker
+        with w.cond:
+            w.waiters += 1      # before testing _done: the worker reads it after setting _done
+            try:
+                return w.cond.wait_for(lambda: self._done, timeout)
+            finally:
+                w.waiters -= 1
+
+    @property
+    def start_ns(self) -> int | None:
+        return self._start_ns
+
+    @property
+    def end_ns(self) -> int | None:
+        return self._end_ns
+
+
+class _LaneWorker:
+    """One thread with a FIFO: created once per lane and reused for its lifetime."""
+
+    __slots__ = ("queue", "cond", "waiters", "thread", "backend")
+
+    def __init__(self, backend: "HostBackend", lane: Lane):
+        self.queue: SimpleQueue = SimpleQueue()
+        self.cond = threading.Condition(threading.Lock())
+        self.waiters = 0     # threads blocked in HostCompletion.wait (rare: tests, teardown)
+        self.backend = backend
+        self.thread = threading.Thread(target=self._run, name=f"celeritas-{lane.name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        get = self.queue.get
+        cond = self.cond
+        while True:
+            item = get()
+            if item is None:
+                return
+            fn, c = item
+            c._start_ns = _perf_ns()
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - reported through the completion
+                c._error = exc
+            c._end_ns = _perf_ns()
+            c._done = True
+            if self.waiters:
+                with cond:
+                    cond.notify_all()
+            notifier = self.backend._notifier
+            if notifier is not None:
+                try:
+                    notifier(c)
+                except Exception:  # noqa: BLE001 - a broken notifier must not kill the lane
+                    log.exception("completion notifier failed")
+
+
+class HostBackend(Backend):
+    """``num_devices`` simulated devices; memory 0 user, 1 host, 2 + d device d.
+
+    ``memory_capacity`` (bytes per memory, None = unlimited) simulates device
+    memory limits so out-of-memory handling can be tested.
+    """
+
+    def __init__(self, num_devices: int = 1, *, peer_to_peer: bool = True,
+                 memory_capacity: int | None = None):
+        if num_devices < 1:
+            raise ValueError(f"HostBackend needs at least one device, got {num_devices}")
+        self._num_devices = num_devices
+        self._peer_to_peer = peer_to_peer
+        self._capacity = memory_capacity
+        self._memories = (USER_MEMORY, HOST_MEMORY) + tuple(device_memory(d) for d in range(num_devices))
+        # live allocations per memory: id(array) -> nbytes (for capacity and OOM messages)
+        self._live: dict[int, dict[int, int]] = {m: {} for m in self._memories}
+        self._used: dict[int, int] = {m: 0 for m in self._memories}
+        self._alloc_lock = threading.Lock()
+        self._workers: dict[Lane, _LaneWorker] = {}
+        self._workers_lock = threading.Lock()
+        self._notifier: Callable[[Completion], None] | None = None
+        self._closed = False
+
+    @property
+    def num_devices(self) -> int:
+        return self._num_devices
+
+    def xp_for_memory(self, memory: int) -> Any:
+        return np
+
+    def system_info(self) -> SystemInfo:
+        return SystemInfo(
+            num_devices=self._num_devices,
+            memories=self._memories,
+            copy_pairs=default_copy_pairs(self._num_devices, self._peer_to_peer),
+            communicator_memories=frozenset({USER_MEMORY, HOST_MEMORY}),
+            device_memories={d: device_memory(d) for d in range(self._num_devices)},
+        )
+
+    def allocate(self, memory: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        if memory not in self._live:
+            raise AllocationError(f"memory M{memory} does not exist on this host backend "
+                                  f"({self._num_devices} devices)")
+        try:
+            dt = np.dtype(dtype)
+            shape = tuple(int(s) for s in shape)
+            if any(s < 0 for s in shape):
+                raise ValueError("negative dimensions are not allowed")
+            nbytes = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        except (TypeError, ValueError) as exc:
+            raise AllocationError(f"invalid allocation in M{memory}: shape {shape}, dtype {dtype!r}: {exc}") from exc
+        with self._alloc_lock:
+            if self._capacity is not None and self._used[memory] + nbytes > self._capacity:
+                raise AllocationError(self._oom_message(memory, nbytes))
+            self._used[memory] += nbytes  # reserve before allocating outside the lock
+        try:
+            array = np.empty(shape, dtype=dt)
+        except (MemoryError, ValueError) as exc:
+            with self._alloc_lock:
+                self._used[memory] -= nbytes
+            raise AllocationError(self._oom_message(memory, nbytes) + f" ({exc})") from exc
+        with self._alloc_lock:
+            self._live[memory][id(array)] = nbytes
+        return array
+
+    def _oom_message(self, memory: int, nbytes: int) -> str:
+        lines = [f"cannot allocate {nbytes} bytes in M{memory}"
+                 + (f" (capacity {self._capacity} bytes, {self._used[memory]} in use)"
+                    if self._capacity is not None else "")]
+        for m in self._memories:
+            live = self._live[m]
+            if live:
+                lines.append(f"  M{m}: {len(live)} live allocations, {sum(live.values())} bytes")
+        return "\n".join(lines)
+
+    def free(self, memory: int, array: Any) -> None:
+        with self._alloc_lock:
+            nbytes = self._live.get(memory, {}).pop(id(array), None)
+            if nbytes is None:
+                raise BackendError(f"free of an array that is not a live allocation of M{memory}")
+            self._used[memory] -= nbytes
+
+    def hand_over(self, memory: int, array: Any) -> np.ndarray:
+        with self._alloc_lock:
+            nbytes = self._live.get(memory, {}).pop(id(array), None)
+            if nbytes is not None:
+                self._used[memory] -= nbytes
+        return array
+
+    def live_bytes(self, memory: int) -> int:
+        return self._used[memory]
+
+    def _worker(self, lane: Lane) -> _LaneWorker:
+        w = self._workers.get(lane)
+        if w is None:
+            with self._workers_lock:
+                if self._closed:
+                    raise BackendError("backend is closed")
+                w = self._workers.get(lane)
+                if w is None:
+                    w = self._workers[lane] = _LaneWorker(self, lane)
+        return w
+
+    def launch(self, lane: Lane, fn: Callable[[], Any]) -> HostCompletion:
+        w = self._worker(lane)
+        c = HostCompletion(w)
+        w.queue.put((fn, c))
+        return c
+
+    def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
+             lane: Lane) -> HostCompletion:
+        return self.launch(lane, lambda: copy_box(src, src_box, dst, dst_box, box))
+
+    def set_notifier(self, notifier: Callable[[Completion], None] | None) -> None:
+        self._notifier = notifier
+
+    @property
+    def lanes(self) -> list[Lane]:
+        """Lanes that have a worker thread (each created once, on first use)."""
+        return list(self._workers)
+
+    def close(self) -> None:
+        with self._workers_lock:
+            self._closed = True
+            workers = list(self._workers.values())
+            self._workers.clear()
+        for w in workers:
+            w.queue.put(None)
+        for w in workers:
+            w.thread.join(timeout=5)

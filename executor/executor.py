@@ -1,0 +1,699 @@
+"""The executor thread: runs one rank's instruction graph on a backend.
+
+Everything the scheduler hands over arrives through one inbox (a
+``queue.SimpleQueue``); lane workers and the communicator report completions and
+arrivals into the same inbox, so the loop blocks in exactly one place and no
+notification can be lost between a poll and the wait.  The loop only spins on a
+short timeout while something that cannot notify (CUDA/OpenCL events, MPI
+requests) is in flight.
+
+Error policy: an instruction that fails (launcher, copy, allocation, receive…)
+is reported through ``on_error(exc, instruction)`` and then *retired as if it had
+completed*, so its dependents, horizons and epochs still run and no rank hangs.
+From then on every fence promise is failed with the error (the exception that
+``on_error`` returned, if it returned one, else the original), so the failure
+surfaces at the next synchronization point.  An internal failure of the loop
+itself is reported with ``instruction=None`` and stops the executor; pending
+fences are failed.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+from typing import Any, Callable
+
+import numpy as np
+
+from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitReceiveInstruction,
+                                         CloneCollectiveGroupInstruction, CopyInstruction,
+                                         DestroyHostObjectInstruction, DeviceKernelInstruction,
+                                         EpochInstruction, FenceInstruction,
+                                         FillIdentityInstruction, FreeInstruction,
+                                         GatherReceiveInstruction, HorizonInstruction,
+                                         HostTaskInstruction, Instruction, InstructionBatch,
+                                         LaunchContext, ReceiveInstruction, ReduceInstruction,
+                                         SendInstruction, SplitReceiveInstruction, device_memory)
+
+from .backends.backend import Backend, Completion, Lane, box_view
+from .communicator import Communicator
+from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
+from .receive_arbiter import ReceiveArbiter
+
+log = logging.getLogger("celeritas.executor")
+
+_perf_ns = time.perf_counter_ns
+
+
+class _Signal:
+    """Inbox control messages (identity-compared sentinels)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+_WAKE = _Signal("wake")
+_DRAIN = _Signal("drain")
+_ABORT = _Signal("abort")
+
+
+class ExecutorStopped(RuntimeError):
+    """The executor stopped before an instruction (e.g. a fence) was reached."""
+
+
+@dataclass(slots=True)
+class TraceEvent:
+    """One executed instruction (for the Chrome trace writer)."""
+
+    instruction_id: int
+    kind: str
+    name: str
+    lane: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(slots=True, eq=False)
+class _Active:
+    """An issued instruction whose completion is asynchronous."""
+
+    instr: Instruction
+    lane: str
+    start_ns: int
+    completion: Any = None
+
+
+def _noop() -> None:
+    pass
+
+
+class Executor:
+    """Executes instruction batches on ``backend``; owns one thread.
+
+    Drive it with ``start()``, any number of ``submit(batch)`` from the scheduler
+    thread, and either a batch ending in an epoch with action ``"shutdown"``
+    (the thread ends after it) or ``shutdown()``.  The callbacks run on the
+    executor thread and must be quick.
+    """
+
+    def __init__(self, backend: Backend, communicator: Communicator, *,
+                 on_horizon: Callable[[int], Any] | None = None,
+                 on_epoch: Callable[[int], Any] | None = None,
+                 on_error: Callable[[BaseException, Instruction | None], Any] | None = None,
+                 max_host_lanes: int = 4, max_device_lanes: int = 4,
+                 trace: bool = False, idle_timeout: float = 0.1,
+                 poll_interval: float = 20e-6, name: str = "celeritas-executor"):
+        self._backend = backend
+        self._comm = communicator
+        self._on_horizon = on_horizon
+        self._on_epoch = on_epoch
+        self._on_error = on_error
+        self._engine = OutOfOrderEngine(max_host_lanes=max_host_lanes,
+                                        max_device_lanes=max_device_lanes)
+        self._arbiter = ReceiveArbiter(communicator)
+        self._inbox: SimpleQueue = SimpleQueue()
+        self._idle_timeout = idle_timeout
+        self._poll_interval = poll_interval
+        self._name = name
+
+        self._allocs: dict[int, Any] = {}           # allocation id -> backend array
+        self._backend_allocs: dict[int, int] = {}   # allocation id -> memory (made by backend.allocate)
+        self._host_objects: dict[int, Any] = {}
+        self._groups: dict[int, Communicator] = {}
+        self._group_handles: dict[int, Any] = {}
+        self._lanes: dict[tuple, Lane] = {}
+
+        self._by_completion: dict[Completion, _Active] = {}   # notifying backend completions
+        self._polled: list[_Active] = []                      # backend completions to poll
+        self._sends: list[_Active] = []
+        self._receives: dict[int, _Active] = {}
+        self._inflight = 0
+        self._deferred_barrier: tuple[EpochInstruction, int] | None = None
+
+        self._trace: list[TraceEvent] | None = [] if trace else None
+        self._first_error: BaseException | None = None
+        self._fence_error: BaseException | None = None
+        self._stop = False
+        self._drain = False
+        self._thread: threading.Thread | None = None
+
+        self._issuers: dict[type, Callable[[Assignment], None]] = {
+            AllocInstruction: self._issue_alloc,
+            FreeInstruction: self._issue_free,
+            CopyInstruction: self._issue_copy,
+            DeviceKernelInstruction: self._issue_kernel,
+            HostTaskInstruction: self._issue_host_task,
+            SendInstruction: self._issue_send,
+            ReceiveInstruction: self._issue_receive,
+            SplitReceiveInstruction: self._issue_receive,
+            AwaitReceiveInstruction: self._issue_await_receive,
+            GatherReceiveInstruction: self._issue_gather_receive,
+            FillIdentityInstruction: self._issue_fill_identity,
+            ReduceInstruction: self._issue_reduce,
+            FenceInstruction: self._issue_fence,
+            DestroyHostObjectInstruction: self._issue_destroy_host_object,
+            CloneCollectiveGroupInstruction: self._issue_clone_collective_group,
+            HorizonInstruction: self._issue_horizon,
+            EpochInstruction: self._issue_epoch,
+        }
+
+    # ------------------------------------------------------------------ public API
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("executor already started")
+        put = self._inbox.put
+        self._backend.set_notifier(put)
+        self._comm.set_notifier(functools.partial(put, _WAKE))
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: InstructionBatch) -> None:
+        """Thread-safe hand-off from the scheduler thread (never blocks)."""
+        self._inbox.put(batch)
+
+    def track_user_allocation(self, aid: int, array: Any) -> None:
+        """Register a buffer's user-memory (M0) array; call before any instruction uses ``aid``."""
+        self._allocs[aid] = array
+
+    def track_host_object(self, hoid: int, obj: Any) -> None:
+        self._host_objects[hoid] = obj
+
+    def shutdown(self, timeout: float | None = None, *, drain: bool = True) -> bool:
+        """Stop the thread: after everything submitted completed (``drain``), or now.
+
+        Returns False if the thread is still alive after ``timeout``.  A thread
+        that already ended through a shutdown epoch is just joined.
+        """
+        if self._thread is None:
+            return True
+        if self._thread.is_alive():
+            self._inbox.put(_DRAIN if drain else _ABORT)
+        return self.join(timeout)
+
+    def join(self, timeout: float | None = None) -> bool:
+        t = self._thread
+        if t is None:
+            return True
+        t.join(timeout)
+        return not t.is_alive()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The first error reported, if any."""
+        return self._first_error
+
+    @property
+    def trace(self) -> list[TraceEvent]:
+        """Executed instructions (empty unless constructed with ``trace=True``)."""
+        return list(self._trace) if self._trace is not None else []
+
+    # ------------------------------------------------------------------ loop
+
+    def _run(self) -> None:
+        clean = False
+        try:
+            self._loop()
+            clean = self._engine.is_idle()
+        except BaseException as exc:  # noqa: BLE001 - must never die silently
+            log.exception("executor loop failed")
+            self._report(exc, None)
+        finally:
+            self._backend.set_notifier(None)
+            self._comm.set_notifier(None)
+            if not clean:
+                self._fail_pending_fences()
+
+    def _loop(self) -> None:
+        inbox = self._inbox
+        handle = self._handle_item
+        step = self._step
+        while True:
+            progress = False
+            while not inbox.empty():
+                handle(inbox.get())
+                progress = True
+            if step():
+                progress = True
+            if self._stop:
+                return
+            if progress:
+                continue
+            try:
+                item = inbox.get(timeout=self._block_timeout())
+            except Empty:
+                continue
+            handle(item)
+
+    def _block_timeout(self) -> float:
+        if self._polled or (not self._comm.notifies and (self._sends or self._receives)):
+            return self._poll_interval
+        return self._idle_timeout
+
+    def _handle_item(self, item: Any) -> None:
+        if type(item) is InstructionBatch:
+            self._accept(item)
+        elif item is _WAKE:
+            pass
+        elif item is _DRAIN:
+            self._drain = True
+        elif item is _ABORT:
+            self._stop = True
+        else:  # a notifying backend completion
+            active = self._by_completion.pop(item, None)
+            if active is not None:
+                self._retire(active, item.error())
+
+    def _accept(self, batch: InstructionBatch) -> None:
+        comm = self._comm
+        for p in batch.pilots:
+            try:
+                comm.send_pilot(p.to, p)
+            except Exception as exc:  # noqa: BLE001
+                self._report(exc, None)
+        engine = self._engine
+        for instr in batch.instructions:
+            deps = None
+            if type(instr) is AwaitReceiveInstruction:
+                deps = self._await_deps(instr)
+            engine.submit(instr, deps)
+
+    def _await_deps(self, instr: AwaitReceiveInstruction) -> list[int]:
+        """Drop an await's edge to its split_receive: the arbiter buffers awaits that
+        come first, so the await may complete (its sub-region arrived) before the
+        whole split receive has."""
+        engine = self._engine
+        out = []
+        for d in instr.dep_ids:
+            p = engine.instruction(d)
+            if isinstance(p, SplitReceiveInstruction) and tuple(p.transfer) == tuple(instr.transfer):
+                continue
+            out.append(d)
+        return out
+
+    def _step(self) -> bool:
+        """Poll everything once and issue what is ready; True if anything happened."""
+        progress = False
+        pilots = self._comm.poll_pilots()
+        if pilots:
+            progress = True
+            on_pilot = self._arbiter.on_pilot
+            for fr, p in pilots:
+                on_pilot(fr, p)
+        if self._receives:
+            for iid in self._arbiter.poll():
+                active = self._receives.pop(iid, None)
+                if active is not None:
+                    progress = True
+                    self._retire(active, active.completion.error())
+        if self._polled:
+            still = []
+            for a in self._polled:
+                if a.completion.is_done():
+                    progress = True
+                    self._retire(a, a.completion.error())
+                else:
+                    still.append(a)
+            self._polled = still
+        if self._sends:
+            still = []
+            for a in self._sends:
+                try:
+                    done = a.completion.test()
+                except Exception as exc:  # noqa: BLE001
+                    progress = True
+                    self._retire(a, exc)
+                    continue
+                if done:
+                    progress = True
+                    self._retire(a, None)
+                else:
+                    still.append(a)
+            self._sends = still
+        assign = self._engine.assign_one
+        while not self._stop:
+            a = assign()
+            if a is None:
+                break
+            progress = True
+            self._issue(a)
+        if self._deferred_barrier is not None and self._inflight == 0:
+            instr, t0 = self._deferred_barrier
+            self._deferred_barrier = None
+            self._finish_epoch(instr, t0)
+            progress = True
+        if self._drain and self._engine.is_idle() and self._inbox.empty():
+            self._stop = True
+        return progress
+
+    # ------------------------------------------------------------------ issue / retire
+
+    def _issue(self, a: Assignment) -> None:
+        instr = a.instruction
+        try:
+            issuer = self._issuers.get(type(instr)) or self._issuer_for_subclass(instr)
+            issuer(a)
+        except Exception as exc:  # noqa: BLE001 - policy: report, retire, keep going
+            self._report(exc, instr)
+            self._engine.complete(instr.id)
+
+    def _issuer_for_subclass(self, instr: Instruction) -> Callable[[Assignment], None]:
+        for cls in type(instr).__mro__:
+            f = self._issuers.get(cls)
+            if f is not None:
+                self._issuers[type(instr)] = f
+                return f
+        raise TypeError(f"executor cannot execute instruction kind {instr.kind!r}")
+
+    def _complete_sync(self, instr: Instruction, lane: str, t0: int) -> None:
+        """Retire an instruction that ran synchronously on the executor thread."""
+        if self._trace is not None:
+            self._trace.append(TraceEvent(instr.id, instr.kind, getattr(instr, "name", ""), lane,
+                                          t0, _perf_ns()))
+        self._engine.complete(instr.id)
+
+    def _start_async(self, instr: Instruction, lane: str, completion: Any) -> _Active:
+        self._inflight += 1
+        return _Active(instr, lane, _perf_ns() if self._trace is not None else 0, completion)
+
+    def _track_backend(self, instr: Instruction, lane: Lane, completion: Completion) -> None:
+        active = self._start_async(instr, lane.name, completion)
+        if completion.notifying:
+            # registered before the notification can be handled: it goes through the inbox
+            self._by_completion[completion] = active
+        else:
+            self._polled.append(active)
+
+    def _retire(self, active: _Active, error: BaseException | None) -> None:
+        self._inflight -= 1
+        instr = active.instr
+        if self._trace is not None:
+            c = active.completion
+            start = getattr(c, "start_ns", None)
+            end = getattr(c, "end_ns", None)
+            if not isinstance(start, int) or not isinstance(end, int):
+                start, end = active.start_ns, _perf_ns()
+            self._trace.append(TraceEvent(instr.id, instr.kind, getattr(instr, "name", ""),
+                                          active.lane, start, end))
+        if error is not None:
+            self._report(error, instr)
+        self._engine.complete(instr.id)
+
+    def _lane(self, a: Assignment) -> Lane:
+        key = (a.target, a.device, a.lane)
+        lane = self._lanes.get(key)
+        if lane is None:
+            if a.target is Target.DEVICE_LANE:
+                lane = Lane("device", a.device, a.lane)
+            elif a.target is Target.HOST_LANE:
+                lane = Lane("host", None, a.lane)
+            else:
+                raise ValueError(f"instruction I{a.instruction.id} on {a.target} has no lane")
+            self._lanes[key] = lane
+        return lane
+
+    # ------------------------------------------------------------------ errors
+
+    def _report(self, exc: BaseException, instr: Instruction | None) -> None:
+        if instr is not None:
+            log.error("instruction I%d (%s) failed: %r", instr.id, instr.kind, exc)
+        if self._first_error is None:
+            self._first_error = exc
+        returned = None
+        if self._on_error is not None:
+            try:
+                returned = self._on_error(exc, instr)
+            except Exception:  # noqa: BLE001
+                log.exception("on_error callback failed")
+        if self._fence_error is None:
+            self._fence_error = returned if isinstance(returned, BaseException) else exc
+
+    def _fail_pending_fences(self) -> None:
+        err = self._fence_error or ExecutorStopped("the executor stopped before this fence was reached")
+        pending = self._engine.pending_instructions()
+        while not self._inbox.empty():
+            item = self._inbox.get()
+            if type(item) is InstructionBatch:
+                pending.extend(item.instructions)
+        for instr in pending:
+            if isinstance(instr, FenceInstruction) and instr.promise is not None:
+                _set_promise(instr.promise, error=err)
+
+    # ------------------------------------------------------------------ instructions
+
+    def _issue_alloc(self, a: Assignment) -> None:
+        instr: AllocInstruction = a.instruction
+        t0 = _perf_ns()
+        shape, dtype = _alloc_layout(instr)
+        self._allocs[instr.allocation] = self._backend.allocate(instr.memory, shape, dtype)
+        self._backend_allocs[instr.allocation] = instr.memory
+        self._complete_sync(instr, "alloc", t0)
+
+    def _issue_free(self, a: Assignment) -> None:
+        instr: FreeInstruction = a.instruction
+        t0 = _perf_ns()
+        arr = self._allocs.pop(instr.allocation, None)
+        memory = self._backend_allocs.pop(instr.allocation, None)
+        if arr is None:
+            log.warning("free of unknown allocation A%d (I%d)", instr.allocation, instr.id)
+        elif memory is not None:
+            self._backend.free(memory, arr)
+        self._complete_sync(instr, "alloc", t0)
+
+    def _issue_copy(self, a: Assignment) -> None:
+        instr: CopyInstruction = a.instruction
+        lane = self._lane(a)
+        allocs = self._allocs
+        c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
+                               instr.dest_box, instr.box, lane)
+        self._track_backend(instr, lane, c)
+
+    def _launch(self, instr: Instruction, lane: Lane, ctx: LaunchContext | None) -> None:
+        launcher = instr.launcher
+        fn = _noop if launcher is None else functools.partial(launcher, ctx)
+        self._track_backend(instr, lane, self._backend.launch(lane, fn))
+
+    def _issue_kernel(self, a: Assignment) -> None:
+        instr: DeviceKernelInstruction = a.instruction
+        lane = self._lane(a)
+        allocs = self._allocs
+        backend = self._backend
+        ctx = LaunchContext(
+            box=instr.box, device=instr.device,
+            arrays=[allocs[acc.allocation] for acc in instr.accesses],
+            reduction_arrays=[allocs[r.allocation] for r in instr.reductions],
+            xp=backend.xp_for_memory(device_memory(instr.device)),
+            global_range=tuple(getattr(instr, "global_range", ())),
+            rank=self._comm.rank, stream=backend.lane_handle(lane),
+            accesses=instr.accesses, task=instr.task)
+        self._launch(instr, lane, ctx)
+
+    def _issue_host_task(self, a: Assignment) -> None:
+        instr: HostTaskInstruction = a.instruction
+        lane = self._lane(a)
+        allocs = self._allocs
+        comm = None
+        if instr.collective_group is not None:
+            comm = self._collective_handle(instr.collective_group)
+        ctx = LaunchContext(
+            box=instr.box, device=None,
+            arrays=[allocs[acc.allocation] for acc in instr.accesses],
+            reduction_arrays=[],
+            xp=self._backend.xp_for_memory(HOST_MEMORY),
+            global_range=tuple(instr.global_range), communicator=comm,
+            rank=self._comm.rank, stream=self._backend.lane_handle(lane),
+            accesses=instr.accesses, task=instr.task)
+        self._launch(instr, lane, ctx)
+
+    def _collective_handle(self, group: int) -> Any:
+        h = self._group_handles.get(group)
+        if h is None:
+            comm = self._groups.get(group)
+            if comm is None:
+                # no clone instruction seen for this group: clone from the root, keyed by
+                # the group id so ranks agree regardless of the order they get here
+                log.debug("collective group %d used before being cloned; cloning now", group)
+                comm = self._groups[group] = self._comm.clone(key=group)
+            h = self._group_handles[group] = comm.collective_handle()
+        return h
+
+    def _issue_send(self, a: Assignment) -> None:
+        instr: SendInstruction = a.instruction
+        view = box_view(self._allocs[instr.source], instr.source_box, instr.box)
+        comm = self._comm
+        if not comm.accepts_strided and not view.flags.c_contiguous:
+            view = np.ascontiguousarray(view)
+        req = comm.send_payload(instr.to, instr.msg_id, view)
+        self._sends.append(self._start_async(instr, "comm", req))
+
+    def _issue_receive(self, a: Assignment) -> None:
+        instr: ReceiveInstruction = a.instruction
+        handle = self._arbiter.begin_receive(instr, self._allocs[instr.dest])
+        self._receives[instr.id] = self._start_async(instr, "comm", handle)
+
+    def _issue_await_receive(self, a: Assignment) -> None:
+        instr: AwaitReceiveInstruction = a.instruction
+        handle = self._arbiter.await_receive(instr)
+        self._receives[instr.id] = self._start_async(instr, "comm", handle)
+
+    def _issue_gather_receive(self, a: Assignment) -> None:
+        instr: GatherReceiveInstruction = a.instruction
+        handle = self._arbiter.begin_gather(instr, self._allocs[instr.dest])
+        self._receives[instr.id] = self._start_async(instr, "comm", handle)
+
+    def _issue_fill_identity(self, a: Assignment) -> None:
+        instr: FillIdentityInstruction = a.instruction
+        arr = self._allocs[instr.allocation]
+        count, identity = instr.count, instr.identity
+
+        def fill() -> None:
+            arr.reshape(-1)[:count] = identity
+
+        lane = self._lane(a)
+        self._track_backend(instr, lane, self._backend.launch(lane, fill))
+
+    def _issue_reduce(self, a: Assignment) -> None:
+        instr: ReduceInstruction = a.instruction
+        src = self._allocs[instr.source]
+        dst = self._allocs[instr.dest]
+        lane = self._lane(a)
+        self._track_backend(instr, lane, self._backend.launch(
+            lane, functools.partial(_reduce, src, dst, instr.count, instr.op, instr.include_dest)))
+
+    def _issue_fence(self, a: Assignment) -> None:
+        instr: FenceInstruction = a.instruction
+        t0 = _perf_ns()
+        result = None
+        try:
+            if instr.allocation is not None:
+                arr = self._allocs.pop(instr.allocation)
+                memory = self._backend_allocs.pop(instr.allocation, None)
+                result = self._backend.hand_over(memory, arr) if memory is not None else arr
+            elif instr.host_object is not None:
+                result = self._host_objects[instr.host_object]
+        except Exception as exc:
+            if instr.promise is not None:   # never leave the user waiting on it
+                _set_promise(instr.promise, error=exc)
+            raise
+        if instr.promise is not None:
+            if self._fence_error is not None:
+                _set_promise(instr.promise, error=self._fence_error)
+            else:
+                _set_promise(instr.promise, result=result)
+        self._complete_sync(instr, "immediate", t0)
+
+    def _issue_destroy_host_object(self, a: Assignment) -> None:
+        instr: DestroyHostObjectInstruction = a.instruction
+        t0 = _perf_ns()
+        self._host_objects.pop(instr.host_object, None)
+        self._complete_sync(instr, "immediate", t0)
+
+    def _issue_clone_collective_group(self, a: Assignment) -> None:
+        instr: CloneCollectiveGroupInstruction = a.instruction
+        t0 = _perf_ns()
+        original = self._groups.get(instr.original, self._comm)
+        self._groups[instr.new] = original.clone(key=instr.new)
+        self._group_handles.pop(instr.new, None)
+        self._complete_sync(instr, "immediate", t0)
+
+    def _collect_garbage(self, garbage: list[int]) -> None:
+        for aid in garbage:
+            arr = self._allocs.pop(aid, None)
+            memory = self._backend_allocs.pop(aid, None)
+            if arr is not None and memory is not None:
+                self._backend.hand_over(memory, arr)
+
+    def _issue_horizon(self, a: Assignment) -> None:
+        instr: HorizonInstruction = a.instruction
+        t0 = _perf_ns()
+        self._collect_garbage(instr.garbage)
+        self._arbiter.prune(instr.task)
+        self._complete_sync(instr, "immediate", t0)
+        if self._on_horizon is not None:
+            self._callback(self._on_horizon, instr)
+
+    def _issue_epoch(self, a: Assignment) -> None:
+        instr: EpochInstruction = a.instruction
+        t0 = _perf_ns()
+        if instr.action == "barrier" and self._inflight > 0:
+            # everything the epoch depends on is complete, but unrelated sends/receives
+            # may still be in flight: block in the barrier only once they are done
+            self._deferred_barrier = (instr, t0)
+            return
+        self._finish_epoch(instr, t0)
+
+    def _finish_epoch(self, instr: EpochInstruction, t0: int) -> None:
+        self._collect_garbage(instr.garbage)
+        self._arbiter.prune(instr.task)
+        if instr.action == "barrier":
+            try:
+                self._comm.barrier()
+            except Exception as exc:  # noqa: BLE001 - e.g. the cluster was aborted
+                self._report(exc, instr)
+        self._complete_sync(instr, "immediate", t0)
+        if self._on_epoch is not None:
+            self._callback(self._on_epoch, instr)
+        if instr.action == "shutdown":
+            self._stop = True
+
+    def _callback(self, fn: Callable[[int], Any], instr: Instruction) -> None:
+        try:
+            fn(instr.task)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("callback for I%d failed", instr.id)
+            self._report(exc, instr)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _alloc_layout(instr: AllocInstruction) -> tuple[tuple[int, ...], Any]:
+    """Shape and dtype of an allocation: explicit shape, else the box, else raw bytes."""
+    dtype = instr.dtype if instr.dtype is not None else np.uint8
+    shape = tuple(instr.shape)
+    if not shape:
+        if instr.box is not None and instr.box.dims > 0:
+            shape = instr.box.range
+        elif instr.box is None and instr.size_bytes:
+            shape = (instr.size_bytes // np.dtype(dtype).itemsize,)
+    return shape, dtype
+
+
+def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None:
+    s = src.reshape(-1)[:count]
+    d = dst.reshape(-1)
+    if count:
+        r = op.reduce(s)
+        if include_dest:
+            r = op(d[0], r)
+    elif include_dest:
+        return
+    else:
+        r = getattr(op, "identity", None)
+        if r is None:
+            raise ValueError(f"reduction of zero values with {op!r}, which has no identity")
+    d[0] = r
+
+
+def _set_promise(promise: Any, *, result: Any = None, error: BaseException | None = None) -> None:
+    try:
+        if promise.done():
+            return
+        if error is not None:
+            promise.set_exception(error)
+        else:
+            promise.set_result(result)
+    except Exception:  # noqa: BLE001 - cancelled / already resolved by someone else
+        log.debug("fence promise could not be resolved", exc_info=True)

@@ -1,0 +1,287 @@
+"""Out-of-order engine: decides which instruction runs next, and where.
+
+The engine sees instructions in topological order and tracks, per instruction,
+its incomplete predecessors.  It knows nothing about arrays or backends: it maps
+each instruction to a *target* (immediate, alloc queue, host lanes, device
+lanes of device d) and, for lane targets, to one in-order lane.  Lanes are what
+lets the backend overlap independent work while keeping dependent work ordered
+without a round trip through the executor: an instruction whose incomplete
+predecessors all sit on one lane, with one of them at its tail, is *eagerly*
+appended to that lane, so its launch latency hides behind the predecessor.
+"""
+from __future__ import annotations
+
+import enum
+import heapq
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from scheduler.instruction_graph import (AllocInstruction, CopyInstruction, DeviceKernelInstruction,
+                                         FillIdentityInstruction, FreeInstruction,
+                                         HostTaskInstruction, Instruction, ReduceInstruction)
+
+log = logging.getLogger("celeritas.executor")
+
+
+class Target(enum.StrEnum):
+    """A StrEnum because target keys are hashed on every assignment: str hashing is C,
+    ``Enum.__hash__`` is Python."""
+
+    IMMEDIATE = "immediate"      # bookkeeping, receives, sends, fences, horizons, epochs
+    ALLOC_QUEUE = "alloc_queue"  # alloc / free
+    HOST_LANE = "host_lane"      # host tasks, host-side copies, fill_identity, reduce
+    DEVICE_LANE = "device_lane"  # kernels and copies touching one device's memory
+
+
+# (target, device) — device is None except for DEVICE_LANE
+TargetKey = tuple[Target, "int | None"]
+
+_IMMEDIATE: TargetKey = (Target.IMMEDIATE, None)
+_ALLOC: TargetKey = (Target.ALLOC_QUEUE, None)
+_HOST: TargetKey = (Target.HOST_LANE, None)
+
+
+def default_targets(instr: Instruction) -> tuple[TargetKey, ...]:
+    """Compatible targets of an instruction, preferred first.
+
+    A copy between two device memories can run on either device's lanes; the
+    engine picks the one that allows eager assignment, else the destination's.
+    """
+    if isinstance(instr, DeviceKernelInstruction):
+        return ((Target.DEVICE_LANE, instr.device),)
+    if isinstance(instr, CopyInstruction):
+        s, d = instr.source_memory, instr.dest_memory
+        if d >= 2 and s >= 2 and s != d:
+            return ((Target.DEVICE_LANE, d - 2), (Target.DEVICE_LANE, s - 2))
+        if d >= 2:
+            return ((Target.DEVICE_LANE, d - 2),)
+        if s >= 2:
+            return ((Target.DEVICE_LANE, s - 2),)
+        return (_HOST,)
+    if isinstance(instr, (HostTaskInstruction, FillIdentityInstruction, ReduceInstruction)):
+        return (_HOST,)
+    if isinstance(instr, (AllocInstruction, FreeInstruction)):
+        return (_ALLOC,)
+    return (_IMMEDIATE,)
+
+
+@dataclass(slots=True, frozen=True)
+class Assignment:
+    """Where to issue ``instruction``: ``lane`` is None for immediate/alloc targets."""
+
+    instruction: Instruction
+    target: Target
+    device: int | None
+    lane: int | None
+    eager: bool
+
+
+_PENDING, _READY, _ASSIGNED = 0, 1, 2
+
+
+@dataclass(slots=True, eq=False)
+class _Lane:
+    key: TargetKey
+    index: int
+    queue: deque = field(default_factory=deque)   # ids of assigned, incomplete instructions
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    instr: Instruction
+    targets: tuple[TargetKey, ...]
+    preds: set[int]                               # incomplete predecessor ids
+    succs: list["_Node"] = field(default_factory=list)
+    state: int = _PENDING
+    queued: bool = False                          # in the candidate heap
+    lane: _Lane | None = None
+    sort_key: tuple[int, int] = (0, 0)
+
+
+class OutOfOrderEngine:
+    """Not thread-safe: owned by the executor thread.
+
+    ``max_lanes[target]`` bounds the lanes per target (per device for device
+    lanes); when all are busy a ready instruction waits for one to go idle.
+    """
+
+    def __init__(self, *, max_host_lanes: int = 4, max_device_lanes: int = 4,
+                 targets_of: Callable[[Instruction], tuple[TargetKey, ...]] = default_targets):
+        if max_host_lanes < 1 or max_device_lanes < 1:
+            raise ValueError("lane limits must be at least 1")
+        self._max = {Target.HOST_LANE: max_host_lanes, Target.DEVICE_LANE: max_device_lanes}
+        self._targets_of = targets_of
+        self._nodes: dict[int, _Node] = {}
+        self._heap: list[tuple[tuple[int, int], int, _Node]] = []
+        self._lanes: dict[TargetKey, list[_Lane]] = {}
+        # per target: heap of ready nodes waiting for a lane; one is released per lane
+        # that goes idle (releasing all would make saturated targets quadratic)
+        self._blocked: dict[TargetKey, list[tuple[tuple[int, int], int, _Node]]] = {}
+
+    # ---- queries
+
+    def is_idle(self) -> bool:
+        """No instruction submitted and not yet completed."""
+        return not self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, instr_id: int) -> bool:
+        return instr_id in self._nodes
+
+    def instruction(self, instr_id: int) -> Instruction | None:
+        n = self._nodes.get(instr_id)
+        return n.instr if n is not None else None
+
+    def lane_count(self, target: Target, device: int | None = None) -> int:
+        return len(self._lanes.get((target, device), ()))
+
+    def pending_instructions(self) -> list[Instruction]:
+        """Every submitted, incomplete instruction (for teardown after a failure)."""
+        return [n.instr for n in self._nodes.values()]
+
+    # ---- feeding
+
+    def submit(self, instr: Instruction, deps: Iterable[int] | None = None) -> None:
+        """Add an instruction; ``deps`` overrides ``instr.deps`` (predecessor ids)."""
+        nodes = self._nodes
+        if instr.id in nodes:
+            raise ValueError(f"instruction I{instr.id} submitted twice")
+        preds = set()
+        node = _Node(instr, self._targets_of(instr), preds)
+        node.sort_key = (-instr.priority, instr.id)
+        for d in (deps if deps is not None else [d for d, _ in instr.deps]):
+            p = nodes.get(d)
+            if p is not None and d not in preds:
+                preds.add(d)
+                p.succs.append(node)
+        nodes[instr.id] = node
+        if not preds:
+            node.state = _READY
+            self._push(node)
+        else:
+            self._consider_eager(node)
+
+    def _push(self, node: _Node) -> None:
+        if not node.queued:
+            node.queued = True
+            heapq.heappush(self._heap, (node.sort_key, node.instr.id, node))
+
+    # ---- eager assignment
+
+    def _eager_lane(self, node: _Node) -> _Lane | None:
+        """The lane whose order already enforces all of ``node``'s incomplete predecessors."""
+        nodes = self._nodes
+        lane = None
+        for pid in node.preds:
+            p = nodes[pid]
+            pl = p.lane
+            if pl is None or p.state != _ASSIGNED:
+                return None
+            if lane is None:
+                lane = pl
+            elif pl is not lane:
+                return None
+        if lane is None or lane.key not in node.targets or lane.queue[-1] not in node.preds:
+            return None
+        return lane
+
+    def _consider_eager(self, node: _Node) -> None:
+        if node.state == _PENDING and not node.queued and node.targets[0][0] in self._max:
+            if self._eager_lane(node) is not None:
+                self._push(node)
+
+    # ---- assignment
+
+    def assign_one(self) -> Assignment | None:
+        """The next instruction to issue (highest priority, then lowest id), or None."""
+        heap = self._heap
+        while heap:
+            node = heapq.heappop(heap)[2]
+            node.queued = False
+            if node.state == _ASSIGNED or node.instr.id not in self._nodes:
+                continue
+            if node.state == _READY:
+                lane = self._pick_lane(node)
+                if lane is False:
+                    entry = (node.sort_key, node.instr.id, node)
+                    for key in node.targets:
+                        heapq.heappush(self._blocked.setdefault(key, []), entry)
+                    continue
+                return self._assign(node, lane, False)
+            lane = self._eager_lane(node)
+            if lane is not None:
+                return self._assign(node, lane, True)
+        return None
+
+    def _pick_lane(self, node: _Node) -> "_Lane | None | bool":
+        """An idle lane, a new lane, None for lane-less targets, or False when saturated."""
+        targets = node.targets
+        kind = targets[0][0]
+        if kind not in self._max:
+            return None
+        lanes_by_key = self._lanes
+        for key in targets:
+            for lane in lanes_by_key.get(key, ()):
+                if not lane.queue:
+                    return lane
+        limit = self._max[kind]
+        for key in targets:
+            lanes = lanes_by_key.setdefault(key, [])
+            if len(lanes) < limit:
+                lane = _Lane(key, len(lanes))
+                lanes.append(lane)
+                return lane
+        return False
+
+    def _assign(self, node: _Node, lane: _Lane | None, eager: bool) -> Assignment:
+        node.state = _ASSIGNED
+        node.lane = lane
+        instr = node.instr
+        if lane is None:
+            key = node.targets[0]
+            return Assignment(instr, key[0], key[1], None, False)
+        lane.queue.append(instr.id)
+        # successors may now sit behind this lane's new tail
+        for s in node.succs:
+            if s.state == _PENDING and not s.queued:
+                self._consider_eager(s)
+        return Assignment(instr, lane.key[0], lane.key[1], lane.index, eager)
+
+    # ---- completion
+
+    def complete(self, instr_id: int) -> None:
+        """Retire an issued instruction; unknown ids are ignored (already complete)."""
+        node = self._nodes.pop(instr_id, None)
+        if node is None:
+            return
+        lane = node.lane
+        if lane is not None:
+            q = lane.queue
+            if q and q[0] == instr_id:
+                q.popleft()
+            else:
+                try:
+                    q.remove(instr_id)
+                except ValueError:
+                    pass
+            if not q:
+                blocked = self._blocked.get(lane.key)
+                while blocked:
+                    b = heapq.heappop(blocked)[2]
+                    if b.state == _READY and not b.queued:
+                        self._push(b)
+                        break
+        for s in node.succs:
+            preds = s.preds
+            preds.discard(instr_id)
+            if s.state != _PENDING:
+                continue
+            if not preds:
+                s.state = _READY
+                self._push(s)
+            elif not s.queued:
+                self._consider_eager(s)
