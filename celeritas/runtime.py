@@ -238,9 +238,13 @@ class Runtime:
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
-            if self._error is None:
+            first = self._error is None
+            if first:
                 self._error = exc
             self._cond.notify_all()
+        if first and self.num_ranks > 1 and hasattr(self.communicator, "fatal_abort"):
+            # a real multi-rank job: report, then end every rank instead of letting peers hang
+            self.communicator.fatal_abort(f"celeritas rank {self.rank}: {self._surface(exc)}")
         for f in self._fences:
             if not f.done():
                 try:
@@ -427,11 +431,21 @@ class Runtime:
         self._release_current()
 
     def _finish_outputs(self) -> None:
+        """Graph dumps, trace and summary; collective across ranks, so every rank calls it."""
+        from . import graphs
+        graphs.write_outputs(self)
         try:
-            from . import graphs
-            graphs.write_outputs(self)
+            from . import trace
         except ImportError:
             pass
+        else:
+            trace.write_trace(self)
+        try:
+            from . import summary
+        except ImportError:
+            pass
+        else:
+            summary.print_summary(self)
 
     def _abort(self) -> None:
         """Stop both threads without waiting for outstanding work (after an error)."""

@@ -313,6 +313,8 @@ class EpochInstruction(Instruction):
     task: int = 0
     action: str = "none"            # "none" | "barrier" | "shutdown" | "init"
     garbage: list[int] = field(default_factory=list)
+    stream_hash: int = 0            # task-stream hash up to this epoch (ranks compare it)
+    digest: list = field(default_factory=list)  # (task id, kind, name, range) since the previous epoch
     kind = "epoch"
 
     def fields(self) -> dict:

@@ -748,7 +748,8 @@ class InstructionGraphGenerator:
         task = cmd.task
         if cmd.kind == cg.EPOCH:
             ins: Instruction = EpochInstruction(self._new_id(), task=task.id, action=task.epoch_action,
-                                                garbage=self._garbage)
+                                                garbage=self._garbage, stream_hash=task.stream_hash,
+                                                digest=task.digest)
         else:
             ins = HorizonInstruction(self._new_id(), task=task.id, garbage=self._garbage)
         self._garbage = []

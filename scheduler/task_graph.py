@@ -122,6 +122,8 @@ class Task:
     fence_buffer: int | None = None
     fence_box: Box | None = None
     fence_host_object: int | None = None
+    stream_hash: int = 0              # epochs: hash of the task stream up to here (divergence check)
+    digest: list = field(default_factory=list)  # epochs: (id, kind, name, range) of tasks since the last epoch
     deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
     dependents: list["Task"] = field(default_factory=list)
     critical_path_length: int = 0
@@ -173,6 +175,12 @@ class Task:
         return rec
 
 
+def _stable_hash(value) -> int:
+    """A hash that is equal on every rank (Python's str hash is salted per process)."""
+    import zlib
+    return zlib.crc32(repr(value).encode())
+
+
 class TaskManager:
     """Builds the task graph: dependencies, horizons, epochs and pruning.
 
@@ -204,6 +212,7 @@ class TaskManager:
         self.epoch_for_new_tasks: Task | None = None
         self.latest_epoch: Task | None = None
         self.stream_hash = 0
+        self._digest: list = []
         init = self._new_task(EPOCH, name="init")
         init.epoch_action = EPOCH_INIT
         self._commit(init, reduce_front=False)
@@ -374,9 +383,15 @@ class TaskManager:
         self.tasks[t.id] = t
         if t.critical_path_length > self._max_cpl:
             self._max_cpl = t.critical_path_length
-        self.stream_hash = hash((self.stream_hash, t.kind, t.name, t.id,
-                                 t.geometry.global_range if t.geometry else (),
-                                 tuple((a.buffer, a.mode) for a in t.accesses)))
+        rng = t.geometry.global_range if t.geometry else ()
+        self.stream_hash = _stable_hash((self.stream_hash, t.kind, t.name, t.id, rng,
+                                         tuple((a.buffer, a.mode) for a in t.accesses)))
+        if t.kind == EPOCH:
+            t.stream_hash = self.stream_hash
+            t.digest = self._digest
+            self._digest = []
+        else:
+            self._digest.append((t.id, t.kind, t.name, list(rng)))
         if self.record:
             self.records.append(t.to_record(self.buffers))
         if self.on_task is not None:

@@ -681,3 +681,41 @@ def test_mixed_dimensionality():
     assert repr(Region([Box((0, 0), (2, 2))])) == "Region([[0, 0], [2, 2]])"
     assert repr(Box((1,), (2,))) == "Box([1], [2])"
     assert Box((0,), (4,)).with_dims(2).dims == 2 and Box((3,), (3,)).with_dims(2).empty
+
+
+def test_region_map_apply_swaps_and_merges_values():
+    rm = RegionMap(Box((0,), (12,)), 1)
+    rm.update(Box((4,), (8,)), 2)
+    rm.apply(Box((2,), (10,)), lambda v: 3 - v)  # swap 1 <-> 2 inside [2, 10)
+    assert rm.query() == [(Box((0,), (2,)), 1), (Box((2,), (4,)), 2), (Box((4,), (8,)), 1),
+                          (Box((8,), (10,)), 2), (Box((10,), (12,)), 1)]
+    rm.apply(rm.extent, lambda v: 0)  # everything to one value: one box
+    assert rm.query() == [(Box((0,), (12,)), 0)] and len(rm) == 1
+    # frozenset values, as the command graph keeps reader sets
+    rd = RegionMap(Box((0, 0), (4, 4)), frozenset())
+    rd.apply(Box((0, 0), (2, 4)), lambda s: s | {7})
+    rd.apply(Box((0, 0), (4, 2)), lambda s: s | {8})
+    assert {v for _, v in rd.query()} == {frozenset({7}), frozenset({7, 8}), frozenset({8}), frozenset()}
+    assert rd.query(Box((0, 0), (2, 2))) == [(Box((0, 0), (2, 2)), frozenset({7, 8}))]
+    rv = rd.query_values()
+    assert [v for _, v in rv] == [frozenset({7, 8}), frozenset({7}), frozenset({8}), frozenset()]
+
+
+def test_regression_empty_box_never_intersects():
+    # an empty box is stored as [0, 0)^3; it used to "intersect" any 3-D box around the origin
+    e = Box((1, 1, 1), (1, 1, 1))
+    around = Box((-1, -1, -1), (1, 1, 1))
+    assert not e.intersects(around) and not around.intersects(e)
+    assert not Region([around]).intersects(e)
+    assert (around & e).empty
+
+
+def test_regression_box_and_region_operands():
+    # box & region used to raise AttributeError ('Region' object has no attribute 'lo')
+    b = Box((0, 0), (4, 4))
+    r = Region([Box((2, 2), (6, 6))])
+    assert b & r == Region([Box((2, 2), (4, 4))])
+    assert b | r == r | b and (b | r).area == 16 + 16 - 4
+    assert b - r == Region([b]) - r
+    assert hash(Region([b])) == hash(b) and Region([b]) == b and b == Region([b])
+    assert {Region([b]), b} == {b}
