@@ -5,7 +5,6 @@ Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -151,10 +150,10 @@ class _Placement:
 class CollectiveGroup:
     """Host tasks of one collective group run in order and share one communicator."""
 
-    _ids = itertools.count(2)   # group 1 is the default collective group
-
     def __init__(self):
-        self.id = next(CollectiveGroup._ids)
+        from .runtime import Runtime
+        # ids come from the runtime so that every rank numbers its groups identically
+        self.id = Runtime.current(create=True).new_collective_group_id()
 
 
 class _Collective(_Placement):

@@ -174,6 +174,7 @@ class Runtime:
         self._host_objects: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._next_buffer = 0
         self._next_host_object = 0
+        self._next_group = 2          # group 1 is the default collective group
         self.is_shut_down = False
         self._shutting_down = False
         self.start_time = time.perf_counter()
@@ -312,6 +313,12 @@ class Runtime:
             self.scheduler.notify_host_object_created(hid, ho.obj)
             return hid
 
+    def new_collective_group_id(self) -> int:
+        with self._lock:
+            g = self._next_group
+            self._next_group += 1
+            return g
+
     def destroy_host_object(self, hid: int) -> None:
         if self.is_shut_down or self._shutting_down:
             return
@@ -426,6 +433,7 @@ class Runtime:
             raise
         self.scheduler.stop()
         self.executor.join(30)
+        self._close_backend()
         self._finish_outputs()
         self.is_shut_down = True
         self._release_current()
@@ -456,11 +464,17 @@ class Runtime:
             self.executor.shutdown(10, drain=False)
         except Exception:  # noqa: BLE001 - best effort while failing
             log.debug("executor shutdown failed", exc_info=True)
-        sched_thread = self.scheduler._thread
-        if sched_thread is not None:
-            self.scheduler._events.put(("stop",))
-            sched_thread.join(10)
+        self.scheduler.stop(timeout=10)
+        self._close_backend()
         self._release_current()
+
+    def _close_backend(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - teardown must not mask the real error
+                log.debug("backend close failed", exc_info=True)
 
     def _release_current(self) -> None:
         if _cluster.runtime is self:

@@ -146,11 +146,11 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name=f"celeritas-scheduler-{self.rank}", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stop after the events queued so far (the shutdown epoch among them)."""
         if self._thread is not None:
             self._events.put(("stop",))
-            self._thread.join()
+            self._thread.join(timeout)
             self._thread = None
 
     @property

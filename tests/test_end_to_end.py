@@ -1,0 +1,306 @@
+"""The public API end to end on host devices and simulated clusters."""
+import numpy as np
+import pytest
+
+import celeritas as cl
+from celeritas.testing import run_cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _reduction_program(op, init=None, n=1000, offset=1, initialize=True):
+    def program(rank):
+        q = cl.Queue()
+        buf = cl.Buffer(np.array([init], dtype=np.int64)) if init is not None else cl.Buffer(shape=(1,), dtype=np.int64)
+
+        def cgf(cgh):
+            red = cl.reduction(buf, cgh, op, initialize_to_identity=initialize)
+
+            @cgh.parallel_for((n,), offset=(offset,), reductions=(red,))
+            def kernel(chunk, r):
+                r.combine(chunk.arange(0))
+
+        q.submit(cgf)
+        return int(q.fence(buf).result()[0])
+
+    return program
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 3), (2, 1), (3, 2), (4, 2)])
+def test_behaviour_12_reductions(nodes, devices):
+    assert run_cluster(_reduction_program(cl.plus), nodes=nodes, devices=devices) == [500500] * nodes
+    assert run_cluster(_reduction_program(cl.maximum), nodes=nodes, devices=devices) == [1000] * nodes
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (2, 2), (4, 1)])
+def test_behaviour_12_reduction_includes_initial_value(nodes, devices):
+    def program(rank):
+        q = cl.Queue()
+        buf = cl.Buffer(np.array([42], dtype=np.int64))
+
+        def cgf(cgh):
+            red = cl.reduction(buf, cgh, cl.plus)
+
+            @cgh.parallel_for((1000,), reductions=(red,))
+            def kernel(chunk, r):
+                r.combine(chunk.xp.ones(chunk.range[0], dtype=np.int64))
+
+        q.submit(cgf)
+        return int(q.fence(buf).result()[0])
+
+    assert run_cluster(program, nodes=nodes, devices=devices) == [1042] * nodes
+
+
+def test_readme_program_single_rank():
+    q = cl.Queue()
+    a = cl.Buffer(np.arange(1024, dtype=np.float32))
+    b = cl.Buffer(shape=(1024,), dtype=np.float32)
+    b.name = "b"
+
+    def double(cgh):
+        ra = a.access(cgh, cl.one_to_one(), cl.read)
+        wb = b.access(cgh, cl.one_to_one(), cl.write, no_init=True)
+
+        @cgh.parallel_for((1024,), name="double")
+        def kernel(chunk):
+            wb[chunk] = ra[chunk] * 2
+
+    q.submit(double)
+    result = q.fence(b).result()
+    q.wait()
+    np.testing.assert_array_equal(result, np.arange(1024, dtype=np.float32) * 2)
+    q.shutdown()
+
+
+def test_host_initialized_data_is_copied():
+    data = np.arange(8, dtype=np.int32)
+    q = cl.Queue()
+    buf = cl.Buffer(data)
+    data[:] = -1                      # the user reuses their array
+    np.testing.assert_array_equal(q.fence(buf).result(), np.arange(8))
+    q.shutdown()
+
+
+def test_fence_subrange_and_host_object():
+    q = cl.Queue()
+    buf = cl.Buffer(np.arange(100, dtype=np.float64).reshape(10, 10))
+    part = q.fence(buf, cl.Subrange((2, 3), (4, 5))).result()
+    np.testing.assert_array_equal(part, np.arange(100).reshape(10, 10)[2:6, 3:8])
+    ho = cl.HostObject([])
+
+    def cgf(cgh):
+        lst = cl.side_effect(ho, cgh)
+        acc = buf.access(cgh, cl.all(), cl.read)
+        cgh.host_task(lambda part: lst.append(float(acc[...].sum())), on=cl.on_master_node)
+
+    q.submit(cgf)
+    q.submit(cgf)
+    assert q.fence(ho).result() == [4950.0, 4950.0]
+    q.shutdown()
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)])
+def test_apps_match_numpy(nodes, devices):
+    from apps import hello, matmul, wave_sim
+
+    def program(rank):
+        q = cl.Queue()
+        h = hello.run(q)
+        w = wave_sim.run(q, 24, 6)
+        m = matmul.run(q, 16)
+        m2 = matmul.run(q, 16, split_2d=True)
+        return h, w, m, m2
+
+    ref_w = wave_sim.reference(24, 6)
+    a, b = matmul.inputs(16)
+    for h, w, m, m2 in run_cluster(program, nodes=nodes, devices=devices):
+        assert h == "Hello, World!"
+        np.testing.assert_array_equal(w, ref_w)
+        np.testing.assert_array_equal(m, a @ b)
+        np.testing.assert_array_equal(m2, a @ b)
+
+
+def test_all_range_mappers():
+    q = cl.Queue(devices=None)
+    n = 12
+    src = cl.Buffer(np.arange(n * n, dtype=np.float32).reshape(n, n))
+    outs = {k: cl.Buffer(shape=(n, n), dtype=np.float32) for k in ("t", "s", "nb", "fx", "es")}
+    x = np.arange(n * n, dtype=np.float32).reshape(n, n)
+
+    def transpose(cgh):
+        r = src.access(cgh, cl.transposed(), cl.read)
+        w = outs["t"].access(cgh, cl.one_to_one(), cl.discard_write)
+
+        @cgh.parallel_for((n, n))
+        def k(chunk):
+            (i0, j0), (i1, j1) = chunk.box.min, chunk.box.max
+            w[chunk] = r[j0:j1, i0:i1].T
+
+    def row_sums(cgh):
+        r = src.access(cgh, cl.slice(1), cl.read)
+        w = outs["s"].access(cgh, cl.one_to_one(), cl.discard_write)
+
+        @cgh.parallel_for((n, n))
+        def k(chunk):
+            (i0, j0), (i1, j1) = chunk.box.min, chunk.box.max
+            w[chunk] = np.broadcast_to(r[i0:i1, 0:n].sum(axis=1, keepdims=True), (i1 - i0, j1 - j0))
+
+    def box_blur(cgh):
+        r = src.access(cgh, cl.neighborhood(1, 1), cl.read)
+        w = outs["nb"].access(cgh, cl.one_to_one(), cl.discard_write)
+
+        @cgh.parallel_for((n - 2, n - 2), offset=(1, 1))
+        def k(chunk):
+            (i0, j0), (i1, j1) = chunk.box.min, chunk.box.max
+            acc = np.zeros((i1 - i0, j1 - j0), np.float32)
+            for di in (-1, 0, 1):
+                for dj in (-1, 0, 1):
+                    acc += r[i0 + di:i1 + di, j0 + dj:j1 + dj]
+            w[chunk] = acc
+
+    def fixed_corner(cgh):
+        r = src.access(cgh, cl.fixed(cl.Subrange((0, 0), (1, 1))), cl.read)
+        w = outs["fx"].access(cgh, cl.one_to_one(), cl.discard_write)
+
+        @cgh.parallel_for((n, n))
+        def k(chunk):
+            w[chunk] = r[0, 0] + 1
+
+    def even(cgh):
+        r = src.access(cgh, cl.even_split(), cl.read)
+        w = outs["es"].access(cgh, cl.even_split(), cl.discard_write)
+
+        @cgh.parallel_for((4,))
+        def k(chunk):
+            lo = chunk.offset[0] * n // 4
+            hi = (chunk.offset[0] + chunk.range[0]) * n // 4
+            w[lo:hi, 0:n] = r[lo:hi, 0:n] * 3
+
+    for f in (transpose, row_sums, box_blur, fixed_corner, even):
+        q.submit(f)
+    np.testing.assert_array_equal(q.fence(outs["t"]).result(), x.T)
+    np.testing.assert_array_equal(q.fence(outs["s"]).result(), np.repeat(x.sum(1, keepdims=True), n, 1))
+    blur = np.zeros_like(x)
+    for di in (-1, 0, 1):
+        for dj in (-1, 0, 1):
+            blur[1:-1, 1:-1] += x[1 + di:n - 1 + di, 1 + dj:n - 1 + dj]
+    np.testing.assert_array_equal(q.fence(outs["nb"]).result()[1:-1, 1:-1], blur[1:-1, 1:-1])
+    np.testing.assert_array_equal(q.fence(outs["fx"]).result(), np.ones((n, n)))
+    np.testing.assert_array_equal(q.fence(outs["es"]).result(), x * 3)
+    q.shutdown()
+
+
+def test_collective_host_tasks_get_a_communicator():
+    def program(rank):
+        q = cl.Queue()
+        ho = cl.HostObject({})
+        group = cl.CollectiveGroup()
+
+        def cgf(cgh):
+            d = cl.side_effect(ho, cgh)
+
+            def task(part):
+                d["size"] = part.comm.Get_size()
+                d["rank"] = part.comm.Get_rank()
+                d["sum"] = part.comm.allreduce(rank + 1)
+                d["box"] = part.box.min
+
+            cgh.host_task(task, on=cl.collective(group))
+
+        q.submit(cgf)
+        return q.fence(ho).result()
+
+    res = run_cluster(program, nodes=3)
+    assert [r["rank"] for r in res] == [0, 1, 2]
+    assert all(r["size"] == 3 and r["sum"] == 6 for r in res)
+    assert [r["box"] for r in res] == [(0,), (1,), (2,)]
+
+
+def test_host_task_with_range_and_once():
+    q = cl.Queue()
+    buf = cl.Buffer(shape=(10,), dtype=np.int32)
+
+    def fill(cgh):
+        w = buf.access(cgh, cl.one_to_one(), cl.discard_write)
+
+        def task(part):
+            w[part.box] = np.arange(part.box.min[0], part.box.max[0])
+
+        cgh.host_task(task, range=(10,))
+
+    q.submit(fill)
+    ho = cl.HostObject([])
+
+    def once(cgh):
+        lst = cl.side_effect(ho, cgh)
+        cgh.host_task(lambda part: lst.append("once"), on=cl.once)
+
+    q.submit(once)
+    np.testing.assert_array_equal(q.fence(buf).result(), np.arange(10))
+    assert q.fence(ho).result() == ["once"]
+    q.shutdown()
+
+
+def test_wait_barrier_and_set_lookahead_and_flush():
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.zeros(16, np.float32))
+        for mode in ("none", "infinite", "auto"):
+            q.set_lookahead(mode)
+
+            def cgf(cgh):
+                w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+                @cgh.parallel_for((16,))
+                def k(chunk):
+                    w[chunk] = w[chunk] + 1
+
+            q.submit(cgf)
+            q.flush()
+            q.wait(barrier=True)
+        return q.fence(b).result()
+
+    for r in run_cluster(program, nodes=2):
+        np.testing.assert_array_equal(r, np.full(16, 3, np.float32))
+
+
+def test_graphs_records_are_plain_json():
+    import json
+    q = cl.Queue(record=True)
+    b = cl.Buffer(shape=(8,), dtype=np.float32)
+    b.name = "named"
+
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((8,), lambda chunk: w.__setitem__(chunk, 1.0), name="ones")
+
+    q.submit(cgf)
+    q.wait()
+    rec = q.graphs()
+    assert isinstance(rec, cl.GraphRecord) and isinstance(rec, dict)
+    assert set(rec) == {"tasks", "commands", "instructions", "pilots"}
+    assert list(rec["commands"]) == [0]
+    json.loads(json.dumps({**rec, "commands": {str(k): v for k, v in rec["commands"].items()}}))
+    assert any(t["name"] == "ones" and t["kind"] == "device_compute" for t in rec["tasks"])
+    assert any(i["kind"] == "device_kernel" for i in rec["instructions"])
+    q.shutdown()
+
+
+def test_dry_run_builds_graphs_without_running_kernels(monkeypatch):
+    monkeypatch.setenv("CELERITAS_DRY_RUN_NODES", "8")
+    q = cl.Queue(record=True)
+    ran = []
+    b = cl.Buffer(np.ones(64, np.float32))
+
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for((64,), lambda chunk: ran.append(chunk), name="k")
+
+    q.submit(cgf)
+    res = q.fence(b).result()
+    assert q.num_ranks == 8 and q.rank == 0
+    rec = q.graphs()
+    (ex,) = [c for c in rec["commands"][0] if c["kind"] == "execution"]
+    assert ex["box"] == [[0], [8]]
+    q.shutdown()
+    assert ran == [] and res.shape == (64,)

@@ -1,0 +1,246 @@
+"""Every bad input raises its specific cl.*Error; failures never hang."""
+import threading
+
+import numpy as np
+import pytest
+
+import celeritas as cl
+from celeritas.testing import run_cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _no_runtime_threads_left():
+    names = [t.name for t in threading.enumerate() if t.name.startswith(("celeritas-scheduler", "celeritas-executor"))]
+    return not any(t.is_alive() for t in threading.enumerate() if t.name in names)
+
+
+def test_kernel_error_surfaces_at_wait_with_task_kernel_rank_chunk():
+    q = cl.Queue()
+    b = cl.Buffer(np.zeros(8, np.float32))
+
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+        @cgh.parallel_for((8,), name="explodes")
+        def k(chunk):
+            raise ValueError("boom")
+
+    q.submit(cgf)
+    with pytest.raises(cl.KernelError) as ei:
+        q.wait()
+    msg = str(ei.value)
+    assert "explodes" in msg and "rank 0" in msg and "boom" in msg and "T" in msg and "Box" in msg
+    assert isinstance(ei.value.__cause__, ValueError)
+    # the runtime is down; nothing keeps running, and the next queue starts fresh
+    assert _no_runtime_threads_left()
+    q2 = cl.Queue()
+    b2 = cl.Buffer(np.ones(4, np.float32))
+    np.testing.assert_array_equal(q2.fence(b2).result(), np.ones(4))
+    q2.shutdown()
+
+
+def test_kernel_error_surfaces_at_fence_result():
+    q = cl.Queue()
+    b = cl.Buffer(np.zeros(8, np.float32))
+
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.host_task(lambda part: 1 / 0, range=(8,), name="divides")
+
+    q.submit(cgf)
+    with pytest.raises(cl.KernelError, match="divides"):
+        q.fence(b).result(timeout=30)
+    with pytest.raises(cl.CeleritasError):
+        q.shutdown()
+
+
+def test_kernel_error_on_one_simulated_rank_ends_all_ranks():
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.zeros(16, np.float32))
+
+        def cgf(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+            @cgh.parallel_for((16,), name="fails_on_rank_1")
+            def k(chunk):
+                if chunk.box.min[0] >= 8:
+                    raise RuntimeError("rank 1 fails")
+                w[chunk] = 1
+
+        q.submit(cgf)
+
+        def reader(cgh):
+            r = b.access(cgh, cl.all(), cl.read)
+            cgh.host_task(lambda p: None, range=(16,))
+
+        q.submit(reader)
+        q.wait()
+
+    with pytest.raises(cl.CeleritasError, match="fails_on_rank_1"):
+        run_cluster(program, nodes=2, timeout=60)
+
+
+def test_mapper_with_wrong_dimensionality():
+    q = cl.Queue()
+    b = cl.Buffer(shape=(4, 4), dtype=np.float32)
+
+    def cgf(cgh):
+        b.access(cgh, lambda chunk, shape: cl.Subrange((0,), (4,)), cl.discard_write)
+        cgh.parallel_for((4, 4), lambda chunk: None)
+
+    with pytest.raises(cl.RangeMapperError, match="1-D subrange for a 2-D buffer"):
+        q.submit(cgf)
+    q.shutdown()
+
+
+def test_one_to_one_on_other_dimensionality():
+    q = cl.Queue()
+    b = cl.Buffer(shape=(16,), dtype=np.float32)
+
+    def cgf(cgh):
+        b.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((4, 4), lambda chunk: None)
+
+    with pytest.raises(cl.RangeMapperError, match="one_to_one"):
+        q.submit(cgf)
+    q.shutdown()
+
+
+def test_access_outside_mapped_region_with_checks(monkeypatch):
+    monkeypatch.setenv("CELERITAS_ACCESSOR_CHECKS", "1")
+    q = cl.Queue(devices="host:2")
+    b = cl.Buffer(np.arange(16, dtype=np.float32))
+    out = cl.Buffer(shape=(16,), dtype=np.float32)
+
+    def cgf(cgh):
+        r = b.access(cgh, cl.one_to_one(), cl.read)
+        w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+
+        @cgh.parallel_for((16,), name="reads_neighbour")
+        def k(chunk):
+            lo, hi = chunk.box.min[0], chunk.box.max[0]
+            w[chunk] = r[max(lo - 1, 0):hi - 1 if lo else hi]   # the second chunk reads one element too low
+
+    q.submit(cgf)
+    with pytest.raises(cl.AccessError, match="outside what its range mapper grants"):
+        q.wait()
+
+
+def test_write_through_read_accessor(monkeypatch):
+    q = cl.Queue()
+    b = cl.Buffer(np.arange(4, dtype=np.float32))
+
+    def cgf(cgh):
+        r = b.access(cgh, cl.one_to_one(), cl.read)
+
+        @cgh.parallel_for((4,), name="writes_read_only")
+        def k(chunk):
+            r[chunk] = 0
+
+    q.submit(cgf)
+    with pytest.raises(cl.AccessError, match="read-only"):
+        q.wait()
+
+
+def test_reduction_into_buffer_of_more_than_one_element():
+    q = cl.Queue()
+    b = cl.Buffer(shape=(4,), dtype=np.float32)
+
+    def cgf(cgh):
+        cl.reduction(b, cgh, cl.plus)
+
+    with pytest.raises(cl.AccessError, match="exactly one element"):
+        q.submit(cgf)
+    q.shutdown()
+
+
+def test_overlapping_writes_under_error_policy(monkeypatch):
+    monkeypatch.setenv("CELERITAS_DIAGNOSTICS", "error")
+
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(shape=(8,), dtype=np.float32)
+
+        def cgf(cgh):
+            w = b.access(cgh, cl.all(), cl.discard_write)
+            cgh.parallel_for((8,), lambda chunk: None, name="all_write_all")
+
+        q.submit(cgf)
+        q.wait()
+
+    with pytest.raises(cl.DiagnosticError, match="overlapping writes"):
+        run_cluster(program, nodes=2, timeout=60)
+
+
+def test_uninitialized_read_under_error_policy(monkeypatch):
+    monkeypatch.setenv("CELERITAS_DIAGNOSTICS", "error")
+    q = cl.Queue()
+    b = cl.Buffer(shape=(8,), dtype=np.float32, name="fresh")
+
+    def cgf(cgh):
+        b.access(cgh, cl.all(), cl.read)
+        cgh.parallel_for((8,), lambda chunk: None)
+
+    with pytest.raises(cl.DiagnosticError, match="fresh"):
+        q.submit(cgf)
+    q.shutdown()
+
+
+@pytest.mark.parametrize("var,value", [
+    ("CELERITAS_DEVICES", "gpu:3"), ("CELERITAS_DEVICES", "host:0"), ("CELERITAS_LOOKAHEAD", "sometimes"),
+    ("CELERITAS_HORIZON_STEP", "0"), ("CELERITAS_HORIZON_MAX_PARALLELISM", "x"),
+    ("CELERITAS_DRY_RUN_NODES", "-1"), ("CELERITAS_RECORD", "maybe"), ("CELERITAS_DIAGNOSTICS", "loud"),
+    ("CELERITAS_ACCESSOR_CHECKS", "2"), ("CELERITAS_LOG_LEVEL", "verbose"),
+])
+def test_bad_environment_values(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(cl.ConfigError, match=var):
+        cl.Queue()
+
+
+def test_bad_queue_arguments():
+    with pytest.raises(cl.ConfigError, match="lookahead"):
+        cl.Queue(lookahead="eventually")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(data=np.zeros((2, 2)), shape=(4,)), "does not match shape"),
+    (dict(data=np.zeros(3, dtype=np.float64), dtype=np.int8), "cannot be stored"),
+    (dict(shape=(2, 2, 2, 2)), "0 to 3 dimensions"),
+    (dict(data=np.array(["a", "b"])), "not supported"),
+    (dict(), "needs data or a shape"),
+])
+def test_bad_buffer_construction(kwargs, match):
+    q = cl.Queue()
+    with pytest.raises(cl.BufferError, match=match):
+        cl.Buffer(**kwargs)
+    q.shutdown()
+
+
+def test_records_need_record_mode():
+    q = cl.Queue()
+    with pytest.raises(cl.CeleritasError, match="record=True"):
+        q.graphs()
+    q.shutdown()
+
+
+def test_fence_subrange_outside_buffer():
+    q = cl.Queue()
+    b = cl.Buffer(np.zeros(4))
+    with pytest.raises(cl.CeleritasError, match="not inside buffer"):
+        q.fence(b, cl.Subrange((2,), (4,)))
+    q.shutdown()
+
+
+def test_two_kernels_in_one_command_group():
+    q = cl.Queue()
+
+    def cgf(cgh):
+        cgh.parallel_for((1,), lambda c: None)
+        cgh.parallel_for((1,), lambda c: None)
+
+    with pytest.raises(cl.CeleritasError, match="exactly one"):
+        q.submit(cgf)
+    q.shutdown()
