@@ -79,6 +79,35 @@ class TraceEvent:
     lane: str
     start_ns: int
     end_ns: int
+    task: int | None = None                 # task the instruction belongs to (transfer's task for comm)
+    buffers: tuple[int, ...] = ()           # buffers it touches
+    bytes: int = 0                          # size_bytes (copy, send, receive, alloc), gathered bytes
+    deps: tuple[int, ...] = ()              # predecessor instruction ids (flow arrows)
+    transfer: tuple[int, int, int] | None = None
+    peer: int | None = None                 # destination rank of a send
+
+
+def _trace_event(instr: Instruction, lane: str, start_ns: int, end_ns: int) -> TraceEvent:
+    """Only called with tracing on: a few getattrs, so kinds need no per-type code here."""
+    transfer = getattr(instr, "transfer", None)
+    if transfer is not None:
+        transfer = tuple(transfer)
+    task = getattr(instr, "task", None)
+    if task is None and transfer is not None:
+        task = transfer[0]
+    buf = getattr(instr, "buffer", None)
+    if buf is not None:
+        buffers: tuple[int, ...] = (buf,)
+    elif transfer is not None:
+        buffers = (transfer[1],)
+    else:
+        accesses = getattr(instr, "accesses", None)
+        buffers = tuple(sorted({a.buffer for a in accesses})) if accesses else ()
+    nbytes = getattr(instr, "size_bytes", 0) or 0
+    if not nbytes and type(instr) is GatherReceiveInstruction:
+        nbytes = instr.chunk_bytes * max(instr.num_ranks - 1, 0)
+    return TraceEvent(instr.id, instr.kind, getattr(instr, "name", ""), lane, start_ns, end_ns,
+                      task, buffers, nbytes, tuple(instr.dep_ids), transfer, getattr(instr, "to", None))
 
 
 @dataclass(slots=True, eq=False)
@@ -380,8 +409,7 @@ class Executor:
     def _complete_sync(self, instr: Instruction, lane: str, t0: int) -> None:
         """Retire an instruction that ran synchronously on the executor thread."""
         if self._trace is not None:
-            self._trace.append(TraceEvent(instr.id, instr.kind, getattr(instr, "name", ""), lane,
-                                          t0, _perf_ns()))
+            self._trace.append(_trace_event(instr, lane, t0, _perf_ns()))
         self._engine.complete(instr.id)
 
     def _start_async(self, instr: Instruction, lane: str, completion: Any) -> _Active:
@@ -405,8 +433,7 @@ class Executor:
             end = getattr(c, "end_ns", None)
             if not isinstance(start, int) or not isinstance(end, int):
                 start, end = active.start_ns, _perf_ns()
-            self._trace.append(TraceEvent(instr.id, instr.kind, getattr(instr, "name", ""),
-                                          active.lane, start, end))
+            self._trace.append(_trace_event(instr, active.lane, start, end))
         if error is not None:
             self._report(error, instr)
         self._engine.complete(instr.id)
@@ -492,7 +519,7 @@ class Executor:
         backend = self._backend
         ctx = LaunchContext(
             box=instr.box, device=instr.device,
-            arrays=[allocs[acc.allocation] for acc in instr.accesses],
+            arrays=[allocs[acc.allocation] if acc.allocation >= 0 else None for acc in instr.accesses],
             reduction_arrays=[allocs[r.allocation] for r in instr.reductions],
             xp=backend.xp_for_memory(device_memory(instr.device)),
             global_range=tuple(getattr(instr, "global_range", ())),
@@ -509,7 +536,7 @@ class Executor:
             comm = self._collective_handle(instr.collective_group)
         ctx = LaunchContext(
             box=instr.box, device=None,
-            arrays=[allocs[acc.allocation] for acc in instr.accesses],
+            arrays=[allocs[acc.allocation] if acc.allocation >= 0 else None for acc in instr.accesses],
             reduction_arrays=[],
             xp=self._backend.xp_for_memory(HOST_MEMORY),
             global_range=tuple(instr.global_range), communicator=comm,

@@ -294,7 +294,7 @@ class TaskManager:
     def _compute_dependencies(self, t: Task) -> None:
         geom = t.geometry
         full = geom.box if geom is not None else Box((), ())
-        for bid in sorted({a.buffer for a in t.accesses}):
+        for bid in sorted({a.buffer for a in t.accesses} | {r.buffer for r in t.reductions}):
             info = self.buffers.get(bid)
             if info is None:
                 raise RangeMapperError(f"{t.label} accesses buffer B{bid}, which does not exist (destroyed?)")
