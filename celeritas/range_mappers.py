@@ -161,7 +161,23 @@ class ChunkView(Subrange):
         self.global_offset = global_offset
 
 
+_ARITY_CACHE: dict = {}
+
+
 def _arity(fn: Callable) -> int:
+    """1 or 2 positional parameters; cached per code object (inspect is slow on the submit path)."""
+    if isinstance(fn, RangeMapper):
+        return 2
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        hit = _ARITY_CACHE.get(code)
+        if hit is None:
+            hit = _ARITY_CACHE[code] = _arity_slow(fn)
+        return hit
+    return _arity_slow(fn)
+
+
+def _arity_slow(fn: Callable) -> int:
     try:
         params = [p for p in inspect.signature(fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

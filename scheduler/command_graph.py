@@ -56,6 +56,7 @@ class Command:
 class ExecutionCommand(Command):
     box: Box | None = None
     include_current_reductions: bool = False  # this chunk folds in the buffers' old values
+    plans: list | None = None                 # the instruction generator's device chunks (cached)
     kind = EXECUTION
 
     def fields(self) -> dict:

@@ -470,6 +470,13 @@ class InstructionGraphGenerator:
         return self._end()
 
     def _plan_chunks(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
+        """Device chunks of a command with their accesses; computed once per command."""
+        plans = cmd.plans
+        if plans is None:
+            plans = cmd.plans = self._make_plans(cmd)
+        return plans
+
+    def _make_plans(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
         task = cmd.task
         if task.kind == tg.DEVICE_COMPUTE:
             d = self.system.num_devices

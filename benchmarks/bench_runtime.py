@@ -1,0 +1,140 @@
+"""Runtime overheads against baselines measured in the same run.
+
+1. N independent tiny tasks on ``host:4`` (µs per task) beside Dask's threaded scheduler.
+2. A 128² 2-D stencil for 500 iterations on ``host:4`` (µs per iteration).
+3. wave_sim 4096² on one rank against a plain numpy loop of the same arithmetic.
+
+    python -m benchmarks.bench_runtime [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+import celeritas as cl
+from apps import wave_sim
+
+
+def tiny_tasks(n: int, devices: str = "host:4") -> float:
+    q = cl.Queue(devices=devices)
+    q.wait()
+
+    def cgf(cgh):
+        cgh.parallel_for((4,), _noop, name="tiny")
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        q.submit(cgf)
+    q.wait()
+    dt = time.perf_counter() - t0
+    q.shutdown()
+    return dt / n * 1e6
+
+
+def _noop(chunk):
+    return None
+
+
+def dask_tiny_tasks(n: int) -> float | None:
+    try:
+        import dask
+    except ImportError:
+        return None
+    tasks = [dask.delayed(_noop)(i) for i in range(n)]
+    t0 = time.perf_counter()
+    dask.compute(*tasks, scheduler="threads", num_workers=4)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def stencil(n: int, iterations: int, devices: str = "host:4") -> float:
+    q = cl.Queue(devices=devices)
+    a = cl.Buffer(np.ones((n, n), np.float32))
+    b = cl.Buffer(np.ones((n, n), np.float32))
+    q.wait()
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        wave_sim.submit_step(q, a, b, 1.0, 1.0, 0.1, n)
+        a, b = b, a
+    q.wait()
+    dt = time.perf_counter() - t0
+    q.shutdown()
+    return dt / iterations * 1e6
+
+
+def numpy_stencil(n: int, iterations: int) -> float:
+    up = np.ones((n, n), np.float32)
+    u = np.ones((n, n), np.float32)
+    t0 = time.perf_counter()
+    for _ in range(iterations):
+        up = wave_sim.step_arrays(up, u, np.float32(1), np.float32(1), np.float32(0.1))
+        up, u = u, up
+    return (time.perf_counter() - t0) / iterations * 1e6
+
+
+def wave(n: int, steps: int, devices: str = "host:1") -> float:
+    """Seconds for ``steps`` wave_sim steps plus the fence of the result (set-up excluded)."""
+    init = wave_sim.initial_condition(n)
+    q = cl.Queue(devices=devices)
+    u = cl.Buffer(init, name="u")
+    up = cl.Buffer(init, name="up")
+    q.wait()
+    t0 = time.perf_counter()
+    for s in range(steps):
+        a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
+        wave_sim.submit_step(q, up, u, a, b, c, n)
+        up, u = u, up
+    q.fence(u).result()
+    dt = time.perf_counter() - t0
+    q.shutdown()
+    return dt
+
+
+def numpy_wave(n: int, steps: int) -> float:
+    """The same arithmetic as a plain numpy loop (set-up excluded)."""
+    u = wave_sim.initial_condition(n)
+    up = u.copy()
+    t0 = time.perf_counter()
+    for s in range(steps):
+        a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
+        up = wave_sim.step_arrays(up, u, np.float32(a), np.float32(b), np.float32(c))
+        up, u = u, up
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes (CI smoke run)")
+    p.add_argument("--tasks", type=int, default=2500)
+    p.add_argument("--iterations", type=int, default=500)
+    p.add_argument("--wave-size", type=int, default=4096)
+    p.add_argument("--wave-steps", type=int, default=10)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.tasks, args.iterations, args.wave_size, args.wave_steps = 300, 50, 512, 5
+    console = Console()
+    t = Table(title="celeritas runtime overheads (baselines run in the same process)")
+    for col in ("benchmark", "celeritas", "baseline", "ratio", "goal"):
+        t.add_column(col, justify="right" if col != "benchmark" else "left")
+
+    us = tiny_tasks(args.tasks)
+    dk = dask_tiny_tasks(args.tasks)
+    t.add_row(f"{args.tasks} tiny tasks, host:4", f"{us:.1f} µs/task",
+              f"{dk:.1f} µs/task (dask threads)" if dk else "dask not installed",
+              f"{dk / us:.2f}× faster" if dk else "-", "≤ 50 µs/task, ≥ 4× dask")
+    it = stencil(128, args.iterations)
+    base = numpy_stencil(128, args.iterations)
+    t.add_row(f"128² stencil × {args.iterations}, host:4", f"{it:.1f} µs/iter", f"{base:.1f} µs/iter (numpy)",
+              f"{base / it:.2f}", "≤ 120 µs/iter")
+    w = wave(args.wave_size, args.wave_steps)
+    nw = numpy_wave(args.wave_size, args.wave_steps)
+    t.add_row(f"wave_sim {args.wave_size}² × {args.wave_steps}, 1 rank", f"{w:.3f} s", f"{nw:.3f} s (numpy)",
+              f"{nw / w:.3f} of numpy", "≥ 0.97")
+    console.print(t)
+
+
+if __name__ == "__main__":
+    main()
