@@ -501,16 +501,56 @@ def _normalize(pairs) -> tuple:
     if n <= 1:
         return tuple(pairs)
     lo, hi = pairs[0]
-    r0 = (lo[1], lo[2], hi[1], hi[2])
+    l1, l2, h1, h2 = lo[1], lo[2], hi[1], hi[2]
+    same1 = True
     for lo, hi in pairs:
-        if (lo[1], lo[2], hi[1], hi[2]) != r0:
-            break
-    else:
+        if lo[2] != l2 or hi[2] != h2:
+            # a 3-D decomposition: balanced unions of step functions
+            return _from_sf(_normalize_sf(pairs))
+        if same1 and (lo[1] != l1 or hi[1] != h1):
+            same1 = False
+    if same1:
         # every box has the same cross-section (always so in 1-D): merge along dim 0
-        l1, l2, h1, h2 = r0
-        return tuple(((a, l1, l2), (b, h1, h2))
-                     for a, b in _merge_intervals([(lo[0], hi[0]) for lo, hi in pairs]))
-    return _from_sf(_normalize_sf(pairs))
+        return tuple([((a, l1, l2), (b, h1, h2))
+                      for a, b in _merge_intervals([(lo[0], hi[0]) for lo, hi in pairs])])
+    return _normalize_2d(pairs, l2, h2)
+
+
+def _normalize_2d(pairs, z0: int, z1: int) -> tuple:
+    """Canonical decomposition of boxes sharing their dim-2 extent [z0, z1): a sweep
+    along dim 0 with the merged dim-1 intervals of the active boxes as cross-section."""
+    xs = sorted({lo[0] for lo, _ in pairs} | {hi[0] for _, hi in pairs})
+    boxes = sorted(pairs)
+    n = len(boxes)
+    k = 0
+    active: list = []
+    out: list = []
+    prev = None
+    slab_lo = 0
+    for i in range(len(xs) - 1):
+        a = xs[i]
+        while k < n and boxes[k][0][0] == a:
+            active.append(boxes[k])
+            k += 1
+        active = [b for b in active if b[1][0] > a]
+        if active:
+            if len(active) == 1:
+                cs = [(active[0][0][1], active[0][1][1])]
+            else:
+                cs = _merge_intervals([(lo[1], hi[1]) for lo, hi in active])
+        else:
+            cs = None
+        if cs != prev:
+            if prev:
+                for l, h in prev:
+                    out.append(((slab_lo, l, z0), (a, h, z1)))
+            prev = cs
+            slab_lo = a
+    if prev:
+        b = xs[-1]
+        for l, h in prev:
+            out.append(((slab_lo, l, z0), (b, h, z1)))
+    return tuple(out)
 
 
 def _normalize_sf(pairs) -> list:

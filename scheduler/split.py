@@ -112,13 +112,13 @@ def _grid(r0: int, r1: int, g0: int, g1: int, n: int) -> tuple[int, int]:
 
     best = celerity
     best_key = (-(best[0] * best[1]), 0, _edges(r0, r1, best), -best[0])
-    for a in range(1, n + 1):
+    for a in range(1, math.isqrt(n) + 1):
         if n % a:
             continue
-        cand = clamp(a, n // a)
-        key = (-(cand[0] * cand[1]), 1, _edges(r0, r1, cand), -cand[0])
-        if key < best_key:
-            best, best_key = cand, key
+        for cand in (clamp(a, n // a), clamp(n // a, a)):
+            key = (-(cand[0] * cand[1]), 1, _edges(r0, r1, cand), -cand[0])
+            if key < best_key:
+                best, best_key = cand, key
     return best
 
 
