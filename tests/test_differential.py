@@ -46,3 +46,28 @@ def _oversubscribe_all(q, k):
         submit(wrapped)
 
     q.submit = hinted
+
+
+OPENCL_EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_OPENCL_EXAMPLES", "25"))
+
+
+def _have_opencl() -> bool:
+    try:
+        from executor.backends.opencl import opencl_devices
+        opencl_devices()
+        return True
+    except Exception:  # noqa: BLE001 - no PyOpenCL or no device that builds kernels
+        return False
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not _have_opencl(), reason="no OpenCL device (apt-get install pocl-opencl-icd)")
+@settings(max_examples=OPENCL_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 3), lookahead=st.sampled_from(["none", "auto"]))
+def test_random_programs_match_numpy_on_opencl(seed, ranks, lookahead):
+    prog = generate(random.Random(seed))
+    want = run_model(prog)
+    results = run_cluster(lambda rank: run_celeritas(prog, cl.Queue()), nodes=ranks, timeout=120,
+                          CELERITAS_DEVICES="opencl:0:0,0:0", CELERITAS_LOOKAHEAD=lookahead)
+    for rank, got in enumerate(results):
+        compare(got, want, rank)

@@ -161,7 +161,7 @@ class HostBackend(Backend):
                 raise AllocationError(self._oom_message(memory, nbytes))
             self._used[memory] += nbytes  # reserve before allocating outside the lock
         try:
-            array = np.empty(shape, dtype=dt)
+            array = self._new_array(memory, shape, dt)
         except (MemoryError, ValueError) as exc:
             with self._alloc_lock:
                 self._used[memory] -= nbytes
@@ -169,6 +169,10 @@ class HostBackend(Backend):
         with self._alloc_lock:
             self._live[memory][id(array)] = nbytes
         return array
+
+    def _new_array(self, memory: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The array behind an allocation (backends with special memories override this)."""
+        return np.empty(shape, dtype=dtype)
 
     def _oom_message(self, memory: int, nbytes: int) -> str:
         lines = [f"cannot allocate {nbytes} bytes in M{memory}"

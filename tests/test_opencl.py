@@ -1,0 +1,108 @@
+"""The OpenCL backend (PoCL on the CPU in CI): the same programs, plus device source kernels."""
+import os
+
+import numpy as np
+import pytest
+
+import celeritas as cl
+from celeritas.testing import run_cluster
+
+pyopencl = pytest.importorskip("pyopencl")
+from executor.backends.opencl import opencl_devices  # noqa: E402
+
+try:
+    opencl_devices()
+    HAVE_DEVICE = True
+except Exception as exc:  # noqa: BLE001
+    HAVE_DEVICE = False
+    REASON = str(exc)
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(not HAVE_DEVICE, reason="no OpenCL device that builds kernels "
+                                 "(apt-get install pocl-opencl-icd)" if not HAVE_DEVICE else "")]
+
+SCALE = cl.Kernel(source={"opencl": """
+__kernel void scale(ACCESSOR(float, src), ACCESSOR(float, dst), float f) {
+    long i = GID(0), j = GID(1);
+    AT2(dst, i, j) = f * AT2(src, i, j) + i * 100 + j;
+}"""}, name="scale")
+
+
+@pytest.fixture(autouse=True)
+def _pocl_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("POCL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "pocl"))
+
+
+@pytest.mark.parametrize("devices", ["opencl", "opencl:0:0,0:0"])
+def test_apps_on_opencl(devices):
+    from apps import matmul, wave_sim
+    q = cl.Queue(devices=devices)
+    assert q.runtime.backend_name == "opencl"
+    np.testing.assert_array_equal(wave_sim.run(q, 32, 5), wave_sim.reference(32, 5))
+    a, b = matmul.inputs(24)
+    np.testing.assert_array_equal(matmul.run(q, 24), a @ b)
+    q.shutdown()
+
+
+@pytest.mark.parametrize("devices", ["opencl", "opencl:0:0,0:0"])
+def test_source_kernel_indexes_in_global_coordinates(devices):
+    q = cl.Queue(devices=devices)
+    x = cl.Buffer(np.arange(64, dtype=np.float32).reshape(8, 8))
+    y = cl.Buffer(shape=(8, 8), dtype=np.float32)
+
+    def cgf(cgh):
+        r = x.access(cgh, cl.one_to_one(), cl.read)
+        w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((8, 8), SCALE, args=(r, w, np.float32(2.0)))
+
+    q.submit(cgf)
+    i, j = np.mgrid[0:8, 0:8]
+    want = 2 * np.arange(64, dtype=np.float32).reshape(8, 8) + i * 100 + j
+    np.testing.assert_array_equal(q.fence(y).result(), want)
+    q.shutdown()
+
+
+def test_source_kernel_on_simulated_cluster():
+    def program(rank):
+        q = cl.Queue()
+        x = cl.Buffer(np.ones((8, 8), np.float32))
+        y = cl.Buffer(shape=(8, 8), dtype=np.float32)
+
+        def cgf(cgh):
+            r = x.access(cgh, cl.one_to_one(), cl.read)
+            w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((8, 8), SCALE, args=(r, w, np.float32(3.0)))
+
+        q.submit(cgf)
+        return q.fence(y).result()
+
+    i, j = np.mgrid[0:8, 0:8]
+    for res in run_cluster(program, nodes=2, CELERITAS_DEVICES="opencl"):
+        np.testing.assert_array_equal(res, 3 + i * 100 + j)
+
+
+def test_source_kernel_on_host_backend_is_a_clear_error():
+    q = cl.Queue(devices="host:1")
+    y = cl.Buffer(shape=(4, 4), dtype=np.float32)
+
+    def cgf(cgh):
+        w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((4, 4), SCALE, args=(w, w, 1.0))
+
+    with pytest.raises(cl.CeleritasError, match="runs only Python kernels"):
+        q.submit(cgf)
+    q.shutdown()
+
+
+def test_build_error_names_the_kernel():
+    bad = cl.Kernel(source={"opencl": "__kernel void broken(ACCESSOR(float, a)) { syntax error }"}, name="broken")
+    q = cl.Queue(devices="opencl")
+    y = cl.Buffer(shape=(4,), dtype=np.float32)
+
+    def cgf(cgh):
+        w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((4,), bad, args=(w,))
+
+    q.submit(cgf)
+    with pytest.raises(cl.CeleritasError, match="broken"):
+        q.wait()
