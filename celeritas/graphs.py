@@ -1,44 +1,777 @@
-"""Graph records (``Queue.graphs()``) and the dumps written at shutdown."""
+"""Graph records (``Queue.graphs()``), their Graphviz rendering, and the dumps written at shutdown.
+
+Distributed programs are debugged by looking at them: which tasks depend on which, how
+each rank split them into commands and transfers, and what every rank's instruction
+graph asks the executor to do.  The records are plain JSON-able dicts (see API.md,
+"Graph records"); everything here is a pure function of them, so a dump read back with
+``GraphRecord.from_json`` renders exactly like the live record.
+
+At shutdown (``CELERITAS_PRINT_GRAPHS=DIR``) rank 0 writes the task graph and the command
+graphs of all ranks merged into one picture (gathered over a cloned communicator), and
+every rank writes its own instruction graph; ``python -m celeritas graphs DIR`` turns the
+``.dot`` files into SVGs (``render_folder``).
+"""
 from __future__ import annotations
 
+import html
 import json
 import logging
-import os
+import shutil
+import subprocess
+import threading
+import weakref
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 log = logging.getLogger("celeritas.graphs")
 
+TASK_GRAPH = "task_graph"
+COMMAND_GRAPH = "command_graph"
+INSTRUCTION_GRAPH = "instruction_graph_rank{rank}"
+
+# ---------------------------------------------------------------------------------------------
+# styles (Celerity's conventions, so people who know those pictures can read these)
+
+_FONT = "Helvetica"
+_RANK_COLORS = ("black", "crimson", "dodgerblue4", "goldenrod", "maroon4", "springgreen4", "tan3",
+                "chartreuse4")
+
+# task kind -> (shape, colour)
+_TASK_STYLE = {
+    "device_compute": ("box", "darkorange2"),
+    "host_compute": ("box", "goldenrod3"),
+    "collective": ("box", "darkred"),
+    "master_node": ("box", "goldenrod3"),
+    "fence": ("box", "darkorange"),
+    "horizon": ("ellipse", "gray40"),
+    "epoch": ("ellipse", "black"),
+}
+_TASK_KIND_TEXT = {"device_compute": "device-compute", "host_compute": "host-compute",
+                   "collective": "collective host", "master_node": "master-node host"}
+
+# command kind -> (shape, colour)
+_COMMAND_STYLE = {
+    "execution": ("box", "darkorange2"),
+    "push": ("box", "deeppink2"),
+    "await_push": ("box", "deeppink2"),
+    "reduction": ("box", "blue"),
+    "fence": ("box", "darkorange"),
+    "horizon": ("ellipse", "gray40"),
+    "epoch": ("ellipse", "black"),
+}
+
+# instruction kind -> (shape, colour)
+_INSTRUCTION_STYLE = {
+    "alloc": ("ellipse", "cyan3"),
+    "free": ("ellipse", "cyan3"),
+    "copy": ("ellipse", "green3"),
+    "device_kernel": ("box", "darkorange2"),
+    "host_task": ("box", "darkorange2"),
+    "send": ("box", "deeppink2"),
+    "receive": ("box", "deeppink2"),
+    "split_receive": ("box", "deeppink2"),
+    "await_receive": ("box", "deeppink2"),
+    "gather_receive": ("box", "deeppink2"),
+    "fill_identity": ("ellipse", "blue"),
+    "reduce": ("ellipse", "blue"),
+    "fence": ("box", "darkorange"),
+    "destroy_host_object": ("ellipse", "black"),
+    "clone_collective_group": ("ellipse", "darkred"),
+    "horizon": ("box", "gray40"),
+    "epoch": ("box", "black"),
+}
+
+# dependency origin -> edge attributes (task and command graphs; anti dependencies win)
+_DEP_ORIGIN_STYLE = {
+    "collective_group_serialization": {"color": "blue"},
+    "execution_front": {"color": "orange"},
+    "last_epoch": {"color": "orchid"},
+    "side_effect": {"color": "goldenrod3"},
+}
+_ANTI_STYLE = {"color": "limegreen", "style": "dashed"}
+
+# instruction dependency origin -> edge attributes
+_INSTR_DEP_STYLE = {
+    "allocation_lifetime": {"color": "cyan3"},
+    "write": {"color": "limegreen", "style": "dashed"},
+    "read": {},
+    "side_effect": {"color": "goldenrod3"},
+    "collective_order": {"color": "blue"},
+    "last_epoch": {"color": "orchid"},
+    "execution_front": {"color": "orange"},
+    "split_receive": {"color": "gray"},
+}
+
+_PILOT_COLOR = "#606060"
+_TRANSFER_COLOR = "deeppink2"
+
+_MEMORY_NAMES = {0: "user", 1: "host"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the record
+
 
 class GraphRecord(dict):
-    """``{"tasks", "commands", "instructions", "pilots"}``; every record a plain JSON-able dict."""
+    """``{"tasks", "commands", "instructions", "pilots"}``; every record a plain JSON-able dict.
+
+    ``commands`` maps rank (int) to that rank's command records.  The ``to_dot_*``
+    methods take the buffer names separately because records hold buffer ids only.
+    """
 
     KEYS = ("tasks", "commands", "instructions", "pilots")
 
+    def __init__(self, tasks: Iterable[dict] = (), commands: Mapping[int, list] | None = None,
+                 instructions: Iterable[dict] = (), pilots: Iterable[dict] = ()):
+        super().__init__(tasks=list(tasks), commands={int(k): list(v) for k, v in (commands or {}).items()},
+                         instructions=list(instructions), pilots=list(pilots))
+
     @classmethod
     def collect(cls, runtime) -> "GraphRecord":
+        """This rank's records (tasks, its own commands, instructions and pilots), copied."""
         sched = runtime.scheduler
         return cls(tasks=[dict(r) for r in runtime.task_manager.records],
                    commands={runtime.rank: [dict(r) for r in sched.cdag.records]},
                    instructions=[dict(r) for r in sched.igg.records],
                    pilots=[dict(r) for r in sched.igg.pilot_records])
 
-    def to_json(self) -> str:
+    @classmethod
+    def merge(cls, records: Iterable[Mapping]) -> "GraphRecord":
+        """One record with the commands of all ``records`` (the task list of the first)."""
+        records = list(records)
+        commands: dict[int, list] = {}
+        for r in records:
+            for rank, cmds in r["commands"].items():
+                commands[int(rank)] = list(cmds)
+        first = records[0] if records else {"tasks": [], "instructions": [], "pilots": []}
+        return cls(tasks=first["tasks"], commands=dict(sorted(commands.items())),
+                   instructions=first["instructions"], pilots=first["pilots"])
+
+    def to_json(self, indent: int | None = None) -> str:
         return json.dumps({"tasks": self["tasks"],
                            "commands": {str(k): v for k, v in self["commands"].items()},
-                           "instructions": self["instructions"], "pilots": self["pilots"]})
+                           "instructions": self["instructions"], "pilots": self["pilots"]}, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "GraphRecord":
+        """Inverse of ``to_json``: rank keys become ints again."""
+        data = json.loads(text)
+        missing = [k for k in cls.KEYS if k not in data]
+        if missing:
+            raise ValueError(f"not a celeritas graph record: missing {', '.join(missing)}")
+        return cls(**{k: data[k] for k in cls.KEYS})
+
+    # ---- Graphviz --------------------------------------------------------------------------
+    def to_dot_tasks(self, buffer_names: Mapping[int, str] | None = None, title: str | None = None) -> str:
+        return task_graph_dot(self, buffer_names, title)
+
+    def to_dot_commands(self, buffer_names: Mapping[int, str] | None = None, title: str | None = None) -> str:
+        return command_graph_dot(self, buffer_names, title)
+
+    def to_dot_instructions(self, buffer_names: Mapping[int, str] | None = None, title: str | None = None,
+                            rank: int | None = None) -> str:
+        return instruction_graph_dot(self, buffer_names, title, rank)
+
+
+# ---------------------------------------------------------------------------------------------
+# label helpers
+
+
+def _esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def fmt_box(box) -> str:
+    """``[[min...], [max...]]`` as slices, e.g. ``[0:4, 8:16]`` (``[]`` for 0-d)."""
+    if box is None:
+        return "?"
+    lo, hi = box
+    return "[" + ", ".join(f"{a}:{b}" for a, b in zip(lo, hi)) + "]"
+
+
+def fmt_region(region) -> str:
+    if region is None:
+        return "?"
+    if not region:
+        return "(empty)"
+    if len(region) == 1:
+        return fmt_box(region[0])
+    return "{" + ", ".join(fmt_box(b) for b in region) + "}"
+
+
+def _buffer_label(bid: int | None, names: Mapping[int, str]) -> str:
+    if bid is None:
+        return "scratch"
+    name = names.get(bid) or names.get(str(bid))  # type: ignore[call-overload]
+    return f"B{bid}" + (f' "{name}"' if name else "")
+
+
+def _transfer_label(transfer) -> str:
+    if transfer is None:
+        return "?"
+    t, b, r = transfer
+    return f"T{t}.B{b}" + (f".R{r}" if r else "")
+
+
+def _memory_label(m: int | None) -> str:
+    if m is None:
+        return "M?"
+    return f"M{m} " + _MEMORY_NAMES.get(m, f"D{m - 2}")
+
+
+def _task_title(t: Mapping | None, tid: int) -> str:
+    if t is None:
+        return f"T{tid}"
+    return f"T{tid}" + (f' "{t["name"]}"' if t.get("name") else "")
+
+
+def _attrs(attrs: Mapping[str, Any]) -> str:
+    parts = []
+    for k, v in attrs.items():
+        if v is None or v == "":
+            continue
+        if k == "label":
+            parts.append(f"label=<{v}>")
+        else:
+            parts.append(f'{k}="{_dq(v)}"')
+    return ", ".join(parts)
+
+
+def _dq(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _dep_style(kind: str, origin: str) -> dict:
+    """Task and command dependencies: anti in green dashes, pseudo-dependencies by origin."""
+    if kind == "anti":
+        style = dict(_ANTI_STYLE)
+    else:
+        style = dict(_DEP_ORIGIN_STYLE.get(origin, {}))
+    style["tooltip"] = f"{kind} dependency ({origin})"
+    style["class"] = f"dep {kind} {origin}"
+    return style
+
+
+def _instr_dep_style(origin: str) -> dict:
+    style = dict(_INSTR_DEP_STYLE.get(origin, {}))
+    style["tooltip"] = f"dependency ({origin})"
+    style["class"] = f"dep {origin}"
+    return style
+
+
+def _legend(items: Iterable[tuple[str, str]]) -> str:
+    return " &#183; ".join(f'<font color="{c}">{_esc(t)}</font>' for t, c in items)
+
+
+def _preamble(name: str, title: str, legend: str) -> list[str]:
+    label = f"<b>{_esc(title)}</b>" + (f'<br/><font point-size="9">{legend}</font>' if legend else "")
+    return [f'digraph "{_dq(name)}" {{',
+            f'  graph [label=<{label}>, labelloc="t", fontname="{_FONT}", pad="0.2", newrank="true"];',
+            f'  node [fontname="{_FONT}", fontsize="10"];',
+            f'  edge [fontname="{_FONT}", fontsize="9"];']
+
+
+_DEP_LEGEND = _legend([("true", "black"), ("anti", "limegreen"), ("execution front", "orange"),
+                       ("last epoch", "orchid"), ("collective order", "blue"), ("side effect", "goldenrod3")])
+
+
+# ---------------------------------------------------------------------------------------------
+# task graph
+
+
+def _access_lines(accesses: Iterable[Mapping], names: Mapping[int, str], with_region: bool = True) -> list[str]:
+    out = []
+    for a in accesses:
+        line = f"<i>{_esc(a.get('mode', ''))}</i> {_esc(_buffer_label(a.get('buffer'), names))}"
+        if with_region and a.get("region") is not None:
+            line += f" {_esc(fmt_region(a['region']))}"
+        out.append(line)
+    return out
+
+
+def _task_label(t: Mapping, names: Mapping[int, str]) -> str:
+    kind = t["kind"]
+    lines = [_esc(_task_title(t, t["id"]))]
+    head = f"<b>{_esc(_TASK_KIND_TEXT.get(kind, kind))}</b>"
+    if kind in ("device_compute", "host_compute", "collective") and t.get("range"):
+        off = t.get("offset") or [0] * len(t["range"])
+        head += " " + _esc(fmt_box([off, [o + r for o, r in zip(off, t["range"])]]))
+    if kind == "epoch" and t.get("action") not in (None, "none"):
+        head += f" ({_esc(t['action'])})"
+    if t.get("collective_group") is not None:
+        head += f" in CG{t['collective_group']}"
+    lines.append(head)
+    for r in t.get("reductions", ()):
+        lines.append(f"(R{r['id']}) <i>reduce</i> {_esc(_buffer_label(r['buffer'], names))}")
+    lines.extend(_access_lines(t.get("accesses", ()), names))
+    for h in t.get("side_effects", ()):
+        lines.append(f"<i>affect</i> H{h}")
+    return "<br/>".join(lines)
+
+
+def task_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = None,
+                   title: str | None = None) -> str:
+    """The task graph: one node per task, one edge per task dependency."""
+    names = buffer_names or {}
+    tasks = record["tasks"]
+    ids = {t["id"] for t in tasks}
+    out = _preamble(TASK_GRAPH, title or "Task graph", _DEP_LEGEND)
+    for t in tasks:
+        shape, color = _TASK_STYLE.get(t["kind"], ("box", "black"))
+        out.append(f'  T{t["id"]} [{_attrs({"shape": shape, "style": "rounded" if shape == "box" else "", "color": color, "class": t["kind"], "label": _task_label(t, names)})}];')
+    for t in tasks:
+        for d in t.get("deps", ()):
+            if d["id"] in ids:
+                out.append(f'  T{d["id"]} -> T{t["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# command graph (all ranks in one picture)
+
+
+def _command_label(c: Mapping, rank: int, tasks: Mapping[int, Mapping], names: Mapping[int, str]) -> str:
+    kind = c["kind"]
+    lines = [f"C{c['id']} on R{rank}"]
+    task = tasks.get(c.get("task"))
+    if kind == "execution":
+        box = c.get("box")
+        lines.append("<b>execution</b>" + (f" {_esc(fmt_box(box))}" if box and box[0] else ""))
+        if task is not None:
+            lines.extend(_access_lines(task.get("accesses", ()), names, with_region=False))
+    elif kind == "push":
+        tr = c.get("transfer")
+        lines.append(f"<b>push</b> {_esc(_transfer_label(tr))}")
+        bl = _esc(_buffer_label(tr[1] if tr else None, names))
+        for tgt in c.get("targets", ()):
+            lines.append(f"to R{tgt['rank']}: {bl} {_esc(fmt_region(tgt.get('region')))}")
+    elif kind == "await_push":
+        tr = c.get("transfer")
+        lines.append(f"<b>await push</b> {_esc(_transfer_label(tr))}")
+        lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))} {_esc(fmt_region(c.get('region')))}")
+    elif kind == "reduction":
+        lines.append(f"<b>reduction</b> R{c.get('reduction')}")
+        lines.append(_esc(_buffer_label(c.get("buffer"), names)))
+    elif kind == "epoch":
+        action = task.get("action") if task else None
+        lines.append("<b>epoch</b>" + (f" ({_esc(action)})" if action not in (None, "none") else ""))
+    else:
+        lines.append(f"<b>{_esc(kind)}</b>")
+    return "<br/>".join(lines)
+
+
+def command_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = None,
+                      title: str | None = None) -> str:
+    """Every rank's commands, grouped by task; font colour says the rank.
+
+    Dependency edges stay within a rank.  Dashed pink edges (class ``transfer``, not
+    dependencies) join each push to the await-push of the same transfer on the target rank.
+    """
+    names = buffer_names or {}
+    tasks = {t["id"]: t for t in record["tasks"]}
+    commands = {int(r): cmds for r, cmds in record["commands"].items()}
+    ranks = sorted(commands)
+    legend = _DEP_LEGEND + " &#183; " + _legend([("push \u2192 await push", _TRANSFER_COLOR)])
+    legend += "<br/>" + _legend([(f"R{r}", _RANK_COLORS[r % len(_RANK_COLORS)]) for r in ranks])
+    out = _preamble(COMMAND_GRAPH, title or f"Command graph ({len(ranks)} rank{'s' if len(ranks) != 1 else ''})",
+                    legend)
+    by_task: dict[int, list[str]] = defaultdict(list)
+    loose: list[str] = []
+    for r in ranks:
+        font = _RANK_COLORS[r % len(_RANK_COLORS)]
+        for c in commands[r]:
+            shape, color = _COMMAND_STYLE.get(c["kind"], ("box", "black"))
+            node = (f'R{r}_C{c["id"]} [{_attrs({"shape": shape, "color": color, "fontcolor": font, "class": c["kind"], "label": _command_label(c, r, tasks, names)})}];')
+            if c.get("task") is not None:
+                by_task[c["task"]].append(node)
+            else:
+                loose.append(node)
+    for tid in sorted(by_task):
+        t = tasks.get(tid)
+        kind = _TASK_KIND_TEXT.get(t["kind"], t["kind"]) if t else "task"
+        label = f'<font color="#606060">{_esc(_task_title(t, tid))} ({_esc(kind)})</font>'
+        out.append(f'  subgraph cluster_T{tid} {{')
+        out.append(f'    graph [label=<{label}>, color="darkgray", style="rounded"];')
+        out.extend("    " + n for n in by_task[tid])
+        out.append("  }")
+    out.extend("  " + n for n in loose)
+    for r in ranks:
+        ids = {c["id"] for c in commands[r]}
+        for c in commands[r]:
+            for d in c.get("deps", ()):
+                if d["id"] in ids:
+                    out.append(f'  R{r}_C{d["id"]} -> R{r}_C{c["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
+    # pushes to the matching await-push on the receiving rank
+    awaits = {}
+    for r in ranks:
+        for c in commands[r]:
+            if c["kind"] == "await_push" and c.get("transfer") is not None:
+                awaits[(r, tuple(c["transfer"]))] = c["id"]
+    for r in ranks:
+        for c in commands[r]:
+            if c["kind"] != "push" or c.get("transfer") is None:
+                continue
+            for tgt in c.get("targets", ()):
+                a = awaits.get((tgt["rank"], tuple(c["transfer"])))
+                if a is not None:
+                    attrs = {"style": "dashed", "color": _TRANSFER_COLOR, "class": "transfer",
+                             "tooltip": f"transfer {_transfer_label(c['transfer'])} R{r} to R{tgt['rank']}"}
+                    out.append(f'  R{r}_C{c["id"]} -> R{tgt["rank"]}_C{a} [{_attrs(attrs)}];')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# instruction graph (one rank)
+
+
+def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping[int, Mapping],
+                       names: Mapping[int, str]) -> str:
+    kind = i["kind"]
+    iid = i["id"]
+
+    def task_ref(tid) -> str:
+        return _esc(_task_title(tasks.get(tid), tid)) if tid is not None else "?"
+
+    def alloc_ref(aid) -> str:
+        a = allocs.get(aid)
+        return f"A{aid}" + (f" ({_esc(_memory_label(a.get('memory')))})" if a else "")
+
+    lines: list[str] = []
+    if kind == "alloc":
+        lines.append(f"I{iid}")
+        lines.append(f"<b>alloc</b> A{i.get('allocation')} on {_esc(_memory_label(i.get('memory')))}")
+        if i.get("buffer") is not None:
+            lines.append(f"for {_esc(_buffer_label(i['buffer'], names))} {_esc(fmt_box(i.get('box')))}")
+        else:
+            lines.append("scratch")
+        lines.append(f"{_fmt_bytes(i.get('size_bytes', 0))}")
+    elif kind == "free":
+        aid = i.get("allocation")
+        lines.append(f"I{iid}")
+        lines.append(f"<b>free</b> {alloc_ref(aid)}")
+        a = allocs.get(aid)
+        if a is not None:
+            what = (f"{_esc(_buffer_label(a['buffer'], names))} {_esc(fmt_box(a.get('box')))}"
+                    if a.get("buffer") is not None else "scratch")
+            lines.append(f"{what}, {_fmt_bytes(a.get('size_bytes', 0))}")
+    elif kind == "copy":
+        lines.append(f"I{iid}")
+        lines.append(f"<b>copy</b> {_esc(_buffer_label(i.get('buffer'), names))} {_esc(fmt_box(i.get('box')))}")
+        lines.append(f"from A{i.get('source')} ({_esc(_memory_label(i.get('source_memory')))})")
+        lines.append(f"to A{i.get('dest')} ({_esc(_memory_label(i.get('dest_memory')))})")
+        lines.append(f"{_esc(i.get('layout', ''))}, {_fmt_bytes(i.get('size_bytes', 0))}")
+    elif kind in ("device_kernel", "host_task"):
+        what = "device kernel" if kind == "device_kernel" else "host task"
+        lines.append(f"I{iid} ({task_ref(i.get('task'))})")
+        head = f"<b>{what}</b>"
+        if i.get("name"):
+            head += f" {_esc(i['name'])}"
+        lines.append(head)
+        where = f"on D{i.get('device')}" if kind == "device_kernel" else "on host"
+        if i.get("collective_group") is not None:
+            where += f" in CG{i['collective_group']}"
+        box = i.get("box")
+        lines.append(where + (f" {_esc(fmt_box(box))}" if box and box[0] else ""))
+        for a in i.get("accesses", ()):
+            lines.append(f"+ <i>{_esc(a.get('mode', ''))}</i> {_esc(_buffer_label(a.get('buffer'), names))} "
+                         f"{_esc(fmt_box(a.get('box')))} via {alloc_ref(a.get('allocation'))}")
+    elif kind == "send":
+        tr = i.get("transfer")
+        lines.append(f"I{iid}")
+        lines.append(f"<b>send</b> {_esc(_transfer_label(tr))}")
+        lines.append(f"to R{i.get('to')} MSG{i.get('msg_id')}")
+        lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))} {_esc(fmt_box(i.get('box')))}")
+        lines.append(_fmt_bytes(i.get("size_bytes", 0)))
+    elif kind in ("receive", "split_receive", "await_receive"):
+        tr = i.get("transfer")
+        lines.append(f"I{iid}")
+        lines.append(f"<b>{kind.replace('_', ' ')}</b> {_esc(_transfer_label(tr))}")
+        lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))} {_esc(fmt_region(i.get('region')))}")
+        if i.get("size_bytes"):
+            lines.append(_fmt_bytes(i["size_bytes"]))
+    elif kind == "gather_receive":
+        tr = i.get("transfer")
+        lines.append(f"I{iid}")
+        lines.append(f"<b>gather receive</b> {_esc(_transfer_label(tr))}")
+        lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))}, {_fmt_bytes(i.get('chunk_bytes', 0))} per rank")
+    elif kind in ("fill_identity", "reduce"):
+        lines.append(f"I{iid}")
+        lines.append(f"<b>{kind.replace('_', ' ')}</b> R{i.get('reduction')} x{i.get('count')}")
+    elif kind == "fence":
+        tid = i.get("task")
+        lines.append(f"I{iid} ({task_ref(tid)})")
+        lines.append("<b>fence</b>")
+        t = tasks.get(tid)
+        if t is not None:
+            lines.extend(_access_lines(t.get("accesses", ()), names))
+            for h in t.get("side_effects", ()):
+                lines.append(f"H{h}")
+    elif kind == "destroy_host_object":
+        lines.append(f"I{iid}")
+        lines.append(f"<b>destroy</b> H{i.get('host_object')}")
+    elif kind == "clone_collective_group":
+        lines.append(f"I{iid}")
+        lines.append(f"<b>clone collective group</b> CG{i.get('original')} &#8594; CG{i.get('new')}")
+    elif kind in ("horizon", "epoch"):
+        lines.append(f"I{iid} ({task_ref(i.get('task'))})")
+        head = f"<b>{kind}</b>"
+        if kind == "epoch" and i.get("action") not in (None, "none"):
+            head += f" ({_esc(i['action'])})"
+        lines.append(head)
+    else:
+        lines.append(f"I{iid}")
+        lines.append(f"<b>{_esc(kind)}</b>")
+    return "<br/>".join(lines)
+
+
+def instruction_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = None,
+                          title: str | None = None, rank: int | None = None) -> str:
+    """One rank's instructions, one edge per dependency; pilots beside their sends.
+
+    Pilot nodes (``P<msg>``) are joined to their send by an undirected dashed edge of
+    class ``pilot``; that edge is not a dependency.
+    """
+    names = buffer_names or {}
+    tasks = {t["id"]: t for t in record["tasks"]}
+    instrs = record["instructions"]
+    if rank is None:
+        cmd_ranks = [int(r) for r in record["commands"]]
+        rank = cmd_ranks[0] if len(cmd_ranks) == 1 else None
+    allocs = {i["allocation"]: i for i in instrs if i["kind"] == "alloc"}
+    ids = {i["id"] for i in instrs}
+    legend = _legend([("read (true)", "black"), ("write (anti/output)", "limegreen"),
+                      ("allocation lifetime", "cyan3"), ("execution front", "orange"), ("last epoch", "orchid"),
+                      ("collective order", "blue"), ("side effect", "goldenrod3"),
+                      ("split receive", "gray"), ("pilot", _PILOT_COLOR)])
+    name = INSTRUCTION_GRAPH.format(rank=rank if rank is not None else "")
+    out = _preamble(name, title or ("Instruction graph" + (f" of rank {rank}" if rank is not None else "")),
+                    legend)
+    sends: dict[int, int] = {}
+    for i in instrs:
+        shape, color = _INSTRUCTION_STYLE.get(i["kind"], ("box", "black"))
+        attrs = {"shape": shape, "style": "rounded" if shape == "box" else "", "color": color,
+                 "class": i["kind"], "label": _instruction_label(i, tasks, allocs, names)}
+        if i["kind"] in ("send", "receive", "split_receive", "await_receive", "gather_receive"):
+            attrs["penwidth"] = "1.5"
+        out.append(f'  I{i["id"]} [{_attrs(attrs)}];')
+        if i["kind"] == "send":
+            sends[i.get("msg_id")] = i["id"]
+    for i in instrs:
+        for d in i.get("deps", ()):
+            if d["id"] in ids:
+                out.append(f'  I{d["id"]} -> I{i["id"]} [{_attrs(_instr_dep_style(d.get("origin", "")))}];')
+    for p in record.get("pilots", ()):
+        msg = p["msg_id"]
+        tr = p.get("transfer")
+        label = (f'<font color="{_PILOT_COLOR}"><b>pilot</b> to R{p.get("to")} MSG{msg}<br/>'
+                 f'{_esc(_transfer_label(tr))}<br/>{_esc(_buffer_label(tr[1] if tr else None, names))} '
+                 f'{_esc(fmt_box(p.get("box")))}</font>')
+        out.append(f'  P{msg} [{_attrs({"shape": "cds", "margin": "0.2,0.08", "color": _PILOT_COLOR, "class": "pilot", "label": label})}];')
+        send = sends.get(msg)
+        if send is not None:
+            # an invisible cluster keeps the two side by side (rank=same alone lets mincross part them)
+            out.append(f'  subgraph cluster_pilot_{msg} {{ graph [style="invis", margin="0"]; '
+                       f'{{ rank=same; I{send}; P{msg}; }} }}')
+            out.append(f'  P{msg} -> I{send} [{_attrs({"dir": "none", "style": "dashed", "color": _PILOT_COLOR, "class": "pilot", "tooltip": f"pilot of MSG{msg}"})}];')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _fmt_bytes(n: int | None) -> str:
+    n = int(n or 0)
+    if n < 1024:
+        return f"{n} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024  # type: ignore[assignment]
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n:.1f} PiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# gathering to rank 0 (shared with trace.py and summary.py)
+
+_gather_lock = threading.Lock()
+_gather_handles: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_GATHER_KEY = "celeritas-outputs"
+
+
+def gather_to_root(runtime, obj: Any, root: int = 0) -> list | None:
+    """``obj`` of every rank, in rank order, on ``root``; None elsewhere.
+
+    Collective: every rank must call it, in the same order.  Uses one communicator
+    cloned from the runtime's per runtime, so these messages never mix with the
+    executor's (which has stopped anyway, but a clone costs nothing and the MPI
+    communicator may keep standing receives on the original).
+    """
+    if getattr(runtime, "dry_run", False):
+        return [obj]
+    comm = runtime.communicator
+    if comm.num_ranks == 1:
+        return [obj]
+    with _gather_lock:
+        handle = _gather_handles.get(runtime)
+    if handle is None:
+        handle = comm.clone(key=_GATHER_KEY).collective_handle()
+        with _gather_lock:
+            _gather_handles[runtime] = handle
+    return handle.gather(obj, root=root)
+
+
+def buffer_names(runtime) -> dict[int, str]:
+    """Debug names of every buffer the runtime has seen (records hold ids only).
+
+    Prefers ``runtime.buffer_names`` (kept across shutdown) where the runtime has it;
+    otherwise the task manager's buffer table and still-alive Buffer objects.
+    """
+    names: dict[int, str] = {}
+    kept = getattr(runtime, "buffer_names", None)
+    if isinstance(kept, Mapping):
+        names.update({int(k): str(v) for k, v in kept.items() if v})
+    tm = getattr(runtime, "task_manager", None)
+    for bid, info in (getattr(tm, "buffers", None) or {}).items():
+        if info.name and bid not in names:
+            names[bid] = info.name
+    live = getattr(runtime, "_buffers", None)
+    if live is not None:
+        for bid, buf in list(live.items()):
+            name = getattr(buf, "name", "")
+            if name and bid not in names:
+                names[bid] = name
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# shutdown dump
+
+
+def write_graphs(folder: str | Path, record: GraphRecord, buffer_names: Mapping[int, str] | None = None, *,
+                 rank: int = 0, merged_commands: GraphRecord | None = None) -> list[Path]:
+    """Write this rank's instruction graph, and (``merged_commands`` given) task and command graphs.
+
+    Every ``.json`` beside a ``.dot`` is a ``GraphRecord``: the task graph's holds the tasks,
+    the command graph's all ranks' commands (and the tasks), a rank's instruction graph's that
+    rank's whole record.
+    """
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    names = dict(buffer_names or {})
+    written: list[Path] = []
+
+    def put(stem: str, dot: str, rec: GraphRecord) -> None:
+        (out / f"{stem}.dot").write_text(dot)
+        (out / f"{stem}.json").write_text(rec.to_json())
+        written.extend((out / f"{stem}.dot", out / f"{stem}.json"))
+
+    if merged_commands is not None:
+        tasks_only = GraphRecord(tasks=merged_commands["tasks"])
+        put(TASK_GRAPH, tasks_only.to_dot_tasks(names), tasks_only)
+        cmds = GraphRecord(tasks=merged_commands["tasks"], commands=merged_commands["commands"])
+        put(COMMAND_GRAPH, cmds.to_dot_commands(names), cmds)
+    put(INSTRUCTION_GRAPH.format(rank=rank), record.to_dot_instructions(names, rank=rank), record)
+    return written
 
 
 def write_outputs(runtime) -> None:
-    """Graph dumps (CELERITAS_PRINT_GRAPHS) at shutdown."""
+    """Graph dumps (``CELERITAS_PRINT_GRAPHS``) at shutdown; collective over all ranks.
+
+    Failures are logged, never raised: a broken dump must not turn a finished program
+    into a failed one, and every rank still takes part in the gather so no rank hangs.
+    """
     folder = runtime.config.print_graphs
     if not folder:
         return
-    rec = GraphRecord.collect(runtime)
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    r = runtime.rank
-    if r == 0:
-        (out / "tasks.json").write_text(json.dumps(rec["tasks"]))
-    (out / f"commands-rank{r}.json").write_text(json.dumps(rec["commands"][r]))
-    (out / f"instructions-rank{r}.json").write_text(json.dumps({"instructions": rec["instructions"],
-                                                                 "pilots": rec["pilots"]}))
+    rank = runtime.rank
+    rec: GraphRecord | None = None
+    names: dict[int, str] = {}
+    try:
+        rec = GraphRecord.collect(runtime)
+        names = buffer_names(runtime)
+        payload = {"commands": rec["commands"], "buffers": names}
+    except Exception:  # noqa: BLE001
+        log.exception("rank %d: could not collect the graph records", rank)
+        payload = None
+    try:
+        parts = gather_to_root(runtime, payload)
+    except Exception as exc:  # noqa: BLE001 - e.g. the cluster was aborted
+        log.warning("rank %d: could not gather the command graphs (%s); writing this rank's only", rank, exc)
+        parts = [payload] if rank == 0 else None
+    if rec is None:
+        return
+    try:
+        merged = None
+        if rank == 0 and parts is not None:
+            all_names = dict(names)
+            commands: dict[int, list] = {}
+            for p in parts:
+                if p is None:
+                    continue
+                for bid, n in p["buffers"].items():
+                    all_names.setdefault(int(bid), n)
+                commands.update({int(r): c for r, c in p["commands"].items()})
+            names = all_names
+            merged = GraphRecord(tasks=rec["tasks"], commands=dict(sorted(commands.items())))
+        write_graphs(folder, rec, names, rank=rank, merged_commands=merged)
+        if rank == 0:
+            log.info("graphs written to %s (render them: python -m celeritas graphs %s)", folder, folder)
+    except Exception:  # noqa: BLE001
+        log.exception("rank %d: could not write the graphs to %s", rank, folder)
+
+
+# ---------------------------------------------------------------------------------------------
+# rendering
+
+
+INSTALL_HINT = """Graphviz's `dot` is not installed (or not on PATH). Install it with one of:
+  Debian/Ubuntu:  sudo apt-get install graphviz
+  Fedora/RHEL:    sudo dnf install graphviz
+  macOS:          brew install graphviz
+  conda:          conda install -c conda-forge graphviz
+then run this command again."""
+
+
+def render_folder(folder: str | Path, *, fmt: str = "svg", timeout: float | None = None,
+                  console=None) -> int:
+    """Render every ``.dot`` in ``folder`` with Graphviz; returns a process exit code.
+
+    0: all rendered; 1: no ``dot``, nothing to render, or a render failed; 2: no such folder.
+    """
+    from rich.console import Console
+    con = console or Console(stderr=True)
+    path = Path(folder)
+    if not path.is_dir():
+        con.print(f"[red]no such folder:[/red] {path}")
+        return 2
+    files = sorted(path.glob("*.dot"))
+    if not files:
+        con.print(f"[yellow]no .dot files in {path}[/yellow] (write some with CELERITAS_PRINT_GRAPHS={path})")
+        return 1
+    dot = shutil.which("dot")
+    if dot is None:
+        con.print(INSTALL_HINT, markup=False, style="red", highlight=False)
+        return 1
+
+    def render(f: Path) -> tuple[Path, str | None]:
+        target = f.with_suffix("." + fmt)
+        try:
+            proc = subprocess.run([dot, f"-T{fmt}", str(f), "-o", str(target)], capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f, f"timed out after {timeout} s (graph too large? try fewer tasks or a smaller run)"
+        if proc.returncode != 0:
+            return f, (proc.stderr or proc.stdout).strip() or f"dot exited with {proc.returncode}"
+        return target, None
+
+    failures = 0
+    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
+        for result, err in pool.map(render, files):
+            if err is None:
+                con.print(f"[green]wrote[/green] {result}", highlight=False)
+            else:
+                failures += 1
+                con.print(f"[red]failed[/red] {result}: {err}", highlight=False)
+    return 1 if failures else 0

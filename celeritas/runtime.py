@@ -47,12 +47,12 @@ def make_backend(spec: cfg.DeviceSpec):
     if spec.backend in ("default", "cuda"):
         try:
             from executor.backends.cuda import CudaBackend, cuda_device_count
+            n = cuda_device_count()
         except ImportError as exc:
             if spec.backend == "cuda":
                 raise ConfigError(f"CELERITAS_DEVICES={spec}: the CUDA backend needs CuPy "
                                   f"(pip install 'celeritas[cuda]'): {exc}") from None
         else:
-            n = cuda_device_count()
             if spec.backend == "cuda":
                 if n == 0:
                     raise ConfigError(f"CELERITAS_DEVICES={spec}: no CUDA GPU is visible")
@@ -65,12 +65,12 @@ def make_backend(spec: cfg.DeviceSpec):
         from executor.backends.host import HostBackend
         return HostBackend(spec.count)
     if spec.backend == "opencl":
+        from executor.backends.backend import BackendError
+        from executor.backends.opencl import OpenCLBackend
         try:
-            from executor.backends.opencl import OpenCLBackend
-        except ImportError as exc:
-            raise ConfigError(f"CELERITAS_DEVICES={spec}: the OpenCL backend needs PyOpenCL "
-                              f"(pip install 'celeritas[opencl]'): {exc}") from None
-        return OpenCLBackend(list(spec.ids))
+            return OpenCLBackend(list(spec.ids))
+        except BackendError as exc:
+            raise ConfigError(f"CELERITAS_DEVICES={spec}: {exc} (pip install 'celeritas[opencl]')") from None
     raise ConfigError(f"unknown backend {spec.backend!r}")
 
 
@@ -173,6 +173,7 @@ class Runtime:
         self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._host_objects: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._next_buffer = 0
+        self.buffer_names: dict[int, str] = {}   # kept past buffer destruction for shutdown dumps
         self._next_host_object = 0
         self._next_group = 2          # group 1 is the default collective group
         self.is_shut_down = False
@@ -195,7 +196,8 @@ class Runtime:
             from executor.executor import Executor
             self.executor = Executor(self.backend, communicator, on_horizon=self._on_horizon,
                                      on_epoch=self._on_epoch, on_error=self._on_executor_error,
-                                     trace=bool(config.trace) or config.summary,
+                                     trace=bool(config.trace) or config.summary
+                                     or config.log_level in ("info", "debug"),
                                      name=f"celeritas-executor-{self.rank}")
         record = config.record or bool(config.print_graphs)
         self.scheduler = Scheduler(num_ranks=self.num_ranks, rank=self.rank, system=system,
@@ -289,10 +291,12 @@ class Runtime:
             info = self.task_manager.create_buffer(bid, buffer.shape, buffer.dtype, buffer.name,
                                                    data is not None)
             self._buffers[bid] = buffer
+            self.buffer_names[bid] = buffer.name or ""
             self.scheduler.notify_buffer_created(info, data)
             return bid
 
     def rename_buffer(self, bid: int, name: str) -> None:
+        self.buffer_names[bid] = name
         info = self.task_manager.buffers.get(bid)
         if info is not None:
             info.name = name

@@ -166,6 +166,9 @@ class Executor:
         self._receives: dict[int, _Active] = {}
         self._inflight = 0
         self._deferred_barrier: tuple[EpochInstruction, int] | None = None
+        # divergence check (issue 5): optional communicator hook, see _announce_epoch
+        self._epoch_check = getattr(communicator, "epoch_check", None)
+        self._unverified_epoch: tuple[EpochInstruction, int] | None = None
 
         self._trace: list[TraceEvent] | None = [] if trace else None
         self._first_error: BaseException | None = None
@@ -289,6 +292,8 @@ class Executor:
     def _block_timeout(self) -> float:
         if self._polled or (not self._comm.notifies and (self._sends or self._receives)):
             return self._poll_interval
+        if self._unverified_epoch is not None:     # waiting for a peer's epoch (divergence check)
+            return min(self._idle_timeout, 1e-3)
         return self._idle_timeout
 
     def _handle_item(self, item: Any) -> None:
@@ -317,6 +322,8 @@ class Executor:
             deps = None
             if type(instr) is AwaitReceiveInstruction:
                 deps = self._await_deps(instr)
+            elif type(instr) is EpochInstruction and self._epoch_check is not None:
+                self._announce_epoch(instr)
             engine.submit(instr, deps)
 
     def _await_deps(self, instr: AwaitReceiveInstruction) -> list[int]:
@@ -335,6 +342,8 @@ class Executor:
     def _step(self) -> bool:
         """Poll everything once and issue what is ready; True if anything happened."""
         progress = False
+        if self._epoch_check is not None:
+            self._poll_epoch_check()
         pilots = self._comm.poll_pilots()
         if pilots:
             progress = True
@@ -378,6 +387,11 @@ class Executor:
                 break
             progress = True
             self._issue(a)
+        if self._unverified_epoch is not None and self._epoch_verified(self._unverified_epoch[0]):
+            instr, t0 = self._unverified_epoch
+            self._unverified_epoch = None
+            self._run_epoch(instr, t0)
+            progress = True
         if self._deferred_barrier is not None and self._inflight == 0:
             instr, t0 = self._deferred_barrier
             self._deferred_barrier = None
@@ -654,6 +668,12 @@ class Executor:
     def _issue_epoch(self, a: Assignment) -> None:
         instr: EpochInstruction = a.instruction
         t0 = _perf_ns()
+        if self._epoch_check is not None and not self._epoch_verified(instr):
+            self._unverified_epoch = (instr, t0)   # completes once the peers' streams matched
+            return
+        self._run_epoch(instr, t0)
+
+    def _run_epoch(self, instr: EpochInstruction, t0: int) -> None:
         if instr.action == "barrier" and self._inflight > 0:
             # everything the epoch depends on is complete, but unrelated sends/receives
             # may still be in flight: block in the barrier only once they are done
@@ -674,6 +694,34 @@ class Executor:
             self._callback(self._on_epoch, instr)
         if instr.action == "shutdown":
             self._stop = True
+
+    # ------------------------------------------------------------------ divergence check
+    # (issue 5) A communicator that compares task streams across ranks exposes
+    # ``epoch_check`` with ``announce(epoch)``, ``poll()`` and ``verified(epoch) ->
+    # bool``: every epoch is announced when it arrives (long before it runs, so a
+    # rank stuck on data a diverged peer never sends still learns of the
+    # divergence), peers' announcements are polled every step, and an epoch the
+    # check wants confirmed (shutdown, barrier) completes only once verified.
+    # Mismatches and timeouts raise DivergenceError, reported like any failure.
+
+    def _announce_epoch(self, instr: EpochInstruction) -> None:
+        try:
+            self._epoch_check.announce(instr)
+        except Exception as exc:  # noqa: BLE001
+            self._report(exc, instr)
+
+    def _poll_epoch_check(self) -> None:
+        try:
+            self._epoch_check.poll()
+        except Exception as exc:  # noqa: BLE001
+            self._report(exc, None)
+
+    def _epoch_verified(self, instr: EpochInstruction) -> bool:
+        try:
+            return self._epoch_check.verified(instr)
+        except Exception as exc:  # noqa: BLE001 - reported; the epoch then completes
+            self._report(exc, instr)
+            return True
 
     def _callback(self, fn: Callable[[int], Any], instr: Instruction) -> None:
         try:

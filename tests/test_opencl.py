@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.timeout(300),
                                  "(apt-get install pocl-opencl-icd)" if not HAVE_DEVICE else "")]
 
 SCALE = cl.Kernel(source={"opencl": """
-__kernel void scale(ACCESSOR(float, src), ACCESSOR(float, dst), float f) {
+__kernel void scale(CHUNK_PARAMS, ACCESSOR(float, src), ACCESSOR(float, dst), float f) {
     long i = GID(0), j = GID(1);
     AT2(dst, i, j) = f * AT2(src, i, j) + i * 100 + j;
 }"""}, name="scale")
@@ -95,7 +95,7 @@ def test_source_kernel_on_host_backend_is_a_clear_error():
 
 
 def test_build_error_names_the_kernel():
-    bad = cl.Kernel(source={"opencl": "__kernel void broken(ACCESSOR(float, a)) { syntax error }"}, name="broken")
+    bad = cl.Kernel(source={"opencl": "__kernel void broken(CHUNK_PARAMS, ACCESSOR(float, a)) { syntax error }"}, name="broken")
     q = cl.Queue(devices="opencl")
     y = cl.Buffer(shape=(4,), dtype=np.float32)
 

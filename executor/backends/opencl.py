@@ -43,7 +43,9 @@ PRELUDE = r"""
 #define AT1(a, i) a[(i) - a##_o0]
 #define AT2(a, i, j) a[((i) - a##_o0) * a##_e1 + ((j) - a##_o1)]
 #define AT3(a, i, j, k) a[(((i) - a##_o0) * a##_e1 + ((j) - a##_o1)) * a##_e2 + ((k) - a##_o2)]
+#define CHUNK_PARAMS long __cl_o0, long __cl_o1, long __cl_o2, long __cl_r0, long __cl_r1, long __cl_r2
 #define GID(d) ((long)get_global_id(d))
+#define IN_CHUNK() (GID(0) < __cl_o0 + __cl_r0)
 """
 
 
@@ -173,7 +175,10 @@ class OpenCLBackend(HostBackend):
         k = self._kernels.get(kkey)
         if k is None:   # one kernel object per queue: set_args is not thread-safe
             k = self._kernels[kkey] = cl.Kernel(self._program(kernel, device), kernel.name)
-        cl_args = []
+        box = ctx.box
+        lo = tuple(box.lo)
+        rng = tuple(h - l for l, h in zip(box.lo, box.hi))
+        cl_args = [np.int64(x) for x in lo + rng]   # CHUNK_PARAMS
         syncs = []
         for a in args:
             if isinstance(a, Accessor):

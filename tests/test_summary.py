@@ -1,0 +1,151 @@
+"""The shutdown summary: counts agree with the records, lane times and starvation from the trace."""
+import io
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+import celeritas as cl
+from celeritas import summary
+from celeritas.graphs import GraphRecord
+from celeritas.testing import run_cluster
+from executor.executor import TraceEvent
+
+from test_graphs import rich_program  # noqa: E402
+
+
+def _check_against_records(numbers, rec, trace_events):
+    instrs = rec["instructions"]
+    assert numbers["instructions"] == len(instrs)
+    assert numbers["instructions_by_kind"] == dict(Counter(i["kind"] for i in instrs))
+    assert numbers["executed"] == len(trace_events) == len(instrs)
+    assert numbers["tasks"] == len(rec["tasks"])
+    assert numbers["tasks_by_kind"] == dict(Counter(t["kind"] for t in rec["tasks"]))
+    assert numbers["bytes_copied"] == sum(i["size_bytes"] for i in instrs if i["kind"] == "copy")
+    assert numbers["bytes_sent"] == sum(i["size_bytes"] for i in instrs if i["kind"] == "send")
+    lanes = numbers["lanes"]
+    assert sum(v["instructions"] for v in lanes.values()) == len(instrs)
+    assert all(0 <= v["busy_ns"] <= numbers["window_ns"] for v in lanes.values())
+    assert any(v["busy_ns"] > 0 for v in lanes.values())
+    assert 0 <= numbers["starvation_ns"] <= numbers["idle_ns"] <= numbers["window_ns"]
+
+
+@pytest.mark.timeout(120)
+def test_single_rank_summary_matches_records(monkeypatch, capsys):
+    monkeypatch.setenv("CELERITAS_SUMMARY", "1")
+    q = cl.Queue(record=True, devices="host:2")
+    a = cl.Buffer(np.arange(64, dtype=np.float32), name="a")
+    b = cl.Buffer(shape=(64,), dtype=np.float32, name="b")
+
+    def shift(cgh):
+        r = a.access(cgh, cl.neighborhood(1), cl.read)
+        w = b.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((64,), lambda chunk: w.__setitem__(chunk, r[chunk] * 2), name="shift")
+
+    q.submit(shift)
+    assert q.fence(b).result()[3] == 6
+    rt = q.runtime
+    q.shutdown()
+    err = capsys.readouterr().err
+    assert "celeritas summary (1 rank)" in err and "instructions by kind" in err
+    assert "busy time per lane" in err and "executor starvation" in err
+    numbers = summary.summary_numbers(rt)
+    assert numbers["ranks"] == 1
+    (mine,) = numbers["per_rank"]
+    _check_against_records(mine, GraphRecord.collect(rt), rt.executor.trace)
+    assert numbers["bytes_copied"] == mine["bytes_copied"] > 0 and numbers["bytes_sent"] == 0
+    assert {"D0.lane0", "D1.lane0", "alloc", "immediate"} <= set(mine["lanes"])
+
+
+@pytest.mark.timeout(120)
+def test_cluster_summary_per_rank(capfd):
+    def program(rank):
+        rt = rich_program(rank)[2]
+        assert rt.is_shut_down
+        return summary.rank_numbers(rt), GraphRecord.collect(rt), rt.executor.trace
+
+    res = run_cluster(program, nodes=2, devices=2, CELERITAS_SUMMARY="1", CELERITAS_RECORD="1")
+    for numbers, rec, events in res:
+        _check_against_records(numbers, rec, events)
+        assert numbers["bytes_sent"] > 0
+    combined = summary.combine([r[0] for r in res])
+    assert combined["ranks"] == 2
+    assert combined["instructions"] == sum(len(r[1]["instructions"]) for r in res)
+    assert combined["bytes_sent"] == sum(r[0]["bytes_sent"] for r in res)
+    assert combined["instructions_by_kind"]["device_kernel"] == \
+        sum(1 for r in res for i in r[1]["instructions"] if i["kind"] == "device_kernel")
+    err = capfd.readouterr().err
+    assert err.count("celeritas summary (2 ranks)") == 1      # rank 0 prints, once
+
+
+@pytest.mark.timeout(120)
+def test_summary_off_by_default(monkeypatch, capsys):
+    monkeypatch.delenv("CELERITAS_SUMMARY", raising=False)
+    monkeypatch.delenv("CELERITAS_LOG_LEVEL", raising=False)
+    q = cl.Queue()
+    q.wait()
+    assert not summary.enabled(q.runtime)
+    q.shutdown()
+    assert "celeritas summary" not in capsys.readouterr().err
+
+
+def test_enabled_by_log_level():
+    for level, on in (("info", True), ("debug", True), ("warning", False), ("error", False)):
+        rt = SimpleNamespace(config=SimpleNamespace(summary=False, log_level=level))
+        assert summary.enabled(rt) is on
+
+
+def test_interval_arithmetic():
+    assert summary._union([(5, 7), (0, 2), (1, 3), (7, 8)]) == [(0, 3), (5, 8)]
+    assert summary._gaps([(0, 3), (5, 8)], 0, 10) == [(3, 5), (8, 10)]
+    assert summary._overlap([(3, 5), (8, 10)], [(4, 9)]) == 2
+
+
+def _fake_runtime(events, busy_ns, intervals=None, counts=None):
+    sched = SimpleNamespace(busy_ns=busy_ns, num_tasks=3, igg=SimpleNamespace(counts=counts or {}, records=[]))
+    if intervals is not None:
+        sched.busy_intervals = intervals
+    return SimpleNamespace(rank=0, scheduler=sched, executor=SimpleNamespace(trace=events),
+                           task_manager=SimpleNamespace(records=[]), config=SimpleNamespace(summary=True),
+                           communicator=SimpleNamespace(num_ranks=1), dry_run=False)
+
+
+def _events():
+    # lane busy 0-10 and 60-100 (D0), 5-20 (comm): idle 20-60 of a 100 ns window
+    return [TraceEvent(0, "device_kernel", "k", "D0.lane0", 0, 10),
+            TraceEvent(1, "send", "", "comm", 5, 20, bytes=8),
+            TraceEvent(2, "copy", "", "D0.lane0", 60, 100, bytes=16)]
+
+
+def test_starvation_from_scheduler_intervals():
+    n = summary.rank_numbers(_fake_runtime(_events(), busy_ns=999, intervals=[(30, 50), (55, 70)],
+                                           counts={"copy": 1, "send": 1, "device_kernel": 1}))
+    assert n["window_ns"] == 100 and n["idle_ns"] == 40
+    assert n["starvation_ns"] == 25 and not n["starvation_estimated"]   # 30-50 and 55-60
+    assert n["starvation"] == pytest.approx(0.25)
+    assert n["lanes"]["D0.lane0"]["busy_ns"] == 50 and n["lanes"]["comm"]["busy_ns"] == 15
+    assert n["bytes_copied"] == 16 and n["bytes_sent"] == 8 and n["instructions"] == 3
+
+
+def test_starvation_estimate_and_warning():
+    n = summary.rank_numbers(_fake_runtime(_events(), busy_ns=30))
+    assert n["starvation_ns"] == 30 and n["starvation_estimated"]
+    numbers = summary.combine([n])
+    assert numbers["starvation_warning"]
+    out = io.StringIO()
+    summary.render(numbers, Console(file=out, width=140))
+    text = out.getvalue()
+    assert "warning" in text and "up to 30 %" in text and "30.0 % (est.)" in text
+    calm = summary.combine([summary.rank_numbers(_fake_runtime(_events(), busy_ns=5))])
+    out = io.StringIO()
+    summary.render(calm, Console(file=out, width=140))
+    assert not calm["starvation_warning"] and "warning" not in out.getvalue()
+
+
+def test_render_without_trace_says_so():
+    numbers = summary.combine([summary.rank_numbers(_fake_runtime([], busy_ns=5, counts={"epoch": 2}))])
+    out = io.StringIO()
+    summary.render(numbers, Console(file=out, width=140))
+    assert "need the execution trace" in out.getvalue() and numbers["bytes_copied"] is None
