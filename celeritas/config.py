@@ -74,6 +74,7 @@ class Config:
     accessor_checks: bool = False
     log_level: str = "warning"
     summary: bool = False
+    host_device_memory: int | None = None   # bytes per simulated device memory (host:N)
 
     def with_overrides(self, **kw) -> "Config":
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -135,4 +136,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         accessor_checks=_flag(env, "CELERITAS_ACCESSOR_CHECKS"),
         log_level=_choice(env, "CELERITAS_LOG_LEVEL", tuple(LOG_LEVELS), "warning"),
         summary=_flag(env, "CELERITAS_SUMMARY"),
+        host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
     )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from scheduler import task_graph as tg
-from scheduler.errors import CeleritasError, ConfigError, KernelError
+from scheduler.errors import CeleritasError, ConfigError, KernelError, OutOfMemoryError
 from scheduler.geometry import Box, Subrange
 from scheduler.instruction_graph import (EpochInstruction, FenceInstruction, HorizonInstruction,
                                          AllocInstruction, InstructionBatch)
@@ -42,7 +42,7 @@ _process: dict[str, "Runtime | None"] = {"runtime": None}
 _process_lock = threading.Lock()
 
 
-def make_backend(spec: cfg.DeviceSpec):
+def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None):
     """The backend for a device spec; ``default`` means every CUDA GPU, else one host device."""
     if spec.backend in ("default", "cuda"):
         try:
@@ -63,7 +63,7 @@ def make_backend(spec: cfg.DeviceSpec):
         return HostBackend(1)
     if spec.backend == "host":
         from executor.backends.host import HostBackend
-        return HostBackend(spec.count)
+        return HostBackend(spec.count, memory_capacity=host_device_memory)
     if spec.backend == "opencl":
         from executor.backends.backend import BackendError
         from executor.backends.opencl import OpenCLBackend
@@ -186,7 +186,7 @@ class Runtime:
         self.dry_run = dry is not None
         self.rank = 0 if self.dry_run else communicator.rank
         self.num_ranks = dry if self.dry_run else communicator.num_ranks
-        self.backend = make_backend(config.devices)
+        self.backend = make_backend(config.devices, config.host_device_memory)
         self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
         self.num_devices = self.backend.num_devices
         system = scheduler_system(self.backend)
@@ -255,8 +255,15 @@ class Runtime:
                 except concurrent.futures.InvalidStateError:
                     pass
 
-    def _on_executor_error(self, exc: BaseException, instr=None) -> None:
+    def _on_executor_error(self, exc: BaseException, instr=None) -> BaseException:
+        from executor.backends.backend import AllocationError
+        if isinstance(exc, AllocationError):
+            what = f" for {instr.kind} I{instr.id}" if instr is not None else ""
+            err = OutOfMemoryError(f"rank {self.rank}: out of memory{what}: {exc}")
+            err.__cause__ = exc
+            exc = err
         self._fail(exc)
+        return exc
 
     def _on_scheduler_error(self, exc: BaseException) -> None:
         self._fail(exc)

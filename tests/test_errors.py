@@ -244,3 +244,24 @@ def test_two_kernels_in_one_command_group():
     with pytest.raises(cl.CeleritasError, match="exactly one"):
         q.submit(cgf)
     q.shutdown()
+
+
+def test_out_of_memory_lists_live_allocations(monkeypatch):
+    monkeypatch.setenv("CELERITAS_HOST_DEVICE_MEMORY", str(64 * 1024))
+    q = cl.Queue(devices="host:1")
+    small = cl.Buffer(np.ones(1024, np.float32), name="small")       # 4 KiB
+    big = cl.Buffer(shape=(1 << 16,), dtype=np.float32, name="big")  # 256 KiB > 64 KiB
+
+    def touch(buf):
+        def cgf(cgh):
+            w = buf.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for(buf.shape, lambda chunk: None)
+        return cgf
+
+    q.submit(touch(small))
+    q.wait()
+    q.submit(touch(big))
+    with pytest.raises(cl.OutOfMemoryError) as ei:
+        q.wait()
+    msg = str(ei.value)
+    assert "M2" in msg and "live allocations" in msg and "rank 0" in msg
