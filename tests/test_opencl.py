@@ -106,3 +106,22 @@ def test_build_error_names_the_kernel():
     q.submit(cgf)
     with pytest.raises(cl.CeleritasError, match="broken"):
         q.wait()
+
+
+def test_heterogeneous_ranks_opencl_and_host():
+    """Ranks of one job may use different backends; data moves between them as usual."""
+    from apps import matmul, wave_sim
+
+    def program(rank):
+        q = cl.Queue(devices="opencl" if rank == 0 else "host:2")
+        backend = q.runtime.backend_name
+        w = wave_sim.run(q, 32, 6)
+        m = matmul.run(q, 24)
+        return backend, w, m
+
+    res = run_cluster(program, nodes=2)
+    assert [r[0] for r in res] == ["opencl", "host"]
+    a, b = matmul.inputs(24)
+    for _backend, w, m in res:
+        np.testing.assert_array_equal(w, wave_sim.reference(32, 6))
+        np.testing.assert_array_equal(m, a @ b)
