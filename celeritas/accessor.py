@@ -13,12 +13,8 @@ from typing import Any
 from scheduler.errors import AccessError
 from scheduler.geometry import Box, Region
 
-READ = "read"
-WRITE = "write"
-READ_WRITE = "read_write"
-DISCARD_WRITE = "discard_write"
-DISCARD_READ_WRITE = "discard_read_write"
-MODES = (READ, WRITE, READ_WRITE, DISCARD_WRITE, DISCARD_READ_WRITE)
+from scheduler.task_graph import (DISCARD_READ_WRITE, DISCARD_WRITE, READ, READ_WRITE, WRITE,  # noqa: F401
+                                  ACCESS_MODES as MODES)
 
 
 class Hydration(threading.local):

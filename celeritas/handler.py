@@ -12,7 +12,7 @@ import numpy as np
 from scheduler import task_graph as tg
 from scheduler.errors import AccessError, CeleritasError, KernelError, RangeMapperError
 from scheduler.geometry import Box, Region
-from scheduler.instruction_graph import LaunchContext
+from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration
 from .range_mappers import to_scheduler_mapper
@@ -385,6 +385,9 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
             raise CeleritasError(f"kernel {name!r} is device source code; the {rt.backend_name} backend runs only "
                                  f"Python kernels")
 
+    # accessors become AccessorArg(index): the backends may not import celeritas types
+    device_args = tuple(AccessorArg(a.index) if isinstance(a, Accessor) else a for a in args)
+
     def launcher(ctx: LaunchContext) -> None:
         slots = []
         for arr, acc in zip(ctx.arrays, ctx.accesses):
@@ -399,7 +402,7 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
                     arr.reshape(-1)[0] = ident
                     reducers.append(Reducer(arr, op, dt))
                 if hasattr(fn, "source"):
-                    rt.backend.launch_source_kernel(fn, ctx, args, cgh._local_range)
+                    rt.backend.launch_source_kernel(fn, ctx, device_args, cgh._local_range)
                 else:
                     fn(chunk, *reducers, *args)
             else:

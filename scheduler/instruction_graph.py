@@ -343,6 +343,13 @@ class LaunchContext:
     task: int = -1                 # task id, for error messages
 
 
+@dataclass(frozen=True, slots=True)
+class AccessorArg:
+    """A device source kernel argument naming ``LaunchContext.arrays[index]`` (an accessor)."""
+
+    index: int
+
+
 @dataclass(slots=True)
 class InstructionBatch:
     """One hand-off from the scheduler thread to the executor."""

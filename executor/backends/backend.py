@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple
 
 from scheduler.geometry import Box
-from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
+import numpy as np
+
+from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, AccessorArg, device_memory
 
 log = logging.getLogger("celeritas.executor")
 
@@ -223,3 +225,32 @@ def copy_box(src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: 
     if s.shape != d.shape:
         s = s.reshape(d.shape)
     d[...] = s
+
+
+def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[[int, Any], Any]) -> list:
+    """Arguments of a device source kernel: ``CHUNK_PARAMS`` first, then ``args``.
+
+    An accessor becomes ``pointer(index, array)`` followed by the allocation's
+    offset and extents (three int64 each), which the generated prelude uses to
+    index in global coordinates; scalars pass through with C-friendly types.
+    """
+    box = ctx.box
+    out: list = [np.int64(x) for x in box.lo]
+    out.extend(np.int64(h - l) for l, h in zip(box.lo, box.hi))
+    for a in args:
+        if isinstance(a, AccessorArg):
+            abox = ctx.accesses[a.index].allocation_box
+            out.append(pointer(a.index, ctx.arrays[a.index]))
+            out.extend(np.int64(x) for x in abox.lo)
+            out.extend(np.int64(h - l) for l, h in zip(abox.lo, abox.hi))
+        elif isinstance(a, (bool, np.bool_)):
+            out.append(np.int32(a))
+        elif isinstance(a, (int, np.integer)):
+            out.append(np.int64(a))
+        elif isinstance(a, np.float32):
+            out.append(a)
+        elif isinstance(a, (float, np.floating)):
+            out.append(np.float64(a))
+        else:
+            raise BackendError(f"kernel {name!r}: argument {a!r} is neither an accessor nor a scalar")
+    return out

@@ -19,7 +19,7 @@ import numpy as np
 from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import AllocationError, BackendError, Completion, Lane, SystemInfo, box_view, copy_box
+from .backend import BackendError, Completion, Lane, SystemInfo, box_view, source_kernel_arguments
 from .host import HostBackend, HostCompletion
 
 log = logging.getLogger("celeritas.executor")
@@ -219,7 +219,6 @@ class CudaBackend(HostBackend):
     # ---- source kernels ---------------------------------------------------------------
     def launch_source_kernel(self, kernel, ctx, args: tuple, local_range) -> None:
         """Runs inside ``launch``'s worker under the lane's device and stream."""
-        from celeritas.accessor import Accessor
         src = kernel.source.get("cuda")
         if src is None:
             raise BackendError(f"kernel {kernel.name!r} has no CUDA source (source={{'cuda': ...}})")
@@ -229,24 +228,8 @@ class CudaBackend(HostBackend):
         if k is None:
             k = self._kernels[key] = cupy.RawKernel(PRELUDE + src, kernel.name, options=tuple(kernel.options))
         box = ctx.box
-        lo = tuple(box.lo)
         rng = tuple(h - l for l, h in zip(box.lo, box.hi))
-        kargs: list = [np.int64(x) for x in lo + rng]
-        for a in args:
-            if isinstance(a, Accessor):
-                arr = ctx.arrays[a.index]
-                abox = ctx.accesses[a.index].allocation_box
-                kargs.append(arr)
-                kargs.extend(np.int64(x) for x in abox.lo)
-                kargs.extend(np.int64(h - l) for l, h in zip(abox.lo, abox.hi))
-            elif isinstance(a, (bool, np.bool_)):
-                kargs.append(np.int32(a))
-            elif isinstance(a, (int, np.integer)):
-                kargs.append(np.int64(a))
-            elif isinstance(a, (float, np.floating)):
-                kargs.append(np.float32(a) if isinstance(a, np.float32) else np.float64(a))
-            else:
-                raise BackendError(f"kernel {kernel.name!r}: argument {a!r} is neither an accessor nor a scalar")
+        kargs = source_kernel_arguments(kernel.name, ctx, args, lambda _i, arr: arr)
         dims = max(1, box.dims)
         if local_range:
             block = tuple(local_range) + (1,) * (3 - len(local_range))

@@ -20,7 +20,7 @@ import numpy as np
 
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import BackendError, Lane, SystemInfo, default_copy_pairs
+from .backend import BackendError, Lane, SystemInfo, default_copy_pairs, source_kernel_arguments
 from .host import HostBackend
 
 log = logging.getLogger("celeritas.executor")
@@ -168,36 +168,21 @@ class OpenCLBackend(HostBackend):
 
     def launch_source_kernel(self, kernel, ctx, args: tuple, local_range) -> None:
         """Runs on the lane's worker thread: enqueue on the lane's queue and wait for its event."""
-        from celeritas.accessor import Accessor   # the launcher passes accessors through ``args``
         device = ctx.device
         queue = ctx.stream
         kkey = (id(queue), kernel.name, kernel.source.get("opencl"))
         k = self._kernels.get(kkey)
         if k is None:   # one kernel object per queue: set_args is not thread-safe
             k = self._kernels[kkey] = cl.Kernel(self._program(kernel, device), kernel.name)
-        box = ctx.box
-        lo = tuple(box.lo)
-        rng = tuple(h - l for l, h in zip(box.lo, box.hi))
-        cl_args = [np.int64(x) for x in lo + rng]   # CHUNK_PARAMS
         syncs = []
-        for a in args:
-            if isinstance(a, Accessor):
-                arr = ctx.arrays[a.index]
-                abox = ctx.accesses[a.index].allocation_box
-                buf = self._buffer(arr, device)
-                if not self._cpu[device]:
-                    syncs.append((buf, arr))
-                cl_args.append(buf)
-                cl_args.extend(np.int64(x) for x in abox.lo)
-                cl_args.extend(np.int64(h - l) for l, h in zip(abox.lo, abox.hi))
-            elif isinstance(a, (bool, np.bool_)):
-                cl_args.append(np.int32(a))
-            elif isinstance(a, (int, np.integer)):
-                cl_args.append(np.int64(a))
-            elif isinstance(a, (float, np.floating)):
-                cl_args.append(np.float32(a) if isinstance(a, np.float32) else np.float64(a))
-            else:
-                raise BackendError(f"kernel {kernel.name!r}: argument {a!r} is neither an accessor nor a scalar")
+
+        def pointer(_index: int, arr: Any):
+            buf = self._buffer(arr, device)
+            if not self._cpu[device]:
+                syncs.append((buf, arr))
+            return buf
+
+        cl_args = source_kernel_arguments(kernel.name, ctx, args, pointer)
         for buf, arr in syncs:   # push host writes to the device
             m, ev = cl.enqueue_map_buffer(queue, buf, cl.map_flags.WRITE_INVALIDATE_REGION, 0,
                                           (arr.nbytes,), np.uint8)
