@@ -1,7 +1,7 @@
 """The executor thread: runs one rank's instruction graph on a backend.
 
-Everything the scheduler hands over arrives through one inbox (a
-``queue.SimpleQueue``); lane workers and the communicator report completions and
+Everything the scheduler hands over arrives through one inbox (an ``_Inbox``:
+a deque plus a wake-up event); lane workers and the communicator report completions and
 arrivals into the same inbox, so the loop blocks in exactly one place and no
 notification can be lost between a poll and the wait.  The loop only spins on a
 short timeout while something that cannot notify (CUDA/OpenCL events, MPI
@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from queue import Empty, SimpleQueue
+from collections import deque
 from typing import Any, Callable
 
 import numpy as np
@@ -64,6 +64,48 @@ _WAKE = _Signal("wake")
 _DRAIN = _Signal("drain")
 _ABORT = _Signal("abort")
 
+
+
+class _Inbox:
+    """Multi-producer, single-consumer queue the executor thread sleeps on.
+
+    Not ``queue.SimpleQueue``: on CPython 3.11 its ``get(timeout)`` recomputes
+    the remaining time after a wake-up that found the queue empty (which our
+    non-blocking drains provoke) and, once the deadline has passed, waits with a
+    negative timeout, i.e. forever.  Not ``queue.Queue`` either: its lock and
+    condition cost microseconds per ``put`` on the completion path.  Producers
+    append to a deque (atomic under the GIL) and set the event only while the
+    consumer is about to sleep; the consumer announces that before its last
+    emptiness check, so a put either is seen by that check or sets the event.
+    """
+
+    __slots__ = ("_items", "_event", "_sleeping")
+
+    def __init__(self) -> None:
+        self._items: deque = deque()
+        self._event = threading.Event()
+        self._sleeping = False
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        if self._sleeping:
+            self._event.set()
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def get_nowait(self) -> Any:
+        return self._items.popleft()
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until an item arrives or ``timeout`` seconds pass."""
+        self._sleeping = True
+        try:
+            if not self._items:
+                self._event.wait(timeout)
+        finally:
+            self._sleeping = False
+            self._event.clear()
 
 class ExecutorStopped(RuntimeError):
     """The executor stopped before an instruction (e.g. a fence) was reached."""
@@ -148,7 +190,7 @@ class Executor:
         self._engine = OutOfOrderEngine(max_host_lanes=max_host_lanes,
                                         max_device_lanes=max_device_lanes)
         self._arbiter = ReceiveArbiter(communicator)
-        self._inbox: SimpleQueue = SimpleQueue()
+        self._inbox = _Inbox()
         self._idle_timeout = idle_timeout
         self._poll_interval = poll_interval
         self._name = name
@@ -275,7 +317,7 @@ class Executor:
         while True:
             progress = False
             while not inbox.empty():
-                handle(inbox.get())
+                handle(inbox.get_nowait())
                 progress = True
             if step():
                 progress = True
@@ -283,11 +325,7 @@ class Executor:
                 return
             if progress:
                 continue
-            try:
-                item = inbox.get(timeout=self._block_timeout())
-            except Empty:
-                continue
-            handle(item)
+            inbox.wait(self._block_timeout())
 
     def _block_timeout(self) -> float:
         if self._polled or (not self._comm.notifies and (self._sends or self._receives)):
@@ -485,7 +523,7 @@ class Executor:
         err = self._fence_error or ExecutorStopped("the executor stopped before this fence was reached")
         pending = self._engine.pending_instructions()
         while not self._inbox.empty():
-            item = self._inbox.get()
+            item = self._inbox.get_nowait()
             if type(item) is InstructionBatch:
                 pending.extend(item.instructions)
         for instr in pending:
