@@ -206,20 +206,67 @@ def to_region(result: Any, dims: int, what: str) -> Region:
                            f"a cl.Subrange, cl.Box or cl.Region")
 
 
+# Wrapped built-in mappers, shared across tasks (see ``to_scheduler_mapper``).
+_WRAPPED: dict = {}
+_WRAPPED_LIMIT = 4096        # distinct (mapper, buffer, kernel geometry) combinations kept
+_CHUNK_CACHE_LIMIT = 4096    # chunks remembered per wrapped mapper (128 ranks x 4 devices fit)
+
+
+def _cache_key(mapper: Callable) -> tuple | None:
+    """A hashable key that determines a built-in mapper's results, or None for anything else.
+
+    Only the exact built-in classes qualify (a user subclass may override ``__call__``); a
+    user callable may depend on state that changes between submissions, so it is never
+    shared across tasks.
+    """
+    cls = type(mapper)
+    if cls is one_to_one or cls is all or cls is transposed:
+        return (cls,)
+    if cls is neighborhood:
+        return (cls, mapper.extent, mapper.shape)
+    if cls is slice:
+        return (cls, mapper.dim)
+    if cls is even_split:
+        return (cls, mapper.granularity)
+    if cls is fixed:
+        sr = mapper.subrange
+        if isinstance(sr, Subrange):
+            return (cls, Subrange, sr.offset, sr.range)
+        if isinstance(sr, Box):
+            return (cls, Box, sr.lo, sr.hi, sr.dims)
+        return (cls, Region, tuple(sr._pairs), sr.dims)
+    return None
+
+
 def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int,
                         kernel_dims: int | None = None, global_box: Box | None = None
                         ) -> Callable[[Box, tuple], Region]:
-    """Wrap a user-facing mapper into the scheduler's ``(Box, shape) -> Region`` form."""
-    if not callable(mapper):
+    """Wrap a user-facing mapper into the scheduler's ``(Box, shape) -> Region`` form.
+
+    This runs on the submit path and the wrapped mapper is evaluated by the task manager
+    (full range), the command graph generator (every rank's chunk) and the instruction
+    graph generator (every device chunk), so results are cached per chunk.  Built-in
+    mappers are pure functions of their parameters, the chunk, the buffer shape and the
+    kernel's global box: their wrappers are shared across tasks, so a program that
+    submits the same pattern every step (every stencil) evaluates each mapper once per
+    distinct chunk instead of once per task and chunk.
+    """
+    g_range = global_box.range if global_box is not None else None
+    g_off = global_box.offset if global_box is not None else None
+    mkey = _cache_key(mapper)
+    if mkey is not None:
+        wkey = (mkey, buffer_label, buffer_dims, kernel_dims, g_range, g_off)
+        hit = _WRAPPED.get(wkey)
+        if hit is not None:
+            return hit
+    elif not callable(mapper):
         raise RangeMapperError(f"the range mapper for buffer {buffer_label} is not callable: {mapper!r}")
     arity = _arity(mapper)
     what = f"range mapper {mapper!r} for buffer {buffer_label}"
-    g_range = global_box.range if global_box is not None else None
-    g_off = global_box.offset if global_box is not None else None
     cache: dict = {}
 
     def mapped(chunk: Box, shape: tuple) -> Region:
-        key = (chunk.lo, chunk.hi, chunk.dims)
+        key = (chunk.lo, chunk.hi, chunk.dims, shape if type(shape) is tuple else tuple(shape))
         hit = cache.get(key)
         if hit is not None:
             return hit
@@ -231,10 +278,14 @@ def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int
         except Exception as exc:
             raise RangeMapperError(f"{what} raised {type(exc).__name__}: {exc}") from exc
         reg = to_region(res, len(shape), what) & Box.full(shape)
-        if len(cache) < 64:
+        if len(cache) < _CHUNK_CACHE_LIMIT:
             cache[key] = reg
         return reg
 
     mapped.__name__ = getattr(mapper, "name", getattr(mapper, "__name__", "mapper"))
     mapped.user_mapper = mapper  # type: ignore[attr-defined]
+    if mkey is not None:
+        if len(_WRAPPED) >= _WRAPPED_LIMIT:
+            _WRAPPED.clear()
+        _WRAPPED[wkey] = mapped
     return mapped

@@ -1,9 +1,15 @@
 """Command graph: this rank's share of every task, plus the pushes and await-pushes.
 
-Every rank runs the same generator over the same task stream and keeps the
-distributed state of all ranks (who holds the newest copy of every region), but
-only emits its own commands.  Hence transfer ids agree across ranks without any
-communication.
+Every rank runs the same generator over the same task stream and tracks the
+distribution of data over all ranks, but only emits its own commands.  Hence
+transfer ids agree across ranks without any communication.
+
+Cost: splitting a task and evaluating its mappers is inherently O(ranks) per task
+(both are cached across tasks, so a stencil pays dictionary lookups).  Everything
+else stays O(1) per rank: the distribution state is kept as its projection onto
+this rank's questions (see ``_BufferState``), so other ranks' reads and writes are
+rejected by bounding-box tests unless they meet this rank's data, and the state
+does not grow with the number of ranks.
 """
 from __future__ import annotations
 
@@ -115,42 +121,88 @@ class EpochCommand(Command):
     kind = EPOCH
 
 
-# Distribution state per region: (writer rank, ranks holding the newest data), or
-# None before the first write.  writer -1 means "every rank" (host-initialized).
+# Distribution state.  Conceptually every point of a buffer has (writer rank, ranks
+# holding the newest data), or nothing before the first write; writer -1 means "every
+# rank" (host-initialized data, reduction results).  A rank only ever asks two
+# questions of it: "which ranks lack data that *I* wrote?" (pushes) and "do *I* lack
+# this data?" (await-pushes).  So ``_BufferState`` keeps the projection of that state
+# onto those questions, which stays small however many ranks there are:
+#
+#   mine     RegionMap: the holders (frozenset of ranks) where this rank wrote the
+#            newest data, None elsewhere
+#   mine_bb  a conservative bounding box (lo, hi) of mine's non-None part (None: none)
+#   held     Region where this rank holds the newest (initialized) data
+#   uninit   Region never written: nothing is transferred for it
+#
+# Another rank's read matters only where it intersects ``mine`` (it becomes a holder;
+# it may need a push), another rank's write only where it intersects ``mine`` or
+# ``held``: bounding-box tests reject everything else, so the per-rank work of a task
+# is O(1) and the state does not grow with the number of ranks.
 _ALL = -1
+_NO_READERS: frozenset = frozenset()
 
 
 class _BufferState:
-    __slots__ = ("info", "dist", "last_writer", "readers", "pending")
+    __slots__ = ("info", "shape", "dims", "mine", "mine_bb", "held", "uninit", "access", "pending")
 
     def __init__(self, info: BufferInfo, num_ranks: int):
         self.info = info
+        self.shape = info.shape
         box = info.box
-        everyone = frozenset(range(num_ranks))
-        self.dist = RegionMap(box, (_ALL, everyone) if info.host_initialized else None)
-        self.last_writer = RegionMap(box, None)     # local command id
-        self.readers = RegionMap(box, frozenset())  # local command ids since the last write
+        self.dims = box.dims
+        self.mine = RegionMap(box, None)
+        self.mine_bb: tuple | None = None
+        full = Region.from_box(box)
+        empty = Region.empty_region(box.dims)
+        self.held = full if info.host_initialized else empty
+        self.uninit = empty if info.host_initialized else full
+        # per point: (last writer command id or None, command ids that read since then)
+        self.access = RegionMap(box, (None, _NO_READERS))
         self.pending: tuple[Reduction, frozenset[int]] | None = None
 
 
+def _overlap(alo, ahi, blo, bhi) -> bool:
+    return (alo[0] < bhi[0] and blo[0] < ahi[0] and alo[1] < bhi[1] and blo[1] < ahi[1]
+            and alo[2] < bhi[2] and blo[2] < ahi[2])
+
+
+_SPLIT_CACHE: dict = {}
+
+
 def split_task(task: Task, num_ranks: int) -> list[tuple[int, Box]]:
-    """The chunks of a task as (rank, box); identical on every rank."""
+    """The chunks of a task as (rank, box); identical on every rank.  Cached per geometry:
+    a stencil submits the same split every step, and with many ranks ``split_2d``'s grid
+    search is not free.  (The list is shared: callers must not modify it.)"""
     kind = task.kind
     geom = task.geometry
-    full = geom.box if geom is not None else Box((), ())
+    if geom is None:
+        full = Box((), ())
+        key = None
+    else:
+        key = (kind, geom.dims, geom.global_range, geom.offset, geom.granularity, task.split, num_ranks)
+        hit = _SPLIT_CACHE.get(key)
+        if hit is not None:
+            return hit
+        full = geom.box
     if kind == tg.FENCE:
-        return [(r, full) for r in range(num_ranks)]
-    if kind == tg.MASTER_NODE:
-        return [(0, full)]
-    if full.empty:
-        return []
-    if kind == tg.COLLECTIVE:
-        return [(r, b) for r, b in enumerate(split_1d(full, (1,) * max(1, geom.dims), num_ranks))]
-    if geom.dims == 0:
-        return [(0, full)]
-    splitter = split_2d if task.split == "2d" and geom.dims >= 2 else split_1d
-    gran = geom.granularity or (1,) * geom.dims
-    return list(enumerate(splitter(full, gran, num_ranks)))
+        out = [(r, full) for r in range(num_ranks)]
+    elif kind == tg.MASTER_NODE:
+        out = [(0, full)]
+    elif full.empty:
+        out = []
+    elif kind == tg.COLLECTIVE:
+        out = [(r, b) for r, b in enumerate(split_1d(full, (1,) * max(1, geom.dims), num_ranks))]
+    elif geom.dims == 0:
+        out = [(0, full)]
+    else:
+        splitter = split_2d if task.split == "2d" and geom.dims >= 2 else split_1d
+        gran = geom.granularity or (1,) * geom.dims
+        out = list(enumerate(splitter(full, gran, num_ranks)))
+    if key is not None:
+        if len(_SPLIT_CACHE) > 1024:
+            _SPLIT_CACHE.clear()
+        _SPLIT_CACHE[key] = out
+    return out
 
 
 class CommandGraphGenerator:
@@ -172,6 +224,8 @@ class CommandGraphGenerator:
         self._last_collective: dict[int, Command] = {}
         self.num_commands = 0
         self._live: dict[int, Command] = {}   # commands that may still be dependency targets
+        self._me_only = frozenset((rank,))
+        self._regions_cache: dict = {}
         for info in (buffers or {}).values():
             self.create_buffer(info)
 
@@ -179,7 +233,7 @@ class CommandGraphGenerator:
     def create_buffer(self, info: BufferInfo) -> None:
         st = _BufferState(info, self.num_ranks)
         if info.host_initialized and self._epoch_for_new is not None:
-            st.last_writer.update(info.box, self._epoch_for_new.id)
+            st.access.update(info.box, (self._epoch_for_new.id, _NO_READERS))
         self._buffers[info.id] = st
 
     def destroy_buffer(self, bid: int) -> None:
@@ -197,10 +251,11 @@ class CommandGraphGenerator:
                 c.add_dep(f, tg.TRUE_DEP, tg.ORIGIN_EXECUTION_FRONT)
             self._front.clear()
         else:
-            if not any(k == tg.TRUE_DEP for k, _ in c.deps.values()) and self._epoch_for_new is not None:
+            if self._epoch_for_new is not None and not any(k == tg.TRUE_DEP for k, _ in c.deps.values()):
                 c.add_dep(self._epoch_for_new, tg.TRUE_DEP, tg.ORIGIN_LAST_EPOCH)
+            front = self._front
             for d in c.deps:
-                self._front.pop(d, None)
+                front.pop(d, None)
         self._front[c.id] = c
         self._live[c.id] = c
         out.append(c)
@@ -210,27 +265,36 @@ class CommandGraphGenerator:
             rec["rank"] = self.rank
             self.records.append(rec)
 
+    # Dependencies between this rank's commands come from ``access``: per point the last
+    # writer and the readers since.  One pass over the map per access (the values it
+    # returns are unmerged and may repeat; only the set of dependencies matters).
     def _read(self, st: _BufferState, cmd: Command, region: Region) -> None:
-        for _box, w in st.last_writer.query(region):
-            if w is not None and w in self._live:
-                cmd.add_dep(self._live[w], tg.TRUE_DEP, tg.ORIGIN_DATAFLOW)
-        st.readers.apply(region, lambda s, c=cmd.id: s | {c})
+        cid = cmd.id
+        live = self._live
+        seen = set()
+        for w, _rs in st.access.apply_collect(region, lambda v: (v[0], v[1] | {cid})):
+            if w is not None and w not in seen:
+                seen.add(w)
+                c = live.get(w)
+                if c is not None:
+                    cmd.add_dep(c, tg.TRUE_DEP, tg.ORIGIN_DATAFLOW)
 
     def _write(self, st: _BufferState, cmd: Command, region: Region) -> None:
+        cid = cmd.id
         live = self._live
-        for box, readers in st.readers.query(region):
+        for w, readers in set(st.access.update_collect(region, (cid, _NO_READERS))):
             found = False
             for r in readers:
-                if r != cmd.id and r in live:
-                    cmd.add_dep(live[r], tg.ANTI_DEP, tg.ORIGIN_DATAFLOW)
-                    found = True
-            if not found:
+                if r != cid:
+                    c = live.get(r)
+                    if c is not None:
+                        cmd.add_dep(c, tg.ANTI_DEP, tg.ORIGIN_DATAFLOW)
+                        found = True
+            if not found and w is not None and w != cid:
                 # write-after-write: order behind the previous writer of this part
-                for _b, w in st.last_writer.query(box):
-                    if w is not None and w != cmd.id and w in live:
-                        cmd.add_dep(live[w], tg.ANTI_DEP, tg.ORIGIN_DATAFLOW)
-        st.last_writer.update(region, cmd.id)
-        st.readers.update(region, frozenset())
+                c = live.get(w)
+                if c is not None:
+                    cmd.add_dep(c, tg.ANTI_DEP, tg.ORIGIN_DATAFLOW)
 
     def build(self, task: Task) -> list[Command]:
         """Commands of this rank for ``task``, in a valid order."""
@@ -254,14 +318,19 @@ class CommandGraphGenerator:
     def _set_epoch(self, epoch: Command) -> None:
         self._epoch_for_new = epoch
         eid = epoch.id
+
+        def collapse(v):
+            w, rs = v
+            nw = eid if w is not None and w < eid else w
+            if rs:
+                for r in rs:
+                    if r < eid:
+                        rs = frozenset([r for r in rs if r >= eid] + [eid])
+                        break
+            return v if nw == w and rs is v[1] else (nw, rs)
+
         for st in self._buffers.values():
-            lw = st.last_writer
-            if any(v is not None and v < eid for v in lw.values()):
-                lw.apply(lw.extent, lambda v: eid if v is not None and v < eid else v)
-            rd = st.readers
-            if any(any(r < eid for r in s) for s in rd.values()):
-                rd.apply(rd.extent, lambda s: frozenset([r for r in s if r >= eid] + [eid])
-                         if any(r < eid for r in s) else s)
+            st.access.apply_all(collapse)
         for d in (self._last_side_effect, self._last_collective):
             for k, v in list(d.items()):
                 if v.id < eid:
@@ -271,63 +340,131 @@ class CommandGraphGenerator:
         for cid in [k for k in live if k < eid]:
             del live[cid]
 
+    def _chunk_regions(self, mapper, shape: tuple, chunks: list) -> list[Region]:
+        """``mapper`` applied to every chunk.  Built-in mappers and splits are shared across
+        tasks (see ``to_scheduler_mapper`` and ``split_task``), so a stencil asks for the
+        same list every step: cached by identity (the cache keeps both objects alive, so an
+        identity cannot be reused while its entry exists)."""
+        key = (mapper, shape, id(chunks))
+        hit = self._regions_cache.get(key)
+        if hit is not None and hit[0] is chunks:
+            return hit[1]
+        regs = [mapper(box, shape) for _rank, box in chunks]
+        cache = self._regions_cache
+        if len(cache) >= 256:
+            cache.clear()
+        cache[key] = (chunks, regs)
+        return regs
+
+    # ---- distribution ------------------------------------------------------------
+    def _dist_write(self, st: _BufferState, rank: int, reg: Region) -> None:
+        """``rank`` wrote ``reg``: it alone holds the newest data there."""
+        if not reg:
+            return
+        rlo, rhi = reg._bounds()
+        if rank == self.rank:
+            st.mine.update(reg, self._me_only)
+            bb = st.mine_bb
+            if bb is None:
+                st.mine_bb = (rlo, rhi)
+            elif not (bb[0][0] <= rlo[0] and rhi[0] <= bb[1][0] and bb[0][1] <= rlo[1] and rhi[1] <= bb[1][1]
+                      and bb[0][2] <= rlo[2] and rhi[2] <= bb[1][2]):
+                a0, a1 = bb
+                st.mine_bb = ((min(a0[0], rlo[0]), min(a0[1], rlo[1]), min(a0[2], rlo[2])),
+                              (max(a1[0], rhi[0]), max(a1[1], rhi[1]), max(a1[2], rhi[2])))
+            held = st.held
+            if not held.contains(reg):
+                st.held = held | reg
+        else:
+            bb = st.mine_bb
+            if bb is not None and _overlap(bb[0], bb[1], rlo, rhi):
+                st.mine.update(reg, None)
+            held = st.held
+            if held:
+                hlo, hhi = held._bounds()
+                if _overlap(hlo, hhi, rlo, rhi):
+                    st.held = held - reg
+        uninit = st.uninit
+        if uninit:
+            st.uninit = uninit - reg
+
+    def _dist_all(self, st: _BufferState) -> None:
+        """Every rank holds the newest data of the whole buffer (reduction results)."""
+        box = st.info.box
+        st.mine = RegionMap(box, None)
+        st.mine_bb = None
+        st.held = Region.from_box(box)
+        st.uninit = Region.empty_region(box.dims)
+
     # ---- compute tasks ---------------------------------------------------------
     def _build_compute(self, task: Task, out: list[Command]) -> None:
         me = self.rank
+        buffers = self._buffers
         chunks = split_task(task, self.num_ranks)
-        # regions per chunk and buffer
-        reads: list[dict[int, Region]] = []
-        writes: list[dict[int, Region]] = []
-        for rank, box in chunks:
-            rd: dict[int, Region] = {}
-            wr: dict[int, Region] = {}
+        # per buffer, the region every chunk reads / writes (lists indexed like ``chunks``;
+        # buffers in the order of their first access)
+        reads: dict[int, list[Region]] = {}
+        writes: dict[int, list[Region]] = {}
+        if chunks:
             for a in task.accesses:
-                st = self._buffers[a.buffer]
-                reg = a.mapper(box, st.info.shape)
-                if a.mode in tg.CONSUMER_MODES:
-                    rd[a.buffer] = rd[a.buffer] | reg if a.buffer in rd else reg
-                if a.mode in tg.PRODUCER_MODES:
-                    wr[a.buffer] = wr[a.buffer] | reg if a.buffer in wr else reg
-            reads.append(rd)
-            writes.append(wr)
-        red_buffers = {r.buffer: r for r in task.reductions}
+                bid = a.buffer
+                regs = self._chunk_regions(a.mapper, buffers[bid].shape, chunks)
+                for lists, on in ((reads, a.mode in tg.CONSUMER_MODES), (writes, a.mode in tg.PRODUCER_MODES)):
+                    if on:
+                        cur = lists.get(bid)
+                        lists[bid] = regs if cur is None else [x | y for x, y in zip(cur, regs)]
         if self.diagnostics != tg.DIAG_OFF:
             self._check_overlapping_writes(task, chunks, writes)
 
         # 1. resolve pending reductions that this task consumes
-        for bid in sorted({b for rd in reads for b in rd} | {r.buffer for r in task.reductions if r.include_current}):
-            st = self._buffers[bid]
+        for bid in sorted(reads.keys() | {r.buffer for r in task.reductions if r.include_current}):
+            st = buffers[bid]
             if st.pending is not None:
                 self._resolve_reduction(task, st, out)
-        for bid in {b for wr in writes for b in wr}:
-            st = self._buffers[bid]
-            if st.pending is not None and bid not in {b for rd in reads for b in rd}:
+        for bid in writes:
+            st = buffers[bid]
+            if st.pending is not None and bid not in reads:
                 st.pending = None   # overwritten without being read: the partials are dead
 
-        # 2. pushes to other ranks' chunks (one push per buffer)
+        # 2./3. pushes of what this rank wrote to the other ranks' chunks that lack it (one
+        # push per buffer), await-pushes for what this rank's chunk reads but lacks; then
+        # every reader holds what it read.  A rank's read changes only what that rank holds,
+        # so each chunk sees the state from before the task.  Hot loop (one iteration per
+        # rank): another rank's read is rejected by a bounding-box test unless it meets
+        # data this rank wrote.
         push_targets: dict[int, dict[int, Region]] = {}
-        for (rank, box), rd in zip(chunks, reads):
-            if rank == me:
-                continue
-            for bid, reg in rd.items():
-                st = self._buffers[bid]
-                for b, d in st.dist.query(reg):
-                    if d is None or rank in d[1] or d[0] != me:
-                        continue
-                    tgt = push_targets.setdefault(bid, {})
-                    tgt[rank] = tgt[rank] | b if rank in tgt else Region.from_box(b)
-        local = [(i, box) for i, (rank, box) in enumerate(chunks) if rank == me]
-        # 3. await-pushes for what this rank's chunks read but do not hold
         awaits: dict[int, Region] = {}
-        for i, _box in local:
-            for bid, reg in reads[i].items():
-                st = self._buffers[bid]
-                for b, d in st.dist.query(reg):
-                    if d is None or me in d[1]:
-                        continue
-                    awaits[bid] = awaits[bid] | b if bid in awaits else Region.from_box(b)
+        for bid, regs in reads.items():
+            st = buffers[bid]
+            for (rank, _box), reg in zip(chunks, regs):
+                if not reg:
+                    continue
+                if rank == me:
+                    uninit = st.uninit
+                    missing = reg - st.held
+                    if uninit and missing:
+                        missing = missing - uninit
+                    if missing:
+                        awaits[bid] = awaits[bid] | missing if bid in awaits else missing
+                        # (nothing missing: reg lies in held | uninit, held does not change)
+                        st.held = st.held | (reg - uninit if uninit else reg)
+                    continue
+                bb = st.mine_bb
+                if bb is None:
+                    continue
+                rlo, rhi = reg._bb or reg._bounds()
+                b0, b1 = bb
+                if (rhi[0] <= b0[0] or b1[0] <= rlo[0] or rhi[1] <= b0[1] or b1[1] <= rlo[1]
+                        or rhi[2] <= b0[2] or b1[2] <= rlo[2]):
+                    continue
+                lack = [(lo, hi) for lo, hi, s in st.mine.items_in(reg) if s is not None and rank not in s]
+                if lack:
+                    tgt = push_targets.setdefault(bid, {})
+                    part = Region._from_pairs(lack, st.dims)
+                    tgt[rank] = tgt[rank] | part if rank in tgt else part
+                    st.mine.apply(reg, lambda s, r=rank: s if s is None or r in s else s | {r})
         for bid in sorted(push_targets):
-            st = self._buffers[bid]
+            st = buffers[bid]
             tgts = sorted(push_targets[bid].items())
             c = self._new(PushCommand, task, transfer=(task.id, bid, 0), targets=tgts)
             union = tgts[0][1]
@@ -336,34 +473,31 @@ class CommandGraphGenerator:
             self._read(st, c, union)
             self._commit(out, c)
         for bid in sorted(awaits):
-            st = self._buffers[bid]
+            st = buffers[bid]
             c = self._new(AwaitPushCommand, task, transfer=(task.id, bid, 0), region=awaits[bid])
             self._write(st, c, awaits[bid])
             self._commit(out, c)
-        # distribution: every reader now holds what it read
-        for (rank, _box), rd in zip(chunks, reads):
-            for bid, reg in rd.items():
-                st = self._buffers[bid]
-                for b, d in st.dist.query(reg):
-                    if d is not None and rank not in d[1]:
-                        st.dist.update(b, (d[0], d[1] | {rank}))
 
         # 4. this rank's execution command
-        for i, box in local:
+        for i, (rank, box) in enumerate(chunks):
+            if rank != me:
+                continue
+            rd = {bid: regs[i] for bid, regs in reads.items()}
+            wr = {bid: regs[i] for bid, regs in writes.items()}
             if task.kind == tg.FENCE:
                 c = self._new(FenceCommand, task)
             else:
                 c = self._new(ExecutionCommand, task, box=box, include_current_reductions=(me == chunks[0][0]))
-            for bid, reg in reads[i].items():
-                self._read(self._buffers[bid], c, reg)
+            for bid, reg in rd.items():
+                self._read(buffers[bid], c, reg)
             for red in task.reductions:
-                st = self._buffers[red.buffer]
+                st = buffers[red.buffer]
                 if red.include_current and c.include_current_reductions:
                     self._read(st, c, Region.from_box(st.info.box))
-            for bid, reg in writes[i].items():
-                self._write(self._buffers[bid], c, reg)
+            for bid, reg in wr.items():
+                self._write(buffers[bid], c, reg)
             for red in task.reductions:
-                self._write(self._buffers[red.buffer], c, Region.from_box(self._buffers[red.buffer].info.box))
+                self._write(buffers[red.buffer], c, Region.from_box(buffers[red.buffer].info.box))
             for ho in task.side_effects:
                 prev = self._last_side_effect.get(ho)
                 if prev is not None:
@@ -376,20 +510,36 @@ class CommandGraphGenerator:
                 self._last_collective[task.collective_group] = c
             self._commit(out, c)
 
-        # 5. distribution after the writes
-        for (rank, _box), wr in zip(chunks, writes):
-            for bid, reg in wr.items():
-                self._buffers[bid].dist.update(reg, (rank, frozenset((rank,))))
+        # 5. distribution after the writes (per buffer in chunk order, as overlapping writes
+        # resolve).  Hot loop: once every point is initialized, another rank's write matters
+        # only where it meets what this rank wrote or holds (bounding-box test).
+        for bid, regs in writes.items():
+            st = buffers[bid]
+            mb = hb = None
+            fresh = False
+            for (rank, _box), reg in zip(chunks, regs):
+                if not reg:
+                    continue
+                if rank != me and not st.uninit:
+                    if not fresh:
+                        mb = st.mine_bb
+                        hb = st.held._bb or st.held._bounds() if st.held else None
+                        fresh = True
+                    rlo, rhi = reg._bb or reg._bounds()
+                    if ((mb is None or rhi[0] <= mb[0][0] or mb[1][0] <= rlo[0] or rhi[1] <= mb[0][1]
+                         or mb[1][1] <= rlo[1] or rhi[2] <= mb[0][2] or mb[1][2] <= rlo[2])
+                            and (hb is None or rhi[0] <= hb[0][0] or hb[1][0] <= rlo[0] or rhi[1] <= hb[0][1]
+                                 or hb[1][1] <= rlo[1] or rhi[2] <= hb[0][2] or hb[1][2] <= rlo[2])):
+                        continue
+                self._dist_write(st, rank, reg)
+                fresh = False
         if task.reductions:
             participants = frozenset(r for r, _ in chunks)
-            everyone = frozenset(range(self.num_ranks))
             for red in task.reductions:
-                st = self._buffers[red.buffer]
-                if self.num_ranks == 1:
-                    st.dist.update(st.info.box, (_ALL, everyone))
-                else:
+                st = buffers[red.buffer]
+                if self.num_ranks > 1:
                     st.pending = (red, participants)
-                    st.dist.update(st.info.box, (_ALL, everyone))
+                self._dist_all(st)
 
     def _resolve_reduction(self, task: Task, st: _BufferState, out: list[Command]) -> None:
         red, participants = st.pending
@@ -412,20 +562,62 @@ class CommandGraphGenerator:
         self._read(st, rc, region)
         self._write(st, rc, region)
         self._commit(out, rc)
-        everyone = frozenset(range(self.num_ranks))
-        st.dist.update(region, (_ALL, everyone))
+        self._dist_all(st)
 
-    def _check_overlapping_writes(self, task: Task, chunks, writes) -> None:
-        for i in range(len(chunks)):
-            for j in range(i + 1, len(chunks)):
-                for bid, reg in writes[i].items():
-                    other = writes[j].get(bid)
-                    if other is not None and reg.intersects(other):
-                        info = self._buffers[bid].info
-                        msg = (f"{task.label} writes {reg & other} of buffer {info.label} from the chunks "
-                               f"of ranks {chunks[i][0]} and {chunks[j][0]} (overlapping writes)")
-                        if self.diagnostics == tg.DIAG_ERROR:
-                            raise DiagnosticError(msg)
-                        if self.rank == 0:
-                            log.warning(msg)
-                        return
+    def _check_overlapping_writes(self, task: Task, chunks, writes: dict[int, list[Region]]) -> None:
+        """Warn (or raise) when two chunks write the same element of a buffer.
+
+        Chunks of a split are disjoint, so writes that stay inside their own chunk box
+        (one_to_one and the like: the common case) cannot overlap: that is checked in
+        O(1) per chunk.  Otherwise a sweep along dim 0 over the bounding boxes finds the
+        candidate pairs, which are checked exactly; the first overlapping pair in (chunk,
+        chunk, buffer) order is reported, as a nested loop over the chunks would.
+        """
+        n = len(chunks)
+        if n < 2 or not writes:
+            return
+        if task.kind != tg.FENCE:
+            inside = True
+            for regs in writes.values():
+                for (_rank, box), reg in zip(chunks, regs):
+                    if not reg:
+                        continue
+                    c0, c1 = box.lo, box.hi
+                    lo, hi = reg._bb or reg._bounds()
+                    if not (c0[0] <= lo[0] and hi[0] <= c1[0] and c0[1] <= lo[1] and hi[1] <= c1[1]
+                            and c0[2] <= lo[2] and hi[2] <= c1[2]):
+                        inside = False
+                        break
+                if not inside:
+                    break
+            if inside:
+                return   # every write inside its own (disjoint) chunk
+        found = []   # (i, j, position of the buffer among the written ones, bid)
+        for pos, (bid, regs) in enumerate(writes.items()):
+            lst = []
+            for i, reg in enumerate(regs):
+                if reg:
+                    lo, hi = reg._bounds()
+                    lst.append((lo[0], i, lo, hi, reg))
+            if len(lst) < 2:
+                continue
+            lst.sort(key=lambda e: (e[0], e[1]))
+            active: list = []
+            for e in lst:
+                _x, i, lo, hi, reg = e
+                active = [a for a in active if a[3][0] > lo[0]]
+                for a in active:
+                    if _overlap(a[2], a[3], lo, hi) and a[4].intersects(reg):
+                        found.append((min(a[1], i), max(a[1], i), pos, bid))
+                active.append(e)
+        if not found:
+            return
+        i, j, _pos, bid = min(found)
+        reg, other = writes[bid][i], writes[bid][j]
+        info = self._buffers[bid].info
+        msg = (f"{task.label} writes {reg & other} of buffer {info.label} from the chunks "
+               f"of ranks {chunks[i][0]} and {chunks[j][0]} (overlapping writes)")
+        if self.diagnostics == tg.DIAG_ERROR:
+            raise DiagnosticError(msg)
+        if self.rank == 0:
+            log.warning(msg)

@@ -5,6 +5,11 @@ resize) and, per allocation, the last writer and the concurrent readers of every
 region; per buffer a map of which memories hold the newest data.  Dependencies
 come only from those maps, so independent work (kernels on different devices, a
 send and a kernel, a copy and an unrelated kernel) stays concurrent.
+
+Hot path (scheduler thread, every command): the writer and the readers live in one
+region map per allocation, so a read or a write is one pass over it; device splits
+are cached per command box; coherence first checks (without building canonical
+boxes) whether anything is missing at all.
 """
 from __future__ import annotations
 
@@ -64,21 +69,27 @@ class SystemInfo:
         return memory != USER_MEMORY and (self.comm_memories is None or memory in self.comm_memories)
 
 
+_NO_READERS: frozenset = frozenset()
+
+
 class _Allocation:
-    __slots__ = ("id", "memory", "box", "writers", "readers", "dims")
+    # access: per point (last writer instruction or None, instructions that read since),
+    # one map so that a read or a write is a single pass over it
+    __slots__ = ("id", "memory", "box", "access", "dims")
 
     def __init__(self, aid: int, memory: int, box: Box, creator: int | None):
         self.id = aid
         self.memory = memory
         self.box = box
         self.dims = box.dims
-        self.writers = RegionMap(box, creator)
-        self.readers = RegionMap(box, frozenset())
+        self.access = RegionMap(box, (creator, _NO_READERS))
 
     def users(self) -> set[int]:
-        out = {w for w in self.writers.values() if w is not None}
-        for s in self.readers.values():
-            out |= s
+        out = set()
+        for w, rs in self.access.values():
+            if w is not None:
+                out.add(w)
+            out |= rs
         return out
 
 
@@ -112,10 +123,12 @@ class _ChunkPlan:
     box: Box
     memory: int
     device: int | None
-    accesses: list[tuple[tg.BufferAccess, Region]] = field(default_factory=list)
+    accesses: list[tuple[tg.BufferAccess, Region, Box]] = field(default_factory=list)  # (access, region, bbox)
     consumed: dict[int, Region] = field(default_factory=dict)
     produced: dict[int, Region] = field(default_factory=dict)
-    bbox: dict[int, Box] = field(default_factory=dict)
+    bbox: dict[int, Box] = field(default_factory=dict)     # per buffer: bounding box of all its accesses
+    cbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the consumed regions
+    pbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the produced regions
 
 
 class InstructionGraphGenerator:
@@ -142,6 +155,7 @@ class InstructionGraphGenerator:
         self._pilots: list[Pilot] = []
         self._current_horizon: int | None = None
         self.counts: dict[str, int] = {}
+        self._only = _Singletons()   # memory -> frozenset((memory,)), shared
 
     # ---- objects ---------------------------------------------------------------
     def create_buffer(self, info: tg.BufferInfo) -> int | None:
@@ -202,15 +216,24 @@ class InstructionGraphGenerator:
 
     def _emit(self, ins: Instruction) -> Instruction:
         # de-duplicate dependencies, keep the first origin
-        if ins.deps:
-            seen: dict[int, str] = {}
-            for d, o in ins.deps:
-                if d not in seen and d != ins.id:
-                    seen[d] = o
-            ins.deps = sorted(seen.items())
+        deps = ins.deps
+        if deps:
             front = self._front
-            for d in seen:
-                front.discard(d)
+            if len(deps) == 1:
+                d = deps[0][0]
+                if d == ins.id:
+                    ins.deps = []
+                else:
+                    front.discard(d)
+            else:
+                seen: dict[int, str] = {}
+                iid = ins.id
+                for d, o in deps:
+                    if d not in seen and d != iid:
+                        seen[d] = o
+                ins.deps = sorted(seen.items())
+                for d in seen:
+                    front.discard(d)
         elif self._epoch is not None:
             ins.deps = [(self._epoch, DEP_LAST_EPOCH)]
             self._front.discard(self._epoch)
@@ -227,32 +250,39 @@ class InstructionGraphGenerator:
             self.pilot_records.append(p.to_record())
 
     # ---- access tracking ---------------------------------------------------------
+    # Per point: a read depends on the last writer, a write on the readers since the last
+    # write, or on the last writer where there are none.  One pass over the allocation's
+    # map each; the values come back unmerged and may repeat (``_emit`` de-duplicates).
     @staticmethod
     def _read(alloc: _Allocation, region, ins: Instruction) -> None:
         deps = ins.deps
-        for _b, w in alloc.writers.query(region):
+        iid = ins.id
+        for w, _rs in alloc.access.apply_collect(region, lambda v: (v[0], v[1] | {iid})):
             if w is not None:
                 deps.append((w, DEP_READ))
-        iid = ins.id
-        alloc.readers.apply(region, lambda s: s | {iid})
 
     @staticmethod
     def _write(alloc: _Allocation, region, ins: Instruction) -> None:
         deps = ins.deps
-        for b, readers in alloc.readers.query(region):
+        for w, readers in alloc.access.update_collect(region, (ins.id, _NO_READERS)):
             if readers:
-                deps.extend((r, DEP_WRITE) for r in readers)
-            else:
-                for _b, w in alloc.writers.query(b):
-                    if w is not None:
-                        deps.append((w, DEP_WRITE))
-        alloc.writers.update(region, ins.id)
-        alloc.readers.update(region, frozenset())
+                deps.extend([(r, DEP_WRITE) for r in readers])
+            elif w is not None:
+                deps.append((w, DEP_WRITE))
 
     # ---- allocation ------------------------------------------------------------------
     def _find_alloc(self, b: _Buffer, memory: int, box: Box) -> _Allocation | None:
-        for a in b.allocs.get(memory, ()):
-            if a.box.contains(box):
+        """The first allocation on ``memory`` that contains ``box`` (hot path: inlined test)."""
+        allocs = b.allocs.get(memory)
+        if not allocs:
+            return None
+        if box.empty:
+            return allocs[0]
+        lo, hi = box.lo, box.hi
+        for a in allocs:
+            al, ah = a.box.lo, a.box.hi
+            if (al[0] <= lo[0] and hi[0] <= ah[0] and al[1] <= lo[1] and hi[1] <= ah[1]
+                    and al[2] <= lo[2] and hi[2] <= ah[2]):
                 return a
         return None
 
@@ -357,7 +387,14 @@ class InstructionGraphGenerator:
         """Copy whatever of ``region`` is not newest on ``memory`` from where it is."""
         if not region:
             return
-        for box, mems in b.newest.query(region):
+        newest = b.newest
+        # fast path: nothing to copy (no canonical decomposition of the newest map needed)
+        for mems in newest.values_in(region):
+            if mems and memory not in mems:
+                break
+        else:
+            return
+        for box, mems in newest.query(region):
             if not mems or memory in mems:
                 continue
             dst = self._find_alloc(b, memory, box)
@@ -418,7 +455,7 @@ class InstructionGraphGenerator:
                 aw = AwaitReceiveInstruction(self._new_id(), transfer=p.transfer, region=part,
                                              priority=PRIORITY_COMM)
                 aw.deps.append((split.id, DEP_SPLIT_RECEIVE))
-                dst.writers.update(part, aw.id)
+                dst.access.update(part, (aw.id, _NO_READERS))  # (the receive left no readers)
                 self._emit(aw)
         b.newest.update(region, frozenset((dst_mem,)))
 
@@ -485,10 +522,15 @@ class InstructionGraphGenerator:
             gran = task.geometry.granularity or (1,) * task.geometry.dims
             if task.geometry.dims == 0 or n == 1:
                 boxes = [cmd.box]
-            elif task.split == "2d" and task.geometry.dims >= 2:
-                boxes = split_2d(cmd.box, gran, n)
             else:
-                boxes = split_1d(cmd.box, gran, n)
+                two = task.split == "2d" and task.geometry.dims >= 2
+                key = (cmd.box.lo, cmd.box.hi, cmd.box.dims, gran, n, two)
+                boxes = _DEVICE_SPLITS.get(key)
+                if boxes is None:   # (a stencil splits the same command box every step)
+                    boxes = split_2d(cmd.box, gran, n) if two else split_1d(cmd.box, gran, n)
+                    if len(_DEVICE_SPLITS) > 1024:
+                        _DEVICE_SPLITS.clear()
+                    _DEVICE_SPLITS[key] = boxes
             plans = []
             nb = len(boxes)
             for j, box in enumerate(boxes):
@@ -500,14 +542,17 @@ class InstructionGraphGenerator:
             for a in task.accesses:
                 b = self._buffers[a.buffer]
                 reg = a.mapper(plan.box, b.info.shape)
-                plan.accesses.append((a, reg))
+                bb = reg.bounding_box
+                plan.accesses.append((a, reg, bb))
                 if a.mode in tg.CONSUMER_MODES:
                     plan.consumed[a.buffer] = plan.consumed[a.buffer] | reg if a.buffer in plan.consumed else reg
                 if a.mode in tg.PRODUCER_MODES:
                     plan.produced[a.buffer] = plan.produced[a.buffer] | reg if a.buffer in plan.produced else reg
                 if reg:
-                    bb = reg.bounding_box
                     plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb) if a.buffer in plan.bbox else bb
+            for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
+                for bid, reg in regs.items():
+                    bbs[bid] = reg.bounding_box
         return plans
 
     def _compile_execution(self, cmd: cg.ExecutionCommand) -> None:
@@ -521,21 +566,30 @@ class InstructionGraphGenerator:
                 self._materialize(b, touched)
         # allocations first (a resize later in this command would free what a chunk uses)
         need: dict[tuple[int, int], Box] = {}
-        discard: dict[tuple[int, int], Region] = {}
         for p in plans:
             for bid, box in p.bbox.items():
                 key = (bid, p.memory)
                 need[key] = need[key].bounding(box) if key in need else box
+        for key in sorted(need) if len(need) > 1 else need:
+            bid, mem = key
+            b = self._buffers[bid]
+            if self._find_alloc(b, mem, need[key]) is not None:
+                continue
+            # a resize: what this command overwrites without reading need not be copied
+            discard = None
+            for p in plans:
+                if p.memory != mem:
+                    continue
                 prod = p.produced.get(bid)
                 if prod:
                     dis = prod - p.consumed[bid] if bid in p.consumed else prod
-                    discard[key] = discard[key] | dis if key in discard else dis
-        for (bid, mem), box in sorted(need.items(), key=lambda kv: kv[0]):
-            self._allocate(self._buffers[bid], mem, box, discard.get((bid, mem)))
+                    discard = discard | dis if discard is not None else dis
+            self._allocate(b, mem, need[key], discard)
         # coherence, then one kernel / host task per chunk
         kernels: list[tuple[_ChunkPlan, Instruction, list[_Allocation]]] = []
         for p in plans:
-            for bid, reg in sorted(p.consumed.items()):
+            consumed = sorted(p.consumed.items()) if len(p.consumed) > 1 else p.consumed.items()
+            for bid, reg in consumed:
                 self._make_coherent(self._buffers[bid], p.memory, reg)
             if task.kind == tg.DEVICE_COMPUTE:
                 ins: Instruction = DeviceKernelInstruction(self._new_id(), device=p.device, task=task.id,
@@ -546,24 +600,24 @@ class InstructionGraphGenerator:
                                           global_range=task.geometry.global_range if task.geometry else (),
                                           collective_group=task.collective_group, launcher=task.launcher,
                                           name=task.name)
-            for a, reg in p.accesses:
+            for a, reg, bb in p.accesses:
                 b = self._buffers[a.buffer]
                 if not reg:
                     ins.accesses.append(AccessAllocation(a.buffer, -1, Box.empty_box(b.info.box.dims),
                                                          Box.empty_box(b.info.box.dims), reg, a.mode))
                     continue
-                alloc = self._find_alloc(b, p.memory, reg.bounding_box)
-                ins.accesses.append(AccessAllocation(a.buffer, alloc.id, alloc.box, reg.bounding_box, reg, a.mode))
-            for bid, reg in sorted(p.consumed.items()):
-                b = self._buffers[bid]
-                alloc = self._find_alloc(b, p.memory, reg.bounding_box) if reg else None
-                if alloc is not None:
-                    self._read(alloc, reg, ins)
-            for bid, reg in sorted(p.produced.items()):
-                b = self._buffers[bid]
-                alloc = self._find_alloc(b, p.memory, reg.bounding_box) if reg else None
-                if alloc is not None:
-                    self._write(alloc, reg, ins)
+                alloc = self._find_alloc(b, p.memory, bb)
+                ins.accesses.append(AccessAllocation(a.buffer, alloc.id, alloc.box, bb, reg, a.mode))
+            for bid, reg in consumed:
+                if reg:
+                    alloc = self._find_alloc(self._buffers[bid], p.memory, p.cbbox[bid])
+                    if alloc is not None:
+                        self._read(alloc, reg, ins)
+            for bid, reg in sorted(p.produced.items()) if len(p.produced) > 1 else p.produced.items():
+                if reg:
+                    alloc = self._find_alloc(self._buffers[bid], p.memory, p.pbbox[bid])
+                    if alloc is not None:
+                        self._write(alloc, reg, ins)
             scratch = []
             for red in task.reductions:
                 b = self._buffers[red.buffer]
@@ -585,7 +639,7 @@ class InstructionGraphGenerator:
         for p in plans:
             for bid, reg in p.produced.items():
                 if reg:
-                    self._buffers[bid].newest.update(reg, frozenset((p.memory,)))
+                    self._buffers[bid].newest.update(reg, self._only[p.memory])
         if task.reductions:
             self._local_reductions(cmd, kernels)
 
@@ -658,10 +712,11 @@ class InstructionGraphGenerator:
                 self._pilot(Pilot(self._next_msg, rank, cmd.transfer, Box.empty_box(b.info.box.dims)))
                 self._next_msg += 1
             return
-        union = Region.empty_region(b.info.box.dims)
-        for _r, reg in cmd.targets:
-            union = union | reg
-        self._materialize(b, [union])
+        if b.pending:
+            union = Region.empty_region(b.info.box.dims)
+            for _r, reg in cmd.targets:
+                union = union | reg
+            self._materialize(b, [union])
         for rank, reg in cmd.targets:
             for box in reg:
                 for alloc, piece in self._send_sources(b, box):
@@ -780,19 +835,32 @@ class InstructionGraphGenerator:
     def _apply_epoch(self, eid: int) -> None:
         """Older instructions are represented by the epoch from now on."""
         self._epoch = eid
+
+        def collapse(v):
+            w, rs = v
+            nw = eid if w is not None and w < eid else w
+            nrs = _collapse(rs, eid) if rs else rs
+            return v if nw == w and nrs is rs else (nw, nrs)
+
         for b in self._buffers.values():
             allocs = [a for lst in b.allocs.values() for a in lst]
             if b.user is not None:
                 allocs.append(b.user)
             for a in allocs:
-                if any(v is not None and v < eid for v in a.writers.values()):
-                    a.writers.apply(a.box, lambda v: eid if v is not None and v < eid else v)
-                if any(any(r < eid for r in s) for s in a.readers.values()):
-                    a.readers.apply(a.box, lambda s: _collapse(s, eid))
+                a.access.apply_all(collapse)
         for d in (self._host_objects, self._collective):
             for k, v in d.items():
                 if v is not None and v < eid:
                     d[k] = eid
+
+
+_DEVICE_SPLITS: dict = {}   # (box, granularity, chunks, 2-D?) -> device chunk boxes (shared, read-only)
+
+
+class _Singletons(dict):
+    def __missing__(self, key):
+        v = self[key] = frozenset((key,))
+        return v
 
 
 def _collapse(readers: frozenset, eid: int) -> frozenset:

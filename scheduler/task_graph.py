@@ -98,10 +98,15 @@ class TaskGeometry:
     global_range: tuple[int, ...]
     offset: tuple[int, ...]
     granularity: tuple[int, ...]
+    _box: Box | None = field(default=None, repr=False, compare=False)   # cache of ``box``
 
     @property
     def box(self) -> Box:
-        return Box(self.offset, tuple(o + r for o, r in zip(self.offset, self.global_range)), self.dims)
+        b = self._box
+        if b is None:
+            b = self._box = Box(self.offset, tuple(o + r for o, r in zip(self.offset, self.global_range)),
+                                self.dims)
+        return b
 
 
 @dataclass(slots=True, eq=False)
@@ -127,6 +132,10 @@ class Task:
     deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
     dependents: list["Task"] = field(default_factory=list)
     critical_path_length: int = 0
+    # buffer id -> region this task consumes (reads; reductions that fold in the current
+    # value consume the whole buffer); kept so that a later writer's anti-dependency check
+    # does not re-evaluate this task's range mappers
+    consumed: dict[int, Region] = field(default_factory=dict)
 
     def add_dep(self, dep: "Task", kind: str, origin: str) -> None:
         cur = self.deps.get(dep.id)
@@ -175,6 +184,9 @@ class Task:
         return rec
 
 
+_EMPTY_BOX0 = Box((), ())
+
+
 def _stable_hash(value) -> int:
     """A hash that is equal on every rank (Python's str hash is salted per process)."""
     import zlib
@@ -202,7 +214,7 @@ class TaskManager:
         self._next_id = 0
         self._next_reduction = 1
         self._last_writers: dict[int, RegionMap] = {}
-        self._written: dict[int, Region] = {}        # ever written or host-initialized
+        self._written: dict[int, Region | None] = {}  # ever written or host-initialized (None: all)
         self._last_side_effect: dict[int, Task] = {}
         self._last_collective: dict[int, Task] = {}
         self._execution_front: dict[int, Task] = {}
@@ -227,7 +239,8 @@ class TaskManager:
         box = info.box
         init = self.epoch_for_new_tasks if host_initialized else None
         self._last_writers[bid] = RegionMap(box, init.id if init else None)
-        self._written[bid] = Region.from_box(box) if host_initialized else Region.empty_region(len(shape))
+        # None once every element has been written (no uninitialized-read check needed)
+        self._written[bid] = None if host_initialized or box.empty else Region.empty_region(len(shape))
         return info
 
     def destroy_buffer(self, bid: int) -> None:
@@ -291,82 +304,105 @@ class TaskManager:
         return t
 
     # ---- dependency computation ----------------------------------------------
+    # Hot path (application thread, every submit).  Mapper results are cached by the
+    # wrapped mappers; the consumed region per buffer is kept on the task for the
+    # anti-dependency checks of later writers.
     def _compute_dependencies(self, t: Task) -> None:
         geom = t.geometry
-        full = geom.box if geom is not None else Box((), ())
-        for bid in sorted({a.buffer for a in t.accesses} | {r.buffer for r in t.reductions}):
+        full = geom.box if geom is not None else _EMPTY_BOX0
+        accesses = t.accesses
+        reductions = t.reductions
+        if len(accesses) == 1 and not reductions:
+            bids = (accesses[0].buffer,)
+        else:
+            bids = sorted({a.buffer for a in accesses} | {r.buffer for r in reductions})
+        tasks = self.tasks
+        for bid in bids:
             info = self.buffers.get(bid)
             if info is None:
                 raise RangeMapperError(f"{t.label} accesses buffer B{bid}, which does not exist (destroyed?)")
-            consumed = Region.empty_region(len(info.shape))
-            produced = Region.empty_region(len(info.shape))
-            for a in t.accesses:
+            consumed = produced = None
+            for a in accesses:
                 if a.buffer != bid:
                     continue
                 reg = a.mapper(full, info.shape)
-                if a.mode in CONSUMER_MODES:
-                    consumed = consumed | reg
-                if a.mode in PRODUCER_MODES:
-                    produced = produced | reg
-            for red in t.reductions:
+                mode = a.mode
+                if mode in CONSUMER_MODES:
+                    consumed = reg if consumed is None else consumed | reg
+                if mode in PRODUCER_MODES:
+                    produced = reg if produced is None else produced | reg
+            for red in reductions:
                 if red.buffer == bid:
                     if red.include_current:
-                        consumed = consumed | info.box
-                    produced = produced | info.box
+                        consumed = info.box if consumed is None else consumed | info.box
+                    produced = info.box if produced is None else produced | info.box
+            if isinstance(consumed, Box):
+                consumed = Region.from_box(consumed)
+            if isinstance(produced, Box):
+                produced = Region.from_box(produced)
             lw = self._last_writers[bid]
             if consumed:
-                uninit = consumed - self._written[bid]
-                if uninit and self.diagnostics != DIAG_OFF:
-                    msg = (f"{t.label} reads {uninit} of buffer {info.label}, "
-                           f"which has never been written (uninitialized read)")
-                    if self.diagnostics == DIAG_ERROR:
-                        raise DiagnosticError(msg)
-                    log.warning(msg)
-                for _box, writer in lw.query(consumed):
-                    if writer is not None and writer in self.tasks:
-                        t.add_dep(self.tasks[writer], TRUE_DEP, ORIGIN_DATAFLOW)
+                t.consumed[bid] = consumed
+                written = self._written[bid]
+                if written is not None:   # None: every element has been written
+                    uninit = consumed - written
+                    if uninit and self.diagnostics != DIAG_OFF:
+                        msg = (f"{t.label} reads {uninit} of buffer {info.label}, "
+                               f"which has never been written (uninitialized read)")
+                        if self.diagnostics == DIAG_ERROR:
+                            raise DiagnosticError(msg)
+                        log.warning(msg)
+                # (the order of add_dep calls with equal kind and origin does not matter)
+                for writer in set(lw.values_in(consumed)):
+                    if writer is not None:
+                        w = tasks.get(writer)
+                        if w is not None:
+                            t.add_dep(w, TRUE_DEP, ORIGIN_DATAFLOW)
             if produced:
+                # per box of the canonical decomposition, as the anti-dependency rule is stated
                 for box, writer in lw.query(produced):
-                    if writer is None or writer not in self.tasks:
+                    if writer is None:
                         continue
-                    self._add_anti_dependencies(t, self.tasks[writer], bid, box)
+                    w = tasks.get(writer)
+                    if w is not None:
+                        self._add_anti_dependencies(t, w, bid, box)
                 lw.update(produced, t.id)
-                self._written[bid] = self._written[bid] | produced
+                written = self._written[bid]
+                if written is not None:
+                    written = written | produced
+                    ext = info.box
+                    wp = written._pairs
+                    if len(wp) == 1 and wp[0][0] == ext.lo and wp[0][1] == ext.hi:
+                        written = None
+                    self._written[bid] = written
         for ho in t.side_effects:
             prev = self._last_side_effect.get(ho)
-            if prev is not None and prev.id in self.tasks:
+            if prev is not None and prev.id in tasks:
                 t.add_dep(prev, TRUE_DEP, ORIGIN_SIDE_EFFECT)
             self._last_side_effect[ho] = t
         if t.collective_group is not None:
             prev = self._last_collective.get(t.collective_group)
-            if prev is not None and prev.id in self.tasks:
+            if prev is not None and prev.id in tasks:
                 t.add_dep(prev, TRUE_DEP, ORIGIN_COLLECTIVE)
             self._last_collective[t.collective_group] = t
-        if not t.has_true_dep() and self.epoch_for_new_tasks is not None:
+        if self.epoch_for_new_tasks is not None and not t.has_true_dep():
             t.add_dep(self.epoch_for_new_tasks, TRUE_DEP, ORIGIN_LAST_EPOCH)
 
     def _add_anti_dependencies(self, t: Task, writer: Task, bid: int, box: Box) -> None:
         """t overwrites ``box`` last written by ``writer``: order t after its readers."""
         found_reader = False
+        tasks = self.tasks
+        wid = writer.id
         for dep in writer.dependents:
-            if dep is t or dep.id not in self.tasks:
+            if dep is t or dep.id not in tasks:
                 continue
-            if dep.deps.get(writer.id, ("", ""))[0] != TRUE_DEP:
+            d = dep.deps.get(wid)
+            if d is None or d[0] != TRUE_DEP:
                 continue
-            dg = dep.geometry
-            dfull = dg.box if dg is not None else Box((), ())
-            shape = self.buffers[bid].shape
-            for a in dep.accesses:
-                if a.buffer == bid and a.mode in CONSUMER_MODES and a.mapper(dfull, shape).intersects(box):
-                    t.add_dep(dep, ANTI_DEP, ORIGIN_DATAFLOW)
-                    found_reader = True
-                    break
-            else:
-                for red in dep.reductions:
-                    if red.buffer == bid and red.include_current:
-                        t.add_dep(dep, ANTI_DEP, ORIGIN_DATAFLOW)
-                        found_reader = True
-                        break
+            consumed = dep.consumed.get(bid)
+            if consumed is not None and consumed.intersects(box):
+                t.add_dep(dep, ANTI_DEP, ORIGIN_DATAFLOW)
+                found_reader = True
         if not found_reader and writer is not t:
             t.add_dep(writer, ANTI_DEP, ORIGIN_DATAFLOW)
 
@@ -417,8 +453,7 @@ class TaskManager:
         """Everything older than ``epoch`` is now represented by it."""
         eid = epoch.id
         for lw in self._last_writers.values():
-            if any(v is not None and v < eid for v in lw.values()):
-                lw.apply(lw.extent, lambda v: eid if v is not None and v < eid else v)
+            lw.apply_all(lambda v: eid if v is not None and v < eid else v)
         for d in (self._last_side_effect, self._last_collective):
             for k, v in list(d.items()):
                 if v.id < eid:
