@@ -1,0 +1,338 @@
+"""celeritas over MPI against hand-written mpi4py, measured in the same run.
+
+    python benchmarks/bench_mpi.py                 # small defaults (about a minute on 2 cores)
+    python benchmarks/bench_mpi.py --full          # wave_sim 4096^2, more steps and repetitions
+    python benchmarks/bench_mpi.py --strided       # also: strided payloads, datatype vs staging copy
+
+Started without mpiexec, it relaunches itself on ``--ranks`` ranks (default 2).
+Sections:
+
+* **wave_sim**: ``apps.wave_sim``'s step kernel under celeritas against a
+  hand-written mpi4py + numpy halo exchange that evaluates the very same
+  expressions (``wave_sim._shift``) on the same row split.  Reported: best time
+  per run, ratio = handwritten / celeritas (1.0 = no overhead; goal >= 0.97),
+  and whether both final fields are bitwise equal.
+* **ping-pong**: a row of a (2, bytes) buffer hops rank 0 -> rank 1 -> rank 0,
+  one push/await_push per hop (no-op kernels), against ``Send``/``Recv``
+  ping-pong of the same bytes: one-way latency and bandwidth.
+* **strided** (optional): one strided box through ``MpiCommunicator`` with an
+  MPI ``hvector`` datatype versus a contiguous staging copy.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2, help="ranks when relaunching under mpiexec")
+    p.add_argument("--full", action="store_true", help="full sizes: wave_sim 4096^2 x 50 steps, 5 repetitions")
+    p.add_argument("--size", type=int, default=None, help="wave_sim grid edge (default 1024, --full 4096)")
+    p.add_argument("--steps", type=int, default=None, help="wave_sim steps (default 30, --full 50)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per measurement (best is kept)")
+    p.add_argument("--max-bytes", type=int, default=4 << 20, help="largest ping-pong box")
+    p.add_argument("--hops", type=int, default=None, help="round trips per ping-pong size (default adaptive)")
+    p.add_argument("--skip-wave", action="store_true")
+    p.add_argument("--skip-pingpong", action="store_true")
+    p.add_argument("--strided", action="store_true", help="also compare strided datatypes with staging copies")
+    a = p.parse_args(argv)
+    a.size = a.size or (4096 if a.full else 1024)
+    a.steps = a.steps or (50 if a.full else 30)
+    a.reps = a.reps or (5 if a.full else 3)
+    return a
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _allmax(comm, x: float) -> float:
+    from mpi4py import MPI
+    return comm.allreduce(x, op=MPI.MAX)
+
+
+def _console():
+    from rich.console import Console
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 130)
+
+
+# ---------------------------------------------------------------------------------- wave_sim
+
+
+def wave_celeritas(q, n: int, steps: int) -> tuple[float, np.ndarray]:
+    """Seconds for ``steps`` steps (from submission of the first to completion of the last)."""
+    import celeritas as cl
+    from apps import wave_sim
+    init = wave_sim.initial_condition(n)
+    u = cl.Buffer(init, name="u")
+    up = cl.Buffer(init, name="up")
+    q.wait(barrier=True)
+    t0 = time.perf_counter()
+    for s in range(steps):
+        a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
+        wave_sim.submit_step(q, up, u, a, b, c, n)
+        up, u = u, up
+    q.wait()
+    t = time.perf_counter() - t0
+    result = q.fence(u).result()
+    q.wait(barrier=True)        # celeritas idle on every rank before the hand-written run
+    return t, result
+
+
+def _rows(n: int, nranks: int, rank: int) -> tuple[int, int]:
+    """celeritas' split_1d of n rows (equal chunks, the remainder spread from the front)."""
+    base, extra = divmod(n, nranks)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+def wave_handwritten(comm, n: int, steps: int) -> tuple[float, np.ndarray]:
+    """Row-split wave_sim with one halo row per neighbour and step, same arithmetic as the kernel."""
+    from apps import wave_sim
+    rank, size = comm.Get_rank(), comm.Get_size()
+    y0, y1 = _rows(n, size, rank)
+    init = wave_sim.initial_condition(n)
+    # rows y0-1 .. y1 (ghosts included where a neighbour exists)
+    g0, g1 = max(y0 - 1, 0), min(y1 + 1, n)
+    u = init[g0:g1].copy()
+    up = init[g0:g1].copy()
+    up_rank, down_rank = rank - 1, rank + 1
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for s in range(steps):
+        a, b, c = (np.float32(v) for v in wave_sim.coefficients(s, 0.25, 1.0))
+        # halo: my first/last owned rows to the neighbours, their rows into my ghosts
+        if up_rank >= 0 and down_rank < size:
+            comm.Sendrecv(u[y0 - g0], up_rank, 1, u[y1 - g0], down_rank, 1)
+            comm.Sendrecv(u[y1 - 1 - g0], down_rank, 2, u[0], up_rank, 2)
+        elif down_rank < size:
+            comm.Sendrecv(u[y1 - 1 - g0], down_rank, 2, u[y1 - g0], down_rank, 1)
+        elif up_rank >= 0:
+            comm.Sendrecv(u[y0 - g0], up_rank, 1, u[0], up_rank, 2)
+
+        def get(ya, yb, xa, xb, _u=u):
+            return _u[ya - g0:yb - g0, xa:xb]
+
+        center = get(y0, y1, 0, n)
+        lap = (wave_sim._shift(np, get, y0, y1, 0, n, -1, 0, n) + wave_sim._shift(np, get, y0, y1, 0, n, 1, 0, n)
+               + wave_sim._shift(np, get, y0, y1, 0, n, 0, -1, n) + wave_sim._shift(np, get, y0, y1, 0, n, 0, 1, n)
+               - 4 * center)
+        rw = up[y0 - g0:y1 - g0]
+        rw[...] = a * 2 * center - b * rw + c * lap
+        up, u = u, up
+    t = time.perf_counter() - t0
+    parts = comm.allgather(u[y0 - g0:y1 - g0])
+    return t, np.concatenate(parts, axis=0)
+
+
+def bench_wave(q, comm, args, console) -> None:
+    n, steps = args.size, args.steps
+    best_c, best_h = float("inf"), float("inf")
+    res_c = res_h = None
+    for _ in range(args.reps):
+        tc, res_c = wave_celeritas(q, n, steps)
+        best_c = min(best_c, _allmax(comm, tc))
+        th, res_h = wave_handwritten(comm, n, steps)
+        best_h = min(best_h, _allmax(comm, th))
+    equal = bool(comm.allreduce(int(np.array_equal(res_c, res_h))) == comm.Get_size())
+    if comm.Get_rank() == 0:
+        from rich.table import Table
+        t = Table(title=f"wave_sim {n}x{n}, {steps} steps, {comm.Get_size()} ranks (best of {args.reps})")
+        for col in ("implementation", "time [s]", "per step [ms]", "ratio handwritten/celeritas"):
+            t.add_column(col, justify="right")
+        t.add_row("hand-written mpi4py + numpy", f"{best_h:.3f}", f"{best_h / steps * 1e3:.2f}", "")
+        t.add_row("celeritas", f"{best_c:.3f}", f"{best_c / steps * 1e3:.2f}", f"{best_h / best_c:.3f}")
+        console.print(t)
+        console.print(f"results bitwise equal: {'yes' if equal else 'NO'}; goal ratio >= 0.97: "
+                      f"{'met' if best_h / best_c >= 0.97 else 'not met'}")
+
+
+# ---------------------------------------------------------------------------------- ping-pong
+
+
+def _row_mapper(item: int, row: int):
+    """Chunk ``item`` accesses row ``row``; the other chunk accesses nothing."""
+    import celeritas as cl
+
+    def mapper(chunk, shape):
+        if chunk.offset[0] == item:
+            return cl.Subrange((row, 0), (1, shape[1]))
+        return cl.Subrange((0, 0), (0, shape[1]))
+    return mapper
+
+
+def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
+    """One-way seconds per hop: row src -> row dst, executed by chunk dst (on rank dst)."""
+    import celeritas as cl
+    x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
+
+    def hop(src: int, dst: int):
+        def cgf(cgh):
+            x.access(cgh, _row_mapper(dst, src), cl.read)
+            x.access(cgh, _row_mapper(dst, dst), cl.write)
+            cgh.parallel_for((2,), lambda chunk: None, name=f"hop{src}{dst}")
+        return cgf
+
+    for _ in range(2):                      # warm-up: allocations, first transfers
+        q.submit(hop(0, 1))
+        q.submit(hop(1, 0))
+    q.wait(barrier=True)
+    t0 = time.perf_counter()
+    for _ in range(hops):
+        q.submit(hop(0, 1))
+        q.submit(hop(1, 0))
+    q.wait()
+    t = (time.perf_counter() - t0) / (2 * hops)
+    q.wait(barrier=True)
+    return t
+
+
+def pingpong_mpi(comm, nbytes: int, hops: int) -> float:
+    rank = comm.Get_rank()
+    buf = np.zeros(nbytes, np.uint8)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(hops):
+        if rank == 0:
+            comm.Send(buf, 1, 7)
+            comm.Recv(buf, 1, 7)
+        elif rank == 1:
+            comm.Recv(buf, 0, 7)
+            comm.Send(buf, 0, 7)
+    return (time.perf_counter() - t0) / (2 * hops)
+
+
+def bench_pingpong(q, comm, args, console) -> None:
+    sizes = []
+    s = 8
+    while s <= args.max_bytes:
+        sizes.append(s)
+        s *= 8 if s < 4096 else 4
+    if sizes[-1] != args.max_bytes:
+        sizes.append(args.max_bytes)
+    rows = []
+    for nbytes in sizes:
+        hops = args.hops or (60 if nbytes <= 65536 else 20)
+        tc = min(_allmax(comm, pingpong_celeritas(q, nbytes, hops)) for _ in range(args.reps))
+        tm = min(_allmax(comm, pingpong_mpi(comm, nbytes, hops * 10)) for _ in range(args.reps))
+        rows.append((nbytes, tc, tm))
+    if comm.Get_rank() == 0:
+        from rich.table import Table
+        t = Table(title=f"push/await_push vs mpi4py Send/Recv ping-pong (one-way, best of {args.reps})")
+        for col in ("box", "celeritas latency", "mpi4py latency", "celeritas bandwidth", "mpi4py bandwidth",
+                    "ratio mpi4py/celeritas"):
+            t.add_column(col, justify="right")
+        for nbytes, tc, tm in rows:
+            t.add_row(_bytes(nbytes), f"{tc * 1e6:,.1f} us", f"{tm * 1e6:,.1f} us", f"{nbytes / tc / 1e6:,.1f} MB/s",
+                      f"{nbytes / tm / 1e6:,.1f} MB/s", f"{tm / tc:.3f}")
+        console.print(t)
+
+
+def _bytes(n: int) -> str:
+    for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f:
+            return f"{n / f:g} {unit}"
+    return f"{n} B"
+
+
+# ---------------------------------------------------------------------------------- strided
+
+
+def bench_strided(comm, args, console) -> None:
+    """Ping-pong of one strided view through MpiCommunicator, each policy (ranks 0 and 1)."""
+    from executor.mpi_communicator import MpiCommunicator
+    mc = MpiCommunicator(comm, install_hooks=False, divergence_timeout=None)
+    rank = comm.Get_rank()
+    cases = [((1024, 1024), np.s_[:, 0:1]), ((1024, 1024), np.s_[:, 0:16]), ((1024, 1024), np.s_[:, 0:512]),
+             ((4096, 4096), np.s_[:, 0:2048]), ((1024, 8192), np.s_[:, 0:4096]), ((32, 262144), np.s_[:, 0:131072]),
+             ((256, 256, 256), np.s_[:, 0:128, :]), ((256, 256, 256), np.s_[:, :, 0:1]), ((1024, 1024), np.s_[0:512, 0:512])]
+
+    def spin(r):
+        while not r.test():
+            time.sleep(2e-5)
+
+    def one(view, msg):
+        if rank == 0:
+            spin(mc.send_payload(1, msg, view))
+            spin(mc.receive_payload(1, msg + 1, view))
+        elif rank == 1:
+            spin(mc.receive_payload(0, msg, view))
+            spin(mc.send_payload(0, msg + 1, view))
+
+    rows = []
+    msg = 0
+    for shape, sl in cases:
+        view = np.ones(shape, np.float32)[sl]
+        res = {}
+        for policy in ("datatype", "staging", "auto"):
+            mc._strided = policy
+            reps = 2 if view.nbytes >= 16 << 20 else 10
+            ts = []
+            for _ in range(reps + 1):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                one(view, msg)
+                msg += 2
+                ts.append((time.perf_counter() - t0) / 2)
+            res[policy] = _allmax(comm, min(ts[1:]))
+        rows.append((shape, view.shape, view.nbytes, res))
+    mc.close()
+    if rank == 0:
+        from rich.table import Table
+        t = Table(title="strided payloads: MPI hvector datatype vs contiguous staging copy (one-way)")
+        for col in ("allocation", "box", "bytes", "datatype", "staging", "auto", "staging/datatype"):
+            t.add_column(col, justify="right")
+        for shape, vshape, nb, r in rows:
+            t.add_row(str(shape), str(vshape), _bytes(nb), f"{r['datatype'] * 1e6:,.0f} us",
+                      f"{r['staging'] * 1e6:,.0f} us", f"{r['auto'] * 1e6:,.0f} us",
+                      f"{r['staging'] / r['datatype']:.2f}")
+        console.print(t)
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    from executor.mpi_communicator import launched_under_mpi
+    if not launched_under_mpi():
+        from celeritas import launcher
+        env_devices = os.environ.get("CELERITAS_DEVICES", "host:1")
+        return launcher.run(args.ranks, str(Path(__file__).resolve()), list(sys.argv[1:] if argv is None else argv),
+                            devices=env_devices)
+    import celeritas as cl
+    from mpi4py import MPI
+
+    from executor.mpi_communicator import library_version
+    comm = MPI.COMM_WORLD
+    console = _console()
+    # mpi4py's first pickled allreduce on a communicator duplicates it (a blocking
+    # collective) while holding the GIL; do that before celeritas has threads that
+    # peers depend on (it deadlocked a run where one rank got there first)
+    comm.allreduce(0)
+    q = cl.Queue()
+    if comm.Get_rank() == 0:
+        console.print(f"[bold]bench_mpi[/bold]: {comm.Get_size()} ranks, CELERITAS_DEVICES="
+                      f"{os.environ.get('CELERITAS_DEVICES')}, {library_version(MPI)}, "
+                      f"{os.cpu_count()} cores")
+    if not args.skip_wave:
+        bench_wave(q, comm, args, console)
+    if not args.skip_pingpong and comm.Get_size() >= 2:
+        bench_pingpong(q, comm, args, console)
+    if args.strided and comm.Get_size() >= 2:
+        bench_strided(comm, args, console)
+    q.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""``python -m celeritas``: launch jobs, inspect the machine, render graph dumps.
+
+    python -m celeritas run -n 4 [--devices host:2] script.py args…
+    python -m celeritas run -n 2 -m apps.wave_sim -- -N 1024
+    python -m celeritas info
+    python -m celeritas graphs DIR
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+from typing import Any, Sequence
+
+from scheduler.errors import CeleritasError, ConfigError
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+    return Console(stderr=stderr, highlight=False)
+
+
+# ---------------------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import launcher
+    rest = list(args.args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    target = args.module or args.target
+    if target is None:
+        raise ConfigError("run: name a script (script.py) or a module (-m apps.wave_sim)")
+    if args.module and args.target is not None:
+        rest = [args.target] + rest
+    path = launcher.find_mpiexec(args.mpiexec)
+    if path is None:
+        if args.n != 1:
+            raise ConfigError("no mpiexec found (next to the Python interpreter or on PATH); "
+                              "pip install 'celeritas[mpi]' installs MPICH's")
+        cmd = launcher.LaunchCommand([sys.executable] + (["-m", target] if args.module else [target]) + rest,
+                                     dict(os.environ))
+        if args.devices:
+            cmd.env["CELERITAS_DEVICES"] = args.devices
+    else:
+        cmd = launcher.build_command(args.n, target, rest, mpiexec=launcher.detect(path), devices=args.devices,
+                                     module=bool(args.module), extra=args.mpiexec_arg or ())
+    if args.print_only:
+        print(" ".join(_quote(a) for a in cmd.argv))
+        return 0
+    import subprocess
+    try:
+        return subprocess.run(cmd.argv, env=cmd.env).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
+def _quote(s: str) -> str:
+    import shlex
+    return shlex.quote(s)
+
+
+# ---------------------------------------------------------------------------------- info
+
+
+def _try(fn, *a, **kw) -> tuple[Any, str | None]:
+    try:
+        return fn(*a, **kw), None
+    except Exception as exc:  # noqa: BLE001 - info reports, never fails
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _cuda_devices() -> tuple[list[str], str | None]:
+    try:
+        import cupy
+    except ImportError:
+        return [], "CuPy not installed (pip install 'celeritas[cuda]')"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001
+        return [], f"no usable CUDA runtime: {exc}"
+    out = []
+    for d in range(n):
+        props = cupy.cuda.runtime.getDeviceProperties(d)
+        name = props.get("name", b"?")
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        out.append(f"cuda:{d} {name} ({props.get('totalGlobalMem', 0) / 2**30:.1f} GiB)")
+    return out, None
+
+
+def _opencl_devices() -> tuple[list[str], str | None]:
+    try:
+        import pyopencl as cl_
+    except ImportError:
+        return [], "PyOpenCL not installed (pip install 'celeritas[opencl]')"
+    try:
+        platforms = cl_.get_platforms()
+    except Exception as exc:  # noqa: BLE001
+        return [], f"no OpenCL platform: {exc}"
+    out = []
+    for p, plat in enumerate(platforms):
+        for d, dev in enumerate(plat.get_devices()):
+            out.append(f"opencl:{p}:{d} {dev.name.strip()} ({plat.name.strip()}, "
+                       f"{dev.global_mem_size / 2**30:.1f} GiB)")
+    return out, None
+
+
+def _mpi_rows() -> list[tuple[str, Any]]:
+    from rich.text import Text
+
+    from . import launcher
+    rows: list[tuple[str, Any]] = []
+    try:
+        import mpi4py
+    except ImportError:
+        rows.append(("mpi4py", Text("not installed (pip install 'celeritas[mpi]')", style="yellow")))
+    else:
+        rows.append(("mpi4py", mpi4py.__version__))
+        from executor.mpi_communicator import mpi_info
+        info, err = _try(mpi_info)
+        if err:
+            rows.append(("MPI library", Text(err, style="red")))
+        else:
+            rows.append(("MPI library", info["library"]))
+            rows.append(("MPI standard", info["standard"]))
+            level = info["thread_level"]
+            ok = level == "MPI_THREAD_MULTIPLE"
+            rows.append(("thread level", Text(level, style="green") if ok else
+                         Text(f"{level} (celeritas needs MPI_THREAD_MULTIPLE)", style="red")))
+            rows.append(("world size", str(info["world_size"])))
+    path, err = _try(launcher.find_mpiexec)
+    if path:
+        m = launcher.detect(path)
+        rows.append(("mpiexec", Text(f"{path} ({m.flavor}{', ' + m.version if m.version else ''})")))
+    else:
+        rows.append(("mpiexec", Text(err or "not found", style="yellow")))
+    return rows
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from rich.table import Table
+    from rich.text import Text
+    import numpy as np
+
+    from . import __version__
+    console = _console()
+
+    t = Table(title="celeritas", show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("version", __version__)
+    t.add_row("Python", Text(f"{platform.python_version()} ({sys.executable})"))
+    t.add_row("numpy", np.__version__)
+    t.add_row("platform", f"{platform.platform()}, {os.cpu_count()} CPU cores")
+    console.print(t)
+
+    b = Table(title="backends and devices", title_justify="left")
+    b.add_column("backend", style="bold")
+    b.add_column("devices")
+    b.add_row("host", f"[green]available[/green]: CPU threads simulate N devices (CELERITAS_DEVICES=host:N)")
+    for name, probe in (("cuda", _cuda_devices), ("opencl", _opencl_devices)):
+        devs, why = probe()
+        if devs:
+            b.add_row(name, "\n".join(devs))
+        else:
+            b.add_row(name, Text(why or "no devices", style="yellow"))
+    console.print(b)
+
+    m = Table(title="MPI", show_header=False, title_justify="left")
+    m.add_column(style="bold")
+    m.add_column()
+    for k, v in _mpi_rows():
+        m.add_row(k, v)
+    console.print(m)
+
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("CELERITAS_")}
+    c = Table(title="configuration (environment)", show_header=False, title_justify="left")
+    c.add_column(style="bold")
+    c.add_column()
+    if env:
+        for k, v in env.items():
+            c.add_row(k, Text(v))
+    else:
+        c.add_row("CELERITAS_*", "(none set: defaults)")
+    from . import config
+    cfg, err = _try(config.from_env)
+    c.add_row("valid", Text("yes", style="green") if err is None else Text(err, style="red"))
+    console.print(c)
+    return 0 if err is None else 1
+
+
+# ---------------------------------------------------------------------------------- graphs
+
+
+def cmd_graphs(args: argparse.Namespace) -> int:
+    """Delegates to ``celeritas.graphs.render_folder`` (its return value is the exit code)."""
+    console = _console(stderr=True)
+    try:
+        graphs = importlib.import_module("celeritas.graphs")
+    except ImportError as exc:
+        console.print(f"graphs: celeritas.graphs cannot be imported: {exc}", style="red", markup=False)
+        return 2
+    render = getattr(graphs, "render_folder", None)
+    if render is None:
+        console.print("graphs: this celeritas has no graph renderer yet (celeritas.graphs.render_folder is "
+                      f"missing); the .dot dumps in {args.dir} can be rendered with Graphviz: "
+                      "dot -Tsvg FILE.dot -o FILE.svg", style="yellow", markup=False)
+        return 2
+    result = render(args.dir)
+    return result if isinstance(result, int) else 0
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m celeritas", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a script on N ranks under mpiexec")
+    r.add_argument("-n", "--ranks", dest="n", type=int, default=1, help="number of MPI ranks")
+    r.add_argument("--devices", default=None, help="CELERITAS_DEVICES for every rank (host:N, cuda, opencl, …)")
+    r.add_argument("-m", "--module", default=None, help="run a module (python -m MODULE) instead of a script")
+    r.add_argument("--mpiexec", default=None, help="the mpiexec to use (default: next to Python, else PATH)")
+    r.add_argument("--mpiexec-arg", action="append", help="extra argument for mpiexec (repeatable)")
+    r.add_argument("--print", dest="print_only", action="store_true", help="print the command, do not run it")
+    r.add_argument("target", nargs="?", default=None, help="script.py")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
+    r.set_defaults(fn=cmd_run)
+
+    i = sub.add_parser("info", help="backends, devices and MPI of this machine")
+    i.set_defaults(fn=cmd_info)
+
+    g = sub.add_parser("graphs", help="render the graph dumps of CELERITAS_PRINT_GRAPHS=DIR")
+    g.add_argument("dir")
+    g.set_defaults(fn=cmd_graphs)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except CeleritasError as exc:
+        _console(stderr=True).print(f"error: {exc}", style="red", markup=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

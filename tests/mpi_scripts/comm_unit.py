@@ -1,0 +1,199 @@
+"""MpiCommunicator and EpochCheck exercised directly (3 ranks); prints ``rank R: ok``."""
+import sys
+import time
+
+import _setup  # noqa: F401
+import numpy as np
+from mpi4py import MPI
+
+from executor.communicator import CommunicatorError
+from executor.mpi_communicator import EpochCheck, MpiCommunicator, decode_pilot, encode_pilot
+from scheduler.errors import DivergenceError
+from scheduler.geometry import Box
+from scheduler.instruction_graph import EpochInstruction, Pilot
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+assert size == 3, "run on 3 ranks"
+comm = MpiCommunicator(install_hooks=False)
+problems = []
+
+
+def expect(cond, what):
+    if not cond:
+        problems.append(what)
+
+
+def wait_all(reqs, timeout=20.0):
+    t0 = time.monotonic()
+    pending = list(reqs)
+    while pending:
+        pending = [r for r in pending if not r.test()]
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{len(pending)} requests did not complete")
+        time.sleep(1e-4)
+
+
+# ---- pilot wire format
+for box in (Box((1,), (5,)), Box((0, 2), (3, 9)), Box((1, 2, 3), (4, 5, 6)), Box.empty_box(2)):
+    buf = np.zeros(12, np.int64)
+    p = Pilot(msg_id=2**40 + 7, to=2, transfer=(11, 3, 4), box=box)
+    encode_pilot(p, buf)
+    q = decode_pilot(buf)
+    expect((q.msg_id, q.to, q.transfer, q.box, q.box.dims) == (p.msg_id, p.to, p.transfer, p.box, box.dims),
+           f"pilot round trip {p} -> {q}")
+
+# ---- pilots: many from two senders to rank 0 (more than the standing ring), order kept per sender
+N = 50
+if rank != 0:
+    for i in range(N):
+        comm.send_pilot(0, Pilot(msg_id=i, to=0, transfer=(rank, i, 0),
+                                 box=Box((i,), (i + rank,)) if i % 7 else Box.empty_box(1)))
+else:
+    got = []
+    t0 = time.monotonic()
+    while len(got) < 2 * N and time.monotonic() - t0 < 20:
+        got += comm.poll_pilots()
+        time.sleep(1e-4)
+    expect(len(got) == 2 * N, f"received {len(got)} of {2 * N} pilots")
+    for src in (1, 2):
+        ids = [p.msg_id for fr, p in got if fr == src]
+        expect(ids == list(range(N)), f"pilots from rank {src} out of order: {ids}")
+        expect(all(p.transfer == (src, p.msg_id, 0) and p.to == 0 for fr, p in got if fr == src),
+               "pilot contents")
+    expect(comm.poll_pilots() == [], "extra pilots")
+comm.barrier()
+
+# ---- payloads between ranks 0 and 1, both arrival orders, contiguous and strided, both policies
+base = np.arange(64 * 48, dtype=np.float32).reshape(64, 48)
+cases = [("contiguous rows", np.s_[3:20, :]), ("column", np.s_[:, 5:6]), ("block", np.s_[10:40, 7:30]),
+         ("3-d slab", None)]
+msg = 1000
+for policy in ("staging", "datatype", "auto"):
+    comm._strided = policy
+    for recv_first in (False, True):
+        for name, sl in cases:
+            msg += 1
+            if sl is None:
+                src = np.arange(8 * 9 * 10, dtype=np.int64).reshape(8, 9, 10)[1:7, 2:5, 3:9]
+                dst_full = np.zeros((8, 9, 10), np.int64)
+                dst = dst_full[2:8, 4:7, 0:6]
+            else:
+                src = base[sl]
+                dst_full = np.zeros_like(base)
+                dst = dst_full[sl]
+            if recv_first:
+                comm.barrier()
+            if rank == 0:
+                if not recv_first:
+                    wait_all([comm.send_payload(1, msg, src)])
+                    comm.barrier()
+                else:
+                    time.sleep(0.01)
+                    wait_all([comm.send_payload(1, msg, src)])
+            elif rank == 1:
+                if not recv_first:
+                    comm.barrier()
+                r = comm.receive_payload(0, msg, dst)
+                wait_all([r])
+                expect(np.array_equal(dst, src), f"{policy}/{name}/recv_first={recv_first}: wrong data")
+                untouched = dst_full.copy()
+                untouched[(slice(2, 8), slice(4, 7), slice(0, 6)) if sl is None else sl] = 0
+                expect(not untouched.any(), f"{policy}/{name}: wrote outside the box")
+            else:
+                if not recv_first:
+                    comm.barrier()
+
+comm._strided = "auto"
+# typed partial result into raw gather bytes; wrong sizes are errors; huge msg ids wrap into the tag range
+if rank == 1:
+    wait_all([comm.send_payload(2, 5, np.array([1.5, -2.0])),
+              comm.send_payload(2, 6, np.zeros(3, np.int8)),
+              comm.send_payload(2, 2**45 + 3, np.arange(4, dtype=np.int32))])
+elif rank == 2:
+    slot = np.zeros(32, np.uint8)[8:24]
+    wait_all([comm.receive_payload(1, 5, slot)])
+    expect(np.array_equal(slot.view(np.float64), [1.5, -2.0]), "gather bytes")
+    r = comm.receive_payload(1, 6, np.zeros(8, np.int8))
+    try:
+        wait_all([r])
+        expect(False, "short message accepted")
+    except CommunicatorError as exc:
+        expect("received 3 bytes, expected 8" in str(exc), f"short message error: {exc}")
+    out = np.zeros(4, np.int32)
+    wait_all([comm.receive_payload(1, 2**45 + 3, out)])
+    expect(out.tolist() == [0, 1, 2, 3], "huge msg id")
+try:
+    comm.send_pilot(rank, Pilot(0, rank, (0, 0, 0), Box((0,), (1,))))
+    expect(False, "pilot to self accepted")
+except CommunicatorError:
+    pass
+
+# ---- clones: returned at once, usable collectives, distinct from COMM_WORLD
+c1 = comm.clone(key=1)
+c2 = c1.clone(key=2)
+h1, h2 = c1.collective_handle(), c2.collective_handle()
+expect(isinstance(h1, MPI.Intracomm) and h1.Get_size() == size, "clone handle")
+expect(h1.allreduce(rank + 1) == size * (size + 1) // 2, "clone allreduce")
+expect(MPI.Comm.Compare(h1, world) == MPI.CONGRUENT and MPI.Comm.Compare(h1, h2) == MPI.CONGRUENT,
+       "clone congruence")
+expect(h2.bcast("x" if rank == 0 else None) == "x", "second clone bcast")
+c2.barrier()
+
+
+# ---- divergence check on fresh duplicates
+def epoch(task, action, digest, h):
+    return EpochInstruction(id=task, task=task, action=action, stream_hash=h, digest=digest)
+
+
+chk = EpochCheck(world.Dup(), rank, size, timeout=5.0)
+d = [(1, "device_compute", "k", [8]), (2, "horizon", "horizon", [])]
+chk.announce(epoch(3, "barrier", d, 1234))
+t0 = time.monotonic()
+while not chk.verified(epoch(3, "barrier", d, 1234)):
+    expect(time.monotonic() - t0 < 10, "matching epochs never verified")
+    if time.monotonic() - t0 > 10:
+        break
+    time.sleep(1e-3)
+world.Barrier()
+
+chk = EpochCheck(world.Dup(), rank, size, timeout=5.0)
+mine = list(d) if rank != 1 else [d[0], (2, "device_compute", "extra", [4])]
+chk.announce(epoch(4, "shutdown", mine, 99 if rank != 1 else 98))
+err = None
+t0 = time.monotonic()
+try:
+    while not chk.verified(epoch(4, "shutdown", mine, 0)) and time.monotonic() - t0 < 10:
+        time.sleep(1e-3)
+except DivergenceError as exc:
+    err = str(exc)
+if rank in (1, 2):   # rank 1 compares with rank 0, rank 2 with rank 1
+    expect(err is not None and "'extra'" in err and "T2" in err and "horizon" in err,
+           f"divergence not reported as expected: {err}")
+else:
+    expect(err is None, f"rank 0 reported {err}")
+world.Barrier()
+
+chk = EpochCheck(world.Dup(), rank, size, timeout=0.5)
+if rank != 2:             # rank 2 never submits: rank 0 (its right neighbour) must time out
+    chk.announce(epoch(5, "shutdown", [], 7))
+err = None
+if rank == 0:
+    t0 = time.monotonic()
+    try:
+        while not chk.verified(epoch(5, "shutdown", [], 7)):
+            time.sleep(1e-3)
+            if time.monotonic() - t0 > 10:
+                break
+    except DivergenceError as exc:
+        err = str(exc)
+    expect(err is not None and "did not submit a matching epoch within 0.5 s" in err, f"timeout: {err}")
+    expect(time.monotonic() - t0 < 5, "timeout took too long")
+world.Barrier()
+
+for p in problems:
+    print(f"rank {rank}: FAIL {p}", flush=True)
+if not problems:
+    print(f"rank {rank}: ok", flush=True)
+comm.close()
+sys.exit(1 if problems else 0)

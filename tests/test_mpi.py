@@ -1,0 +1,293 @@
+"""celeritas under a real ``mpiexec``: results, graphs, failures, divergence, the CLI.
+
+Every job runs the scripts in ``tests/mpi_scripts`` with the ``mpiexec`` next to
+the interpreter, ``CELERITAS_DEVICES=host:1`` or ``host:2`` per rank, and a
+timeout; a job that outlives it is killed as a whole process group.  Launcher
+and detection helpers are tested without MPI at the bottom.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+
+needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY),
+                               reason=f"needs mpi4py and {MPIEXEC}")
+
+
+def _env(devices: str, extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
+    env["CELERITAS_DEVICES"] = devices
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra or {})
+    return env
+
+
+def run_job(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``argv`` in its own session; on timeout kill the whole group (mpiexec and its ranks)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(argv)} did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    res = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    res.seconds = time.monotonic() - t0  # type: ignore[attr-defined]
+    return res
+
+
+def mpirun(n: int, script: str, *args: str, devices: str = "host:1", env: dict | None = None,
+           timeout: float = 120) -> subprocess.CompletedProcess:
+    argv = [str(MPIEXEC), "-n", str(n), sys.executable, str(SCRIPTS / script), *args]
+    return run_job(argv, _env(devices, env), timeout)
+
+
+def _explain(r: subprocess.CompletedProcess) -> str:
+    return f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr[-6000:]}"
+
+
+# ------------------------------------------------------------------------------- apps
+
+
+@pytest.fixture(scope="module")
+def single_rank_apps(tmp_path_factory):
+    out = tmp_path_factory.mktemp("apps") / "single.npz"
+    r = run_job([sys.executable, str(SCRIPTS / "apps_check.py"), str(out)], _env("host:1"), 120)
+    assert r.returncode == 0, _explain(r)
+    assert "rank 0/1 SingleRankCommunicator ok" in r.stdout
+    return dict(np.load(out))
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,devices", [(2, "host:2"), (4, "host:1")])
+def test_apps_equal_single_rank_exactly(single_rank_apps, tmp_path, ranks, devices):
+    out = tmp_path / "mpi.npz"
+    r = mpirun(ranks, "apps_check.py", str(out), devices=devices)
+    assert r.returncode == 0, _explain(r)
+    for k in range(ranks):
+        assert f"rank {k}/{ranks} MpiCommunicator ok" in r.stdout, _explain(r)
+    got = dict(np.load(out))
+    assert set(got) == set(single_rank_apps)
+    for name, want in single_rank_apps.items():
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+        assert np.array_equal(got[name], want), f"{name} differs from the single-rank result"
+
+
+# ------------------------------------------------------------------------------- random programs
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks,devices,first,count", [(2, "host:2", 0, 80), (4, "host:1", 1000, 80)])
+def test_random_programs_match_numpy(ranks, devices, first, count):
+    r = mpirun(ranks, "random_programs.py", str(first), str(count), devices=devices,
+               env={"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"})
+    assert r.returncode == 0, _explain(r)
+    for k in range(ranks):
+        assert f"rank {k}: {count}/{count} programs match numpy" in r.stdout, _explain(r)
+
+
+# ------------------------------------------------------------------------------- graphs, collectives
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_behaviours_5_and_11_and_collective_groups_on_every_rank():
+    r = mpirun(2, "behaviours.py")
+    assert r.returncode == 0, _explain(r)
+    assert "rank 0: ok" in r.stdout and "rank 1: ok" in r.stdout, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_communicator_protocol():
+    r = mpirun(3, "comm_unit.py", timeout=60)
+    assert r.returncode == 0, _explain(r)
+    for k in range(3):
+        assert f"rank {k}: ok" in r.stdout, _explain(r)
+
+
+# ------------------------------------------------------------------------------- failures
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_kernel_failure_on_rank_2_ends_every_rank():
+    r = mpirun(4, "kernel_failure.py", timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert r.seconds < 30, f"took {r.seconds:.1f} s"
+    assert "finished normally" not in r.stdout, _explain(r)
+    assert "kernel 'boom'" in r.stderr and "rank 2" in r.stderr and "kaboom on purpose" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_uncaught_exception_in_script_ends_every_rank():
+    r = mpirun(2, "uncaught.py", timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert r.seconds < 30, f"took {r.seconds:.1f} s"
+    assert "finished normally" not in r.stdout, _explain(r)
+    assert "RuntimeError: user bug on rank 1" in r.stderr, _explain(r)
+    assert "celeritas rank 1: uncaught RuntimeError; aborting all ranks" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_divergent_task_streams_name_the_first_differing_task():
+    r = mpirun(2, "divergence.py", "extra", timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert "finished normally" not in r.stdout, _explain(r)
+    assert "submitted different task streams" in r.stderr, _explain(r)
+    assert "T2 (device_compute 'extra', range [64])" in r.stderr, _explain(r)
+    assert "T2 (device_compute 'reader', range [64])" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_divergence_where_a_rank_never_reaches_the_epoch_times_out():
+    r = mpirun(2, "divergence.py", "stuck", env={"CELERITAS_DIVERGENCE_TIMEOUT": "3"}, timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert r.seconds < 30, f"took {r.seconds:.1f} s"
+    assert "did not submit a matching epoch within 3 s" in r.stderr, _explain(r)
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_cli_run_starts_ranks_with_devices_and_arguments():
+    argv = [sys.executable, "-m", "celeritas", "run", "-n", "2", "--devices", "host:2",
+            str(SCRIPTS / "cli_probe.py"), "alpha", "--beta"]
+    r = run_job(argv, _env("host:1"), 120)
+    assert r.returncode == 0, _explain(r)
+    for k in range(2):
+        assert (f"rank={k} ranks=2 devices=2 comm=MpiCommunicator env=host:2 args=['alpha', '--beta'] "
+                f"total=28") in r.stdout, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_cli_single_rank_mpiexec_uses_the_single_rank_communicator():
+    argv = [sys.executable, "-m", "celeritas", "run", "-n", "1", str(SCRIPTS / "cli_probe.py")]
+    r = run_job(argv, _env("host:1"), 120)
+    assert r.returncode == 0, _explain(r)
+    assert "rank=0 ranks=1 devices=1 comm=SingleRankCommunicator" in r.stdout, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_cli_info():
+    r = run_job([sys.executable, "-m", "celeritas", "info"], _env("host:1"), 120)
+    assert r.returncode == 0, _explain(r)
+    for text in ("backends and devices", "host", "MPI library", "MPI_THREAD_MULTIPLE", str(MPIEXEC)):
+        assert text in r.stdout, _explain(r)
+
+
+def test_cli_graphs_delegates_to_render_folder(tmp_path):
+    r = run_job([sys.executable, "-m", "celeritas", "graphs", str(tmp_path)], _env("host:1"), 60)
+    from celeritas import graphs
+    if hasattr(graphs, "render_folder"):
+        assert r.returncode == 1, _explain(r)         # an empty folder: nothing to render
+        assert ".dot" in r.stderr, _explain(r)
+    else:
+        assert r.returncode == 2 and "render_folder is missing" in r.stderr, _explain(r)
+
+
+def test_cli_rejects_bad_devices():
+    r = run_job([sys.executable, "-m", "celeritas", "run", "-n", "2", "--devices", "gpu:7", "x.py"],
+                _env("host:1"), 60)
+    assert r.returncode == 2 and "not a device list" in r.stderr, _explain(r)
+
+
+# ------------------------------------------------------------------------------- launcher (no MPI)
+
+
+def test_launcher_flavor_detection():
+    from celeritas import launcher
+    assert launcher.classify_version_text("mpiexec (OpenRTE) 4.1.2\nReport bugs") == launcher.OPENMPI
+    assert launcher.classify_version_text("prterun (Open MPI) 5.0.3") == launcher.OPENMPI
+    assert launcher.classify_version_text("HYDRA build details:\n    Version: 4.1") == launcher.MPICH
+    assert launcher.classify_version_text("Intel(R) MPI Library for Linux") == launcher.INTEL
+    assert launcher.classify_version_text("something else") == launcher.UNKNOWN
+
+
+def test_launcher_openmpi_flags_only_where_needed():
+    from celeritas import launcher
+    om = launcher.Mpiexec("/opt/ompi/bin/mpiexec", launcher.OPENMPI)
+    cmd = launcher.build_command(8, "app.py", ["-x"], mpiexec=om, devices="host:2", is_root=True, cores=2,
+                                 env={"PATH": "/bin"}, python="/py")
+    assert cmd.argv[:6] == ["/opt/ompi/bin/mpiexec", "-n", "8", "--allow-run-as-root", "--oversubscribe", "-x"]
+    assert cmd.argv[6] == "CELERITAS_DEVICES" and cmd.argv[-3:] == ["/py", "app.py", "-x"]
+    assert cmd.env["CELERITAS_DEVICES"] == "host:2" and cmd.env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+    cmd = launcher.build_command(2, "app.py", mpiexec=om, is_root=False, cores=2, env={}, python="/py")
+    assert cmd.argv == ["/opt/ompi/bin/mpiexec", "-n", "2", "/py", "app.py"]
+    mp = launcher.Mpiexec("/usr/bin/mpiexec", launcher.MPICH)
+    cmd = launcher.build_command(8, "apps.wave_sim", ["-N", "64"], mpiexec=mp, module=True, is_root=True, cores=2,
+                                 env={}, python="/py")
+    assert cmd.argv == ["/usr/bin/mpiexec", "-n", "8", "/py", "-m", "apps.wave_sim", "-N", "64"]
+
+
+def test_launcher_prefers_the_interpreters_mpiexec():
+    from celeritas import launcher
+    found = launcher.find_mpiexec()
+    if MPIEXEC.exists():
+        assert found == str(MPIEXEC)
+
+
+def test_launched_under_mpi_reads_the_launcher_environment(monkeypatch):
+    from executor import mpi_communicator as mc
+    for v in mc.ENV_SIZE_VARS + ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS"):
+        monkeypatch.delenv(v, raising=False)
+    assert not mc.launched_under_mpi()
+    monkeypatch.setenv("PMI_SIZE", "1")
+    assert not mc.launched_under_mpi()         # one rank: the single-rank communicator
+    monkeypatch.setenv("PMI_SIZE", "4")
+    assert mc.launched_under_mpi() and mc.launched_world_size() == 4
+    monkeypatch.delenv("PMI_SIZE")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert mc.launched_under_mpi()
+
+
+def test_strided_layouts():
+    from executor.mpi_communicator import strided_layout
+    a = np.zeros((8, 10, 12), np.float32)
+    assert strided_layout(a.shape, a.strides, 4) == (8 * 10 * 12 * 4, [])
+    v = a[:, 2:5]
+    assert strided_layout(v.shape, v.strides, 4) == (3 * 12 * 4, [(8, 480)])
+    v = a[:, :, 3:4]
+    assert strided_layout(v.shape, v.strides, 4) == (4, [(80, 48)])
+    v = a[:, 1:9, 2:4]
+    assert strided_layout(v.shape, v.strides, 4) == (8, [(8, 480), (8, 48)])
+    v = a[::-1]
+    assert strided_layout(v.shape, v.strides, 4) is None
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_less_than_thread_multiple_is_a_clear_config_error():
+    r = mpirun(2, "thread_level.py", timeout=60)
+    assert r.returncode == 0, _explain(r)
+    assert r.stdout.count("ConfigError:") == 2, _explain(r)
+    assert "MPI_THREAD_SERIALIZED" in r.stdout and "needs MPI_THREAD_MULTIPLE" in r.stdout, _explain(r)
