@@ -5,6 +5,7 @@ import argparse
 import time
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 
 console = Console(stderr=True)
 
@@ -24,3 +25,12 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.t0
+
+
+def progress_bar(enabled: bool, *extra: ProgressColumn) -> Progress:
+    """A step bar on stderr; disabled bars cost nothing, so every rank but 0 gets one.
+
+    ``extra`` columns (e.g. a residual) go between the count and the elapsed time.
+    """
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *extra,
+                    TimeElapsedColumn(), console=console, disable=not enabled)

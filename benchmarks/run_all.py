@@ -1,0 +1,519 @@
+"""Every benchmark in one table, each beside a baseline measured in the same run.
+
+    python -m benchmarks.run_all [--quick] [--devices host:2] [--markdown FILE] [--json FILE]
+
+Baselines: plain numpy loops (the apps' sequential references), Dask's threaded
+scheduler for independent tasks, ``dask.array.map_overlap`` for the wave_sim
+stencil, a hand-written mpi4py halo exchange (``benchmarks/bench_mpi.py``, when it
+exists), raw CuPy on a GPU (skipped without one).  Ratios are *baseline time /
+celeritas time*: above 1 means celeritas is faster.  Baselines run in the same
+process right beside the celeritas figure, so machine load affects both alike;
+without ``--quick`` every timed figure is the best of three runs.
+
+Resize copies (``copy`` instructions whose source and destination memory are the
+same: an allocation grown by copying its old contents) are counted for wave_sim
+and rsim under each lookahead mode from ``Queue(record=True).graphs()`` on a
+simulated 2-rank cluster with two devices per rank; the goal is 0 with ``auto``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+import celeritas as cl
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console(width=None if sys.stdout.isatty() else 200)
+CELERITY_CXX_US_PER_TASK = 26.0
+REPS = {"quick": 1, "full": 3}     # runs per timed figure; the best is kept (least disturbed by other load)
+
+
+@dataclass
+class Row:
+    section: str
+    benchmark: str
+    celeritas: str
+    baseline: str
+    ratio: str = "-"
+    goal: str = ""
+    values: dict = field(default_factory=dict)     # raw numbers for --json
+
+
+def _ratio(baseline: float | None, ours: float | None) -> str:
+    if not baseline or not ours or not math.isfinite(baseline) or not math.isfinite(ours):
+        return "-"
+    v = baseline / ours
+    return f"{v:.2f}×" if v >= 0.1 else f"{v:.2g}×"
+
+
+def _secs(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 0.1 else f"{x:.3f} s"
+
+
+def best(reps: int, fn: Callable[[], float | None]) -> float | None:
+    """The smallest of ``reps`` measurements (None when the measurement is unavailable)."""
+    vals = [fn() for _ in range(max(1, reps))]
+    vals = [v for v in vals if v is not None]
+    return min(vals) if vals else None
+
+
+def _time(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+# ---- machine --------------------------------------------------------------------------------
+def machine() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines()
+                      if ln.startswith("MemTotal")).split()[1])
+        mem = f"{kb / 2 ** 20:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    info = {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "memory": mem,
+            "os": platform.platform(terse=True), "python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("dask", "mpi4py", "cupy"):
+        try:
+            info[mod] = importlib.import_module(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: just not listed
+            pass
+    try:
+        from celeritas import launcher
+        path = launcher.find_mpiexec()
+        if path:
+            info["mpiexec"] = launcher.detect(path).version
+    except Exception:  # noqa: BLE001
+        pass
+    info["gpu"] = _gpu_name() or "none"
+    return info
+
+
+def _gpu_name() -> str | None:
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - no CuPy, no driver or no device
+        return None
+
+
+# ---- scheduler (bench_graphs) ----------------------------------------------------------------------
+def scheduler_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_graphs
+    steps = 20 if quick else 100
+    configs = [(1, 1), (4, 1), (16, 1)] if quick else [(1, 1), (4, 1), (16, 1), (1, 4), (128, 4)]
+    rows = []
+    for ranks, devices in configs:
+        us = min(bench_graphs.measure("wave_sim", ranks, devices, steps=steps)
+                 for _ in range(max(2, REPS["quick" if quick else "full"])))
+        goal = "≤ 50 µs at 1 × 1" if (ranks, devices) == (1, 1) else ""
+        rows.append(Row("scheduler", f"wave_sim graphs, {ranks} rank(s) × {devices} device(s), µs/task",
+                        f"{us:.1f} µs", f"{CELERITY_CXX_US_PER_TASK:.0f} µs (C++ Celerity, published)",
+                        _ratio(CELERITY_CXX_US_PER_TASK, us), goal, {"us_per_task": us}))
+    return rows
+
+
+# ---- runtime overheads (bench_runtime) ---------------------------------------------------------------
+def runtime_rows(quick: bool) -> list[Row]:
+    from benchmarks import bench_runtime as br
+    k = REPS["quick" if quick else "full"]
+    rows = []
+    n = 300 if quick else 2500
+    us = best(k, lambda: br.tiny_tasks(n))
+    dk = best(k, lambda: br.dask_tiny_tasks(n))
+    rows.append(Row("runtime", f"{n} independent tiny tasks, host:4, µs/task", f"{us:.1f} µs",
+                    f"{dk:.1f} µs (dask threads)" if dk else "dask not installed", _ratio(dk, us),
+                    "≤ 50 µs, ≥ 4× dask", {"celeritas_us": us, "dask_us": dk}))
+    it = 50 if quick else 500
+    st = best(k, lambda: br.stencil(128, it))
+    nst = best(k, lambda: br.numpy_stencil(128, it))
+    rows.append(Row("runtime", f"128² stencil × {it}, host:4, µs/iteration", f"{st:.1f} µs",
+                    f"{nst:.1f} µs (numpy)",
+                    _ratio(nst, st), "≤ 120 µs", {"celeritas_us": st, "numpy_us": nst}))
+    size, steps = (512, 5) if quick else (4096, 10)
+    w = best(k, lambda: br.wave(size, steps))
+    nw = best(k, lambda: br.numpy_wave(size, steps))
+    rows.append(Row("runtime", f"wave_sim {size}² × {steps}, 1 rank, host:1", _secs(w), _secs(nw) + " (numpy)",
+                    _ratio(nw, w), "≥ 0.97×", {"celeritas_s": w, "numpy_s": nw}))
+    return rows
+
+
+# ---- wave_sim against dask.array.map_overlap --------------------------------------------------------
+def dask_wave(n: int, steps: int, workers: int) -> tuple[float, np.ndarray] | None:
+    """The wave_sim steps as a lazy dask.array graph (ghost cells through map_overlap), computed once."""
+    try:
+        import dask.array as da
+    except ImportError:
+        return None
+    from apps import wave_sim
+
+    def laplacian(block):
+        out = np.zeros_like(block)
+        out[1:-1, 1:-1] = (block[:-2, 1:-1] + block[2:, 1:-1] + block[1:-1, :-2] + block[1:-1, 2:]
+                           - 4 * block[1:-1, 1:-1])
+        return out
+
+    def build_and_compute():
+        init = wave_sim.initial_condition(n)
+        u = da.from_array(init, chunks=(-(-n // workers), n))
+        up = u
+        for s in range(steps):
+            a, b, c = (np.float32(x) for x in wave_sim.coefficients(s, 0.25, 1.0))
+            lap = u.map_overlap(laplacian, depth=1, boundary="nearest", dtype=np.float32)
+            up, u = u, a * 2 * u - b * up + c * lap
+        return u.compute(scheduler="threads", num_workers=workers)
+
+    return _time(build_and_compute)
+
+
+def celeritas_wave(n: int, steps: int, devices: str) -> tuple[float, np.ndarray]:
+    from apps import wave_sim
+    init = wave_sim.initial_condition(n)
+    q = cl.Queue(devices=devices)
+    u = cl.Buffer(init, name="u")
+    up = cl.Buffer(init, name="up")
+    q.wait()
+    t0 = time.perf_counter()
+    for s in range(steps):
+        a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
+        wave_sim.submit_step(q, up, u, a, b, c, n)
+        up, u = u, up
+    result = q.fence(u).result()
+    dt = time.perf_counter() - t0
+    q.shutdown()
+    return dt, result
+
+
+def overlap_rows(quick: bool, devices: str) -> list[Row]:
+    n, steps = (512, 10) if quick else (2048, 50)
+    workers = int(devices.split(":")[1]) if devices.startswith("host:") and ":" in devices else 2
+    k = REPS["quick" if quick else "full"]
+    runs = [celeritas_wave(n, steps, devices) for _ in range(k)]
+    ours, res = min(r[0] for r in runs), runs[-1][1]
+    base = [dask_wave(n, steps, workers) for _ in range(k)]
+    if base[0] is None:
+        return [Row("stencil", f"wave_sim {n}² × {steps}, {devices}", _secs(ours), "dask not installed")]
+    bt, bres = min(b[0] for b in base), base[-1][1]
+    same = np.allclose(res, bres, rtol=1e-5, atol=1e-6)
+    return [Row("stencil", f"wave_sim {n}² × {steps}, {devices}", _secs(ours),
+                _secs(bt) + f" (dask map_overlap, {workers} threads)", _ratio(bt, ours),
+                "≥ 1×" + ("" if same else " (RESULTS DIFFER)"), {"celeritas_s": ours, "dask_s": bt, "same": same})]
+
+
+# ---- the apps against their numpy references ---------------------------------------------------------
+def app_rows(quick: bool, devices: str) -> list[Row]:
+    from apps import convolution, jacobi3d, nbody, reduction, rsim
+    q_sizes = {
+        "convolution": (256, 1) if quick else (2048, 2),
+        "reduction": (512, 2) if quick else (4096, 4),
+        "nbody": (512, 2) if quick else (2048, 5),
+        "jacobi3d": (32, 20) if quick else (128, 100),
+        "rsim": (256, 30) if quick else (1024, 100),
+    }
+    # inputs are built once, outside both timings: only the computation is compared
+    cases = {
+        "convolution": (lambda n: convolution.synthetic_image(n, n),
+                        lambda q, x, n, t: convolution.run(q, x, iterations=t),
+                        lambda x, n, t: convolution.reference(x, iterations=t), np.array_equal),
+        "reduction": (lambda n: reduction.low_contrast_image(n, n),
+                      lambda q, x, n, t: reduction.run(q, x, repeat=t)[0],
+                      lambda x, n, t: [reduction.reference(x) for _ in range(t)][-1][0], np.array_equal),
+        "nbody": (lambda n: None, lambda q, x, n, t: nbody.run(q, n, t)[0], lambda x, n, t: nbody.reference(n, t)[0],
+                  lambda a, b: np.allclose(a, b, rtol=1e-9, atol=1e-12)),
+        "jacobi3d": (lambda n: None, lambda q, x, n, t: jacobi3d.run(q, n, t, tol=0.0).u,
+                     lambda x, n, t: jacobi3d.reference(n, t, tol=0.0).u, np.array_equal),
+        "rsim": (lambda n: None, lambda q, x, n, t: rsim.run(q, n, t), lambda x, n, t: rsim.reference(n, t),
+                 np.array_equal),
+    }
+    rows = []
+    k = REPS["quick" if quick else "full"]
+    for name, (prepare, ours_fn, ref_fn, same_fn) in cases.items():
+        n, t = q_sizes[name]
+        x = prepare(n)
+        ours = base = float("inf")
+        for _ in range(k):
+            q = cl.Queue(devices=devices)
+            q.wait()
+            dt, res = _time(lambda: ours_fn(q, x, n, t))
+            q.shutdown()
+            ours = min(ours, dt)
+            dt, ref = _time(lambda: ref_fn(x, n, t))
+            base = min(base, dt)
+        ok = bool(same_fn(res, ref))
+        rows.append(Row("apps", f"{name} (size {n}, {t} steps), {devices}", _secs(ours), _secs(base) + " (numpy)",
+                        _ratio(base, ours), "" if ok else "RESULTS DIFFER", {"celeritas_s": ours, "numpy_s": base,
+                                                                             "same": ok}))
+    return rows
+
+
+# ---- resize copies under each lookahead mode -----------------------------------------------------------
+def count_resizes(app: str, mode: str, *, nodes: int = 2, devices: int = 2, fence: bool = False,
+                  quick: bool = True) -> dict:
+    """Same-memory copies and allocations over all ranks of a simulated cluster (from graph records)."""
+    from apps import rsim, wave_sim
+    from celeritas.testing import run_cluster
+
+    n, steps = (64, 16) if quick else (256, 64)
+
+    def program(rank):
+        q = cl.Queue(record=True, lookahead=mode)
+        if app == "rsim":
+            rsim.run(q, n, steps, fetch=fence)
+        else:
+            init = wave_sim.initial_condition(n)
+            u, up = cl.Buffer(init, name="u"), cl.Buffer(init, name="up")
+            for s in range(steps):
+                wave_sim.submit_step(q, up, u, *wave_sim.coefficients(s, 0.25, 1.0), n)
+                up, u = u, up
+            if fence:
+                q.fence(u).result()
+        q.wait()
+        ins = q.graphs()["instructions"]
+        return (sum(1 for i in ins if i["kind"] == "copy" and i["source_memory"] == i["dest_memory"]),
+                sum(1 for i in ins if i["kind"] == "alloc"))
+
+    out = run_cluster(program, nodes=nodes, devices=devices, CELERITAS_DIAGNOSTICS="off")
+    return {"resize_copies": sum(r[0] for r in out), "allocs": sum(r[1] for r in out)}
+
+
+def resize_rows(quick: bool) -> list[Row]:
+    rows = []
+    for app in ("wave_sim", "rsim"):
+        counts = {m: count_resizes(app, m, quick=quick) for m in ("none", "auto", "infinite")}
+        fenced = count_resizes(app, "auto", fence=True, quick=quick)
+        auto = counts["auto"]["resize_copies"]
+        rows.append(Row("lookahead", f"{app} resize copies, 2 ranks × host:2",
+                        f"auto: {auto} ({counts['auto']['allocs']} allocs)",
+                        f"none: {counts['none']['resize_copies']} ({counts['none']['allocs']} allocs), "
+                        f"infinite: {counts['infinite']['resize_copies']}",
+                        "-", f"0 with auto {'✓' if auto == 0 else '✗'}; "
+                             f"with final fence: {fenced['resize_copies']}",
+                        {"counts": counts, "auto_with_fence": fenced}))
+    return rows
+
+
+# ---- MPI halo exchange (bench_mpi, written separately) -------------------------------------------------------
+MPI_TIMEOUT_S = 300
+
+
+def mpi_rows(quick: bool) -> tuple[list[Row], str | None]:
+    """bench_mpi's figures as rows of this table.
+
+    ``bench_mpi.rows(quick)`` (a list of dicts with this table's columns) is used
+    when the module offers it; otherwise bench_mpi runs as its own program (it
+    relaunches itself under mpiexec) and its printed tables are parsed, with the
+    full output shown below this table whenever something could not be parsed.
+    """
+    what = "halo exchange vs hand-written mpi4py"
+    if importlib.util.find_spec("benchmarks.bench_mpi") is None:
+        return [Row("mpi", what, "skipped", "benchmarks/bench_mpi.py not present")], None
+    try:
+        mod = importlib.import_module("benchmarks.bench_mpi")
+    except Exception as exc:  # noqa: BLE001 - someone else's module: report, don't fail the whole run
+        return [Row("mpi", what, "skipped", f"bench_mpi failed to import: {exc}")], None
+    rows_fn = getattr(mod, "rows", None)
+    if callable(rows_fn):
+        out = []
+        for r in rows_fn(quick):
+            r = dict(r)
+            out.append(Row("mpi", str(r.get("benchmark", "")), str(r.get("celeritas", "")),
+                           str(r.get("baseline", "")), str(r.get("ratio", "-")), str(r.get("goal", "")),
+                           {k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}))
+        return out, None
+    argv = [sys.executable, "-m", "benchmarks.bench_mpi"]
+    if quick:
+        argv += ["--reps", "2", "--steps", "10", "--max-bytes", str(64 << 10)]
+    else:
+        argv += ["--reps", str(REPS["full"] + 2)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.setdefault("CELERITAS_DEVICES", "host:1")
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return [Row("mpi", what, "skipped", f"bench_mpi took over {MPI_TIMEOUT_S} s")], None
+    text = proc.stdout + ("\n" + proc.stderr if proc.returncode else "")
+    if proc.returncode != 0:
+        return [Row("mpi", what, f"bench_mpi exited {proc.returncode}", "see its output below")], text.strip()
+    rows = parse_bench_mpi(proc.stdout)
+    if not rows:
+        return [Row("mpi", what, "see its output below", "hand-written mpi4py (bench_mpi)")], text.strip()
+    return rows, None
+
+
+_NUM = r"([\d,]+(?:\.\d+)?)"
+
+
+def parse_bench_mpi(text: str) -> list[Row]:
+    """The wave_sim comparison and the smallest/largest ping-pong rows of bench_mpi's tables."""
+    import re
+    rows: list[Row] = []
+    title = re.search(r"wave_sim (\d+)x\d+, (\d+) steps, (\d+) ranks", text)
+    hand = re.search(r"hand-written mpi4py \+ numpy\s*[│|]\s*" + _NUM, text)
+    ours = re.search(r"[│|]\s*celeritas\s*[│|]\s*" + _NUM + r"\s*[│|]\s*" + _NUM + r"\s*[│|]\s*" + _NUM, text)
+    if title and hand and ours:
+        th, tc = float(hand.group(1).replace(",", "")), float(ours.group(1).replace(",", ""))
+        equal = re.search(r"bitwise equal: (\w+)", text)
+        rows.append(Row("mpi", f"wave_sim {title.group(1)}² × {title.group(2)}, {title.group(3)} MPI ranks",
+                        _secs(tc), _secs(th) + " (hand-written mpi4py halo exchange)", _ratio(th, tc),
+                        "≥ 0.97×" + ("" if not equal or equal.group(1) == "yes" else " (RESULTS DIFFER)"),
+                        {"celeritas_s": tc, "mpi4py_s": th}))
+    ping = re.findall(r"[│|]\s*([\d.]+ (?:B|KiB|MiB|GiB))\s*[│|]\s*" + _NUM + r" us\s*[│|]\s*" + _NUM
+                      + r" us\s*[│|]\s*" + _NUM + r" MB/s\s*[│|]\s*" + _NUM + r" MB/s", text)
+    if ping:
+        def num(x: str) -> float:
+            return float(x.replace(",", ""))
+        size, lc, lm, _, _ = ping[0]
+        rows.append(Row("mpi", f"push/await_push one-way latency, {size}", f"{num(lc):.1f} µs",
+                        f"{num(lm):.1f} µs (mpi4py Send/Recv)", _ratio(num(lm), num(lc)), "",
+                        {"celeritas_us": num(lc), "mpi4py_us": num(lm)}))
+        size, _, _, bc, bm = ping[-1]
+        rows.append(Row("mpi", f"push/await_push bandwidth, {size}", f"{num(bc):,.0f} MB/s",
+                        f"{num(bm):,.0f} MB/s (mpi4py Send/Recv)",
+                        _ratio(1 / num(bm), 1 / num(bc)) if num(bm) and num(bc) else "-", "",
+                        {"celeritas_mbs": num(bc), "mpi4py_mbs": num(bm)}))
+    return rows
+
+
+# ---- raw CuPy ------------------------------------------------------------------------------------------
+def cupy_rows(quick: bool) -> list[Row]:
+    if _gpu_name() is None:
+        return [Row("gpu", "wave_sim vs raw CuPy", "skipped", "no CuPy or no CUDA GPU")]
+    import cupy as cp
+    from apps import wave_sim
+    n, steps = (2048, 20) if quick else (8192, 100)
+
+    def raw():
+        u = cp.asarray(wave_sim.initial_condition(n))
+        up = u.copy()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for s in range(steps):
+            a, b, c = (np.float32(x) for x in wave_sim.coefficients(s, 0.25, 1.0))
+            p = cp.pad(u, 1, mode="edge")
+            lap = p[:-2, 1:-1] + p[2:, 1:-1] + p[1:-1, :-2] + p[1:-1, 2:] - 4 * u
+            up, u = u, a * 2 * u - b * up + c * lap
+        out = cp.asnumpy(u)
+        return time.perf_counter() - t0, out
+
+    base, _ = raw()
+    try:
+        ours, _ = celeritas_wave(n, steps, "cuda")
+    except cl.CeleritasError as exc:
+        return [Row("gpu", f"wave_sim {n}² × {steps}, cuda", f"failed: {exc}", _secs(base) + " (raw CuPy)")]
+    return [Row("gpu", f"wave_sim {n}² × {steps}, 1 GPU", _secs(ours), _secs(base) + " (raw CuPy)",
+                _ratio(base, ours), "≥ 0.9×", {"celeritas_s": ours, "cupy_s": base})]
+
+
+# ---- output ------------------------------------------------------------------------------------------------
+def render(rows: list[Row], info: dict) -> Table:
+    t = Table(title="celeritas benchmarks (baselines measured in the same run; ratio = baseline / celeritas)")
+    for col in ("section", "benchmark", "celeritas", "baseline", "ratio", "goal / note"):
+        t.add_column(col, justify="right" if col in ("celeritas", "ratio") else "left",
+                     overflow="fold")
+    for r in rows:
+        t.add_row(r.section, r.benchmark, r.celeritas, r.baseline, r.ratio, r.goal)
+    return t
+
+
+def machine_line(info: dict) -> str:
+    keys = ("cpu", "cores", "memory", "gpu", "os", "python", "numpy", "dask", "mpi4py", "mpiexec", "cupy")
+    return ", ".join(f"{k} {info[k]}" for k in keys if info.get(k) not in (None, ""))
+
+
+def markdown(rows: list[Row], info: dict, quick: bool, seconds: float) -> str:
+    lines = [f"Machine: {machine_line(info)}.", "",
+             f"`python -m benchmarks.run_all{' --quick' if quick else ''}` ({seconds:.0f} s). "
+             "Ratio = baseline time / celeritas time (above 1: celeritas is faster).", "",
+             "| section | benchmark | celeritas | baseline | ratio | goal / note |", "|---|---|---:|---|---:|---|"]
+    for r in rows:
+        cells = [r.section, r.benchmark, r.celeritas, r.baseline, r.ratio, r.goal]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+SECTIONS = ("scheduler", "runtime", "stencil", "apps", "lookahead", "mpi", "gpu")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes (about a minute on two cores)")
+    p.add_argument("--devices", default="host:2", help="devices for the stencil and app comparisons")
+    p.add_argument("--only", default=None, help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--markdown", default=None, help="also write the table as Markdown to this file")
+    p.add_argument("--json", default=None, help="also write the raw numbers as JSON to this file")
+    args = p.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    unknown = only - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    info = machine()
+    console.print(f"[bold]machine[/bold]: {machine_line(info)}", soft_wrap=True)
+    t0 = time.perf_counter()
+    rows: list[Row] = []
+    mpi_output: list[str] = []
+
+    def mpi() -> list[Row]:
+        got, text = mpi_rows(args.quick)
+        if text:
+            mpi_output.append(text)
+        return got
+
+    sections: dict[str, Callable[[], list[Row]]] = {
+        "scheduler": lambda: scheduler_rows(args.quick),
+        "runtime": lambda: runtime_rows(args.quick),
+        "stencil": lambda: overlap_rows(args.quick, args.devices),
+        "apps": lambda: app_rows(args.quick, args.devices),
+        "lookahead": lambda: resize_rows(args.quick),
+        "mpi": mpi,
+        "gpu": lambda: cupy_rows(args.quick),
+    }
+    for name in SECTIONS:
+        if name in only:
+            with console.status(f"running the {name} benchmarks"):
+                rows += sections[name]()
+    seconds = time.perf_counter() - t0
+    console.print(render(rows, info))
+    for text in mpi_output:
+        console.print("[bold]bench_mpi output[/bold]")
+        console.print(text, markup=False, highlight=False)
+    console.print(f"total {seconds:.1f} s")
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(markdown(rows, info, args.quick, seconds))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "quick": args.quick, "seconds": seconds,
+                                               "rows": [asdict(r) for r in rows]}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
