@@ -1,7 +1,8 @@
 """``python -m celeritas``: launch jobs, inspect the machine, render graph dumps.
 
     python -m celeritas run -n 4 [--devices host:2] script.py args…
-    python -m celeritas run -n 2 -m apps.wave_sim -- -N 1024
+    python -m celeritas run -n 2 -m apps.wave_sim -N 1024
+    python -m celeritas run -n 2 -- python -m apps.wave_sim -N 1024
     python -m celeritas info
     python -m celeritas graphs DIR
 """
@@ -25,16 +26,84 @@ def _console(stderr: bool = False):
 # ---------------------------------------------------------------------------------- run
 
 
+_RUN_VALUE_OPTIONS = {"-n", "--ranks", "--devices", "--mpiexec", "--mpiexec-arg"}
+_RUN_FLAG_OPTIONS = {"--print", "-h", "--help"}
+
+
+def split_run_argv(argv: Sequence[str]) -> tuple[list[str], str | None, bool, list[str]]:
+    """Split ``run``'s arguments into (own options, target, is_module, program arguments).
+
+    argparse cannot do this: the program's own options (``-N 1024``) would be
+    taken for ``run``'s.  Everything after the first token that is not one of
+    ``run``'s options belongs to the program; ``--`` ends the options
+    explicitly.  A leading ``python``/``python3``/``sys.executable`` is dropped
+    so that ``run -n 2 -- python -m apps.wave_sim`` works as people type it.
+    """
+    argv = list(argv)
+    own: list[str] = []
+    i = 0
+    module = None
+    while i < len(argv):
+        a = argv[i]
+        key = a.split("=", 1)[0]
+        if a == "--":
+            i += 1
+            break
+        if a in ("-m", "--module"):
+            if i + 1 >= len(argv):
+                raise ConfigError(f"run: {a} needs a module name")
+            module = argv[i + 1]
+            i += 2
+            break
+        if key in ("--module",) and "=" in a:
+            module = a.split("=", 1)[1]
+            i += 1
+            break
+        if key in _RUN_VALUE_OPTIONS:
+            own.append(a)
+            if "=" not in a:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"run: {a} needs a value")
+                own.append(argv[i + 1])
+                i += 1
+            i += 1
+            continue
+        if a.startswith("-n") and a[2:].isdigit():
+            own.append(a)
+            i += 1
+            continue
+        if a in _RUN_FLAG_OPTIONS:
+            own.append(a)
+            i += 1
+            continue
+        if a.startswith("-"):
+            raise ConfigError(f"run: unknown option {a!r} (options of the program go after the script or module)")
+        break
+    rest = argv[i:]
+    if module is not None:
+        return own, module, True, rest
+    if rest and _is_python(rest[0]):
+        rest = rest[1:]
+        if rest[:1] == ["-m"]:
+            if len(rest) < 2:
+                raise ConfigError("run: python -m needs a module name")
+            return own, rest[1], True, rest[2:]
+    if not rest:
+        return own, None, False, []
+    return own, rest[0], False, rest[1:]
+
+
+def _is_python(token: str) -> bool:
+    import re
+    return token == sys.executable or re.fullmatch(r"python[0-9.]*", os.path.basename(token)) is not None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from . import launcher
     rest = list(args.args)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    target = args.module or args.target
+    target = args.target
     if target is None:
         raise ConfigError("run: name a script (script.py) or a module (-m apps.wave_sim)")
-    if args.module and args.target is not None:
-        rest = [args.target] + rest
     path = launcher.find_mpiexec(args.mpiexec)
     if path is None:
         if args.n != 1:
@@ -223,11 +292,12 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a script on N ranks under mpiexec")
     r.add_argument("-n", "--ranks", dest="n", type=int, default=1, help="number of MPI ranks")
     r.add_argument("--devices", default=None, help="CELERITAS_DEVICES for every rank (host:N, cuda, opencl, …)")
-    r.add_argument("-m", "--module", default=None, help="run a module (python -m MODULE) instead of a script")
+    r.add_argument("-m", "--module", default=None,
+                   help="run a module (python -m MODULE) instead of a script; what follows are its arguments")
     r.add_argument("--mpiexec", default=None, help="the mpiexec to use (default: next to Python, else PATH)")
     r.add_argument("--mpiexec-arg", action="append", help="extra argument for mpiexec (repeatable)")
     r.add_argument("--print", dest="print_only", action="store_true", help="print the command, do not run it")
-    r.add_argument("target", nargs="?", default=None, help="script.py")
+    r.add_argument("target", nargs="?", default=None, help="script.py (or -- python script.py / python -m MODULE)")
     r.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     r.set_defaults(fn=cmd_run)
 
@@ -241,7 +311,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["run"]:
+            own, target, is_module, rest = split_run_argv(argv[1:])
+            args = parser().parse_args(["run", *own])
+            args.target, args.args = target, rest
+            args.module = target if is_module else None
+        else:
+            args = parser().parse_args(argv)
+    except CeleritasError as exc:
+        _console(stderr=True).print(f"error: {exc}", style="red", markup=False)
+        return 2
     try:
         return int(args.fn(args) or 0)
     except CeleritasError as exc:
