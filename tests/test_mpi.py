@@ -94,6 +94,32 @@ def test_apps_equal_single_rank_exactly(single_rank_apps, tmp_path, ranks, devic
         assert np.array_equal(got[name], want), f"{name} differs from the single-rank result"
 
 
+APP_CLI = {
+    "hello": [],
+    "wave_sim": ["-N", "40", "-T", "6"],
+    "matmul": ["-N", "36"],
+    "convolution": ["-N", "37", "-T", "2", "--no-progress"],
+    "reduction": ["-N", "33", "-T", "2", "--no-progress"],
+    "nbody": ["-N", "48", "-T", "3", "--no-progress"],
+    "jacobi3d": ["-N", "14", "-T", "20", "--no-progress"],
+    "rsim": ["-N", "21", "-T", "9", "--no-progress"],
+}
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("app", sorted(APP_CLI))
+def test_every_app_verifies_through_its_cli_under_mpiexec(app, ranks, tmp_path):
+    """``python -m apps.X --verify`` exits 0 only if the result equals its numpy reference."""
+    argv = [str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", f"apps.{app}", "--verify", *APP_CLI[app]]
+    if app == "convolution":
+        argv += ["--output", str(tmp_path / "out.png")]
+    r = run_job(argv, _env("host:1"), 120)
+    assert r.returncode == 0, _explain(r)
+    assert "verified" in r.stdout + r.stderr, _explain(r)
+
+
 # ------------------------------------------------------------------------------- random programs
 
 
