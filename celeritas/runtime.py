@@ -204,6 +204,8 @@ class Runtime:
                                    delegate=self.executor, lookahead=config.lookahead,
                                    diagnostics=config.diagnostics, record=record,
                                    on_error=self._on_scheduler_error)
+        if getattr(self.executor, "tracing", False):     # exact starvation in the summary (not in dry runs)
+            self.scheduler.busy_intervals = []
         self.executor.start()
         self.scheduler.start()
         self.task_manager = tg.TaskManager(horizon_step=config.horizon_step,

@@ -6,10 +6,11 @@ or ``debug``.  The numbers come from the scheduler's counters and the executor t
 
 Executor starvation is the time the executor had nothing in flight on any lane while
 the scheduler was busy compiling: the executor waited for instructions, not for data.
-With the scheduler's busy intervals (``scheduler.busy_intervals``, where it records
-them) that is the exact overlap of the executor's idle gaps with them; with only its
-total busy time (``scheduler.busy_ns``) it is estimated as min(idle, busy), an upper
-bound, and marked as an estimate.
+The runtime has the scheduler record its busy intervals (``scheduler.busy_intervals``)
+whenever the executor traces, so this is the exact overlap of the executor's idle gaps
+with them.  Without intervals (a runtime built by hand) only the total busy time
+(``scheduler.busy_ns``) is known and starvation is estimated as min(idle, busy), an
+upper bound, marked as an estimate.
 """
 from __future__ import annotations
 

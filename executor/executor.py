@@ -290,6 +290,10 @@ class Executor:
         return self._first_error
 
     @property
+    def tracing(self) -> bool:
+        return self._trace is not None
+
+    @property
     def trace(self) -> list[TraceEvent]:
         """Executed instructions (empty unless constructed with ``trace=True``)."""
         return list(self._trace) if self._trace is not None else []

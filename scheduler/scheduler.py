@@ -104,6 +104,10 @@ class Scheduler:
         self._busy = False
         self.busy_ns = 0
         self.num_tasks = 0
+        # (start_ns, end_ns) of every event processed, in perf_counter_ns like the
+        # executor's trace; None unless someone (trace, summary) asked for them,
+        # because a list that grows with every task is not free on long runs.
+        self.busy_intervals: list[tuple[int, int]] | None = None
 
     # ---- thread-safe entry points (application thread) -----------------------------
     def notify_task(self, task: tg.Task) -> None:
@@ -168,7 +172,10 @@ class Scheduler:
             try:
                 self.process(ev)
             finally:
-                self.busy_ns += time.perf_counter_ns() - t0
+                t1 = time.perf_counter_ns()
+                self.busy_ns += t1 - t0
+                if self.busy_intervals is not None:
+                    self.busy_intervals.append((t0, t1))
                 self._busy = False
 
     # ---- processing ------------------------------------------------------------------

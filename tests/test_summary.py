@@ -57,6 +57,13 @@ def test_single_rank_summary_matches_records(monkeypatch, capsys):
     _check_against_records(mine, GraphRecord.collect(rt), rt.executor.trace)
     assert numbers["bytes_copied"] == mine["bytes_copied"] > 0 and numbers["bytes_sent"] == 0
     assert {"D0.lane0", "D1.lane0", "alloc", "immediate"} <= set(mine["lanes"])
+    # starvation measured from the scheduler's own busy intervals, not estimated
+    intervals = rt.scheduler.busy_intervals
+    assert intervals and all(a <= b for a, b in intervals)
+    assert sum(b - a for a, b in intervals) == rt.scheduler.busy_ns
+    assert not mine["starvation_estimated"]
+    assert 0 <= mine["starvation_ns"] <= min(mine["idle_ns"], mine["scheduler_busy_ns"])
+    assert "(est.)" not in err
 
 
 @pytest.mark.timeout(120)
@@ -85,6 +92,7 @@ def test_summary_off_by_default(monkeypatch, capsys):
     monkeypatch.delenv("CELERITAS_SUMMARY", raising=False)
     monkeypatch.delenv("CELERITAS_LOG_LEVEL", raising=False)
     q = cl.Queue()
+    assert q.runtime.scheduler.busy_intervals is None      # nothing recorded when nobody reads it
     q.wait()
     assert not summary.enabled(q.runtime)
     q.shutdown()
