@@ -1,0 +1,152 @@
+"""Golden hashes of the task, command and instruction graph records of a set of programs.
+
+The scheduler's hot paths are tuned for speed; these hashes pin the exact graphs (node ids,
+kinds, boxes, regions, dependencies and their origins, pilots) that the generators produced
+before the tuning, so an optimization that changes a graph's shape in any way fails here.
+If a graph change is *intended* (a semantic fix), regenerate the values with
+``python tests/test_scheduler_perf_golden.py`` and say why in the commit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from celeritas import range_mappers as rm  # noqa: E402
+from scheduler import task_graph as tg  # noqa: E402
+from scheduler.geometry import Subrange  # noqa: E402
+
+from graph_context import GraphContext  # noqa: E402
+
+R, W, RW, DW = tg.READ, tg.WRITE, tg.READ_WRITE, tg.DISCARD_WRITE
+
+
+def _wave_sim(ctx: GraphContext, n: int = 64, steps: int = 12, split: str = "2d") -> None:
+    up, u = ctx.buffer((n, n)), ctx.buffer((n, n), host_init=True)
+    ctx.task((n, n), [(up, rm.one_to_one(), DW), (u, rm.one_to_one(), R)], split=split)
+    for _ in range(steps):
+        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1, shape="along_axes"), R)],
+                 split=split)
+        up, u = u, up
+    ctx.fence(u)
+
+
+def _jacobi(ctx: GraphContext, n: int = 48, steps: int = 10) -> None:
+    a, b = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n))
+    for _ in range(steps):
+        ctx.task((n, n), [(a, rm.neighborhood(1, 1, shape="along_axes"), R), (b, rm.one_to_one(), DW)])
+        a, b = b, a
+    ctx.fence(a)
+
+
+def _rich(ctx: GraphContext) -> None:
+    """Reductions, host tasks (master node, collective), side effects, fences, growing reads,
+    1-D neighborhoods, transposes, uninitialized reads, oversubscription, buffer destruction."""
+    a = ctx.buffer((40,), host_init=True)
+    b = ctx.buffer((40,))
+    c = ctx.buffer((1,))
+    m = ctx.buffer((12, 12), host_init=True)
+    t = ctx.buffer((12, 12))
+    for i in range(3):
+        ctx.task((40,), [(a, rm.neighborhood(1), R), (b, rm.one_to_one(), DW)], oversubscribe=1 + i % 2)
+        a, b = b, a
+    ctx.task((40,), [(a, rm.one_to_one(), R)], reductions=[ctx.reduction(c)])
+    ctx.task((1,), [(c, rm.all(), R)], kind=tg.MASTER_NODE, side_effects=[7])
+    ctx.task((40,), [(a, rm.one_to_one(), R)], reductions=[ctx.reduction(c, include_current=True)])
+    ctx.task((4,), [(a, rm.all(), R)], kind=tg.COLLECTIVE, collective_group=1)
+    ctx.task((12, 12), [(m, rm.transposed(), R), (t, rm.one_to_one(), DW)], split="2d")
+    ctx.task((12, 12), [(t, rm.slice(1), R), (m, rm.one_to_one(), RW)])
+    for k in range(1, 5):   # growing accesses: resizes (or lookahead merges)
+        ctx.task((1,), [(b, rm.fixed(Subrange((0,), (8 * k,))), RW)], kind=tg.HOST_COMPUTE, side_effects=[7])
+    ctx.task((12,), [(m, rm.slice(0), R), (a, rm.even_split(), W)])
+    ctx.fence(b)
+    ctx.task((40,), [(b, rm.neighborhood(2), R), (a, rm.one_to_one(), RW)], collective_group=None)
+    ctx.destroy_buffer(t)
+    ctx.task((1,), [(c, rm.all(), R), (m, rm.all(), R)], kind=tg.HOST_COMPUTE)
+    ctx.epoch(tg.EPOCH_BARRIER)
+    ctx.task((40,), [(a, rm.one_to_one(), RW)])
+
+
+_OPAQUE = frozenset(("launcher", "promise", "op", "identity"))
+
+
+def _instruction_fields(ins) -> str:
+    """Every field of an instruction (records leave some out: allocation boxes, exact
+    access regions, ...) except the opaque callables and promises."""
+    return repr([(f.name, getattr(ins, f.name)) for f in dataclasses.fields(ins) if f.name not in _OPAQUE])
+
+
+def _canonical(ctx: GraphContext) -> str:
+    dump = {"tasks": ctx.tm.records,
+            "commands": [c.records for c in ctx.cdags],
+            "instructions": {r: igg.records for r, igg in sorted(ctx.iggs.items())},
+            "pilots": {r: igg.pilot_records for r, igg in sorted(ctx.iggs.items())},
+            "fields": {r: [_instruction_fields(i) for i in ins] for r, ins in sorted(ctx.instructions.items())},
+            "pilot_objects": {r: [repr(p) for p in ps] for r, ps in sorted(ctx.pilots.items())}}
+    return json.dumps(dump, sort_keys=True, default=str)
+
+
+# (program, ranks, devices, lookahead, compile ranks, peers)
+SCENARIOS = {
+    "wave_1x1": (_wave_sim, 1, 1, "auto", None, True),
+    "wave_2x1": (_wave_sim, 2, 1, "auto", None, True),
+    "wave_4x1_none": (_wave_sim, 4, 1, "none", None, True),
+    "wave_1x4": (_wave_sim, 1, 4, "auto", None, True),
+    "wave_2x2_nopeers": (_wave_sim, 2, 2, "none", None, False),
+    "wave_16x2_1d": (lambda ctx: _wave_sim(ctx, split="1d"), 16, 2, "auto", [0, 5, 15], True),
+    "wave_6x1": (_wave_sim, 6, 1, "auto", [0, 1, 4], True),
+    "wave_128x4": (lambda ctx: _wave_sim(ctx, n=128, steps=5), 128, 4, "auto", [0, 77], True),
+    "jacobi_1x1": (_jacobi, 1, 1, "auto", None, True),
+    "jacobi_3x2": (_jacobi, 3, 2, "infinite", None, True),
+    "jacobi_8x1_none": (_jacobi, 8, 1, "none", [0, 3, 7], True),
+    "rich_1x1": (_rich, 1, 1, "none", None, True),
+    "rich_1x3": (_rich, 1, 3, "auto", None, True),
+    "rich_2x2": (_rich, 2, 2, "auto", None, False),
+    "rich_3x1": (_rich, 3, 1, "none", None, True),
+    "rich_4x2_inf": (_rich, 4, 2, "infinite", None, True),
+}
+
+GOLDEN = {
+    'wave_1x1': '50462c1c37ef8a8a7e0beeb569ac6c7bce91dbe78d3f2acbe09413ed1c20328a',
+    'wave_2x1': 'b5b2606e9a7b5e0d7de9a47acb608e01a80b2b8d822b746bfd7d064bca12187f',
+    'wave_4x1_none': '7cc1c38de93122f9d1cc16b9b487a38301b3760f35bac71fbe1ad72e35dbd28c',
+    'wave_1x4': '3bd5c34c3d8a342372e180525d586e660990df27a0acb168b303ae0b4fdc962e',
+    'wave_2x2_nopeers': '4b4a5c3078374945296f2a47d6c614179b028cc3808795f052056e7cf99b72ab',
+    'wave_16x2_1d': 'aefb69d8afcf2896b16a9f5c94ab4b1a170372bfb46070d95d4d88fee57bd59a',
+    'wave_6x1': 'c237e2cd3e72d157fb640439683f80a61869649d74ff59daa0525acc46a1567d',
+    'wave_128x4': '6ea5679323032b6e40385b6c44d0712e1da6904f669f51aa35e2fdaa4bf1f4cd',
+    'jacobi_1x1': '90744d5dc7ce5010dc388a74733bf7ae6278ebbd7c6810cf4d85abf09a9339b9',
+    'jacobi_3x2': '395a63b29e4c51c0161a5920ce11eb97eb0e52d1d8712312dbd7737bcbbe6b6e',
+    'jacobi_8x1_none': 'eea0754cee3bd7b0c9181c4bfa7a99f6f27ae796ab2ec78fb09ae50be32553f9',
+    'rich_1x1': 'af2297225a1f9b1c6ec9768209d635664669b2683c3f7ac329cd5a8aa45c91ff',
+    'rich_1x3': '79dbbd6c3b152d55f4c69383f720a2c2e42dc7eece030e8053f1a7d8100c01cd',
+    'rich_2x2': 'e794d2fc37fca49db6762dc791e046a019447f77d39c2466986a02bb8c69b7de',
+    'rich_3x1': '15b36bdcc1151f118e1547dfe034cc6691eeb171c120332731ff9f0765919ac0',
+    'rich_4x2_inf': '2c8d3f3be6deba5ebdd502f4bbe6df206109d52b170088bb9be218d37e3fca50',
+}
+
+
+def run_scenario(name: str) -> str:
+    prog, ranks, devices, lookahead, compile_ranks, peers = SCENARIOS[name]
+    ctx = GraphContext(ranks, devices=devices, lookahead=lookahead, diagnostics="off",
+                       compile_ranks=compile_ranks, peers=peers)
+    prog(ctx)
+    ctx.finish()
+    return hashlib.sha256(_canonical(ctx).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_graphs_unchanged(name):
+    assert run_scenario(name) == GOLDEN[name]
+
+
+if __name__ == "__main__":
+    for name in SCENARIOS:
+        print(f"    {name!r}: {run_scenario(name)!r},")
