@@ -199,6 +199,10 @@ def _mpi_rows() -> list[tuple[str, Any]]:
             rows.append(("thread level", Text(level, style="green") if ok else
                          Text(f"{level} (celeritas needs MPI_THREAD_MULTIPLE)", style="red")))
             rows.append(("world size", str(info["world_size"])))
+            aware = info.get("cuda_aware")
+            rows.append(("CUDA-aware", {True: Text("yes: device buffers go to MPI directly", style="green"),
+                                        False: "no: device data is staged through host memory",
+                                        None: "unknown (set CELERITAS_MPI_CUDA_AWARE=1 if it is)"}[aware]))
     path, err = _try(launcher.find_mpiexec)
     if path:
         m = launcher.detect(path)

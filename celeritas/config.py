@@ -15,6 +15,7 @@ from scheduler.errors import ConfigError
 
 LOOKAHEAD_MODES = ("none", "auto", "infinite")
 DIAGNOSTICS = ("off", "warn", "error")
+MPI_DEVICE_MEMORY = ("auto", "direct", "staged")
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -75,6 +76,9 @@ class Config:
     log_level: str = "warning"
     summary: bool = False
     host_device_memory: int | None = None   # bytes per simulated device memory (host:N)
+    # sends/receives straight from/into device memory ("direct", CUDA-aware MPI) or
+    # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
+    mpi_device_memory: str = "auto"
 
     def with_overrides(self, **kw) -> "Config":
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -137,4 +141,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         log_level=_choice(env, "CELERITAS_LOG_LEVEL", tuple(LOG_LEVELS), "warning"),
         summary=_flag(env, "CELERITAS_SUMMARY"),
         host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
+        mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
     )

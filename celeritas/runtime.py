@@ -74,11 +74,32 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None):
     raise ConfigError(f"unknown backend {spec.backend!r}")
 
 
-def scheduler_system(backend) -> SystemInfo:
+def scheduler_system(backend, mode: str = "staged", communicator=None) -> SystemInfo:
+    """The scheduler's view of the rank: devices, peer copies, and what MPI may touch.
+
+    ``mode`` is ``CELERITAS_MPI_DEVICE_MEMORY``: ``direct`` lets sends and receives
+    use device allocations (no staging copy through host memory; needs CUDA-aware
+    MPI for CUDA memory), ``staged`` keeps them in host memory, ``auto`` is direct
+    only where the device memory needs CUDA awareness and the communicator has it,
+    so host and OpenCL runs keep the staged graphs.
+    """
     info = backend.system_info()
     peers = frozenset((s, d) for s, d in info.copy_pairs if s >= 2 and d >= 2 and s != d)
-    return SystemInfo(num_devices=backend.num_devices, peers=peers,
-                      comm_memories=frozenset(info.communicator_memories))
+    comm_memories = frozenset(info.communicator_memories)
+    name = type(backend).__name__.replace("Backend", "").lower()
+    aware = getattr(communicator, "cuda_aware", None)
+    if mode == "direct":
+        if not info.direct_memories:
+            raise ConfigError(f"CELERITAS_MPI_DEVICE_MEMORY=direct: the {name} backend's device memory cannot "
+                              f"be handed to the communicator; use staged or auto")
+        if info.direct_needs == "cuda" and aware is not True:
+            raise ConfigError("CELERITAS_MPI_DEVICE_MEMORY=direct: the MPI library does not report CUDA support "
+                              f"(MPIX_Query_cuda_support: {aware}); set CELERITAS_MPI_CUDA_AWARE=1 if it has it, "
+                              "or use staged")
+        comm_memories |= info.direct_memories
+    elif mode == "auto" and info.direct_needs == "cuda" and aware is True:
+        comm_memories |= info.direct_memories
+    return SystemInfo(num_devices=backend.num_devices, peers=peers, comm_memories=comm_memories)
 
 
 class DryRunExecutor:
@@ -189,7 +210,7 @@ class Runtime:
         self.backend = make_backend(config.devices, config.host_device_memory)
         self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
         self.num_devices = self.backend.num_devices
-        system = scheduler_system(self.backend)
+        system = scheduler_system(self.backend, config.mpi_device_memory, None if dry else communicator)
         if self.dry_run:
             self.executor = DryRunExecutor(self._on_horizon, self._on_epoch)
         else:

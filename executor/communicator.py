@@ -52,10 +52,13 @@ class Communicator(abc.ABC):
     ``accepts_strided``: ``send_payload``/``receive_payload`` accept
     non-contiguous numpy views (saves a staging copy); otherwise callers pass
     contiguous arrays.
+    ``cuda_aware``: payloads may live in CUDA device memory (True), may not
+    (False), or nobody can tell (None); decides ``CELERITAS_MPI_DEVICE_MEMORY=auto``.
     """
 
     notifies: bool = False
     accepts_strided: bool = False
+    cuda_aware: bool | None = False
 
     @property
     @abc.abstractmethod
@@ -262,6 +265,7 @@ class SingleRankCommunicator(Communicator):
 
     notifies = True          # nothing ever arrives, so waiting never needs polling
     accepts_strided = True
+    cuda_aware = True        # nothing is ever sent, from any memory
 
     def __init__(self) -> None:
         self._collective = InProcessCollective(_CollectiveGroup(1), 0, 1, None)

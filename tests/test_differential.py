@@ -18,8 +18,9 @@ EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_EXAMPLES", "200"))
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=False,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 4), devices=st.integers(1, 3),
-       lookahead=st.sampled_from(["none", "auto", "infinite"]), oversubscribe=st.sampled_from([1, 3]))
-def test_random_programs_match_numpy(seed, ranks, devices, lookahead, oversubscribe):
+       lookahead=st.sampled_from(["none", "auto", "infinite"]), oversubscribe=st.sampled_from([1, 3]),
+       transfers=st.sampled_from(["staged", "direct"]))
+def test_random_programs_match_numpy(seed, ranks, devices, lookahead, oversubscribe, transfers):
     prog = generate(random.Random(seed))
     want = run_model(prog)
 
@@ -30,7 +31,7 @@ def test_random_programs_match_numpy(seed, ranks, devices, lookahead, oversubscr
         return run_celeritas(prog, q)
 
     results = run_cluster(program, nodes=ranks, devices=devices, timeout=120, CELERITAS_LOOKAHEAD=lookahead,
-                          CELERITAS_HORIZON_STEP="2")
+                          CELERITAS_HORIZON_STEP="2", CELERITAS_MPI_DEVICE_MEMORY=transfers)
     for rank, got in enumerate(results):
         compare(got, want, rank)
 

@@ -80,10 +80,13 @@ def single_rank_apps(tmp_path_factory):
 
 @needs_mpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks,devices", [(2, "host:2"), (4, "host:1")])
-def test_apps_equal_single_rank_exactly(single_rank_apps, tmp_path, ranks, devices):
+@pytest.mark.parametrize("ranks,devices,transfers", [(2, "host:2", "auto"), (4, "host:1", "auto"),
+                                                     (2, "host:2", "direct")])
+def test_apps_equal_single_rank_exactly(single_rank_apps, tmp_path, ranks, devices, transfers):
+    """``direct``: MPI sends from and receives into device allocations (the CUDA-aware path)."""
     out = tmp_path / "mpi.npz"
-    r = mpirun(ranks, "apps_check.py", str(out), devices=devices)
+    r = mpirun(ranks, "apps_check.py", str(out), devices=devices,
+               env={"CELERITAS_MPI_DEVICE_MEMORY": transfers})
     assert r.returncode == 0, _explain(r)
     for k in range(ranks):
         assert f"rank {k}/{ranks} MpiCommunicator ok" in r.stdout, _explain(r)

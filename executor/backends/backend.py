@@ -109,6 +109,10 @@ class SystemInfo:
     ``copy_pairs`` are the (source, dest) memory pairs a single copy can connect;
     everything else is staged through host memory.  ``communicator_memories`` are
     the memories the communicator can send from and receive into directly.
+    ``direct_memories`` are the device memories a communicator could use as well
+    if asked to (``CELERITAS_MPI_DEVICE_MEMORY=direct``), and ``direct_needs``
+    names what the communicator must support for that ("cuda": CUDA-aware MPI;
+    None: nothing, the memory is ordinary host memory).
     """
 
     num_devices: int
@@ -116,6 +120,8 @@ class SystemInfo:
     copy_pairs: frozenset[tuple[int, int]]
     communicator_memories: frozenset[int]
     device_memories: dict[int, int] = field(default_factory=dict)
+    direct_memories: frozenset[int] = frozenset()
+    direct_needs: str | None = None
 
     def can_copy(self, source: int, dest: int) -> bool:
         return (source, dest) in self.copy_pairs

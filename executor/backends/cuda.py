@@ -137,7 +137,9 @@ class CudaBackend(HostBackend):
                 pairs.add((s, t))
         return SystemInfo(num_devices=self.num_devices, memories=tuple(mems), copy_pairs=frozenset(pairs),
                           communicator_memories=frozenset({USER_MEMORY, HOST_MEMORY}),
-                          device_memories={d: device_memory(d) for d in range(self.num_devices)})
+                          device_memories={d: device_memory(d) for d in range(self.num_devices)},
+                          direct_memories=frozenset(device_memory(d) for d in range(self.num_devices)),
+                          direct_needs="cuda")
 
     def _new_array(self, memory: int, shape, dtype):
         if memory == HOST_MEMORY:

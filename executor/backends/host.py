@@ -142,6 +142,8 @@ class HostBackend(Backend):
             copy_pairs=default_copy_pairs(self._num_devices, self._peer_to_peer),
             communicator_memories=frozenset({USER_MEMORY, HOST_MEMORY}),
             device_memories={d: device_memory(d) for d in range(self._num_devices)},
+            # simulated device memories are numpy arrays: any communicator can use them
+            direct_memories=frozenset(device_memory(d) for d in range(self._num_devices)),
         )
 
     def allocate(self, memory: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
