@@ -251,8 +251,12 @@ class CommandGraphGenerator:
                 c.add_dep(f, tg.TRUE_DEP, tg.ORIGIN_EXECUTION_FRONT)
             self._front.clear()
         else:
-            if self._epoch_for_new is not None and not any(k == tg.TRUE_DEP for k, _ in c.deps.values()):
-                c.add_dep(self._epoch_for_new, tg.TRUE_DEP, tg.ORIGIN_LAST_EPOCH)
+            if self._epoch_for_new is not None:
+                for k, _ in c.deps.values():
+                    if k == tg.TRUE_DEP:
+                        break
+                else:
+                    c.add_dep(self._epoch_for_new, tg.TRUE_DEP, tg.ORIGIN_LAST_EPOCH)
             front = self._front
             for d in c.deps:
                 front.pop(d, None)
@@ -272,7 +276,7 @@ class CommandGraphGenerator:
         cid = cmd.id
         live = self._live
         seen = set()
-        for w, _rs in st.access.apply_collect(region, lambda v: (v[0], v[1] | {cid})):
+        for w in st.access.read_collect(region, cid):
             if w is not None and w not in seen:
                 seen.add(w)
                 c = live.get(w)
@@ -406,13 +410,18 @@ class CommandGraphGenerator:
         reads: dict[int, list[Region]] = {}
         writes: dict[int, list[Region]] = {}
         if chunks:
+            consumer_modes = tg.CONSUMER_MODES
+            producer_modes = tg.PRODUCER_MODES
             for a in task.accesses:
                 bid = a.buffer
                 regs = self._chunk_regions(a.mapper, buffers[bid].shape, chunks)
-                for lists, on in ((reads, a.mode in tg.CONSUMER_MODES), (writes, a.mode in tg.PRODUCER_MODES)):
-                    if on:
-                        cur = lists.get(bid)
-                        lists[bid] = regs if cur is None else [x | y for x, y in zip(cur, regs)]
+                mode = a.mode
+                if mode in consumer_modes:
+                    cur = reads.get(bid)
+                    reads[bid] = regs if cur is None else [x | y for x, y in zip(cur, regs)]
+                if mode in producer_modes:
+                    cur = writes.get(bid)
+                    writes[bid] = regs if cur is None else [x | y for x, y in zip(cur, regs)]
         if self.diagnostics != tg.DIAG_OFF:
             self._check_overlapping_writes(task, chunks, writes)
 
@@ -440,6 +449,13 @@ class CommandGraphGenerator:
                 if not reg:
                     continue
                 if rank == me:
+                    hp = st.held._pairs
+                    if len(hp) == 1:
+                        # (fast path: a one-box held region that contains the read's bounds)
+                        (h0, h1), (rlo, rhi) = hp[0], reg._bb or reg._bounds()
+                        if (h0[0] <= rlo[0] and rhi[0] <= h1[0] and h0[1] <= rlo[1] and rhi[1] <= h1[1]
+                                and h0[2] <= rlo[2] and rhi[2] <= h1[2]):
+                            continue
                     uninit = st.uninit
                     missing = reg - st.held
                     if uninit and missing:

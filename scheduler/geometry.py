@@ -1261,19 +1261,21 @@ class RegionMap:
                 self._entries = [(w0, w1, value)]
                 return
             out = []
+            keep = out.append
+            x0, y0, z0 = w0
+            x1, y1, z1 = w1
             for e in entries:
                 a0, a1, v = e
-                if not (a0[0] < w1[0] and w0[0] < a1[0] and a0[1] < w1[1] and w0[1] < a1[1]
-                        and a0[2] < w1[2] and w0[2] < a1[2]):
-                    out.append(e)
+                if a0[0] >= x1 or x0 >= a1[0] or a0[1] >= y1 or y0 >= a1[1] or a0[2] >= z1 or z0 >= a1[2]:
+                    keep(e)   # disjoint (most entries are)
                     continue
                 if collect is not None:
                     collect.append(v)
-                if (w0[0] <= a0[0] and a1[0] <= w1[0] and w0[1] <= a0[1] and a1[1] <= w1[1]
-                        and w0[2] <= a0[2] and a1[2] <= w1[2]):
+                if (x0 <= a0[0] and a1[0] <= x1 and y0 <= a0[1] and a1[1] <= y1
+                        and z0 <= a0[2] and a1[2] <= z1):
                     continue  # entirely overwritten
                 _minus_v(a0, a1, w0, w1, v, out)
-            out.append((w0, w1, value))
+            keep((w0, w1, value))
         else:
             blo, bhi = _pairs_bounds(wp)
             out = []
@@ -1332,18 +1334,16 @@ class RegionMap:
         wp = self._clip_pairs(where)
         if not wp:
             return []
-        out = []
         entries = self._entries
-        if len(wp) > 1:
-            blo, bhi = _pairs_bounds(wp)
-        else:
-            blo, bhi = wp[0]
+        if len(wp) == 1:
+            (x0, y0, z0), (x1, y1, z1) = wp[0]
+            return [v for a0, a1, v in entries
+                    if a0[0] < x1 and x0 < a1[0] and a0[1] < y1 and y0 < a1[1] and a0[2] < z1 and z0 < a1[2]]
+        out = []
+        blo, bhi = _pairs_bounds(wp)
         for a0, a1, v in entries:
             if not (a0[0] < bhi[0] and blo[0] < a1[0] and a0[1] < bhi[1] and blo[1] < a1[1]
                     and a0[2] < bhi[2] and blo[2] < a1[2]):
-                continue
-            if len(wp) == 1:
-                out.append(v)
                 continue
             for w0, w1 in wp:
                 if (a0[0] < w1[0] and w0[0] < a1[0] and a0[1] < w1[1] and w0[1] < a1[1]
@@ -1461,6 +1461,64 @@ class RegionMap:
         old: list = []
         self._apply(wp, fn, old)
         return old
+
+    def read_collect(self, where: "Region | Box", reader: int) -> list:
+        """For maps whose values are ``(writer, frozenset of readers)`` (the generators'
+        access maps): add ``reader`` to the readers inside ``where`` and return the old
+        writers there (unmerged, possibly repeated, None included).
+
+        Exactly ``apply_collect(where, lambda v: (v[0], v[1] | {reader}))`` with the
+        writers of the collected values, without a Python call per entry: a read is the
+        generators' most frequent map operation.
+        """
+        wp = self._clip_pairs(where)
+        if not wp:
+            return []
+        if len(wp) != 1:
+            return self._read_multi(wp, reader)
+        w0, w1 = wp[0]
+        x0, y0, z0 = w0
+        x1, y1, z1 = w1
+        entries = self._entries
+        writers = []
+        out = None
+        memo: dict = {}
+        for k, e in enumerate(entries):
+            a0, a1, v = e
+            if a1[0] <= x0 or x1 <= a0[0] or a1[1] <= y0 or y1 <= a0[1] or a1[2] <= z0 or z1 <= a0[2]:
+                if out is not None:
+                    out.append(e)
+                continue
+            writers.append(v[0])
+            rs = v[1]
+            if reader in rs:
+                if out is not None:
+                    out.append(e)
+                continue
+            nv = memo.get(v)
+            if nv is None:
+                nv = memo[v] = (v[0], rs | {reader})
+            if out is None:
+                out = entries[:k]
+            if (w0[0] <= a0[0] and a1[0] <= w1[0] and w0[1] <= a0[1] and a1[1] <= w1[1]
+                    and w0[2] <= a0[2] and a1[2] <= w1[2]):
+                out.append((a0, a1, nv))
+            else:
+                _minus_v(a0, a1, w0, w1, v, out)
+                out.append(((a0[0] if a0[0] > w0[0] else w0[0], a0[1] if a0[1] > w0[1] else w0[1],
+                             a0[2] if a0[2] > w0[2] else w0[2]),
+                            (a1[0] if a1[0] < w1[0] else w1[0], a1[1] if a1[1] < w1[1] else w1[1],
+                             a1[2] if a1[2] < w1[2] else w1[2]), nv))
+        if out is not None:
+            self._entries = out
+            if len(out) > self._compact_at:
+                self._compact()
+        return writers
+
+    def _read_multi(self, wp, reader: int) -> list:
+        old: list = []
+        self._apply(wp, lambda v: (v[0], v[1] | {reader}), old)
+        return [v[0] for v in old]
 
     def apply_all(self, fn) -> None:
         """``apply`` over the whole extent, then re-merge unless the map is small (the

@@ -156,12 +156,15 @@ class InstructionGraphGenerator:
         self._current_horizon: int | None = None
         self.counts: dict[str, int] = {}
         self._only = _Singletons()   # memory -> frozenset((memory,)), shared
+        self._source_cache: dict = {}   # (holding memories, destination) -> source memory
+        self._plan_cache: dict = {}     # see ``_plan_chunks``
 
     # ---- objects ---------------------------------------------------------------
     def create_buffer(self, info: tg.BufferInfo) -> int | None:
         """Register a buffer; returns the id of its user allocation when host-initialized."""
         b = _Buffer(info)
         self._buffers[info.id] = b
+        self._plan_cache.clear()   # (plans are keyed by buffer id, whose shape this fixes)
         if info.host_initialized:
             aid = self._new_alloc_id()
             b.user = _Allocation(aid, USER_MEMORY, info.box, self._epoch)
@@ -217,8 +220,8 @@ class InstructionGraphGenerator:
     def _emit(self, ins: Instruction) -> Instruction:
         # de-duplicate dependencies, keep the first origin
         deps = ins.deps
+        front = self._front
         if deps:
-            front = self._front
             if len(deps) == 1:
                 d = deps[0][0]
                 if d == ins.id:
@@ -227,19 +230,20 @@ class InstructionGraphGenerator:
                     front.discard(d)
             else:
                 seen: dict[int, str] = {}
-                iid = ins.id
                 for d, o in deps:
-                    if d not in seen and d != iid:
+                    if d not in seen:
                         seen[d] = o
+                seen.pop(ins.id, None)
                 ins.deps = sorted(seen.items())
-                for d in seen:
-                    front.discard(d)
+                front.difference_update(seen)
         elif self._epoch is not None:
             ins.deps = [(self._epoch, DEP_LAST_EPOCH)]
-            self._front.discard(self._epoch)
-        self._front.add(ins.id)
+            front.discard(self._epoch)
+        front.add(ins.id)
         self._out.append(ins)
-        self.counts[ins.kind] = self.counts.get(ins.kind, 0) + 1
+        counts = self.counts
+        kind = ins.kind
+        counts[kind] = counts.get(kind, 0) + 1
         if self.record:
             self.records.append(ins.to_record())
         return ins
@@ -257,7 +261,7 @@ class InstructionGraphGenerator:
     def _read(alloc: _Allocation, region, ins: Instruction) -> None:
         deps = ins.deps
         iid = ins.id
-        for w, _rs in alloc.access.apply_collect(region, lambda v: (v[0], v[1] | {iid})):
+        for w in alloc.access.read_collect(region, iid):
             if w is not None:
                 deps.append((w, DEP_READ))
 
@@ -356,29 +360,43 @@ class InstructionGraphGenerator:
 
     # ---- coherence ---------------------------------------------------------------
     def _source_memory(self, mems: frozenset[int], dst: int) -> int | None:
-        """Best memory to copy from directly: a peer device, then host, then user."""
+        """Best memory to copy from directly: a peer device, then host, then user.
+        Memoized per (holders, destination): the system's copy paths never change."""
+        key = (mems, dst)
+        cache = self._source_cache
+        if key in cache:
+            return cache[key]
         best = None
         for m in sorted(mems, reverse=True):
             if m == dst:
-                return m
+                best = m
+                break
             if self.system.can_copy(m, dst):
                 if best is None or (m >= 2 and best < 2) or (m == HOST_MEMORY and best == USER_MEMORY):
                     best = m
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = best
         return best
 
     def _copy_between(self, b: _Buffer, src_mem: int, dst: _Allocation, box: Box) -> None:
         """Copy ``box`` from the allocations of ``src_mem`` into ``dst``."""
-        srcs = [b.user] if src_mem == USER_MEMORY else b.allocs.get(src_mem, [])
+        srcs = [b.user] if src_mem == USER_MEMORY else b.allocs.get(src_mem, ())
+        lo, hi = box.lo, box.hi
         for src in srcs:
             if src is None:
                 continue
-            part = src.box & box
-            if part.empty:
-                continue
-            cp = CopyInstruction(self._new_id(), source=src.id, dest=dst.id, source_memory=src_mem,
-                                 dest_memory=dst.memory, buffer=b.info.id, box=part, source_box=src.box,
-                                 dest_box=dst.box, size_bytes=part.area * b.itemsize,
-                                 priority=PRIORITY_COPY)
+            sb = src.box
+            s0, s1 = sb.lo, sb.hi
+            if (lo[0] < hi[0] and s0[0] <= lo[0] and hi[0] <= s1[0] and s0[1] <= lo[1] and hi[1] <= s1[1]
+                    and s0[2] <= lo[2] and hi[2] <= s1[2] and sb.dims == box.dims):
+                part = box   # (the common case: one source allocation holds all of it)
+            else:
+                part = sb & box
+                if part.empty:
+                    continue
+            cp = CopyInstruction(self._new_id(), [], PRIORITY_COPY, src.id, dst.id, src_mem, dst.memory,
+                                 b.info.id, part, sb, dst.box, "strided", part.area * b.itemsize)
             self._read(src, part, cp)
             self._write(dst, part, cp)
             self._emit(cp)
@@ -507,10 +525,28 @@ class InstructionGraphGenerator:
         return self._end()
 
     def _plan_chunks(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
-        """Device chunks of a command with their accesses; computed once per command."""
+        """Device chunks of a command with their accesses; computed once per command, and
+        shared between commands with the same box and the same accesses (a stencil plans
+        the same chunks every step).  A plan depends only on the key below: the mappers are
+        pure per chunk (built-in ones are shared across tasks, user ones are new objects per
+        task and never hit), buffer shapes are fixed per buffer id (the cache is dropped when
+        a buffer is created), and plans are never modified once made."""
         plans = cmd.plans
         if plans is None:
-            plans = cmd.plans = self._make_plans(cmd)
+            task = cmd.task
+            geom = task.geometry
+            box = cmd.box
+            key = (task.kind, box.lo, box.hi, box.dims, task.split, task.oversubscribe,
+                   geom.dims if geom is not None else None, geom.granularity if geom is not None else None,
+                   tuple([(a.buffer, a.mode, a.mapper) for a in task.accesses]))
+            cache = self._plan_cache
+            plans = cache.get(key)
+            if plans is None:
+                plans = self._make_plans(cmd)
+                if len(cache) >= 1024:
+                    cache.clear()
+                cache[key] = plans
+            cmd.plans = plans
         return plans
 
     def _make_plans(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
@@ -553,27 +589,22 @@ class InstructionGraphGenerator:
             for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
                 for bid, reg in regs.items():
                     bbs[bid] = reg.bounding_box
-        return plans
+        return _Plans(plans)
 
     def _compile_execution(self, cmd: cg.ExecutionCommand) -> None:
         task = cmd.task
         plans = self._plan_chunks(cmd)
         # pending receives this command touches
-        for bid in sorted({bid for p in plans for bid in p.bbox}):
-            b = self._buffers[bid]
+        buffers = self._buffers
+        for bid in plans.bids:
+            b = buffers[bid]
             if b.pending:
                 touched = [Region.from_box(p.bbox[bid]) for p in plans if bid in p.bbox]
                 self._materialize(b, touched)
         # allocations first (a resize later in this command would free what a chunk uses)
-        need: dict[tuple[int, int], Box] = {}
-        for p in plans:
-            for bid, box in p.bbox.items():
-                key = (bid, p.memory)
-                need[key] = need[key].bounding(box) if key in need else box
-        for key in sorted(need) if len(need) > 1 else need:
-            bid, mem = key
-            b = self._buffers[bid]
-            if self._find_alloc(b, mem, need[key]) is not None:
+        for (bid, mem), box in plans.need:
+            b = buffers[bid]
+            if self._find_alloc(b, mem, box) is not None:
                 continue
             # a resize: what this command overwrites without reading need not be copied
             discard = None
@@ -584,7 +615,7 @@ class InstructionGraphGenerator:
                 if prod:
                     dis = prod - p.consumed[bid] if bid in p.consumed else prod
                     discard = discard | dis if discard is not None else dis
-            self._allocate(b, mem, need[key], discard)
+            self._allocate(b, mem, box, discard)
         # coherence, then one kernel / host task per chunk
         kernels: list[tuple[_ChunkPlan, Instruction, list[_Allocation]]] = []
         for p in plans:
@@ -857,6 +888,24 @@ class InstructionGraphGenerator:
 _DEVICE_SPLITS: dict = {}   # (box, granularity, chunks, 2-D?) -> device chunk boxes (shared, read-only)
 
 
+class _Plans(list):
+    """The device chunks of an execution command (a list of ``_ChunkPlan``) with what every
+    compile of them needs first, computed once: the buffers they touch (sorted) and, per
+    (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
+
+    __slots__ = ("bids", "need")
+
+    def __init__(self, plans: list):
+        super().__init__(plans)
+        self.bids = sorted({bid for p in plans for bid in p.bbox})
+        need: dict[tuple[int, int], Box] = {}
+        for p in plans:
+            for bid, box in p.bbox.items():
+                key = (bid, p.memory)
+                need[key] = need[key].bounding(box) if key in need else box
+        self.need = [(key, need[key]) for key in (sorted(need) if len(need) > 1 else need)]
+
+
 class _Singletons(dict):
     def __missing__(self, key):
         v = self[key] = frozenset((key,))
@@ -865,7 +914,7 @@ class _Singletons(dict):
 
 def _collapse(readers: frozenset, eid: int) -> frozenset:
     """Readers older than epoch ``eid`` are represented by the epoch itself."""
-    if all(r >= eid for r in readers):
+    if min(readers) >= eid:
         return readers
     return frozenset([r for r in readers if r >= eid] + [eid])
 

@@ -149,7 +149,10 @@ class Task:
             self.critical_path_length = dep.critical_path_length + 1
 
     def has_true_dep(self) -> bool:
-        return any(k == TRUE_DEP for k, _ in self.deps.values())
+        for k, _ in self.deps.values():
+            if k == TRUE_DEP:
+                return True
+        return False
 
     @property
     def label(self) -> str:
@@ -314,6 +317,8 @@ class TaskManager:
         reductions = t.reductions
         if len(accesses) == 1 and not reductions:
             bids = (accesses[0].buffer,)
+        elif not reductions:
+            bids = sorted({a.buffer for a in accesses})
         else:
             bids = sorted({a.buffer for a in accesses} | {r.buffer for r in reductions})
         tasks = self.tasks
