@@ -485,12 +485,16 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
         lines.append(f"<b>send</b> {_esc(_transfer_label(tr))}")
         lines.append(f"to R{i.get('to')} MSG{i.get('msg_id')}")
         lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))} {_esc(fmt_box(i.get('box')))}")
+        if i.get("source") is not None:
+            lines.append(f"from {alloc_ref(i['source'])}")
         lines.append(_fmt_bytes(i.get("size_bytes", 0)))
     elif kind in ("receive", "split_receive", "await_receive"):
         tr = i.get("transfer")
         lines.append(f"I{iid}")
         lines.append(f"<b>{kind.replace('_', ' ')}</b> {_esc(_transfer_label(tr))}")
         lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))} {_esc(fmt_region(i.get('region')))}")
+        if i.get("dest") is not None:
+            lines.append(f"into {alloc_ref(i['dest'])}")
         if i.get("size_bytes"):
             lines.append(_fmt_bytes(i["size_bytes"]))
     elif kind == "gather_receive":

@@ -188,12 +188,13 @@ class SendInstruction(Instruction):
 
     def fields(self) -> dict:
         return {"to": self.to, "msg_id": self.msg_id, "transfer": list(self.transfer),
-                "box": self.box.to_json(), "size_bytes": self.size_bytes}
+                "box": self.box.to_json(), "source": self.source, "size_bytes": self.size_bytes}
 
 
 @dataclass(slots=True, eq=False)
 class ReceiveInstruction(Instruction):
-    """Receive every inbound fragment of ``region`` into ``dest`` (host memory)."""
+    """Receive every inbound fragment of ``region`` into allocation ``dest`` (host memory, or the
+    reading device's memory where the communicator can write there)."""
 
     transfer: TransferId = (0, 0, 0)
     region: Region | None = None
@@ -204,7 +205,7 @@ class ReceiveInstruction(Instruction):
     kind = "receive"
 
     def fields(self) -> dict:
-        return {"transfer": list(self.transfer), "region": self.region.to_json(),
+        return {"transfer": list(self.transfer), "region": self.region.to_json(), "dest": self.dest,
                 "size_bytes": self.size_bytes}
 
 

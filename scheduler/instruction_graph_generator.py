@@ -137,6 +137,10 @@ class InstructionGraphGenerator:
     def __init__(self, system: SystemInfo, *, rank: int = 0, num_ranks: int = 1,
                  record: bool = False, lookahead_merge: bool = True):
         self.system = system
+        # every device memory takes receives directly (CUDA-aware MPI or host devices asked
+        # to): await-pushes then need no host allocation of their own
+        self._direct_receives = system.num_devices > 0 and all(
+            system.comm_capable(device_memory(d)) for d in range(system.num_devices))
         self.rank = rank
         self.num_ranks = num_ranks
         self.record = record
@@ -430,23 +434,31 @@ class InstructionGraphGenerator:
             b.newest.update(box, mems | {memory})
 
     # ---- receives ---------------------------------------------------------------
-    def _materialize(self, b: _Buffer, touched: list[Region]) -> None:
-        """Turn pending await-pushes that ``touched`` regions intersect into receives."""
+    def _materialize(self, b: _Buffer, touched: list[Region], memories: list[int] | None = None) -> None:
+        """Turn pending await-pushes that ``touched`` regions intersect into receives.
+
+        ``memories[i]`` is the memory that reads ``touched[i]``: a receive that
+        one reader consumes whole lands straight in that reader's memory when the
+        communicator can write there (CUDA-aware MPI), else in host memory.
+        """
         if not b.pending:
             return
         keep = []
         for p in b.pending:
             parts: list[Region] = []
             covered = Region.empty_region(p.region.dims)
-            for reg in touched:
+            consumer = None
+            for i, reg in enumerate(touched):
                 part = (reg & p.region) - covered
                 if part:
                     parts.append(part)
                     covered = covered | part
+                    if memories is not None:
+                        consumer = memories[i] if len(parts) == 1 and part == p.region else None
             if not parts:
                 keep.append(p)
                 continue
-            self._receive(b, p, parts)
+            self._receive(b, p, parts, consumer)
         b.pending = keep
 
     def _materialize_all(self, b: _Buffer) -> None:
@@ -454,9 +466,10 @@ class InstructionGraphGenerator:
             self._receive(b, p, [p.region])
         b.pending = []
 
-    def _receive(self, b: _Buffer, p: _PendingReceive, parts: list[Region]) -> None:
+    def _receive(self, b: _Buffer, p: _PendingReceive, parts: list[Region], consumer: int | None = None) -> None:
         region = p.region
-        dst_mem = HOST_MEMORY
+        dst_mem = consumer if consumer is not None and consumer >= 2 and self.system.comm_capable(consumer) \
+            else HOST_MEMORY
         bbox = region.bounding_box
         dst = self._allocate(b, dst_mem, bbox)
         common = dict(transfer=p.transfer, region=region, dest=dst.id, dest_box=dst.box, dtype=b.dtype,
@@ -501,7 +514,7 @@ class InstructionGraphGenerator:
             for plan in self._plan_chunks(cmd):
                 for bid, box in plan.bbox.items():
                     yield bid, plan.memory, box
-        elif isinstance(cmd, cg.AwaitPushCommand) and cmd.transfer[2] == 0:
+        elif isinstance(cmd, cg.AwaitPushCommand) and cmd.transfer[2] == 0 and not self._direct_receives:
             yield cmd.transfer[1], HOST_MEMORY, cmd.region.bounding_box
 
     # ---- compile -------------------------------------------------------------------
@@ -599,8 +612,8 @@ class InstructionGraphGenerator:
         for bid in plans.bids:
             b = buffers[bid]
             if b.pending:
-                touched = [Region.from_box(p.bbox[bid]) for p in plans if bid in p.bbox]
-                self._materialize(b, touched)
+                readers = [p for p in plans if bid in p.bbox]
+                self._materialize(b, [Region.from_box(p.bbox[bid]) for p in readers], [p.memory for p in readers])
         # allocations first (a resize later in this command would free what a chunk uses)
         for (bid, mem), box in plans.need:
             b = buffers[bid]

@@ -50,8 +50,21 @@ def test_direct_sends_skip_the_host_staging_copies(reference):
         s_ins, d_ins = staged[rank][1]["instructions"], direct[rank][1]["instructions"]
         s_copies, d_copies = _copies(s_ins), _copies(d_ins)
         device_to_host = lambda c: sum(n for (src, dst), n in c.items() if src >= 2 and dst == 1)  # noqa: E731
+        host_to_device = lambda c: sum(n for (src, dst), n in c.items() if src == 1 and dst >= 2)  # noqa: E731
         assert device_to_host(s_copies) > 0          # staged: halos leave through host memory
+        assert host_to_device(s_copies) > 0          # ... and arrive there
         assert device_to_host(d_copies) == 0         # direct: straight from the device allocation
+        assert host_to_device(d_copies) == 0         # ... into the reading device's allocation
+        d_allocs = {i["allocation"]: i["memory"] for i in d_ins if i["kind"] == "alloc"}
+        # halo receives that a kernel reads land in that kernel's device memory; only the
+        # final fence's gather (read by a copy into user memory) still lands in host memory
+        readers = {}
+        for i in d_ins:
+            for dep in i["deps"]:
+                readers.setdefault(dep["id"], []).append(i["kind"])
+        receives = [i for i in d_ins if i["kind"] in ("receive", "split_receive")]
+        halo = [r for r in receives if "device_kernel" in readers.get(r["id"], ())]
+        assert len(halo) >= 5 and all(d_allocs[r["dest"]] >= 2 for r in halo)
         assert sum(i["kind"] == "send" for i in s_ins) == sum(i["kind"] == "send" for i in d_ins) > 0
         assert sum(d_copies.values()) < sum(s_copies.values())
         # every send of the direct run reads a device allocation: its producers are kernels or
