@@ -337,11 +337,11 @@ class _Progress:
     """
 
     POLL_MIN = 20e-6
-    POLL_BUSY_MAX = float(os.environ.get("CELERITAS_MPI_POLL_MAX_US", "200")) * 1e-6
+    POLL_BUSY_MAX = 200e-6     # CELERITAS_MPI_POLL_MAX_US overrides it per communicator
     POLL_IDLE_MAX = 1e-3
     KEEPALIVE = 0.05
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, poll_max: float | None = None):
         self._lock = threading.Lock()
         self._new: list[MpiRequest] = []
         self._new_rings: list[_PilotRing] = []
@@ -352,6 +352,8 @@ class _Progress:
         self._stop = False
         self.error: BaseException | None = None
         self.notifier: Callable[[], None] | None = None
+        if poll_max is not None:
+            self.POLL_BUSY_MAX = poll_max
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"celeritas-mpi-progress-{rank}")
         self._thread.start()
 
@@ -731,6 +733,20 @@ class EpochCheck:
             self._recv = None
 
 
+def poll_max_from_env() -> float:
+    """``CELERITAS_MPI_POLL_MAX_US``: the longest the progress thread sleeps while payloads are in flight."""
+    raw = os.environ.get("CELERITAS_MPI_POLL_MAX_US", "").strip()
+    if raw == "":
+        return _Progress.POLL_BUSY_MAX
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ConfigError(f"CELERITAS_MPI_POLL_MAX_US={raw!r} is not a number of microseconds") from None
+    if not v > 0:
+        raise ConfigError(f"CELERITAS_MPI_POLL_MAX_US={raw!r} must be > 0")
+    return v * 1e-6
+
+
 def divergence_timeout_from_env() -> float | None:
     raw = os.environ.get(DIVERGENCE_TIMEOUT_VAR, "").strip().lower()
     if raw == "":
@@ -901,15 +917,17 @@ class MpiCommunicator(Communicator):
 
     def __init__(self, comm: Any = None, *, strided: str | None = None,
                  divergence_timeout: float | None | str = "env", install_hooks: bool | None = None):
+        poll_max = poll_max_from_env()          # bad settings fail before any MPI call
+        policy = (strided or STRIDED_POLICY).lower()
+        if policy not in ("auto", "datatype", "staging"):
+            raise ConfigError(f"CELERITAS_MPI_STRIDED={policy!r}; use auto, datatype or staging")
         MPI = import_mpi()
         _MPI_BYTE[0] = MPI.BYTE
         base = MPI.COMM_WORLD if comm is None else comm
-        self._setup(MPI, base.Dup(), None, None, _DatatypeCache(MPI), (strided or STRIDED_POLICY).lower())
-        if self._strided not in ("auto", "datatype", "staging"):
-            raise ConfigError(f"CELERITAS_MPI_STRIDED={self._strided!r}; use auto, datatype or staging")
+        self._setup(MPI, base.Dup(), None, None, _DatatypeCache(MPI), policy)
         timeout = divergence_timeout_from_env() if divergence_timeout == "env" else divergence_timeout
         self.epoch_check = EpochCheck(self._comm.Dup(), self._rank, self._size, timeout) if self._size > 1 else None
-        self._progress = _Progress(self._rank)
+        self._progress = _Progress(self._rank, poll_max)
         self._start_ring()
         if install_hooks is None:
             install_hooks = comm is None and self._size > 1

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scheduler.errors import ConfigError
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
@@ -320,3 +322,35 @@ def test_less_than_thread_multiple_is_a_clear_config_error():
     assert r.returncode == 0, _explain(r)
     assert r.stdout.count("ConfigError:") == 2, _explain(r)
     assert "MPI_THREAD_SERIALIZED" in r.stdout and "needs MPI_THREAD_MULTIPLE" in r.stdout, _explain(r)
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("CELERITAS_MPI_POLL_MAX_US", "fast", "not a number"),
+    ("CELERITAS_MPI_POLL_MAX_US", "-5", "must be > 0"),
+    ("CELERITAS_MPI_STRIDED", "sideways", "use auto, datatype or staging"),
+])
+def test_bad_mpi_tuning_values_fail_before_any_mpi_call(monkeypatch, var, value, words):
+    """Raised by MpiCommunicator() before it imports mpi4py, so no rank is left half-initialized."""
+    import builtins
+
+    import executor.mpi_communicator as mc
+    monkeypatch.setenv(var, value)
+    monkeypatch.setattr(mc, "STRIDED_POLICY", os.environ.get("CELERITAS_MPI_STRIDED", "auto"))
+    real_import = builtins.__import__
+
+    def no_mpi(name, *args, **kwargs):
+        if name.startswith("mpi4py"):
+            raise AssertionError("mpi4py imported before the configuration was checked")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpi)
+    with pytest.raises(ConfigError, match=words):
+        mc.MpiCommunicator()
+
+
+def test_poll_interval_setting(monkeypatch):
+    from executor.mpi_communicator import poll_max_from_env
+    monkeypatch.delenv("CELERITAS_MPI_POLL_MAX_US", raising=False)
+    assert poll_max_from_env() == pytest.approx(200e-6)
+    monkeypatch.setenv("CELERITAS_MPI_POLL_MAX_US", "50")
+    assert poll_max_from_env() == pytest.approx(50e-6)
