@@ -34,3 +34,13 @@ def progress_bar(enabled: bool, *extra: ProgressColumn) -> Progress:
     """
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), *extra,
                     TimeElapsedColumn(), console=console, disable=not enabled)
+
+
+def report_verification(ok: bool, rank: int, detail: str = "", against: str = "numpy") -> int:
+    """Print the --verify verdict on rank 0; the exit status every rank returns (1 on mismatch)."""
+    if rank == 0:
+        if ok:
+            console.print(f"[green]verified against {against}[/green]")
+        else:
+            console.print(f"[red]mismatch{': ' + detail if detail else ''}[/red]")
+    return 0 if ok else 1

@@ -24,7 +24,7 @@ from rich.progress import TextColumn
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar
+from ._common import Timer, base_parser, console, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -147,11 +147,8 @@ def main(argv=None) -> int:
     if args.verify:
         ref = reference(args.size, args.steps, args.tol, args.check_every)
         ok = ref.steps == result.steps and np.allclose(result.u, ref.u, rtol=1e-6, atol=1e-7)
-        if rank == 0:
-            console.print("[green]verified against numpy[/green]" if ok else
-                          f"[red]mismatch: {result.steps} vs {ref.steps} steps, max error "
-                          f"{np.abs(result.u - ref.u).max()}[/red]")
-        return 0 if ok else 1
+        return report_verification(ok, rank, "" if ok else f"{result.steps} vs {ref.steps} steps, max error "
+                                   f"{np.abs(result.u - ref.u).max()}")
     return 0
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console
+from ._common import Timer, base_parser, console, report_verification
 
 
 def inputs(n: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -68,9 +68,7 @@ def main(argv=None) -> int:
     if args.verify:
         a_np, b_np = inputs(args.size)
         ok = np.array_equal(result, a_np @ b_np)
-        if rank == 0:
-            console.print("[green]verified against numpy[/green]" if ok else "[red]mismatch[/red]")
-        return 0 if ok else 1
+        return report_verification(ok, rank)
     return 0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar
+from ._common import Timer, base_parser, console, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -127,10 +127,8 @@ def main(argv=None) -> int:
     if args.verify:
         rp, rv = reference(args.size, args.steps, args.dt)
         ok = np.allclose(pos, rp, rtol=1e-9, atol=1e-12) and np.allclose(vel, rv, rtol=1e-9, atol=1e-12)
-        if rank == 0:
-            console.print("[green]verified against numpy (rtol 1e-9)[/green]" if ok else
-                          f"[red]mismatch: max position error {np.abs(pos - rp).max()}[/red]")
-        return 0 if ok else 1
+        return report_verification(ok, rank, "" if ok else f"max position error {np.abs(pos - rp).max()}",
+                                   against="numpy (rtol 1e-9)")
     return 0
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar
+from ._common import Timer, base_parser, console, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -150,9 +150,7 @@ def main(argv=None) -> int:
     if args.verify:
         ref, rlo, rhi = reference(low_contrast_image(args.size, args.size, frame=args.repeat - 1))
         ok = np.array_equal(out, ref) and (lo, hi) == (rlo, rhi)
-        if rank == 0:
-            console.print("[green]verified against numpy[/green]" if ok else "[red]mismatch[/red]")
-        return 0 if ok else 1
+        return report_verification(ok, rank)
     return 0
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar
+from ._common import Timer, base_parser, console, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -116,9 +116,7 @@ def main(argv=None) -> int:
                               "steps": args.steps, "seconds": t.seconds}), flush=True)
     if args.verify:
         ok = np.array_equal(result, reference(args.size, args.steps))
-        if rank == 0:
-            console.print("[green]verified against numpy[/green]" if ok else "[red]mismatch[/red]")
-        return 0 if ok else 1
+        return report_verification(ok, rank)
     return 0
 
 

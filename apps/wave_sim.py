@@ -13,7 +13,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console
+from ._common import Timer, base_parser, console, report_verification
 
 
 def initial_condition(n: int, dtype=np.float32) -> np.ndarray:
@@ -145,10 +145,7 @@ def main(argv=None) -> int:
     if args.verify:
         ref = reference(args.size, args.steps)
         ok = np.allclose(result, ref, rtol=1e-5, atol=1e-6)
-        if rank == 0:
-            console.print("[green]verified against numpy[/green]" if ok else
-                          f"[red]mismatch: max error {np.abs(result - ref).max()}[/red]")
-        return 0 if ok else 1
+        return report_verification(ok, rank, "" if ok else f"max error {np.abs(result - ref).max()}")
     return 0
 
 

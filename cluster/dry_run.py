@@ -15,7 +15,6 @@ a PNG (Agg backend).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import sys
@@ -117,14 +116,7 @@ def study(apps: Sequence[str], nodes: Sequence[int], *, size: int | None = None,
 
 
 def write_csv(rows: Sequence[dict], path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        wr.writeheader()
-        for row in rows:
-            wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-    return path
+    return workloads.write_csv(rows, path, CSV_FIELDS)
 
 
 def plot(rows: Sequence[dict], path: Path) -> Path:

@@ -200,14 +200,7 @@ def add_speedup(rows: list[dict]) -> None:
 
 
 def write_csv(rows: Sequence[dict], path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        wr.writeheader()
-        for row in rows:
-            wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
-    return path
+    return workloads.write_csv(rows, path, CSV_FIELDS)
 
 
 def read_csv(path: Path) -> list[dict]:

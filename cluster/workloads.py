@@ -9,8 +9,10 @@ whose cost grows with the rank count and would hide the scaling of the steps).
 """
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -129,3 +131,15 @@ def get(name: str) -> Workload:
         return WORKLOADS[name]
     except KeyError:
         raise SystemExit(f"unknown app {name!r}; choose one of {', '.join(WORKLOADS)}") from None
+
+
+def write_csv(rows: Sequence[dict], path: Path, fields: Sequence[str]) -> Path:
+    """One row per measurement, floats to 6 significant digits (what the studies plot from)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
+        wr.writeheader()
+        for row in rows:
+            wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    return path
