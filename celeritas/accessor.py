@@ -74,9 +74,38 @@ class Accessor:
 
     # ---- indexing ---------------------------------------------------------------------
     def _local(self, key) -> tuple[Any, Any]:
-        arr, abox, granted = self._slot()
+        slots = self._hydration.slots
+        if slots is None:
+            raise AccessError(f"accessor of buffer {self.buffer_name} used outside its kernel or host task")
+        arr, abox, granted = slots[self.index]
         d = self.dims
         lo = abox.lo
+        if type(key) is tuple and not self._checks and len(key) == d:
+            # fast path (kernels index like this many times per chunk): plain slices and
+            # ints, shifted to the allocation; anything else takes the general path
+            local = []
+            for i, k in enumerate(key):
+                tk = type(k)
+                if tk is slice:
+                    step = k.step
+                    if step is not None and step <= 0:
+                        break
+                    start, stop = k.start, k.stop
+                    o = lo[i]
+                    local.append(slice((o if start is None else start) - o,
+                                       (abox.hi[i] if stop is None else stop) - o, step))
+                elif tk is int:
+                    local.append(k - lo[i])
+                else:
+                    break
+            else:
+                return arr, tuple(local)
+        elif key.__class__.__name__ == "Chunk" and not self._checks:
+            box = key.box
+            if box.dims == d:
+                o = lo
+                blo, bhi = box.lo, box.hi
+                return arr, tuple([slice(blo[i] - o[i], bhi[i] - o[i]) for i in range(d)])
         box = getattr(key, "box", None)
         if isinstance(key, Box):
             box = key

@@ -241,7 +241,7 @@ class CommandGroupHandler:
         self._runtime = runtime
         self._accesses: list[tuple[Any, Any, str]] = []   # (buffer, user mapper, mode)
         self._accessors: list[Accessor] = []
-        self._hydration = Hydration()
+        self._hydration: Hydration | None = None   # made with the first accessor
         self._reductions: list[ReductionDescriptor] = []
         self._side_effects: list[Any] = []
         self._split = "1d"
@@ -260,6 +260,8 @@ class CommandGroupHandler:
             raise AccessError(f"buffer {buffer.label} belongs to another runtime")
         if not callable(mapper):
             raise RangeMapperError(f"the range mapper for buffer {buffer.label} is not callable: {mapper!r}")
+        if self._hydration is None:
+            self._hydration = Hydration()
         acc = Accessor(buffer, mode, mapper, len(self._accessors), self._hydration,
                        self._runtime.config.accessor_checks)
         self._accesses.append((buffer, mapper, mode))
@@ -373,55 +375,79 @@ class CommandGroupHandler:
 def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], None]:
     fn = cgh._kernel
     kind = cgh._kind
-    hydration = cgh._hydration
     name = cgh._name or getattr(fn, "__name__", "kernel")
-    geom = cgh._geometry
-    rank = rt.rank
-    red_ops = [(d.op, d.identity, d.buffer.dtype) for d in cgh._reductions]
-    args = cgh._args
-    if hasattr(fn, "source") and kind == tg.DEVICE_COMPUTE:
+    source = hasattr(fn, "source")
+    if source and kind == tg.DEVICE_COMPUTE:
         launch_source = getattr(rt.backend, "launch_source_kernel", None)
         if launch_source is None:
             raise CeleritasError(f"kernel {name!r} is device source code; the {rt.backend_name} backend runs only "
                                  f"Python kernels")
+    return _Launcher(cgh, rt, fn, kind, name, source)
 
-    # accessors become AccessorArg(index): the backends may not import celeritas types
-    device_args = tuple(AccessorArg(a.index) if isinstance(a, Accessor) else a for a in args)
 
-    def launcher(ctx: LaunchContext) -> None:
-        slots = []
-        for arr, acc in zip(ctx.arrays, ctx.accesses):
-            slots.append((arr, acc.allocation_box, acc.region))
-        prev = hydration.slots
-        hydration.slots = slots
+class _Launcher:
+    """What the executor calls with a ``LaunchContext`` to run one chunk of a command group.
+
+    A slotted object rather than a closure: one exists per task while the task's
+    instructions are alive, and a closure over a dozen variables is a dozen cells
+    for the garbage collector to traverse.
+    """
+
+    __slots__ = ("fn", "device", "hydration", "task_name", "geom", "rank", "red_ops", "args", "device_args",
+                 "backend", "local_range", "source", "what")
+
+    def __init__(self, cgh: CommandGroupHandler, rt, fn, kind: str, name: str, source: bool):
+        self.fn = fn
+        self.device = kind == tg.DEVICE_COMPUTE
+        self.what = "kernel" if self.device else "host task"
+        # accessors read their arrays from the hydration; without accessors it stays unused
+        self.hydration = cgh._hydration if cgh._accessors else None
+        self.task_name = name
+        self.geom = cgh._geometry
+        self.rank = rt.rank
+        self.red_ops = [(d.op, d.identity, d.buffer.dtype) for d in cgh._reductions]
+        self.args = cgh._args
+        self.source = source and self.device
+        self.backend = rt.backend if self.source else None
+        self.local_range = cgh._local_range
+        # accessors become AccessorArg(index): the backends may not import celeritas types
+        self.device_args = (tuple(AccessorArg(a.index) if isinstance(a, Accessor) else a for a in self.args)
+                            if self.source else ())
+
+    def __call__(self, ctx: LaunchContext) -> None:
+        hydration = self.hydration
+        if hydration is not None:
+            prev = hydration.slots
+            hydration.slots = [(arr, acc.allocation_box, acc.region) for arr, acc in zip(ctx.arrays, ctx.accesses)]
         try:
-            if kind == tg.DEVICE_COMPUTE:
-                chunk = Chunk(ctx.box, ctx.xp, ctx.device, geom.global_range, geom.offset)
-                reducers = []
-                for arr, (op, ident, dt) in zip(ctx.reduction_arrays, red_ops):
-                    arr.reshape(-1)[0] = ident
-                    reducers.append(Reducer(arr, op, dt))
-                if hasattr(fn, "source"):
-                    rt.backend.launch_source_kernel(fn, ctx, device_args, cgh._local_range)
+            geom = self.geom
+            if self.device:
+                if self.red_ops:
+                    reducers = []
+                    for arr, (op, ident, dt) in zip(ctx.reduction_arrays, self.red_ops):
+                        arr.reshape(-1)[0] = ident
+                        reducers.append(Reducer(arr, op, dt))
                 else:
-                    fn(chunk, *reducers, *args)
+                    reducers = ()
+                if self.source:
+                    self.backend.launch_source_kernel(self.fn, ctx, self.device_args, self.local_range)
+                else:
+                    self.fn(Chunk(ctx.box, ctx.xp, ctx.device, geom.global_range, geom.offset), *reducers, *self.args)
             else:
-                fn(Partition(ctx.box, geom.global_range, ctx.communicator, rank))
+                self.fn(Partition(ctx.box, geom.global_range, ctx.communicator, self.rank))
         except CeleritasError as exc:
             if isinstance(exc, KernelError):
                 raise
-            raise type(exc)(f"{exc} (in {'kernel' if kind == tg.DEVICE_COMPUTE else 'host task'} {name!r} "
-                            f"of task T{ctx_task(ctx)}, rank {rank}, chunk {ctx.box})") from exc
+            raise type(exc)(f"{exc} (in {self.what} {self.task_name!r} "
+                            f"of task T{ctx_task(ctx)}, rank {self.rank}, chunk {ctx.box})") from exc
         except Exception as exc:
-            raise KernelError(f"{'kernel' if kind == tg.DEVICE_COMPUTE else 'host task'} {name!r} of task "
-                              f"T{ctx_task(ctx)} failed on rank {rank}, chunk {ctx.box}"
+            raise KernelError(f"{self.what} {self.task_name!r} of task "
+                              f"T{ctx_task(ctx)} failed on rank {self.rank}, chunk {ctx.box}"
                               f"{'' if ctx.device is None else f', device {ctx.device}'}: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
-            hydration.slots = prev
-
-    launcher.task_name = name  # type: ignore[attr-defined]
-    return launcher
+            if hydration is not None:
+                hydration.slots = prev
 
 
 def ctx_task(ctx: LaunchContext) -> Any:

@@ -38,7 +38,7 @@ from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitRec
                                          LaunchContext, ReceiveInstruction, ReduceInstruction,
                                          SendInstruction, SplitReceiveInstruction, device_memory)
 
-from .backends.backend import Backend, Completion, Lane, box_view
+from .backends.backend import Backend, Completion, Lane, box_view, copy_box
 from .communicator import Communicator
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
@@ -160,6 +160,7 @@ class _Active:
     lane: str
     start_ns: int
     completion: Any = None
+    cost_key: Any = None    # run-time estimate to update from the completion's timing
 
 
 def _noop() -> None:
@@ -181,7 +182,8 @@ class Executor:
                  on_error: Callable[[BaseException, Instruction | None], Any] | None = None,
                  max_host_lanes: int = 4, max_device_lanes: int = 4,
                  trace: bool = False, idle_timeout: float = 0.1,
-                 poll_interval: float = 20e-6, name: str = "celeritas-executor"):
+                 poll_interval: float = 20e-6, inline_threshold: float = 100e-6,
+                 inline_copy_bytes: int = 128 * 1024, name: str = "celeritas-executor"):
         self._backend = backend
         self._comm = communicator
         self._on_horizon = on_horizon
@@ -201,6 +203,15 @@ class Executor:
         self._groups: dict[int, Communicator] = {}
         self._group_handles: dict[int, Any] = {}
         self._lanes: dict[tuple, Lane] = {}
+        # Inline execution (see _dispatch): lanes whose work the executor may run itself,
+        # and per kind of work (kernel name / copy size class) an estimate of its run time
+        self._inline_ns = int(inline_threshold * 1e9) if inline_threshold and inline_threshold > 0 else 0
+        self._inline_bytes = inline_copy_bytes if self._inline_ns else -1
+        self._inline_lanes: set[Lane] = set()
+        self._kernel_lane_info: dict[Lane, tuple[Any, Any]] = {}
+        self._has_global_range: dict[type, bool] = {}
+        self._rank = communicator.rank
+        self._costs: dict[Any, int] = {}
 
         self._by_completion: dict[Completion, _Active] = {}   # notifying backend completions
         self._polled: list[_Active] = []                      # backend completions to poll
@@ -483,6 +494,14 @@ class Executor:
     def _retire(self, active: _Active, error: BaseException | None) -> None:
         self._inflight -= 1
         instr = active.instr
+        key = active.cost_key
+        if key is not None:
+            c = active.completion
+            ns = getattr(c, "cpu_ns", None)
+            if ns is None and c.start_ns is not None and c.end_ns is not None:
+                ns = c.end_ns - c.start_ns
+            if ns is not None:
+                self._note_cost(key, ns)
         if self._trace is not None:
             c = active.completion
             start = getattr(c, "start_ns", None)
@@ -505,7 +524,64 @@ class Executor:
             else:
                 raise ValueError(f"instruction I{a.instruction.id} on {a.target} has no lane")
             self._lanes[key] = lane
+            if self._inline_ns and self._backend.runs_inline(lane):
+                self._inline_lanes.add(lane)
         return lane
+
+    # ------------------------------------------------------------------ inline execution
+    # Handing an instruction to a host lane costs a queue put, a worker wake-up, a GIL
+    # hand-over and a completion notification back through the inbox: tens of µs of
+    # Python on a machine with few cores, far more than a small kernel or copy takes.
+    # So cheap work whose lane is idle (not an eager assignment: every predecessor has
+    # completed, nothing queued on the lane) runs right here on the executor thread,
+    # recorded under its lane in the trace.  Cheap means:
+    #   * copies, identity fills and reductions of at most ``inline_copy_bytes``
+    #     (their cost is the size);
+    #   * device kernels whose kind (name and chunk-size class) was measured to run in
+    #     under ``inline_threshold``.  A kernel of unknown cost (the first of its kind)
+    #     goes to its lane, so a long kernel never blocks the executor.  Estimates come
+    #     from inline runs (wall time) and lane runs (the worker's CPU time, which unlike
+    #     its wall time does not count waiting for the GIL); an estimate drops at once
+    #     to a faster run and rises by a quarter of the difference to a slower one.
+    # Host tasks always go to their lane: they may block (collectives, I/O, user waits).
+
+    def _note_cost(self, key: Any, ns: int) -> None:
+        costs = self._costs
+        old = costs.get(key)
+        if old is None or ns <= old:
+            costs[key] = ns
+        else:
+            costs[key] = old + (ns - old) // 4
+
+    def _dispatch(self, a: Assignment, lane: Lane, fn: Callable[[], Any], key: Any) -> None:
+        """Run ``fn`` for ``a`` inline when that is allowed and cheap, else launch it on ``lane``."""
+        instr = a.instruction
+        if not a.eager and lane in self._inline_lanes:
+            est = self._costs.get(key) if type(key) is tuple else (0 if key <= self._inline_bytes else None)
+            if est is not None and est <= self._inline_ns:
+                t0 = _perf_ns()
+                error = None
+                try:
+                    fn()
+                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+                    error = exc
+                t1 = _perf_ns()
+                if type(key) is tuple:
+                    self._note_cost(key, t1 - t0)
+                if self._trace is not None:
+                    self._trace.append(_trace_event(instr, lane.name, t0, t1))
+                if error is not None:
+                    self._report(error, instr)
+                self._engine.complete(instr.id)
+                return
+        completion = self._backend.launch(lane, fn)
+        active = self._start_async(instr, lane.name, completion)
+        if type(key) is tuple:
+            active.cost_key = key
+        if completion.notifying:
+            self._by_completion[completion] = active
+        else:
+            self._polled.append(active)
 
     # ------------------------------------------------------------------ errors
 
@@ -559,6 +635,11 @@ class Executor:
         instr: CopyInstruction = a.instruction
         lane = self._lane(a)
         allocs = self._allocs
+        if lane in self._inline_lanes:   # a plain host lane: the backend would run copy_box
+            self._dispatch(a, lane, functools.partial(
+                copy_box, allocs[instr.source], instr.source_box, allocs[instr.dest], instr.dest_box,
+                instr.box), instr.size_bytes)
+            return
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
                                instr.dest_box, instr.box, lane)
         self._track_backend(instr, lane, c)
@@ -572,16 +653,27 @@ class Executor:
         instr: DeviceKernelInstruction = a.instruction
         lane = self._lane(a)
         allocs = self._allocs
-        backend = self._backend
+        per_lane = self._kernel_lane_info.get(lane)
+        if per_lane is None:   # (xp, stream) of a device lane: constant for the lane's lifetime
+            backend = self._backend
+            per_lane = self._kernel_lane_info[lane] = (backend.xp_for_memory(device_memory(instr.device)),
+                                                       backend.lane_handle(lane))
+        accesses = instr.accesses
+        reductions = instr.reductions
+        cls = type(instr)
+        has_range = self._has_global_range.get(cls)
+        if has_range is None:
+            has_range = self._has_global_range[cls] = hasattr(cls, "global_range")
         ctx = LaunchContext(
-            box=instr.box, device=instr.device,
-            arrays=[allocs[acc.allocation] if acc.allocation >= 0 else None for acc in instr.accesses],
-            reduction_arrays=[allocs[r.allocation] for r in instr.reductions],
-            xp=backend.xp_for_memory(device_memory(instr.device)),
-            global_range=tuple(getattr(instr, "global_range", ())),
-            rank=self._comm.rank, stream=backend.lane_handle(lane),
-            accesses=instr.accesses, task=instr.task)
-        self._launch(instr, lane, ctx)
+            instr.box, instr.device,
+            [allocs[acc.allocation] if acc.allocation >= 0 else None for acc in accesses] if accesses else [],
+            [allocs[r.allocation] for r in reductions] if reductions else [],
+            per_lane[0], tuple(instr.global_range) if has_range else (), None, self._rank, per_lane[1],
+            accesses, instr.task)
+        launcher = instr.launcher
+        fn = _noop if launcher is None else functools.partial(launcher, ctx)
+        box = instr.box
+        self._dispatch(a, lane, fn, (instr.name, box.area.bit_length() if box is not None else 0))
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction
@@ -645,15 +737,15 @@ class Executor:
             arr.reshape(-1)[:count] = identity
 
         lane = self._lane(a)
-        self._track_backend(instr, lane, self._backend.launch(lane, fill))
+        self._dispatch(a, lane, fill, count * 8)
 
     def _issue_reduce(self, a: Assignment) -> None:
         instr: ReduceInstruction = a.instruction
         src = self._allocs[instr.source]
         dst = self._allocs[instr.dest]
         lane = self._lane(a)
-        self._track_backend(instr, lane, self._backend.launch(
-            lane, functools.partial(_reduce, src, dst, instr.count, instr.op, instr.include_dest)))
+        self._dispatch(a, lane, functools.partial(_reduce, src, dst, instr.count, instr.op, instr.include_dest),
+                       instr.count * 8)
 
     def _issue_fence(self, a: Assignment) -> None:
         instr: FenceInstruction = a.instruction

@@ -49,6 +49,21 @@ def default_targets(instr: Instruction) -> tuple[TargetKey, ...]:
     A copy between two device memories can run on either device's lanes; the
     engine picks the one that allows eager assignment, else the destination's.
     """
+    fixed = _FIXED_TARGETS.get(type(instr))
+    if fixed is not None:
+        return fixed
+    if type(instr) is DeviceKernelInstruction:
+        t = _KERNEL_TARGETS.get(instr.device)
+        if t is None:
+            t = _KERNEL_TARGETS[instr.device] = ((Target.DEVICE_LANE, instr.device),)
+        return t
+    t = _default_targets(instr)
+    if not isinstance(instr, (DeviceKernelInstruction, CopyInstruction)):
+        _FIXED_TARGETS[type(instr)] = t      # depends on the type alone
+    return t
+
+
+def _default_targets(instr: Instruction) -> tuple[TargetKey, ...]:
     if isinstance(instr, DeviceKernelInstruction):
         return ((Target.DEVICE_LANE, instr.device),)
     if isinstance(instr, CopyInstruction):
@@ -67,15 +82,40 @@ def default_targets(instr: Instruction) -> tuple[TargetKey, ...]:
     return (_IMMEDIATE,)
 
 
-@dataclass(slots=True, frozen=True)
-class Assignment:
-    """Where to issue ``instruction``: ``lane`` is None for immediate/alloc targets."""
+# per exact type, the answer of default_targets for kinds whose targets depend on the type
+# alone (everything but kernels and copies); filled on first use
+_FIXED_TARGETS: dict[type, tuple[TargetKey, ...]] = {}
+_KERNEL_TARGETS: dict[int, tuple[TargetKey, ...]] = {}
 
-    instruction: Instruction
-    target: Target
-    device: int | None
-    lane: int | None
-    eager: bool
+
+class Assignment:
+    """Where to issue ``instruction``: ``lane`` is None for immediate/alloc targets.
+
+    A plain slotted class (one is made per instruction; a frozen dataclass's
+    ``__init__`` costs several times as much); treat it as immutable.
+    """
+
+    __slots__ = ("instruction", "target", "device", "lane", "eager")
+
+    def __init__(self, instruction: Instruction, target: Target, device: int | None, lane: int | None,
+                 eager: bool):
+        self.instruction = instruction
+        self.target = target
+        self.device = device
+        self.lane = lane
+        self.eager = eager
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Assignment):
+            return NotImplemented
+        return (self.instruction is other.instruction and self.target == other.target
+                and self.device == other.device and self.lane == other.lane and self.eager == other.eager)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"Assignment(I{self.instruction.id}, {self.target}, device={self.device}, lane={self.lane}, "
+                f"eager={self.eager})")
 
 
 _PENDING, _READY, _ASSIGNED = 0, 1, 2
@@ -88,16 +128,21 @@ class _Lane:
     queue: deque = field(default_factory=deque)   # ids of assigned, incomplete instructions
 
 
-@dataclass(slots=True, eq=False)
 class _Node:
-    instr: Instruction
-    targets: tuple[TargetKey, ...]
-    preds: set[int]                               # incomplete predecessor ids
-    succs: list["_Node"] = field(default_factory=list)
-    state: int = _PENDING
-    queued: bool = False                          # in the candidate heap
-    lane: _Lane | None = None
-    sort_key: tuple[int, int] = (0, 0)
+    """Per-instruction state; heap entries are ``(-priority, id, node)``."""
+
+    __slots__ = ("instr", "iid", "prio", "targets", "preds", "succs", "state", "queued", "lane")
+
+    def __init__(self, instr: Instruction, targets: tuple[TargetKey, ...], preds: set[int]):
+        self.instr = instr
+        self.iid = instr.id
+        self.prio = -instr.priority
+        self.targets = targets
+        self.preds = preds                        # incomplete predecessor ids
+        self.succs: list[_Node] = []
+        self.state = _PENDING
+        self.queued = False                       # in the candidate heap
+        self.lane: _Lane | None = None
 
 
 class OutOfOrderEngine:
@@ -114,11 +159,11 @@ class OutOfOrderEngine:
         self._max = {Target.HOST_LANE: max_host_lanes, Target.DEVICE_LANE: max_device_lanes}
         self._targets_of = targets_of
         self._nodes: dict[int, _Node] = {}
-        self._heap: list[tuple[tuple[int, int], int, _Node]] = []
+        self._heap: list[tuple[int, int, _Node]] = []
         self._lanes: dict[TargetKey, list[_Lane]] = {}
         # per target: heap of ready nodes waiting for a lane; one is released per lane
         # that goes idle (releasing all would make saturated targets quadratic)
-        self._blocked: dict[TargetKey, list[tuple[tuple[int, int], int, _Node]]] = {}
+        self._blocked: dict[TargetKey, list[tuple[int, int, _Node]]] = {}
 
     # ---- queries
 
@@ -148,27 +193,36 @@ class OutOfOrderEngine:
     def submit(self, instr: Instruction, deps: Iterable[int] | None = None) -> None:
         """Add an instruction; ``deps`` overrides ``instr.deps`` (predecessor ids)."""
         nodes = self._nodes
-        if instr.id in nodes:
-            raise ValueError(f"instruction I{instr.id} submitted twice")
-        preds = set()
+        iid = instr.id
+        if iid in nodes:
+            raise ValueError(f"instruction I{iid} submitted twice")
+        preds: set[int] = set()
         node = _Node(instr, self._targets_of(instr), preds)
-        node.sort_key = (-instr.priority, instr.id)
-        for d in (deps if deps is not None else [d for d, _ in instr.deps]):
-            p = nodes.get(d)
-            if p is not None and d not in preds:
-                preds.add(d)
-                p.succs.append(node)
-        nodes[instr.id] = node
+        get = nodes.get
+        if deps is None:
+            for d, _ in instr.deps:
+                p = get(d)
+                if p is not None and d not in preds:
+                    preds.add(d)
+                    p.succs.append(node)
+        else:
+            for d in deps:
+                p = get(d)
+                if p is not None and d not in preds:
+                    preds.add(d)
+                    p.succs.append(node)
+        nodes[iid] = node
         if not preds:
             node.state = _READY
-            self._push(node)
-        else:
+            node.queued = True
+            heapq.heappush(self._heap, (node.prio, iid, node))
+        elif node.targets[0][0] in self._max:
             self._consider_eager(node)
 
     def _push(self, node: _Node) -> None:
         if not node.queued:
             node.queued = True
-            heapq.heappush(self._heap, (node.sort_key, node.instr.id, node))
+            heapq.heappush(self._heap, (node.prio, node.iid, node))
 
     # ---- eager assignment
 
@@ -199,15 +253,21 @@ class OutOfOrderEngine:
     def assign_one(self) -> Assignment | None:
         """The next instruction to issue (highest priority, then lowest id), or None."""
         heap = self._heap
+        nodes = self._nodes
         while heap:
             node = heapq.heappop(heap)[2]
             node.queued = False
-            if node.state == _ASSIGNED or node.instr.id not in self._nodes:
+            state = node.state
+            if state == _ASSIGNED or node.iid not in nodes:
                 continue
-            if node.state == _READY:
+            if state == _READY:
+                if node.targets[0][0] not in self._max:     # immediate / alloc: no lane
+                    node.state = _ASSIGNED
+                    key = node.targets[0]
+                    return Assignment(node.instr, key[0], key[1], None, False)
                 lane = self._pick_lane(node)
                 if lane is False:
-                    entry = (node.sort_key, node.instr.id, node)
+                    entry = (node.prio, node.iid, node)
                     for key in node.targets:
                         heapq.heappush(self._blocked.setdefault(key, []), entry)
                     continue
@@ -244,10 +304,11 @@ class OutOfOrderEngine:
         if lane is None:
             key = node.targets[0]
             return Assignment(instr, key[0], key[1], None, False)
-        lane.queue.append(instr.id)
+        lane.queue.append(node.iid)
         # successors may now sit behind this lane's new tail
+        lanes = self._max
         for s in node.succs:
-            if s.state == _PENDING and not s.queued:
+            if s.state == _PENDING and not s.queued and s.targets[0][0] in lanes:
                 self._consider_eager(s)
         return Assignment(instr, lane.key[0], lane.key[1], lane.index, eager)
 
@@ -275,6 +336,8 @@ class OutOfOrderEngine:
                     if b.state == _READY and not b.queued:
                         self._push(b)
                         break
+        lanes = self._max
+        heap = self._heap
         for s in node.succs:
             preds = s.preds
             preds.discard(instr_id)
@@ -282,6 +345,8 @@ class OutOfOrderEngine:
                 continue
             if not preds:
                 s.state = _READY
-                self._push(s)
-            elif not s.queued:
+                if not s.queued:
+                    s.queued = True
+                    heapq.heappush(heap, (s.prio, s.iid, s))
+            elif not s.queued and s.targets[0][0] in lanes:
                 self._consider_eager(s)

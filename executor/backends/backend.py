@@ -171,6 +171,18 @@ class Backend(abc.ABC):
     def launch(self, lane: Lane, fn: Callable[[], Any]) -> Completion:
         """Run ``fn()`` in the order of ``lane``."""
 
+    def runs_inline(self, lane: Lane) -> bool:
+        """True when ``launch(lane, fn)`` / ``copy(...)`` on this lane would only run ``fn``
+        (or the plain numpy ``copy_box``) on a worker thread of this process.
+
+        The executor may then call the work itself, on its own thread, instead of
+        handing it over, provided the lane is idle (no instruction queued on it) and
+        the work is known to be short: that saves a thread hand-off, a wake-up and a
+        completion notification per instruction.  Backends whose lanes are real
+        device queues (streams, command queues) keep the default, False.
+        """
+        return False
+
     def lane_handle(self, lane: Lane) -> Any:
         """The native queue behind a lane (CUDA stream, OpenCL queue); None for host."""
         return None

@@ -24,12 +24,13 @@ from .backend import (AllocationError, Backend, BackendError, Completion, Lane, 
 log = logging.getLogger("celeritas.executor")
 
 _perf_ns = time.perf_counter_ns
+_thread_ns = time.thread_time_ns
 
 
 class HostCompletion(Completion):
     """Set by a lane worker; ``is_done`` is a plain attribute read (no lock)."""
 
-    __slots__ = ("_done", "_error", "_start_ns", "_end_ns", "_worker")
+    __slots__ = ("_done", "_error", "_start_ns", "_end_ns", "_cpu_ns", "_worker")
     notifying = True
 
     def __init__(self, worker: "_LaneWorker"):
@@ -37,6 +38,7 @@ class HostCompletion(Completion):
         self._error: BaseException | None = None
         self._start_ns: int | None = None
         self._end_ns: int | None = None
+        self._cpu_ns: int | None = None
         self._worker = worker
 
     def is_done(self) -> bool:
@@ -64,6 +66,11 @@ class HostCompletion(Completion):
     def end_ns(self) -> int | None:
         return self._end_ns
 
+    @property
+    def cpu_ns(self) -> int | None:
+        """CPU time the worker thread spent in the work (excludes waiting for the GIL)."""
+        return self._cpu_ns
+
 
 class _LaneWorker:
     """One thread with a FIFO: created once per lane and reused for its lifetime."""
@@ -87,10 +94,12 @@ class _LaneWorker:
                 return
             fn, c = item
             c._start_ns = _perf_ns()
+            cpu0 = _thread_ns()
             try:
                 fn()
             except BaseException as exc:  # noqa: BLE001 - reported through the completion
                 c._error = exc
+            c._cpu_ns = _thread_ns() - cpu0
             c._end_ns = _perf_ns()
             c._done = True
             if self.waiters:
@@ -127,6 +136,9 @@ class HostBackend(Backend):
         self._workers_lock = threading.Lock()
         self._notifier: Callable[[Completion], None] | None = None
         self._closed = False
+        # lanes are plain worker threads unless a subclass (CUDA, OpenCL) wraps launch/copy
+        cls = type(self)
+        self._plain_lanes = cls.launch is HostBackend.launch and cls.copy is HostBackend.copy
 
     @property
     def num_devices(self) -> int:
@@ -213,6 +225,9 @@ class HostBackend(Backend):
                 if w is None:
                     w = self._workers[lane] = _LaneWorker(self, lane)
         return w
+
+    def runs_inline(self, lane: Lane) -> bool:
+        return self._plain_lanes
 
     def launch(self, lane: Lane, fn: Callable[[], Any]) -> HostCompletion:
         w = self._worker(lane)

@@ -1,0 +1,267 @@
+"""Inline execution: cheap work on an idle host lane runs on the executor thread itself.
+
+It must behave exactly like a lane run: dependencies respected, errors reported
+(and surfaced as cl.KernelError naming task, kernel, rank and chunk), every
+instruction traced under its lane; long or unknown-cost kernels and host tasks
+still go to the lane worker threads.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+import celeritas as cl
+from executor.backends import HostBackend
+from executor.communicator import SingleRankCommunicator
+from executor.executor import Executor
+from scheduler.geometry import Box
+from scheduler.instruction_graph import (HOST_MEMORY, AccessAllocation, AllocInstruction, CopyInstruction,
+                                         DeviceKernelInstruction, EpochInstruction, FenceInstruction,
+                                         HostTaskInstruction, InstructionBatch, device_memory)
+
+pytestmark = pytest.mark.timeout(60)
+TIMEOUT = 20
+
+
+class Graph:
+    def __init__(self):
+        self.next_id = 1
+        self.instrs = []
+
+    def add(self, cls, *deps, **fields):
+        instr = cls(id=self.next_id, deps=[(d.id, "true") for d in deps], **fields)
+        self.next_id += 1
+        self.instrs.append(instr)
+        return instr
+
+    def batch(self):
+        out = InstructionBatch(self.instrs, [])
+        self.instrs = []
+        return out
+
+
+class Harness:
+    """An executor on a 1-device host backend; ``run`` submits a batch and waits for its fence."""
+
+    def __init__(self, **kw):
+        self.backend = HostBackend(1)
+        self.errors = []
+        self.ex = Executor(self.backend, SingleRankCommunicator(), trace=True,
+                           on_error=lambda exc, instr: self.errors.append((exc, instr)), **kw)
+        self.ex.start()
+        self.g = Graph()
+        self.last = self.g.add(EpochInstruction, task=0, action="init")
+
+    def kernel(self, fn, *deps, name="k", device=0, box=Box((0,), (4,)), accesses=()):
+        deps = deps or (self.last,)
+        self.last = self.g.add(DeviceKernelInstruction, *deps, device=device, task=self.g.next_id, box=box,
+                               accesses=list(accesses), launcher=fn, name=name)
+        return self.last
+
+    def host_task(self, fn, *deps):
+        deps = deps or (self.last,)
+        self.last = self.g.add(HostTaskInstruction, *deps, task=self.g.next_id, box=Box((0,), (1,)),
+                               launcher=fn, name="h")
+        return self.last
+
+    def run(self):
+        fut = Future()
+        self.last = self.g.add(FenceInstruction, self.last, task=self.g.next_id, promise=fut)
+        self.ex.submit(self.g.batch())
+        return fut.result(TIMEOUT)
+
+    def close(self):
+        fut = Future()
+        self.g.add(EpochInstruction, self.last, task=self.g.next_id, action="shutdown")
+        self.ex.submit(self.g.batch())
+        assert self.ex.join(TIMEOUT)
+        self.backend.close()
+
+    def lanes_of(self, instrs):
+        by_id = {e.instruction_id: e.lane for e in self.ex.trace}
+        return [by_id[i.id] for i in instrs]
+
+
+def _thread_recorder(out):
+    def launcher(ctx):
+        out.append(threading.current_thread().name)
+    return launcher
+
+
+def test_cheap_kernel_runs_inline_once_its_cost_is_known_and_is_traced_on_its_lane():
+    h = Harness()
+    try:
+        threads = []
+        ks = []
+        for _ in range(3):
+            ks.append(h.kernel(_thread_recorder(threads)))
+            h.run()
+        executor_thread = h.ex._thread.name
+        # the first run measures the kernel on its lane worker; later runs are inline
+        assert threads[0] != executor_thread and threads[0].startswith("celeritas-D0.lane")
+        assert threads[1:] == [executor_thread, executor_thread]
+        assert h.lanes_of(ks) == ["D0.lane0"] * 3
+        assert h.errors == []
+    finally:
+        h.close()
+
+
+def test_inline_is_off_with_a_zero_threshold():
+    h = Harness(inline_threshold=0)
+    try:
+        threads = []
+        for _ in range(3):
+            h.kernel(_thread_recorder(threads))
+            h.run()
+        assert all(t.startswith("celeritas-D0.lane") for t in threads)
+    finally:
+        h.close()
+
+
+def test_long_kernels_and_host_tasks_stay_on_their_lanes():
+    h = Harness(inline_threshold=1e-3)
+    try:
+        slow, host = [], []
+
+        def sleepy(ctx):
+            slow.append(threading.current_thread().name)
+            time.sleep(0.005)        # 5 ms: wall time well over the 1 ms threshold
+
+        def busy(ctx):
+            slow.append(threading.current_thread().name)
+            t = time.thread_time()
+            while time.thread_time() - t < 0.003:   # 3 ms of CPU
+                pass
+
+        for _ in range(3):
+            h.kernel(busy, name="busy")
+            h.host_task(_thread_recorder(host))
+            h.run()
+        assert all(t.startswith("celeritas-") and "lane" in t for t in slow), slow
+        assert all(t.startswith("celeritas-host.lane") for t in host), host
+        for _ in range(2):
+            h.kernel(sleepy, name="sleepy")
+            h.run()
+        assert "lane" in slow[-2]    # unknown cost: the first run is always on the lane
+    finally:
+        h.close()
+
+
+def test_inline_kernels_respect_dependencies_and_lane_order():
+    h = Harness()
+    try:
+        order = []
+
+        def step(i):
+            def launcher(ctx):
+                order.append(i)
+            return launcher
+
+        h.kernel(step(-1), name="s")           # learn the cost of "s"
+        h.run()
+        order.clear()
+        # a diamond plus a chain, all in one batch: 0 -> (1, 2) -> 3 -> 4
+        k0 = h.kernel(step(0), name="s")
+        k1 = h.kernel(step(1), k0, name="s")
+        k2 = h.kernel(step(2), k0, name="s")
+        k3 = h.kernel(step(3), k1, k2, name="s")
+        h.kernel(step(4), k3, name="s")
+        h.run()
+        assert order[0] == 0 and sorted(order[1:3]) == [1, 2] and order[3:] == [3, 4]
+    finally:
+        h.close()
+
+
+def test_inline_kernel_error_is_reported_and_dependents_still_run():
+    h = Harness()
+    try:
+        h.kernel(lambda ctx: None, name="maybe")
+        h.run()
+        ran = []
+
+        def boom(ctx):
+            raise ValueError("inline boom")
+
+        bad = h.kernel(boom, name="maybe")
+        h.kernel(lambda ctx: ran.append(threading.current_thread().name), bad, name="maybe")
+        with pytest.raises(ValueError, match="inline boom"):
+            h.run()
+        assert ran == [h.ex._thread.name]        # inline too, and not skipped
+        assert len(h.errors) == 1 and h.errors[0][1] is bad
+        assert "D0.lane0" in h.lanes_of([bad])
+    finally:
+        h.close()
+
+
+def test_small_copies_run_inline_large_ones_on_the_lane():
+    h = Harness(inline_copy_bytes=1024)
+    try:
+        small, large = Box((0,), (16,)), Box((0,), (1024,))
+        a = h.g.add(AllocInstruction, h.last, allocation=1, memory=HOST_MEMORY, box=large, shape=(1024,),
+                    dtype=np.float64)
+        b = h.g.add(AllocInstruction, h.last, allocation=2, memory=device_memory(0), box=large,
+                    shape=(1024,), dtype=np.float64)
+        fill = h.g.add(HostTaskInstruction, a, task=1, box=large,
+                       accesses=[AccessAllocation(0, 1, large, large)],
+                       launcher=lambda ctx: ctx.arrays[0].__setitem__(Ellipsis, np.arange(1024.0)))
+        c_small = h.g.add(CopyInstruction, fill, b, source=1, dest=2, source_memory=HOST_MEMORY,
+                          dest_memory=device_memory(0), box=small, source_box=large, dest_box=large,
+                          size_bytes=small.area * 8)
+        h.last = c_small
+        h.run()
+        assert "D0.lane" not in " ".join(l.name for l in h.backend.lanes)   # no worker was needed
+        c_large = h.g.add(CopyInstruction, h.last, source=1, dest=2, source_memory=HOST_MEMORY,
+                          dest_memory=device_memory(0), box=large, source_box=large, dest_box=large,
+                          size_bytes=large.area * 8)
+        h.last = c_large
+        h.run()
+        assert any(l.name == "D0.lane0" for l in h.backend.lanes)
+        np.testing.assert_array_equal(h.ex._allocs[2], np.arange(1024.0))
+        assert h.lanes_of([c_small, c_large]) == ["D0.lane0", "D0.lane0"]
+    finally:
+        h.close()
+
+
+def test_inline_kernel_error_surfaces_as_kernel_error_naming_task_kernel_rank_chunk():
+    q = cl.Queue(devices="host:2")
+    b = cl.Buffer(np.zeros(8, np.float32))
+
+    def submit(fail):
+        def cgf(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+            @cgh.parallel_for((8,), name="sometimes")
+            def k(chunk):
+                if fail and chunk.box.min[0] >= 4:
+                    raise ZeroDivisionError("late failure")
+                w[chunk] += 1
+        q.submit(cgf)
+
+    for _ in range(3):       # the kernel's cost is known: later chunks run inline
+        submit(False)
+    np.testing.assert_array_equal(q.fence(b).result(TIMEOUT), np.full(8, 3))
+    assert q.runtime.executor._costs          # measured
+    submit(True)
+    with pytest.raises(cl.KernelError) as ei:
+        q.wait()
+    msg = str(ei.value)
+    assert "sometimes" in msg and "rank 0" in msg and "late failure" in msg and "Box" in msg and "T" in msg
+    assert isinstance(ei.value.__cause__, ZeroDivisionError)
+
+
+def test_many_tiny_tasks_end_to_end_with_inline_execution():
+    q = cl.Queue(devices="host:4")
+    b = cl.Buffer(np.zeros(64, np.int64))
+
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for((64,), lambda chunk: w.__setitem__(chunk, w[chunk] + 1), name="inc")
+
+    for _ in range(200):
+        q.submit(cgf)
+    np.testing.assert_array_equal(q.fence(b).result(TIMEOUT), np.full(64, 200))
+    q.shutdown()
