@@ -219,8 +219,8 @@ def box_view(array: Any, extent: Box | None, box: Box) -> Any:
         raise BackendError(f"box {box} lies outside the allocation extent {extent}")
     lo, hi = extent.lo, extent.hi
     nd = array.ndim
-    if nd <= 3 and array.shape == tuple(hi[i] - lo[i] for i in range(nd)) and all(
-            hi[i] - lo[i] == 1 for i in range(nd, 3)):
+    ext = (hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2])
+    if nd <= 3 and array.shape == ext[:nd] and (nd == 3 or ext[nd:] == _ONES[nd]):
         arr = array
     else:
         arr = array.view()
@@ -230,8 +230,12 @@ def box_view(array: Any, extent: Box | None, box: Box) -> Any:
             raise BackendError(f"array of shape {array.shape} cannot hold extent {extent}") from exc
         nd = 3
     blo, bhi = box.lo, box.hi
-    idx = tuple(slice(blo[i] - lo[i], bhi[i] - lo[i]) for i in range(nd))
-    return arr[idx + (Ellipsis,)]
+    idx = [slice(blo[i] - lo[i], bhi[i] - lo[i]) for i in range(nd)]
+    idx.append(Ellipsis)
+    return arr[tuple(idx)]
+
+
+_ONES = ((1, 1, 1), (1, 1), (1,), ())   # the trailing extents of a box of 0..3 dims
 
 
 def copy_box(src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box) -> None:
