@@ -163,6 +163,9 @@ _abort_lock = threading.Lock()
 _hook_installed = False
 
 
+ABORT_FORWARD_DELAY = 0.25   # seconds between the last words on stderr and MPI_Abort
+
+
 def abort_world(message: str, code: int = 1) -> None:
     """Report ``message`` on stderr, then end every rank of the job (never returns)."""
     with _abort_lock:   # a second failing thread waits here until the process dies
@@ -175,6 +178,11 @@ def abort_world(message: str, code: int = 1) -> None:
             sys.stderr.flush()
         except Exception:  # noqa: BLE001
             pass
+        # MPI_Abort makes the launcher tear the job down at once, and Hydra (MPICH)
+        # then drops what it has not yet forwarded from this rank's stderr pipe:
+        # about one abort in ten lost the traceback and this message.  A short pause
+        # lets the launcher forward them; the job still ends within a second.
+        time.sleep(ABORT_FORWARD_DELAY)
         try:
             from mpi4py import MPI
             MPI.COMM_WORLD.Abort(code)
