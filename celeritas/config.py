@@ -16,6 +16,7 @@ from scheduler.errors import ConfigError
 LOOKAHEAD_MODES = ("none", "auto", "infinite")
 DIAGNOSTICS = ("off", "warn", "error")
 MPI_DEVICE_MEMORY = ("auto", "direct", "staged")
+GC_POLICIES = ("tuned", "default")
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -79,6 +80,7 @@ class Config:
     # sends/receives straight from/into device memory ("direct", CUDA-aware MPI) or
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
+    gc: str = "tuned"     # CPython's cyclic GC thresholds while the runtime runs (see Runtime)
 
     def with_overrides(self, **kw) -> "Config":
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -142,4 +144,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         summary=_flag(env, "CELERITAS_SUMMARY"),
         host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
+        gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),
     )

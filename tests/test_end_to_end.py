@@ -304,3 +304,34 @@ def test_dry_run_builds_graphs_without_running_kernels(monkeypatch):
     assert ex["box"] == [[0], [8]]
     q.shutdown()
     assert ran == [] and res.shape == (64,)
+
+
+def test_gc_thresholds_raised_while_running_and_restored(monkeypatch):
+    import gc
+
+    from celeritas.runtime import GC_THRESHOLDS
+    monkeypatch.delenv("CELERITAS_GC", raising=False)
+    before = gc.get_threshold()
+    assert before != GC_THRESHOLDS
+    q = cl.Queue()
+    assert gc.get_threshold() == GC_THRESHOLDS
+    q.shutdown()
+    assert gc.get_threshold() == before
+
+
+def test_gc_policy_default_leaves_the_interpreter_alone(monkeypatch):
+    import gc
+    monkeypatch.setenv("CELERITAS_GC", "default")
+    before = gc.get_threshold()
+    q = cl.Queue()
+    assert gc.get_threshold() == before
+    q.shutdown()
+    assert gc.get_threshold() == before
+
+
+def test_gc_thresholds_restored_once_under_a_simulated_cluster(monkeypatch):
+    import gc
+    monkeypatch.delenv("CELERITAS_GC", raising=False)
+    before = gc.get_threshold()
+    run_cluster(lambda rank: cl.Queue().wait(), nodes=3)
+    assert gc.get_threshold() == before
