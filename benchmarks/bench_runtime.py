@@ -79,8 +79,8 @@ def numpy_stencil(n: int, iterations: int) -> float:
     return (time.perf_counter() - t0) / iterations * 1e6
 
 
-def wave(n: int, steps: int, devices: str = "host:1") -> float:
-    """Seconds for ``steps`` wave_sim steps plus the fence of the result (set-up excluded)."""
+def timed_wave(n: int, steps: int, devices: str = "host:1") -> tuple[float, np.ndarray]:
+    """(seconds, final field) for ``steps`` wave_sim steps plus the fence of the result (set-up excluded)."""
     init = wave_sim.initial_condition(n)
     q = cl.Queue(devices=devices)
     u = cl.Buffer(init, name="u")
@@ -91,10 +91,15 @@ def wave(n: int, steps: int, devices: str = "host:1") -> float:
         a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
         wave_sim.submit_step(q, up, u, a, b, c, n)
         up, u = u, up
-    q.fence(u).result()
+    result = q.fence(u).result()
     dt = time.perf_counter() - t0
     q.shutdown()
-    return dt
+    return dt, result
+
+
+def wave(n: int, steps: int, devices: str = "host:1") -> float:
+    """Seconds for ``steps`` wave_sim steps plus the fence of the result (set-up excluded)."""
+    return timed_wave(n, steps, devices)[0]
 
 
 def numpy_wave(n: int, steps: int) -> float:

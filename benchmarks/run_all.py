@@ -195,21 +195,8 @@ def dask_wave(n: int, steps: int, workers: int) -> tuple[float, np.ndarray] | No
 
 
 def celeritas_wave(n: int, steps: int, devices: str) -> tuple[float, np.ndarray]:
-    from apps import wave_sim
-    init = wave_sim.initial_condition(n)
-    q = cl.Queue(devices=devices)
-    u = cl.Buffer(init, name="u")
-    up = cl.Buffer(init, name="up")
-    q.wait()
-    t0 = time.perf_counter()
-    for s in range(steps):
-        a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
-        wave_sim.submit_step(q, up, u, a, b, c, n)
-        up, u = u, up
-    result = q.fence(u).result()
-    dt = time.perf_counter() - t0
-    q.shutdown()
-    return dt, result
+    from benchmarks import bench_runtime
+    return bench_runtime.timed_wave(n, steps, devices)
 
 
 def overlap_rows(quick: bool, devices: str) -> list[Row]:

@@ -17,31 +17,14 @@ from scheduler.instruction_graph import (HOST_MEMORY, USER_MEMORY, AccessAllocat
                                          DeviceKernelInstruction, EpochInstruction,
                                          FenceInstruction, FillIdentityInstruction,
                                          FreeInstruction, GatherReceiveInstruction,
-                                         HorizonInstruction, HostTaskInstruction, InstructionBatch,
+                                         HorizonInstruction, HostTaskInstruction,
                                          Pilot, ReceiveInstruction, ReduceInstruction,
                                          ReductionAllocation, SendInstruction,
                                          SplitReceiveInstruction, device_memory)
 
+from instruction_builder import Graph  # tests/ is on sys.path (conftest)
+
 TIMEOUT = 20
-
-
-class Graph:
-    """Builds instructions with increasing ids; ``deps`` are instruction objects."""
-
-    def __init__(self):
-        self.next_id = 1
-        self.instrs = []
-
-    def add(self, cls, *deps, **fields):
-        instr = cls(id=self.next_id, deps=[(d.id, "true") for d in deps], **fields)
-        self.next_id += 1
-        self.instrs.append(instr)
-        return instr
-
-    def batch(self, pilots=()):
-        out = InstructionBatch(self.instrs, list(pilots))
-        self.instrs = []
-        return out
 
 
 class Recorder:

@@ -21,27 +21,12 @@ from executor.executor import Executor
 from scheduler.geometry import Box
 from scheduler.instruction_graph import (HOST_MEMORY, AccessAllocation, AllocInstruction, CopyInstruction,
                                          DeviceKernelInstruction, EpochInstruction, FenceInstruction,
-                                         HostTaskInstruction, InstructionBatch, device_memory)
+                                         HostTaskInstruction, device_memory)
 
 pytestmark = pytest.mark.timeout(60)
+from instruction_builder import Graph  # tests/ is on sys.path (conftest)
+
 TIMEOUT = 20
-
-
-class Graph:
-    def __init__(self):
-        self.next_id = 1
-        self.instrs = []
-
-    def add(self, cls, *deps, **fields):
-        instr = cls(id=self.next_id, deps=[(d.id, "true") for d in deps], **fields)
-        self.next_id += 1
-        self.instrs.append(instr)
-        return instr
-
-    def batch(self):
-        out = InstructionBatch(self.instrs, [])
-        self.instrs = []
-        return out
 
 
 class Harness:
@@ -75,7 +60,6 @@ class Harness:
         return fut.result(TIMEOUT)
 
     def close(self):
-        fut = Future()
         self.g.add(EpochInstruction, self.last, task=self.g.next_id, action="shutdown")
         self.ex.submit(self.g.batch())
         assert self.ex.join(TIMEOUT)
