@@ -232,7 +232,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     b = Table(title="backends and devices", title_justify="left")
     b.add_column("backend", style="bold")
     b.add_column("devices")
-    b.add_row("host", f"[green]available[/green]: CPU threads simulate N devices (CELERITAS_DEVICES=host:N)")
+    b.add_row("host", "[green]available[/green]: CPU threads simulate N devices (CELERITAS_DEVICES=host:N)")
     for name, probe in (("cuda", _cuda_devices), ("opencl", _opencl_devices)):
         devs, why = probe()
         if devs:

@@ -5,13 +5,13 @@ Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
 from scheduler import task_graph as tg
 from scheduler.errors import AccessError, CeleritasError, KernelError, RangeMapperError
-from scheduler.geometry import Box, Region
+from scheduler.geometry import Box
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from scheduler import task_graph as tg
-from scheduler.errors import CeleritasError, ConfigError, KernelError, OutOfMemoryError
+from scheduler.errors import CeleritasError, ConfigError, OutOfMemoryError
 from scheduler.geometry import Box, Subrange
 from scheduler.instruction_graph import (EpochInstruction, FenceInstruction, HorizonInstruction,
                                          AllocInstruction, InstructionBatch)

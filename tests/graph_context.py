@@ -6,14 +6,14 @@ instructions concurrent?").  No threads, no MPI, no kernels.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from celeritas import range_mappers as rm
 from scheduler import command_graph as cg
 from scheduler import task_graph as tg
-from scheduler.geometry import Box, Region
+from scheduler.geometry import Box
 from scheduler.instruction_graph import Instruction
 from scheduler.instruction_graph_generator import InstructionGraphGenerator, SystemInfo
 from scheduler.scheduler import Lookahead

@@ -1,9 +1,6 @@
 import json
 import logging
 
-import numpy as np
-import pytest
-
 from celeritas import range_mappers as rm
 from scheduler import task_graph as tg
 from scheduler.geometry import Box, Region, Subrange

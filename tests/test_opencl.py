@@ -1,5 +1,4 @@
 """The OpenCL backend (PoCL on the CPU in CI): the same programs, plus device source kernels."""
-import os
 
 import numpy as np
 import pytest

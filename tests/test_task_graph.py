@@ -1,12 +1,11 @@
 import logging
 
-import numpy as np
 import pytest
 
 from celeritas import range_mappers as rm
 from scheduler import task_graph as tg
 from scheduler.errors import DiagnosticError
-from scheduler.geometry import Box, Subrange
+from scheduler.geometry import Subrange
 
 from graph_context import GraphContext
 
