@@ -351,6 +351,6 @@ def test_bad_mpi_tuning_values_fail_before_any_mpi_call(monkeypatch, var, value,
 def test_poll_interval_setting(monkeypatch):
     from executor.mpi_communicator import poll_max_from_env
     monkeypatch.delenv("CELERITAS_MPI_POLL_MAX_US", raising=False)
-    assert poll_max_from_env() == pytest.approx(200e-6)
+    assert poll_max_from_env() == pytest.approx(2e-3)
     monkeypatch.setenv("CELERITAS_MPI_POLL_MAX_US", "50")
     assert poll_max_from_env() == pytest.approx(50e-6)
