@@ -516,6 +516,13 @@ class InstructionGraphGenerator:
                     yield bid, plan.memory, box
         elif isinstance(cmd, cg.AwaitPushCommand) and cmd.transfer[2] == 0 and not self._direct_receives:
             yield cmd.transfer[1], HOST_MEMORY, cmd.region.bounding_box
+        elif isinstance(cmd, cg.PushCommand) and cmd.transfer[2] == 0 and not self._direct_receives:
+            # data produced on a device is staged through host memory to be sent: one
+            # host allocation for every box the window pushes, not one per step (RSim)
+            bid = cmd.transfer[1]
+            for _rank, reg in cmd.targets:
+                if reg:
+                    yield bid, HOST_MEMORY, reg.bounding_box
 
     # ---- compile -------------------------------------------------------------------
     def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot]]:

@@ -56,16 +56,22 @@ def test_rsim_result_and_resizes_per_lookahead_mode(mode):
         r = rsim.run(q, 19, 14)
         q.wait()
         ins = q.graphs()["instructions"]
-        return r, sum(1 for i in ins if i["kind"] == "copy" and i["source_memory"] == i["dest_memory"])
+        return (r, sum(1 for i in ins if i["kind"] == "copy" and i["source_memory"] == i["dest_memory"]),
+                sum(1 for i in ins if i["kind"] == "alloc" and i["memory"] == 1))
 
     results = run_cluster(program, nodes=2, devices=2, CELERITAS_DIAGNOSTICS="off")
-    for r, _ in results:
+    for r, _, _ in results:
         np.testing.assert_array_equal(r, RSIM_REF)
-    resizes = sum(n for _, n in results)
+    resizes = sum(n for _, n, _ in results)
+    host_allocs = [h for _, _, h in results]
     if mode == "none":
         assert resizes > 0
+        assert all(h > 14 for h in host_allocs)      # a staging buffer per pushed row at least
     else:
         assert resizes <= 2 * 2      # at most the final fence's gather on each rank
+        # the rows pushed to the other rank are staged through one anticipated host
+        # allocation (plus the final fence's gather), not one per step
+        assert all(h <= 3 for h in host_allocs), host_allocs
 
 
 def test_reduction_targets_zero_d_and_one_element():
