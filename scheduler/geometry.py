@@ -1471,12 +1471,26 @@ class RegionMap:
         writers of the collected values, without a Python call per entry: a read is the
         generators' most frequent map operation.
         """
-        wp = self._clip_pairs(where)
-        if not wp:
-            return []
-        if len(wp) != 1:
-            return self._read_multi(wp, reader)
-        w0, w1 = wp[0]
+        if type(where) is Box:
+            # (inlined ``_clip_pairs`` for a box: most reads are of one box)
+            w0, w1 = where.lo, where.hi
+            ext = self._ext
+            if ext is None or w1[0] <= w0[0]:
+                return []
+            e0, e1 = ext
+            if not (e0[0] <= w0[0] and w1[0] <= e1[0] and e0[1] <= w0[1] and w1[1] <= e1[1]
+                    and e0[2] <= w0[2] and w1[2] <= e1[2]):
+                r = _isect(w0, w1, e0, e1)
+                if r is None:
+                    return []
+                w0, w1 = r
+        else:
+            wp = self._clip_pairs(where)
+            if not wp:
+                return []
+            if len(wp) != 1:
+                return self._read_multi(wp, reader)
+            w0, w1 = wp[0]
         x0, y0, z0 = w0
         x1, y1, z1 = w1
         entries = self._entries
@@ -1516,9 +1530,63 @@ class RegionMap:
         return writers
 
     def _read_multi(self, wp, reader: int) -> list:
-        old: list = []
-        self._apply(wp, lambda v: (v[0], v[1] | {reader}), old)
-        return [v[0] for v in old]
+        """``read_collect`` on several disjoint pairs: the multi-box branch of ``_apply``
+        with the reader bookkeeping inlined (the same entries, without a call per value)."""
+        entries = self._entries
+        blo, bhi = _pairs_bounds(wp)
+        writers = []
+        out = []
+        changed = False
+        memo: dict = {}
+        for e in entries:
+            a0, a1, v = e
+            if (a1[0] <= blo[0] or bhi[0] <= a0[0] or a1[1] <= blo[1] or bhi[1] <= a0[1]
+                    or a1[2] <= blo[2] or bhi[2] <= a0[2]):
+                out.append(e)
+                continue
+            hits = [w for w in wp
+                    if not (a1[0] <= w[0][0] or w[1][0] <= a0[0] or a1[1] <= w[0][1] or w[1][1] <= a0[1]
+                            or a1[2] <= w[0][2] or w[1][2] <= a0[2])]
+            if not hits:
+                out.append(e)
+                continue
+            writers.append(v[0])
+            rs = v[1]
+            if reader in rs:
+                out.append(e)
+                continue
+            nv = memo.get(v)
+            if nv is None:
+                nv = memo[v] = (v[0], rs | {reader})
+            changed = True
+            if len(hits) == 1:
+                w0, w1 = hits[0]
+                if (w0[0] <= a0[0] and a1[0] <= w1[0] and w0[1] <= a0[1] and a1[1] <= w1[1]
+                        and w0[2] <= a0[2] and a1[2] <= w1[2]):
+                    out.append((a0, a1, nv))
+                    continue
+            rest = [e]
+            for w0, w1 in hits:
+                nxt = []
+                for r in rest:
+                    c0, c1, _ = r
+                    if (c1[0] <= w0[0] or w1[0] <= c0[0] or c1[1] <= w0[1] or w1[1] <= c0[1]
+                            or c1[2] <= w0[2] or w1[2] <= c0[2]):
+                        nxt.append(r)
+                    else:
+                        _minus_v(c0, c1, w0, w1, v, nxt)
+                rest = nxt
+            out.extend(rest)
+            for w0, w1 in hits:
+                out.append(((a0[0] if a0[0] > w0[0] else w0[0], a0[1] if a0[1] > w0[1] else w0[1],
+                             a0[2] if a0[2] > w0[2] else w0[2]),
+                            (a1[0] if a1[0] < w1[0] else w1[0], a1[1] if a1[1] < w1[1] else w1[1],
+                             a1[2] if a1[2] < w1[2] else w1[2]), nv))
+        if changed:
+            self._entries = out
+            if len(out) > self._compact_at:
+                self._compact()
+        return writers
 
     def apply_all(self, fn) -> None:
         """``apply`` over the whole extent, then re-merge unless the map is small (the

@@ -162,6 +162,7 @@ class InstructionGraphGenerator:
         self._only = _Singletons()   # memory -> frozenset((memory,)), shared
         self._source_cache: dict = {}   # (holding memories, destination) -> source memory
         self._plan_cache: dict = {}     # see ``_plan_chunks``
+        self._coherence_cache: dict = {}   # see ``_make_coherent``
 
     # ---- objects ---------------------------------------------------------------
     def create_buffer(self, info: tg.BufferInfo) -> int | None:
@@ -416,6 +417,40 @@ class InstructionGraphGenerator:
                 break
         else:
             return
+        # The copies and the newest map after them depend only on the map's content, the
+        # memory and the region (and the fixed copy paths): a stencil repeats the same few
+        # states, so they are memoized per content.  Allocations and dependencies are not
+        # (they are looked up / tracked every time); a step whose allocation is missing
+        # takes the full path, since ``_allocate`` reads the intermediate newest map.
+        entries = newest._entries
+        key = (newest._ext, newest.dims, newest._compact_at, memory,
+               region._pairs if type(region) is Region else region, tuple(entries))
+        cache = self._coherence_cache
+        hit = cache.get(key)
+        if hit is not None:
+            steps, final, compact_at = hit
+            find = self._find_alloc
+            dsts = []
+            for box, src, stage in steps:
+                dst = find(b, memory, box)
+                if dst is None:
+                    break
+                host = None
+                if stage is not None:
+                    host = find(b, HOST_MEMORY, box)
+                    if host is None:
+                        break
+                dsts.append((dst, host))
+            else:
+                copy = self._copy_between
+                for (box, src, stage), (dst, host) in zip(steps, dsts):
+                    if stage is not None:
+                        copy(b, stage, host, box)
+                    copy(b, src, dst, box)
+                newest._entries = list(final)
+                newest._compact_at = compact_at
+                return
+        steps = []
         for box, mems in newest.query(region):
             if not mems or memory in mems:
                 continue
@@ -423,6 +458,7 @@ class InstructionGraphGenerator:
             if dst is None:
                 dst = self._allocate(b, memory, box)
             src = self._source_memory(mems, memory)
+            stage_src = None
             if src is None:
                 # no direct path (devices without peer access): stage through host memory once
                 stage_src = self._source_memory(mems, HOST_MEMORY)
@@ -432,6 +468,10 @@ class InstructionGraphGenerator:
                 src = HOST_MEMORY
             self._copy_between(b, src, dst, box)
             b.newest.update(box, mems | {memory})
+            steps.append((box, src, stage_src))
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[key] = (steps, tuple(newest._entries), newest._compact_at)
 
     # ---- receives ---------------------------------------------------------------
     def _materialize(self, b: _Buffer, touched: list[Region], memories: list[int] | None = None) -> None:
@@ -651,22 +691,34 @@ class InstructionGraphGenerator:
                                           global_range=task.geometry.global_range if task.geometry else (),
                                           collective_group=task.collective_group, launcher=task.launcher,
                                           name=task.name)
+            # (bid, id(box)) -> allocation: nothing allocates between these look-ups, and the
+            # access, consumed and produced bounding boxes are often the same object
+            found: dict = {}
             for a, reg, bb in p.accesses:
                 b = self._buffers[a.buffer]
                 if not reg:
                     ins.accesses.append(AccessAllocation(a.buffer, -1, Box.empty_box(b.info.box.dims),
                                                          Box.empty_box(b.info.box.dims), reg, a.mode))
                     continue
-                alloc = self._find_alloc(b, p.memory, bb)
+                fk = (a.buffer, id(bb))
+                alloc = found.get(fk)
+                if alloc is None:
+                    alloc = found[fk] = self._find_alloc(b, p.memory, bb)
                 ins.accesses.append(AccessAllocation(a.buffer, alloc.id, alloc.box, bb, reg, a.mode))
             for bid, reg in consumed:
                 if reg:
-                    alloc = self._find_alloc(self._buffers[bid], p.memory, p.cbbox[bid])
+                    box = p.cbbox[bid]
+                    alloc = found.get((bid, id(box)))
+                    if alloc is None:
+                        alloc = self._find_alloc(self._buffers[bid], p.memory, box)
                     if alloc is not None:
                         self._read(alloc, reg, ins)
             for bid, reg in sorted(p.produced.items()) if len(p.produced) > 1 else p.produced.items():
                 if reg:
-                    alloc = self._find_alloc(self._buffers[bid], p.memory, p.pbbox[bid])
+                    box = p.pbbox[bid]
+                    alloc = found.get((bid, id(box)))
+                    if alloc is None:
+                        alloc = self._find_alloc(self._buffers[bid], p.memory, box)
                     if alloc is not None:
                         self._write(alloc, reg, ins)
             scratch = []
