@@ -1127,6 +1127,30 @@ def _minus_v(a0, a1, b0, b1, v, out: list) -> None:
         out.append(((l0, l1, b1[2]), (h0, h1, a1[2]), v))
 
 
+def _split_entry(e: tuple, hits: list, nv, out: list) -> None:
+    """Append entry ``e`` cut by the boxes ``hits`` (disjoint, each intersecting it): the
+    parts outside keep e's value, the parts inside get ``nv``.  The general case of a
+    region-map read or apply (the single containing box is handled inline by callers)."""
+    a0, a1, v = e
+    rest = [e]
+    for w0, w1 in hits:
+        nxt = []
+        for r in rest:
+            c0, c1, _ = r
+            if (c1[0] <= w0[0] or w1[0] <= c0[0] or c1[1] <= w0[1] or w1[1] <= c0[1]
+                    or c1[2] <= w0[2] or w1[2] <= c0[2]):
+                nxt.append(r)
+            else:
+                _minus_v(c0, c1, w0, w1, v, nxt)
+        rest = nxt
+    out.extend(rest)
+    for w0, w1 in hits:
+        out.append(((a0[0] if a0[0] > w0[0] else w0[0], a0[1] if a0[1] > w0[1] else w0[1],
+                     a0[2] if a0[2] > w0[2] else w0[2]),
+                    (a1[0] if a1[0] < w1[0] else w1[0], a1[1] if a1[1] < w1[1] else w1[1],
+                     a1[2] if a1[2] < w1[2] else w1[2]), nv))
+
+
 class RegionMap:
     """A value for every point of an extent; values must be hashable.
 
@@ -1424,23 +1448,7 @@ class RegionMap:
                         and w0[2] <= a0[2] and a1[2] <= w1[2]):
                     out.append((a0, a1, nv))
                     continue
-            rest = [e]
-            for w0, w1 in hits:
-                nxt = []
-                for r in rest:
-                    c0, c1, _ = r
-                    if (c1[0] <= w0[0] or w1[0] <= c0[0] or c1[1] <= w0[1] or w1[1] <= c0[1]
-                            or c1[2] <= w0[2] or w1[2] <= c0[2]):
-                        nxt.append(r)
-                    else:
-                        _minus_v(c0, c1, w0, w1, v, nxt)
-                rest = nxt
-            out.extend(rest)
-            for w0, w1 in hits:
-                out.append(((a0[0] if a0[0] > w0[0] else w0[0], a0[1] if a0[1] > w0[1] else w0[1],
-                             a0[2] if a0[2] > w0[2] else w0[2]),
-                            (a1[0] if a1[0] < w1[0] else w1[0], a1[1] if a1[1] < w1[1] else w1[1],
-                             a1[2] if a1[2] < w1[2] else w1[2]), nv))
+            _split_entry(e, hits, nv, out)
         if changed:
             self._entries = out
             if len(out) > self._compact_at:
@@ -1565,23 +1573,7 @@ class RegionMap:
                         and w0[2] <= a0[2] and a1[2] <= w1[2]):
                     out.append((a0, a1, nv))
                     continue
-            rest = [e]
-            for w0, w1 in hits:
-                nxt = []
-                for r in rest:
-                    c0, c1, _ = r
-                    if (c1[0] <= w0[0] or w1[0] <= c0[0] or c1[1] <= w0[1] or w1[1] <= c0[1]
-                            or c1[2] <= w0[2] or w1[2] <= c0[2]):
-                        nxt.append(r)
-                    else:
-                        _minus_v(c0, c1, w0, w1, v, nxt)
-                rest = nxt
-            out.extend(rest)
-            for w0, w1 in hits:
-                out.append(((a0[0] if a0[0] > w0[0] else w0[0], a0[1] if a0[1] > w0[1] else w0[1],
-                             a0[2] if a0[2] > w0[2] else w0[2]),
-                            (a1[0] if a1[0] < w1[0] else w1[0], a1[1] if a1[1] < w1[1] else w1[1],
-                             a1[2] if a1[2] < w1[2] else w1[2]), nv))
+            _split_entry(e, hits, nv, out)
         if changed:
             self._entries = out
             if len(out) > self._compact_at:
