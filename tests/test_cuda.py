@@ -64,3 +64,40 @@ def test_cuda_reduction_and_cluster():
         return int(q.fence(buf).result()[0])
 
     assert run_cluster(program, nodes=2, CELERITAS_DEVICES="cuda:0,0") == [500500, 500500]
+
+
+def test_strided_device_boxes_are_packed_on_the_device_for_cuda_aware_mpi():
+    """What MpiCommunicator hands to a CUDA-aware MPI: contiguous device memory, landed back."""
+    from types import SimpleNamespace
+
+    from executor.mpi_communicator import _device_spec
+    mpi = SimpleNamespace(BYTE="BYTE")
+    alloc = cupy.arange(8 * 10, dtype=cupy.float32).reshape(8, 10)
+    view = alloc[2:5, 3:7]                               # a box inside a larger allocation
+    spec, keep, finish, nbytes = _device_spec(mpi, view, receive=False)
+    assert finish is None and nbytes == 3 * 4 * 4
+    assert isinstance(spec[0], cupy.ndarray) and spec[0].flags.c_contiguous
+    np.testing.assert_array_equal(cupy.asnumpy(spec[0]), cupy.asnumpy(view))
+    spec, keep, finish, nbytes = _device_spec(mpi, view, receive=True)
+    spec[0][...] = -1                                    # "MPI" writes the staging buffer
+    finish()
+    np.testing.assert_array_equal(cupy.asnumpy(alloc[2:5, 3:7]), -np.ones((3, 4), np.float32))
+    assert float(alloc[0, 0]) == 0 and float(alloc[7, 9]) == 79   # nothing outside the box
+    whole = alloc[4:6]                                   # contiguous rows: passed as they are
+    spec, keep, finish, _ = _device_spec(mpi, whole, receive=True)
+    assert spec[0] is whole and finish is None
+
+
+def test_cuda_device_memories_go_to_mpi_only_if_it_is_cuda_aware():
+    from types import SimpleNamespace
+
+    from celeritas.runtime import scheduler_system
+    from executor.backends.cuda import CudaBackend
+    backend = CudaBackend([0, 0])
+    try:
+        assert {2, 3} <= set(scheduler_system(backend, "auto", SimpleNamespace(cuda_aware=True)).comm_memories)
+        assert set(scheduler_system(backend, "auto", SimpleNamespace(cuda_aware=False)).comm_memories) == {0, 1}
+        with pytest.raises(cl.ConfigError, match="CUDA support"):
+            scheduler_system(backend, "direct", SimpleNamespace(cuda_aware=False))
+    finally:
+        backend.close()
