@@ -1538,47 +1538,11 @@ class RegionMap:
         return writers
 
     def _read_multi(self, wp, reader: int) -> list:
-        """``read_collect`` on several disjoint pairs: the multi-box branch of ``_apply``
-        with the reader bookkeeping inlined (the same entries, without a call per value)."""
-        entries = self._entries
-        blo, bhi = _pairs_bounds(wp)
-        writers = []
-        out = []
-        changed = False
-        memo: dict = {}
-        for e in entries:
-            a0, a1, v = e
-            if (a1[0] <= blo[0] or bhi[0] <= a0[0] or a1[1] <= blo[1] or bhi[1] <= a0[1]
-                    or a1[2] <= blo[2] or bhi[2] <= a0[2]):
-                out.append(e)
-                continue
-            hits = [w for w in wp
-                    if not (a1[0] <= w[0][0] or w[1][0] <= a0[0] or a1[1] <= w[0][1] or w[1][1] <= a0[1]
-                            or a1[2] <= w[0][2] or w[1][2] <= a0[2])]
-            if not hits:
-                out.append(e)
-                continue
-            writers.append(v[0])
-            rs = v[1]
-            if reader in rs:
-                out.append(e)
-                continue
-            nv = memo.get(v)
-            if nv is None:
-                nv = memo[v] = (v[0], rs | {reader})
-            changed = True
-            if len(hits) == 1:
-                w0, w1 = hits[0]
-                if (w0[0] <= a0[0] and a1[0] <= w1[0] and w0[1] <= a0[1] and a1[1] <= w1[1]
-                        and w0[2] <= a0[2] and a1[2] <= w1[2]):
-                    out.append((a0, a1, nv))
-                    continue
-            _split_entry(e, hits, nv, out)
-        if changed:
-            self._entries = out
-            if len(out) > self._compact_at:
-                self._compact()
-        return writers
+        """``read_collect`` on several disjoint pairs: ``_apply``'s multi-box branch with a
+        function that adds ``reader`` (memoized there per value, so one call per value)."""
+        seen: list = []
+        self._apply(wp, lambda v: v if reader in v[1] else (v[0], v[1] | {reader}), seen)
+        return [v[0] for v in seen]
 
     def apply_all(self, fn) -> None:
         """``apply`` over the whole extent, then re-merge unless the map is small (the
