@@ -116,10 +116,24 @@ class Communicator(abc.ABC):
 # requests and payload copying shared by the in-process implementations
 
 
-class _LocalRequest(Request):
+class FlagRequest(Request):
+    """A request completed by someone else (a peer thread, a progress thread), which sets
+    ``_done`` and, on failure, ``_error``; ``test`` only reads the two flags."""
+
+    __slots__ = ("_done", "_error")
+
+    def test(self) -> bool:
+        if not self._done:
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+
+class _LocalRequest(FlagRequest):
     """Completed by whichever side of a rendezvous arrives second."""
 
-    __slots__ = ("_done", "_error", "_event")
+    __slots__ = ("_event",)
 
     def __init__(self) -> None:
         self._done = False
@@ -132,13 +146,6 @@ class _LocalRequest(Request):
         ev = self._event
         if ev is not None:
             ev.set()
-
-    def test(self) -> bool:
-        if not self._done:
-            return False
-        if self._error is not None:
-            raise self._error
-        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._done:

@@ -51,7 +51,7 @@ from scheduler.errors import ConfigError, DivergenceError
 from scheduler.geometry import Box
 from scheduler.instruction_graph import EpochInstruction, Pilot
 
-from .communicator import Communicator, CommunicatorError, Request
+from .communicator import Communicator, CommunicatorError, FlagRequest, Request
 
 log = logging.getLogger("celeritas.mpi")
 
@@ -215,7 +215,7 @@ def install_excepthook(rank: int) -> None:
 # requests and the progress thread
 
 
-class MpiRequest(Request):
+class MpiRequest(FlagRequest):
     """A payload (or pilot) send or receive, completed by the progress thread.
 
     ``test`` only reads flags: the progress thread is the single thread that
@@ -225,7 +225,7 @@ class MpiRequest(Request):
     completion, before ``test`` reports it (the staging copy-back).
     """
 
-    __slots__ = ("_req", "_keep", "_done", "_error", "_status", "_expect", "_finish", "_what", "notify")
+    __slots__ = ("_req", "_keep", "_status", "_expect", "_finish", "_what", "notify")
 
     def __init__(self, req: Any, keep: Any, *, status: Any = None, expect: int = -1,
                  finish: Callable[[], None] | None = None, what: str = "", notify: bool = True):
@@ -263,13 +263,6 @@ class MpiRequest(Request):
             self._finish = None
             self._done = True
         return flag
-
-    def test(self) -> bool:
-        if not self._done:
-            return False
-        if self._error is not None:
-            raise self._error
-        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
