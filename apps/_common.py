@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from rich.console import Console
@@ -10,12 +11,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 console = Console(stderr=True)
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(description: str, *, timed: bool = False) -> argparse.ArgumentParser:
+    """The options every app takes; ``timed`` apps also print a JSON timing line and a step bar."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--devices", default=None, help="CELERITAS_DEVICES for this run (host:N, cuda, opencl, ...)")
     p.add_argument("--lookahead", default=None, choices=["none", "auto", "infinite"])
     p.add_argument("--verify", action="store_true", help="compare the result with a sequential numpy run")
+    if timed:
+        p.add_argument("--json", action="store_true", help="print one JSON timing line on stdout (rank 0)")
+        p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def print_timing(app: str, ranks: int, devices: int, size: int, steps: int, seconds: float, **extra) -> None:
+    """The ``--json`` line that cluster/run_app.py and the scaling harness read back."""
+    print(json.dumps({"app": app, "ranks": ranks, "devices": devices, "size": size, "steps": steps,
+                      "seconds": seconds, **extra}), flush=True)
 
 
 class Timer:

@@ -11,7 +11,6 @@ rounded and clipped to 0..255, so the output is integer-valued.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar, report_verification
+from ._common import Timer, base_parser, console, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -169,15 +168,13 @@ def run(q: cl.Queue, image: np.ndarray | int, *, radius: int = 2, sigma: float |
 
 
 def main(argv=None) -> int:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=int, default=1024, help="edge length of the synthetic image")
     p.add_argument("--input", default=None, help="a picture to filter instead of the synthetic one")
     p.add_argument("--output", default="convolution.png", help="PNG written by rank 0 ('' for none)")
     p.add_argument("--radius", type=int, default=2, help="Gaussian radius in pixels")
     p.add_argument("--sigma", type=float, default=None)
     p.add_argument("-T", "--iterations", type=int, default=1, help="blur + sharpen passes")
-    p.add_argument("--json", action="store_true", help="print one JSON timing line on stdout (rank 0)")
-    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     image = load_image(args.input) if args.input else synthetic_image(args.size, args.size)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
@@ -192,8 +189,7 @@ def main(argv=None) -> int:
         console.print(f"convolution {h}x{w}, radius {args.radius}, {args.iterations} pass(es) on {nranks} rank(s): "
                       f"{t.seconds:.3f} s" + (f", wrote {args.output}" if args.output else ""), soft_wrap=True)
         if args.json:
-            print(json.dumps({"app": "convolution", "ranks": nranks, "devices": ndev, "size": h,
-                              "steps": args.iterations, "seconds": t.seconds}), flush=True)
+            print_timing("convolution", nranks, ndev, h, args.iterations, t.seconds)
     if args.verify:
         ok = np.array_equal(result, reference(image, args.radius, args.sigma, args.iterations))
         return report_verification(ok, rank)

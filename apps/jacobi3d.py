@@ -14,7 +14,6 @@ iteration stops) match the numpy reference exactly.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from typing import NamedTuple
@@ -24,7 +23,7 @@ from rich.progress import TextColumn
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar, report_verification
+from ._common import Timer, base_parser, console, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -122,13 +121,11 @@ def run(q: cl.Queue, n: int, max_steps: int, *, tol: float = 1e-4, check_every: 
 
 
 def main(argv=None) -> int:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=int, default=128, help="cube edge length (boundary included)")
     p.add_argument("-T", "--steps", type=int, default=1000, help="maximum number of steps")
     p.add_argument("--tol", type=float, default=1e-4, help="stop when the largest change is below this")
     p.add_argument("--check-every", type=int, default=10)
-    p.add_argument("--json", action="store_true", help="print one JSON timing line on stdout (rank 0)")
-    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -141,9 +138,8 @@ def main(argv=None) -> int:
         console.print(f"jacobi3d {args.size}^3: {result.steps} steps (max change {result.residual:.3e}) on "
                       f"{nranks} rank(s): {t.seconds:.3f} s", soft_wrap=True)
         if args.json:
-            print(json.dumps({"app": "jacobi3d", "ranks": nranks, "devices": ndev, "size": args.size,
-                              "steps": result.steps, "seconds": t.seconds, "residual": result.residual}),
-                  flush=True)
+            print_timing("jacobi3d", nranks, ndev, args.size, result.steps, t.seconds,
+                         residual=result.residual)
     if args.verify:
         ref = reference(args.size, args.steps, args.tol, args.check_every)
         ok = ref.steps == result.steps and np.allclose(result.u, ref.u, rtol=1e-6, atol=1e-7)

@@ -13,7 +13,6 @@ tolerance (float64).
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 
@@ -21,7 +20,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar, report_verification
+from ._common import Timer, base_parser, console, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -104,12 +103,10 @@ def run(q: cl.Queue, n: int, steps: int, *, dt: float = 1e-3, eps: float = 0.05,
 
 
 def main(argv=None) -> int:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=int, default=2048, help="number of bodies")
     p.add_argument("-T", "--steps", type=int, default=10)
     p.add_argument("--dt", type=float, default=1e-3)
-    p.add_argument("--json", action="store_true", help="print one JSON timing line on stdout (rank 0)")
-    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -122,8 +119,7 @@ def main(argv=None) -> int:
         console.print(f"nbody {args.size} bodies, {args.steps} steps on {nranks} rank(s): {t.seconds:.3f} s, "
                       f"kinetic energy {ke:.6e}", soft_wrap=True)
         if args.json:
-            print(json.dumps({"app": "nbody", "ranks": nranks, "devices": ndev, "size": args.size,
-                              "steps": args.steps, "seconds": t.seconds}), flush=True)
+            print_timing("nbody", nranks, ndev, args.size, args.steps, t.seconds)
     if args.verify:
         rp, rv = reference(args.size, args.steps, args.dt)
         ok = np.allclose(pos, rp, rtol=1e-9, atol=1e-12) and np.allclose(vel, rv, rtol=1e-9, atol=1e-12)

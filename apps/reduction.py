@@ -9,7 +9,6 @@ bit-identical to the numpy reference.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 
@@ -17,7 +16,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar, report_verification
+from ._common import Timer, base_parser, console, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -127,12 +126,10 @@ def _write_png(q: cl.Queue, buf: cl.Buffer, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=int, default=2048, help="edge length of the synthetic image")
     p.add_argument("-T", "--repeat", type=int, default=1, help="frames to stretch")
     p.add_argument("--output", default="", help="PNG of the last stretched frame, written by rank 0")
-    p.add_argument("--json", action="store_true", help="print one JSON timing line on stdout (rank 0)")
-    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -145,8 +142,7 @@ def main(argv=None) -> int:
         console.print(f"reduction (contrast stretch) {args.size}x{args.size} x{args.repeat} on {nranks} rank(s): "
                       f"{t.seconds:.3f} s, last frame min {lo:g} max {hi:g}", soft_wrap=True)
         if args.json:
-            print(json.dumps({"app": "reduction", "ranks": nranks, "devices": ndev, "size": args.size,
-                              "steps": args.repeat, "seconds": t.seconds}), flush=True)
+            print_timing("reduction", nranks, ndev, args.size, args.repeat, t.seconds)
     if args.verify:
         ref, rlo, rhi = reference(low_contrast_image(args.size, args.size, frame=args.repeat - 1))
         ok = np.array_equal(out, ref) and (lo, hi) == (rlo, rhi)

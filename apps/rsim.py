@@ -16,7 +16,6 @@ any split.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 
@@ -24,7 +23,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, progress_bar, report_verification
+from ._common import Timer, base_parser, console, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -96,11 +95,9 @@ def run(q: cl.Queue, n: int, steps: int, *, fetch: bool = True, progress: bool =
 
 
 def main(argv=None) -> int:
-    p = base_parser(__doc__)
+    p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=int, default=1024, help="number of patches")
     p.add_argument("-T", "--steps", type=int, default=100, help="time steps (rows of the result)")
-    p.add_argument("--json", action="store_true", help="print one JSON timing line on stdout (rank 0)")
-    p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -112,8 +109,7 @@ def main(argv=None) -> int:
         console.print(f"rsim {args.size} patches, {args.steps} steps on {nranks} rank(s): {t.seconds:.3f} s, "
                       f"checksum {int(result[-1].sum()) % MODULUS}", soft_wrap=True)
         if args.json:
-            print(json.dumps({"app": "rsim", "ranks": nranks, "devices": ndev, "size": args.size,
-                              "steps": args.steps, "seconds": t.seconds}), flush=True)
+            print_timing("rsim", nranks, ndev, args.size, args.steps, t.seconds)
     if args.verify:
         ok = np.array_equal(result, reference(args.size, args.steps))
         return report_verification(ok, rank)
