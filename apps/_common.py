@@ -24,7 +24,8 @@ def base_parser(description: str, *, timed: bool = False) -> argparse.ArgumentPa
 
 
 def print_timing(app: str, ranks: int, devices: int, size: int, steps: int, seconds: float, **extra) -> None:
-    """The ``--json`` line that cluster/run_app.py and the scaling harness read back."""
+    """The ``--json`` line for job scripts: the fields of cluster/run_app.py's records, which
+    ``cluster.scaling.parse_timing`` also finds among other output."""
     print(json.dumps({"app": app, "ranks": ranks, "devices": devices, "size": size, "steps": steps,
                       "seconds": seconds, **extra}), flush=True)
 
