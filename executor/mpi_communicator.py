@@ -799,25 +799,20 @@ def _make_collective_comm_class(mpi: Any) -> type:
                 delay = min(delay * 1.5, 1e-3)
             self._celeritas_ready = True
 
-        def reduce(self, *args, **kwargs):  # noqa: D102 - mpi4py's
-            if not self._celeritas_ready:
-                self._celeritas_prepare()
-            return super().reduce(*args, **kwargs)
+    def prepared_first(name: str):
+        plain = getattr(mpi.Intracomm, name)
 
-        def allreduce(self, *args, **kwargs):  # noqa: D102
+        def method(self, *args, **kwargs):
             if not self._celeritas_ready:
                 self._celeritas_prepare()
-            return super().allreduce(*args, **kwargs)
+            return plain(self, *args, **kwargs)
 
-        def scan(self, *args, **kwargs):  # noqa: D102
-            if not self._celeritas_ready:
-                self._celeritas_prepare()
-            return super().scan(*args, **kwargs)
+        method.__name__ = method.__qualname__ = name
+        method.__doc__ = plain.__doc__
+        return method
 
-        def exscan(self, *args, **kwargs):  # noqa: D102
-            if not self._celeritas_ready:
-                self._celeritas_prepare()
-            return super().exscan(*args, **kwargs)
+    for name in _COMMCTX_METHODS:
+        setattr(CollectiveComm, name, prepared_first(name))
 
     return CollectiveComm
 
