@@ -36,14 +36,7 @@ CSV_FIELDS = ["app", "nodes", "devices", "size", "steps", "tasks", "instructions
               "wall_us_per_task", "host"]
 
 
-def parse_nodes(text: str) -> list[int]:
-    try:
-        nodes = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--nodes takes a comma-separated list of integers, got {text!r}") from None
-    if not nodes or nodes[0] < 1:
-        raise argparse.ArgumentTypeError(f"--nodes needs positive node counts, got {text!r}")
-    return nodes
+parse_nodes = workloads.count_list("--nodes", "node")
 
 
 def _one(w: workloads.Workload, nodes: int, size: int, steps: int, devices: str, inputs) -> tuple[int, int, float, int]:

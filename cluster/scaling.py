@@ -46,14 +46,7 @@ class LaunchError(RuntimeError):
     """A job of the study failed or printed no timing line."""
 
 
-def parse_ranks(text: str) -> list[int]:
-    try:
-        ranks = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--ranks takes a comma-separated list of integers, got {text!r}") from None
-    if not ranks or ranks[0] < 1:
-        raise argparse.ArgumentTypeError(f"--ranks needs positive rank counts, got {text!r}")
-    return ranks
+parse_ranks = workloads.count_list("--ranks", "rank")
 
 
 def choose_launcher(requested: str = "auto", env: dict | None = None) -> str:

@@ -9,6 +9,7 @@ whose cost grows with the rank count and would hide the scaling of the steps).
 """
 from __future__ import annotations
 
+import argparse
 import csv
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,3 +144,17 @@ def write_csv(rows: Sequence[dict], path: Path, fields: Sequence[str]) -> Path:
         for row in rows:
             wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
     return path
+
+
+def count_list(option: str, what: str) -> Callable[[str], list[int]]:
+    """An argparse ``type`` for ``--ranks 1,2,4``-style options: sorted distinct positive ints."""
+    def parse(text: str) -> list[int]:
+        try:
+            counts = sorted({int(x) for x in text.split(",") if x.strip()})
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{option} takes a comma-separated list of integers, got {text!r}") from None
+        if not counts or counts[0] < 1:
+            raise argparse.ArgumentTypeError(f"{option} needs positive {what} counts, got {text!r}")
+        return counts
+    return parse
