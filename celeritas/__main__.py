@@ -55,7 +55,7 @@ def split_run_argv(argv: Sequence[str]) -> tuple[list[str], str | None, bool, li
             module = argv[i + 1]
             i += 2
             break
-        if key in ("--module",) and "=" in a:
+        if key == "--module" and "=" in a:
             module = a.split("=", 1)[1]
             i += 1
             break

@@ -65,7 +65,6 @@ _DRAIN = _Signal("drain")
 _ABORT = _Signal("abort")
 
 
-
 class _Inbox:
     """Multi-producer, single-consumer queue the executor thread sleeps on.
 
@@ -106,6 +105,7 @@ class _Inbox:
         finally:
             self._sleeping = False
             self._event.clear()
+
 
 class ExecutorStopped(RuntimeError):
     """The executor stopped before an instruction (e.g. a fence) was reached."""
@@ -483,13 +483,14 @@ class Executor:
         self._inflight += 1
         return _Active(instr, lane, _perf_ns() if self._trace is not None else 0, completion)
 
-    def _track_backend(self, instr: Instruction, lane: Lane, completion: Completion) -> None:
+    def _track_backend(self, instr: Instruction, lane: Lane, completion: Completion) -> _Active:
         active = self._start_async(instr, lane.name, completion)
         if completion.notifying:
             # registered before the notification can be handled: it goes through the inbox
             self._by_completion[completion] = active
         else:
             self._polled.append(active)
+        return active
 
     def _retire(self, active: _Active, error: BaseException | None) -> None:
         self._inflight -= 1
@@ -574,14 +575,9 @@ class Executor:
                     self._report(error, instr)
                 self._engine.complete(instr.id)
                 return
-        completion = self._backend.launch(lane, fn)
-        active = self._start_async(instr, lane.name, completion)
-        if type(key) is tuple:
+        active = self._track_backend(instr, lane, self._backend.launch(lane, fn))
+        if type(key) is tuple:   # (completions are handled on this thread, so in time)
             active.cost_key = key
-        if completion.notifying:
-            self._by_completion[completion] = active
-        else:
-            self._polled.append(active)
 
     # ------------------------------------------------------------------ errors
 
@@ -644,10 +640,13 @@ class Executor:
                                instr.dest_box, instr.box, lane)
         self._track_backend(instr, lane, c)
 
-    def _launch(self, instr: Instruction, lane: Lane, ctx: LaunchContext | None) -> None:
+    @staticmethod
+    def _launch_fn(instr: Instruction, ctx: LaunchContext | None) -> Callable[[], Any]:
         launcher = instr.launcher
-        fn = _noop if launcher is None else functools.partial(launcher, ctx)
-        self._track_backend(instr, lane, self._backend.launch(lane, fn))
+        return _noop if launcher is None else functools.partial(launcher, ctx)
+
+    def _launch(self, instr: Instruction, lane: Lane, ctx: LaunchContext | None) -> None:
+        self._track_backend(instr, lane, self._backend.launch(lane, self._launch_fn(instr, ctx)))
 
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
@@ -670,10 +669,9 @@ class Executor:
             [allocs[r.allocation] for r in reductions] if reductions else [],
             per_lane[0], tuple(instr.global_range) if has_range else (), None, self._rank, per_lane[1],
             accesses, instr.task)
-        launcher = instr.launcher
-        fn = _noop if launcher is None else functools.partial(launcher, ctx)
         box = instr.box
-        self._dispatch(a, lane, fn, (instr.name, box.area.bit_length() if box is not None else 0))
+        self._dispatch(a, lane, self._launch_fn(instr, ctx),
+                       (instr.name, box.area.bit_length() if box is not None else 0))
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction
