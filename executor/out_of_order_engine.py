@@ -49,23 +49,15 @@ def default_targets(instr: Instruction) -> tuple[TargetKey, ...]:
     A copy between two device memories can run on either device's lanes; the
     engine picks the one that allows eager assignment, else the destination's.
     """
-    fixed = _FIXED_TARGETS.get(type(instr))
+    typ = type(instr)
+    fixed = _FIXED_TARGETS.get(typ)
     if fixed is not None:
         return fixed
-    if type(instr) is DeviceKernelInstruction:
+    if isinstance(instr, DeviceKernelInstruction):
         t = _KERNEL_TARGETS.get(instr.device)
         if t is None:
             t = _KERNEL_TARGETS[instr.device] = ((Target.DEVICE_LANE, instr.device),)
         return t
-    t = _default_targets(instr)
-    if not isinstance(instr, (DeviceKernelInstruction, CopyInstruction)):
-        _FIXED_TARGETS[type(instr)] = t      # depends on the type alone
-    return t
-
-
-def _default_targets(instr: Instruction) -> tuple[TargetKey, ...]:
-    if isinstance(instr, DeviceKernelInstruction):
-        return ((Target.DEVICE_LANE, instr.device),)
     if isinstance(instr, CopyInstruction):
         s, d = instr.source_memory, instr.dest_memory
         if d >= 2 and s >= 2 and s != d:
@@ -76,14 +68,16 @@ def _default_targets(instr: Instruction) -> tuple[TargetKey, ...]:
             return ((Target.DEVICE_LANE, s - 2),)
         return (_HOST,)
     if isinstance(instr, (HostTaskInstruction, FillIdentityInstruction, ReduceInstruction)):
-        return (_HOST,)
-    if isinstance(instr, (AllocInstruction, FreeInstruction)):
-        return (_ALLOC,)
-    return (_IMMEDIATE,)
+        t = (_HOST,)
+    elif isinstance(instr, (AllocInstruction, FreeInstruction)):
+        t = (_ALLOC,)
+    else:
+        t = (_IMMEDIATE,)
+    _FIXED_TARGETS[typ] = t      # everything but kernels and copies: depends on the type alone
+    return t
 
 
-# per exact type, the answer of default_targets for kinds whose targets depend on the type
-# alone (everything but kernels and copies); filled on first use
+# memo tables of default_targets (pure functions of an instruction type / device number)
 _FIXED_TARGETS: dict[type, tuple[TargetKey, ...]] = {}
 _KERNEL_TARGETS: dict[int, tuple[TargetKey, ...]] = {}
 
