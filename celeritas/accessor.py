@@ -100,14 +100,8 @@ class Accessor:
                     break
             else:
                 return arr, tuple(local)
-        elif key.__class__.__name__ == "Chunk" and not self._checks:
-            box = key.box
-            if box.dims == d:
-                o = lo
-                blo, bhi = box.lo, box.hi
-                return arr, tuple([slice(blo[i] - o[i], bhi[i] - o[i]) for i in range(d)])
-        box = getattr(key, "box", None)
-        if isinstance(key, Box):
+        box = key if type(key) is Box else getattr(key, "box", None)   # a Box, or a Chunk's
+        if box is None and isinstance(key, Box):
             box = key
         if box is not None:
             if box.dims != d and not (box.empty and d == 0):
