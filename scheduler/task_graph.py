@@ -302,7 +302,10 @@ class TaskManager:
         self._commit(t)
         self.epoch_for_new_tasks = t
         self.latest_epoch = t
+        # the current horizon is now behind the epoch and will never become one itself, and
+        # the epoch bounds the graph as a horizon would: the count towards the next restarts
         self._current_horizon = None
+        self._horizon_cpl = self._max_cpl
         self._apply_epoch(t)
         return t
 
