@@ -5,6 +5,7 @@ Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -72,24 +73,59 @@ def reduction(buffer, cgh, op, *, identity=None, initialize_to_identity: bool = 
 
 
 class Reducer:
-    """Handed to a kernel per reduction; ``combine`` folds values into the chunk's partial result."""
+    """Handed to a kernel per reduction; ``combine`` folds values into the chunk's partial result.
 
-    __slots__ = ("_acc", "op", "_dtype")
+    Values are cast into the target buffer's dtype element by element (numpy's
+    ``same_kind`` rule) before they are combined, so every partial result is exact in
+    the target dtype and the total does not depend on how the range was split: with
+    float values summed into an int target, truncating each chunk's partial sum made
+    the result depend on the number of chunks.  Casts that ``same_kind`` forbids (float
+    into int, say) are an error rather than a silent truncation.
+    """
 
-    def __init__(self, acc, op, dtype):
+    __slots__ = ("_acc", "op", "_dtype", "_label", "_checked")
+
+    def __init__(self, acc, op, dtype, label: str = ""):
         self._acc = acc
         self.op = op
-        self._dtype = dtype
+        self._dtype = np.dtype(dtype)
+        self._label = label
+        self._checked = None   # the last values dtype found castable
 
     def combine(self, values) -> None:
         acc = self._acc
         flat = acc.reshape(-1)
-        v = values
-        if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0:
-            if v.size == 0:
+        target = self._dtype
+        vdt = getattr(values, "dtype", None)
+        if vdt is None:   # a Python scalar: numpy's default dtype of its kind
+            vdt = _SCALAR_DTYPES.get(type(values)) or np.asarray(values).dtype
+        if vdt is not self._checked:
+            if not np.can_cast(vdt, target, "same_kind"):
+                raise CeleritasError(
+                    f"reduction into buffer {self._label} of dtype {target}: values of dtype {np.dtype(vdt)} "
+                    f"cannot be cast to {target} (numpy's same_kind rule); convert them explicitly, "
+                    f"e.g. values.astype({target.name})")
+            self._checked = vdt
+        op = self.op
+        if getattr(values, "ndim", 0) > 0:
+            if values.size == 0:
                 return
-            v = self.op.reduce(v.reshape(-1))
-        flat[0] = self.op(flat[0], v)
+            v = values.reshape(-1)
+            if v.dtype != target:
+                v = v.astype(target)
+            v = op.reduce(v)
+        else:
+            v = values
+            if vdt != target:
+                v = np.asarray(values).astype(target)[()]
+        r = op(flat[0], v)
+        if r.dtype != target:   # numpy sums small ints in a wider accumulator: wrap back
+            r = r.astype(target)
+        flat[0] = r
+
+
+_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64),
+                  complex: np.dtype(np.complex128)}
 
 
 # ---- hints and tags -----------------------------------------------------------------
@@ -297,7 +333,7 @@ class CommandGroupHandler:
                      local_range=None, args=()):
         geom = self._geometry_of(global_range, offset)
         self._args = tuple(args)
-        self._local_range = local_range
+        self._local_range = self._check_local_range(local_range, geom, name)
         for r in reductions:
             if not isinstance(r, ReductionDescriptor):
                 raise CeleritasError(f"reductions= takes the results of cl.reduction(...), got {r!r}")
@@ -312,6 +348,36 @@ class CommandGroupHandler:
         if kernel is not None:
             return register(kernel)
         return register
+
+    @staticmethod
+    def _check_local_range(local_range, geom: tg.TaskGeometry, name) -> tuple[int, ...] | None:
+        """An nd-range's work-group size, as SYCL requires it: one extent per dimension, each
+        dividing the global range (OpenCL rejects partial work groups)."""
+        if local_range is None:
+            return None
+        if isinstance(local_range, (int, np.integer)):
+            local_range = (int(local_range),)
+        lr = tuple(int(x) for x in local_range)
+        what = f"parallel_for{f' {name!r}' if name else ''} with global range {geom.global_range}"
+        if len(lr) != geom.dims:
+            raise CeleritasError(f"{what}: local_range {lr} must have {geom.dims} extent(s)")
+        if any(x < 1 for x in lr):
+            raise CeleritasError(f"{what}: local_range {lr} must be positive")
+        if any(g % x for g, x in zip(geom.global_range, lr)):
+            raise CeleritasError(f"{what}: the global range is not a multiple of local_range {lr} "
+                                 f"(work groups must be whole)")
+        return lr
+
+    def _split_granularity(self, geom: tg.TaskGeometry) -> tuple[int, ...]:
+        """Chunks on ranks and devices are cut at multiples of this: whole work groups
+        (``local_range``) and whatever ``constrain_split`` asked for, so their lcm."""
+        gran = list(geom.granularity) if geom.granularity else [1] * geom.dims
+        if self._granularity is not None:
+            g = self._granularity + (1,) * (geom.dims - len(self._granularity))
+            gran = [math.lcm(a, b) for a, b in zip(gran, g[: geom.dims])]
+        if self._local_range is not None:
+            gran = [math.lcm(a, b) for a, b in zip(gran, self._local_range)]
+        return tuple(gran)
 
     def host_task(self, fn=None, *, range=None, on=None, name=None):  # noqa: A002 - API name
         def register(f):
@@ -347,9 +413,9 @@ class CommandGroupHandler:
             raise CeleritasError("the command group function declared no parallel_for or host_task")
         rt = self._runtime
         geom = self._geometry
-        if self._granularity is not None:
-            g = self._granularity + (1,) * (geom.dims - len(self._granularity))
-            geom = tg.TaskGeometry(geom.dims, geom.global_range, geom.offset, g[: geom.dims])
+        gran = self._split_granularity(geom)
+        if gran != geom.granularity:
+            geom = tg.TaskGeometry(geom.dims, geom.global_range, geom.offset, gran)
         full = geom.box
         accesses = []
         for buf, mapper, mode in self._accesses:
@@ -405,7 +471,7 @@ class _Launcher:
         self.task_name = name
         self.geom = cgh._geometry
         self.rank = rt.rank
-        self.red_ops = [(d.op, d.identity, d.buffer.dtype) for d in cgh._reductions]
+        self.red_ops = [(d.op, d.identity, d.buffer.dtype, d.buffer.label) for d in cgh._reductions]
         self.args = cgh._args
         self.source = source and self.device
         self.backend = rt.backend if self.source else None
@@ -424,9 +490,9 @@ class _Launcher:
             if self.device:
                 if self.red_ops:
                     reducers = []
-                    for arr, (op, ident, dt) in zip(ctx.reduction_arrays, self.red_ops):
+                    for arr, (op, ident, dt, label) in zip(ctx.reduction_arrays, self.red_ops):
                         arr.reshape(-1)[0] = ident
-                        reducers.append(Reducer(arr, op, dt))
+                        reducers.append(Reducer(arr, op, dt, label))
                 else:
                     reducers = ()
                 if self.source:
