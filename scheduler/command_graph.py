@@ -391,6 +391,17 @@ class CommandGraphGenerator:
         if uninit:
             st.uninit = uninit - reg
 
+    def _dist_replicated(self, st: _BufferState, holders: frozenset[int]) -> None:
+        """``holders`` hold the newest data of the whole buffer, written by the lowest of them."""
+        box = st.info.box
+        st.mine = RegionMap(box, None)
+        st.mine_bb = None
+        st.uninit = Region.empty_region(box.dims)
+        if self.rank == min(holders):
+            st.mine.update(box, holders)
+            st.mine_bb = (box.lo, box.hi)
+        st.held = Region.from_box(box) if self.rank in holders else Region.empty_region(box.dims)
+
     def _dist_all(self, st: _BufferState) -> None:
         """Every rank holds the newest data of the whole buffer (reduction results)."""
         box = st.info.box
@@ -421,14 +432,27 @@ class CommandGraphGenerator:
                 if mode in producer_modes:
                     cur = writes.get(bid)
                     writes[bid] = regs if cur is None else [x | y for x, y in zip(cur, regs)]
+            # A reduction that folds in the buffer's current value does so in the first chunk
+            # (see ``include_current_reductions``): that chunk reads the whole buffer, which
+            # may live on another rank and then has to be pushed here first.
+            for red in task.reductions:
+                if red.include_current:
+                    bid = red.buffer
+                    full = Region.from_box(buffers[bid].info.box)
+                    cur = reads.get(bid)
+                    regs = list(cur) if cur is not None else [Region.empty_region(full.dims)] * len(chunks)
+                    regs[0] = regs[0] | full
+                    reads[bid] = regs
         if self.diagnostics != tg.DIAG_OFF:
             self._check_overlapping_writes(task, chunks, writes)
 
-        # 1. resolve pending reductions that this task consumes
-        for bid in sorted(reads.keys() | {r.buffer for r in task.reductions if r.include_current}):
+        # 1. resolve pending reductions that this task consumes (on the ranks that read them)
+        for bid in sorted(reads.keys()):
             st = buffers[bid]
             if st.pending is not None:
-                self._resolve_reduction(task, st, out)
+                consumers = frozenset(chunks[i][0] for i, reg in enumerate(reads[bid]) if reg)
+                if consumers:
+                    self._resolve_reduction(task, st, consumers, out)
         for bid in writes:
             st = buffers[bid]
             if st.pending is not None and bid not in reads:
@@ -505,10 +529,6 @@ class CommandGraphGenerator:
                 c = self._new(ExecutionCommand, task, box=box, include_current_reductions=(me == chunks[0][0]))
             for bid, reg in rd.items():
                 self._read(buffers[bid], c, reg)
-            for red in task.reductions:
-                st = buffers[red.buffer]
-                if red.include_current and c.include_current_reductions:
-                    self._read(st, c, Region.from_box(st.info.box))
             for bid, reg in wr.items():
                 self._write(buffers[bid], c, reg)
             for red in task.reductions:
@@ -556,7 +576,15 @@ class CommandGraphGenerator:
                     st.pending = (red, participants)
                 self._dist_all(st)
 
-    def _resolve_reduction(self, task: Task, st: _BufferState, out: list[Command]) -> None:
+    def _resolve_reduction(self, task: Task, st: _BufferState, consumers: frozenset[int],
+                           out: list[Command]) -> None:
+        """Combine the partial results of a pending reduction where ``task`` reads them.
+
+        Only the consumers gather and reduce: every rank sends its partial (or, without
+        one, an empty notification) to each consumer, and each consumer receives the
+        others' and reduces.  Afterwards the consumers hold the result; the lowest of them
+        counts as its writer, so it alone pushes it to later readers.
+        """
         red, participants = st.pending
         st.pending = None
         me = self.rank
@@ -564,20 +592,21 @@ class CommandGraphGenerator:
         region = Region.from_box(st.info.box)
         transfer = (task.id, bid, red.id)
         contributes = me in participants
-        push = self._new(PushCommand, task, transfer=transfer,
-                         targets=[(r, region) for r in range(self.num_ranks) if r != me],
-                         contributes=contributes)
-        self._read(st, push, region)
-        self._commit(out, push)
-        await_ = self._new(AwaitPushCommand, task, transfer=transfer, region=region)
-        self._commit(out, await_)
-        rc = self._new(ReductionCommand, task, reduction=red, buffer=bid, transfer=transfer,
-                       contributes=contributes)
-        rc.add_dep(await_, tg.TRUE_DEP, tg.ORIGIN_DATAFLOW)
-        self._read(st, rc, region)
-        self._write(st, rc, region)
-        self._commit(out, rc)
-        self._dist_all(st)
+        targets = [(r, region) for r in sorted(consumers) if r != me]
+        if targets:
+            push = self._new(PushCommand, task, transfer=transfer, targets=targets, contributes=contributes)
+            self._read(st, push, region)
+            self._commit(out, push)
+        if me in consumers:
+            await_ = self._new(AwaitPushCommand, task, transfer=transfer, region=region)
+            self._commit(out, await_)
+            rc = self._new(ReductionCommand, task, reduction=red, buffer=bid, transfer=transfer,
+                           contributes=contributes)
+            rc.add_dep(await_, tg.TRUE_DEP, tg.ORIGIN_DATAFLOW)
+            self._read(st, rc, region)
+            self._write(st, rc, region)
+            self._commit(out, rc)
+        self._dist_replicated(st, consumers)
 
     def _check_overlapping_writes(self, task: Task, chunks, writes: dict[int, list[Region]]) -> None:
         """Warn (or raise) when two chunks write the same element of a buffer.

@@ -21,6 +21,7 @@ import numpy as np
 
 from . import command_graph as cg
 from . import task_graph as tg
+from .errors import DiagnosticError
 from .geometry import Box, Region, RegionMap
 from .instruction_graph import (
     HOST_MEMORY, USER_MEMORY, AccessAllocation, AllocInstruction, AwaitReceiveInstruction,
@@ -108,7 +109,8 @@ class _Buffer:
     def __init__(self, info: tg.BufferInfo):
         self.info = info
         self.allocs: dict[int, list[_Allocation]] = {}
-        self.newest = RegionMap(info.box, frozenset())    # memories holding the newest data
+        # per point: (producer memory, memories holding the newest data), None before any write
+        self.newest = RegionMap(info.box, None)
         self.pending: list[_PendingReceive] = []
         self.user: _Allocation | None = None
         self.anticipated: dict[int, list[Box]] = {}
@@ -135,8 +137,9 @@ class InstructionGraphGenerator:
     """Compiles commands of one rank into instructions and outbound pilots."""
 
     def __init__(self, system: SystemInfo, *, rank: int = 0, num_ranks: int = 1,
-                 record: bool = False, lookahead_merge: bool = True):
+                 record: bool = False, lookahead_merge: bool = True, diagnostics: str = tg.DIAG_WARN):
         self.system = system
+        self.diagnostics = diagnostics
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
         # to): await-pushes then need no host allocation of their own
         self._direct_receives = system.num_devices > 0 and all(
@@ -159,7 +162,7 @@ class InstructionGraphGenerator:
         self._pilots: list[Pilot] = []
         self._current_horizon: int | None = None
         self.counts: dict[str, int] = {}
-        self._only = _Singletons()   # memory -> frozenset((memory,)), shared
+        self._only = _Singletons()   # memory -> (memory, frozenset((memory,))), shared
         self._source_cache: dict = {}   # (holding memories, destination) -> source memory
         self._plan_cache: dict = {}     # see ``_plan_chunks``
         self._coherence_cache: dict = {}   # see ``_make_coherent``
@@ -173,7 +176,7 @@ class InstructionGraphGenerator:
         if info.host_initialized:
             aid = self._new_alloc_id()
             b.user = _Allocation(aid, USER_MEMORY, info.box, self._epoch)
-            b.newest.update(info.box, frozenset((USER_MEMORY,)))
+            b.newest.update(info.box, self._only[USER_MEMORY])
             return aid
         return None
 
@@ -330,7 +333,7 @@ class InstructionGraphGenerator:
             b.warned = True
             log.warning("buffer %s was allocated %d times on memory %d: its access pattern grows; "
                         "lookahead 'auto' or 'infinite' allocates once instead", b.info.label, n, memory)
-        newest_here = b.newest.region_of(lambda ms: memory in ms)
+        newest_here = b.newest.region_of(lambda v: v is not None and memory in v[1])
         if memory == HOST_MEMORY:
             for p in b.pending:
                 newest_here = newest_here - p.region
@@ -364,15 +367,22 @@ class InstructionGraphGenerator:
         return _Allocation(aid, memory, box, ins.id)
 
     # ---- coherence ---------------------------------------------------------------
-    def _source_memory(self, mems: frozenset[int], dst: int) -> int | None:
-        """Best memory to copy from directly: a peer device, then host, then user.
-        Memoized per (holders, destination): the system's copy paths never change."""
-        key = (mems, dst)
+    def _source_memory(self, newest: tuple[int, frozenset[int]], dst: int) -> int | None:
+        """Best memory to copy from directly: the producer of the data, so that a copy
+        never waits for an earlier copy of the same data (halos of a 2-D split would otherwise
+        travel through a diagonal neighbour); else a peer device, then host, then user.
+        Memoized per (newest, destination): copy paths never change."""
+        key = (newest, dst)
         cache = self._source_cache
         if key in cache:
             return cache[key]
+        producer, mems = newest
         best = None
-        for m in sorted(mems, reverse=True):
+        if dst in mems:
+            best = dst
+        elif producer is not None and self.system.can_copy(producer, dst):
+            best = producer
+        for m in () if best is not None else sorted(mems, reverse=True):
             if m == dst:
                 best = m
                 break
@@ -412,8 +422,8 @@ class InstructionGraphGenerator:
             return
         newest = b.newest
         # fast path: nothing to copy (no canonical decomposition of the newest map needed)
-        for mems in newest.values_in(region):
-            if mems and memory not in mems:
+        for v in newest.values_in(region):
+            if v is not None and memory not in v[1]:
                 break
         else:
             return
@@ -451,23 +461,23 @@ class InstructionGraphGenerator:
                 newest._compact_at = compact_at
                 return
         steps = []
-        for box, mems in newest.query(region):
-            if not mems or memory in mems:
+        for box, v in newest.query(region):
+            if v is None or memory in v[1]:
                 continue
             dst = self._find_alloc(b, memory, box)
             if dst is None:
                 dst = self._allocate(b, memory, box)
-            src = self._source_memory(mems, memory)
+            src = self._source_memory(v, memory)
             stage_src = None
             if src is None:
                 # no direct path (devices without peer access): stage through host memory once
-                stage_src = self._source_memory(mems, HOST_MEMORY)
+                stage_src = self._source_memory(v, HOST_MEMORY)
                 host = self._find_alloc(b, HOST_MEMORY, box) or self._allocate(b, HOST_MEMORY, box)
                 self._copy_between(b, stage_src, host, box)
-                mems = mems | {HOST_MEMORY}
+                v = (v[0], v[1] | {HOST_MEMORY})
                 src = HOST_MEMORY
             self._copy_between(b, src, dst, box)
-            b.newest.update(box, mems | {memory})
+            b.newest.update(box, (v[0], v[1] | {memory}))
             steps.append((box, src, stage_src))
         if len(cache) >= 4096:
             cache.clear()
@@ -528,7 +538,7 @@ class InstructionGraphGenerator:
                 aw.deps.append((split.id, DEP_SPLIT_RECEIVE))
                 dst.access.update(part, (aw.id, _NO_READERS))  # (the receive left no readers)
                 self._emit(aw)
-        b.newest.update(region, frozenset((dst_mem,)))
+        b.newest.update(region, self._only[dst_mem])
 
     # ---- lookahead --------------------------------------------------------------
     def anticipate(self, cmd: cg.Command) -> bool:
@@ -611,27 +621,19 @@ class InstructionGraphGenerator:
 
     def _make_plans(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
         task = cmd.task
+        k = max(1, task.oversubscribe)
         if task.kind == tg.DEVICE_COMPUTE:
             d = self.system.num_devices
-            k = max(1, task.oversubscribe)
-            n = d * k
-            gran = task.geometry.granularity or (1,) * task.geometry.dims
-            if task.geometry.dims == 0 or n == 1:
-                boxes = [cmd.box]
-            else:
-                two = task.split == "2d" and task.geometry.dims >= 2
-                key = (cmd.box.lo, cmd.box.hi, cmd.box.dims, gran, n, two)
-                boxes = _DEVICE_SPLITS.get(key)
-                if boxes is None:   # (a stencil splits the same command box every step)
-                    boxes = split_2d(cmd.box, gran, n) if two else split_1d(cmd.box, gran, n)
-                    if len(_DEVICE_SPLITS) > 1024:
-                        _DEVICE_SPLITS.clear()
-                    _DEVICE_SPLITS[key] = boxes
+            boxes = self._local_split(cmd, d * k)
             plans = []
             nb = len(boxes)
             for j, box in enumerate(boxes):
                 dev = (j * d) // nb if nb >= d else j
                 plans.append(_ChunkPlan(box, device_memory(dev), dev))
+        elif task.kind == tg.HOST_COMPUTE:
+            # oversubscribed host tasks become several host-task instructions (lanes run them
+            # concurrently), as device kernels become several kernels
+            plans = [_ChunkPlan(box, HOST_MEMORY, None) for box in self._local_split(cmd, k)]
         else:
             plans = [_ChunkPlan(cmd.box, HOST_MEMORY, None)]
         for plan in plans:
@@ -649,11 +651,48 @@ class InstructionGraphGenerator:
             for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
                 for bid, reg in regs.items():
                     bbs[bid] = reg.bounding_box
-        return _Plans(plans)
+        out = _Plans(plans)
+        out.overlap = _overlapping_writes(plans)
+        return out
+
+    def _local_split(self, cmd: cg.ExecutionCommand, n: int) -> list[Box]:
+        """The command's box cut into ``n`` chunks for this rank's devices / lanes, under the
+        task's split and granularity (whole work groups), as the command graph cuts ranks."""
+        geom = cmd.task.geometry
+        if geom is None or geom.dims == 0 or n == 1:
+            return [cmd.box]
+        gran = geom.granularity or (1,) * geom.dims
+        two = cmd.task.split == "2d" and geom.dims >= 2
+        key = (cmd.box.lo, cmd.box.hi, cmd.box.dims, gran, n, two)
+        boxes = _DEVICE_SPLITS.get(key)
+        if boxes is None:   # (a stencil splits the same command box every step)
+            boxes = split_2d(cmd.box, gran, n) if two else split_1d(cmd.box, gran, n)
+            if len(_DEVICE_SPLITS) > 1024:
+                _DEVICE_SPLITS.clear()
+            _DEVICE_SPLITS[key] = boxes
+        return boxes
+
+    def _report_overlap(self, cmd: cg.ExecutionCommand, plans: "_Plans") -> None:
+        """Two local chunks of one command write the same element: the same diagnostic the
+        command graph gives for chunks of different ranks."""
+        i, j, bid, reg = plans.overlap
+        task = cmd.task
+        b = self._buffers[bid]
+        pi, pj = plans[i], plans[j]
+        if pi.device is not None and pi.device != pj.device:
+            where = f"devices {pi.device} and {pj.device} of rank {self.rank}"
+        else:
+            where = f"chunks {pi.box} and {pj.box} of rank {self.rank}"
+        msg = f"{task.label} writes {reg} of buffer {b.info.label} from the chunks of {where} (overlapping writes)"
+        if self.diagnostics == tg.DIAG_ERROR:
+            raise DiagnosticError(msg)
+        log.warning(msg)
 
     def _compile_execution(self, cmd: cg.ExecutionCommand) -> None:
         task = cmd.task
         plans = self._plan_chunks(cmd)
+        if plans.overlap is not None and self.diagnostics != tg.DIAG_OFF:
+            self._report_overlap(cmd, plans)
         # pending receives this command touches
         buffers = self._buffers
         for bid in plans.bids:
@@ -769,6 +808,8 @@ class InstructionGraphGenerator:
                 self._emit(cp)
             include = red.include_current and cmd.include_current_reductions
             full = b.info.box
+            if include and b.pending:   # the current value comes from another rank
+                self._materialize(b, [Region.from_box(full)], [HOST_MEMORY])
             dst = self._allocate(b, HOST_MEMORY, full)
             if include:
                 self._make_coherent(b, HOST_MEMORY, Region.from_box(full))
@@ -779,7 +820,7 @@ class InstructionGraphGenerator:
                 self._read(dst, full, rd)
             self._write(dst, full, rd)
             self._emit(rd)
-            b.newest.update(full, frozenset((HOST_MEMORY,)))
+            b.newest.update(full, self._only[HOST_MEMORY])
             for _p, _ins, scratch in kernels:
                 self._free(scratch[ri])
             self._free(gather)
@@ -787,14 +828,19 @@ class InstructionGraphGenerator:
     def _send_sources(self, b: _Buffer, box: Box) -> list[tuple[_Allocation, Box]]:
         """Allocations to send ``box`` from, staging through host memory where needed."""
         out = []
-        for part, mems in b.newest.query(box):
+        comm_capable = self.system.comm_capable
+        for part, v in b.newest.query(box):
             src_mem = None
-            for m in sorted(mems, reverse=True):
-                if self.system.comm_capable(m):
-                    src_mem = m
-                    break
+            if v is not None:
+                if v[0] is not None and comm_capable(v[0]):
+                    src_mem = v[0]   # the producer (see _source_memory)
+                else:
+                    for m in sorted(v[1], reverse=True):
+                        if comm_capable(m):
+                            src_mem = m
+                            break
             if src_mem is None:
-                if not mems:
+                if v is None:
                     src_mem = HOST_MEMORY   # uninitialized: send whatever host memory holds
                     self._allocate(b, HOST_MEMORY, part)
                 else:
@@ -840,7 +886,7 @@ class InstructionGraphGenerator:
         # data still pending from an earlier transfer of the same region must land first
         self._materialize(b, [cmd.region])
         b.pending.append(_PendingReceive(cmd.transfer, cmd.region))
-        b.newest.update(cmd.region, frozenset((HOST_MEMORY,)))
+        b.newest.update(cmd.region, self._only[HOST_MEMORY])
 
     def _compile_reduction(self, cmd: cg.ReductionCommand) -> None:
         b = self._buffers[cmd.buffer]
@@ -873,7 +919,7 @@ class InstructionGraphGenerator:
         self._read(gather, gather.box, rd)
         self._write(dst, full, rd)
         self._emit(rd)
-        b.newest.update(full, frozenset((HOST_MEMORY,)))
+        b.newest.update(full, self._only[HOST_MEMORY])
         self._free(gather)
 
     def _compile_fence(self, cmd: cg.FenceCommand) -> None:
@@ -889,10 +935,10 @@ class InstructionGraphGenerator:
                                   box=box, shape=box.range, dtype=b.dtype, size_bytes=box.area * b.itemsize)
             self._emit(al)
             snap = _Allocation(aid, USER_MEMORY, box, al.id)
-            for part, mems in b.newest.query(box):
-                if not mems:
+            for part, v in b.newest.query(box):
+                if v is None:
                     continue
-                src = self._source_memory(mems, USER_MEMORY)
+                src = self._source_memory(v, USER_MEMORY)
                 self._copy_between(b, src, snap, part)
             allocation = aid
             deps.extend((u, DEP_READ) for u in sorted(snap.users()))
@@ -965,10 +1011,11 @@ class _Plans(list):
     compile of them needs first, computed once: the buffers they touch (sorted) and, per
     (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
 
-    __slots__ = ("bids", "need")
+    __slots__ = ("bids", "need", "overlap")
 
     def __init__(self, plans: list):
         super().__init__(plans)
+        self.overlap: tuple | None = None   # (i, j, buffer, region): chunks i < j write region
         self.bids = sorted({bid for p in plans for bid in p.bbox})
         need: dict[tuple[int, int], Box] = {}
         for p in plans:
@@ -980,8 +1027,27 @@ class _Plans(list):
 
 class _Singletons(dict):
     def __missing__(self, key):
-        v = self[key] = frozenset((key,))
+        v = self[key] = (key, frozenset((key,)))
         return v
+
+
+def _overlapping_writes(plans: list[_ChunkPlan]) -> tuple | None:
+    """The first pair of chunks (in chunk, chunk, buffer order) whose writes intersect.
+    Chunks are disjoint, so writes inside their own chunk box (the common case) cannot."""
+    if len(plans) < 2:
+        return None
+    if all(p.box.contains(bb) for p in plans for bb in p.pbbox.values()):
+        return None
+    for i, pi in enumerate(plans):
+        for j in range(i + 1, len(plans)):
+            pj = plans[j]
+            for bid, reg in sorted(pi.produced.items()):
+                other = pj.produced.get(bid)
+                if reg and other and pi.pbbox[bid].intersects(pj.pbbox[bid]):
+                    both = reg & other
+                    if both:
+                        return (i, j, bid, both)
+    return None
 
 
 def _collapse(readers: frozenset, eid: int) -> frozenset:

@@ -95,7 +95,8 @@ class Scheduler:
         self.rank = rank
         self.delegate = delegate
         self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, record=record)
-        self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, record=record)
+        self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, record=record,
+                                             diagnostics=diagnostics)
         self.lookahead = Lookahead(self.igg, lookahead)
         self.on_error = on_error
         self.failed: BaseException | None = None
