@@ -31,7 +31,7 @@ class GraphContext:
         peer_set = None if peers else frozenset()
         self.compile_ranks = list(range(num_ranks)) if compile_ranks is None else list(compile_ranks)
         self.iggs = {r: InstructionGraphGenerator(SystemInfo(devices, peer_set, comm_memories), rank=r,
-                                                  num_ranks=num_ranks, record=True)
+                                                  num_ranks=num_ranks, record=True, diagnostics=diagnostics)
                      for r in self.compile_ranks}
         self.lookaheads = {r: Lookahead(self.iggs[r], lookahead) for r in self.compile_ranks}
         self.instructions: dict[int, list[Instruction]] = {r: [] for r in self.compile_ranks}

@@ -83,7 +83,8 @@ def test_reduction_resolved_lazily_at_next_read():
     t = ctx.task((10,), [], reductions=[red])
     for r in range(3):
         assert ctx.cmds(r, cg.REDUCTION) == []
-    reader = ctx.task((1,), [(b, rm.all(), R)], kind=tg.HOST_COMPUTE)
+    # a 3-item reader: every rank consumes, so every rank gathers and reduces
+    reader = ctx.task((3,), [(b, rm.all(), R)])
     for r in range(3):
         (rc,) = ctx.cmds(r, cg.REDUCTION)
         assert rc.reduction.id == red.id and rc.buffer == b
@@ -92,9 +93,61 @@ def test_reduction_resolved_lazily_at_next_read():
         assert push.transfer == (reader.id, b, red.id)
         (aw,) = ctx.cmds(r, cg.AWAIT_PUSH)
         assert rc.deps[aw.id][0] == "true"
-    # a second reader does not reduce again
-    ctx.task((1,), [(b, rm.all(), R)], kind=tg.HOST_COMPUTE)
+    # a second reader does not reduce again, and nothing is transferred: every rank holds it
+    ctx.task((3,), [(b, rm.all(), R)])
     assert all(len(ctx.cmds(r, cg.REDUCTION)) == 1 for r in range(3))
+    assert all(len(ctx.cmds(r, cg.PUSH)) == 1 and len(ctx.cmds(r, cg.AWAIT_PUSH)) == 1 for r in range(3))
+
+
+def test_reduction_consumed_on_one_rank_is_reduced_there_only():
+    """Only the consumer gathers and reduces; the others send their partial once."""
+    ctx = GraphContext(4, compile_ranks=[])
+    b = ctx.buffer((1,))
+    data = ctx.buffer((64,), host_init=True)
+    red = ctx.reduction(b)
+    ctx.task((64,), [(data, rm.one_to_one(), R)], reductions=[red])
+    reader = ctx.task((1,), [(b, rm.all(), R)], kind=tg.MASTER_NODE)
+    assert len(ctx.cmds(0, cg.REDUCTION)) == 1 and len(ctx.cmds(0, cg.AWAIT_PUSH)) == 1
+    assert ctx.cmds(0, cg.PUSH) == []
+    for r in (1, 2, 3):
+        assert ctx.cmds(r, cg.REDUCTION) == [] and ctx.cmds(r, cg.AWAIT_PUSH) == []
+        (push,) = ctx.cmds(r, cg.PUSH)
+        assert [t for t, _ in push.targets] == [0] and push.transfer == (reader.id, b, red.id)
+    # a later reader on every rank gets the result from rank 0, with ordinary pushes
+    later = ctx.task((4,), [(b, rm.all(), R)])
+    pushes0 = [c for c in ctx.cmds(0, cg.PUSH) if c.task.id == later.id]
+    assert len(pushes0) == 1 and sorted(t for t, _ in pushes0[0].targets) == [1, 2, 3]
+    assert pushes0[0].transfer == (later.id, b, 0)
+    for r in (1, 2, 3):
+        (aw,) = [c for c in ctx.cmds(r, cg.AWAIT_PUSH) if c.task.id == later.id]
+        assert aw.transfer == (later.id, b, 0)
+        assert [c for c in ctx.cmds(r, cg.PUSH) if c.task.id == later.id] == []
+        assert ctx.cmds(r, cg.REDUCTION) == []
+
+
+def test_reduction_including_a_value_another_rank_wrote_receives_it_first():
+    """The first chunk folds in the current value: it must be pushed there from its writer."""
+    ctx = GraphContext(2, compile_ranks=[0, 1])
+    b = ctx.buffer((1,))
+
+    def to_second_chunk(chunk, shape):   # the element belongs to the chunk holding index 1
+        holds = chunk.offset[0] <= 1 < chunk.offset[0] + chunk.range[0]
+        return Subrange((0,), (1 if holds else 0,))
+
+    writer = ctx.task((2,), [(b, to_second_chunk, DW)])
+    assert [c.box for c in ctx.cmds(1, cg.EXECUTION)][0].contains((1,))
+    red = ctx.reduction(b, include_current=True)
+    t = ctx.task((1,), [], reductions=[red])
+    (push,) = [c for c in ctx.cmds(1, cg.PUSH) if c.task.id == t.id]
+    assert push.targets[0][0] == 0 and push.transfer == (t.id, b, 0)
+    (aw,) = [c for c in ctx.cmds(0, cg.AWAIT_PUSH) if c.task.id == t.id]
+    (ex,) = [c for c in ctx.cmds(0, cg.EXECUTION) if c.task.id == t.id]
+    assert ex.deps[aw.id][0] == "true"
+    # rank 0's reduce instruction reads what the receive wrote
+    recv = ctx.instrs(0, "receive")
+    (reduce_,) = ctx.instrs(0, "reduce")
+    assert reduce_.include_dest
+    assert ctx.depends_on(reduce_, recv[-1], rank=0)
 
 
 def test_overlapping_writes_diagnostic():

@@ -143,7 +143,7 @@ def test_global_reduction_over_ranks():
     b = ctx.buffer((1,))
     red = ctx.reduction(b)
     ctx.task((30,), [], reductions=[red])
-    ctx.task((1,), [(b, rm.all(), R)], kind=tg.HOST_COMPUTE)
+    ctx.task((n,), [(b, rm.all(), R)], kind=tg.HOST_COMPUTE)   # read on every rank
     ctx.finish()
     for r in range(n):
         (fill,) = ctx.instrs(r, "fill_identity")
@@ -152,6 +152,25 @@ def test_global_reduction_over_ranks():
         assert gr.chunk_bytes == 4
         assert len(ctx.instrs(r, "send")) == n - 1
         assert len(ctx.instrs(r, "reduce")) == 2   # local over devices, then global
+        validate(ctx, r)
+
+
+def test_reduction_read_on_one_rank_is_gathered_there_only():
+    n = 3
+    ctx = GraphContext(n)
+    b = ctx.buffer((1,))
+    red = ctx.reduction(b)
+    ctx.task((30,), [], reductions=[red])
+    ctx.task((1,), [(b, rm.all(), R)], kind=tg.HOST_COMPUTE)   # only rank 0 has a chunk
+    ctx.finish()
+    (gr,) = ctx.instrs(0, "gather_receive")
+    assert len(ctx.instrs(0, "reduce")) == 2 and ctx.instrs(0, "send") == []
+    for r in (1, 2):
+        assert ctx.instrs(r, "gather_receive") == [] and ctx.instrs(r, "fill_identity") == []
+        (send,) = ctx.instrs(r, "send")
+        assert send.to == 0 and send.transfer[2] == red.id
+        assert len(ctx.instrs(r, "reduce")) == 1   # the local one only
+    for r in range(n):
         validate(ctx, r)
 
 

@@ -124,3 +124,30 @@ def test_heterogeneous_ranks_opencl_and_host():
     for _backend, w, m in res:
         np.testing.assert_array_equal(w, wave_sim.reference(32, 6))
         np.testing.assert_array_equal(m, a @ b)
+
+
+IOTA = cl.Kernel(source={"opencl": """
+__kernel void iota(CHUNK_PARAMS, ACCESSOR(int, dst)) {
+    long i = GID(0);
+    AT1(dst, i) = (int)i * 3 + (int)get_local_id(0);
+}"""}, name="iota")
+
+
+@pytest.mark.parametrize("nodes,devices", [(3, "opencl"), (1, "opencl:0:0,0:0"), (2, "opencl:0:0,0:0")])
+def test_local_range_chunks_are_whole_work_groups_on_opencl(nodes, devices):
+    """320 items in work groups of 32: on 3 ranks the chunks are 128/96/96, never a partial group
+    (which OpenCL rejects with INVALID_WORK_GROUP_SIZE)."""
+    def program(rank):
+        q = cl.Queue()
+        y = cl.Buffer(shape=(320,), dtype=np.int32)
+
+        def cgf(cgh):
+            w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((320,), IOTA, args=(w,), local_range=(32,))
+
+        q.submit(cgf)
+        return q.fence(y).result()
+
+    i = np.arange(320)
+    for res in run_cluster(program, nodes=nodes, CELERITAS_DEVICES=devices):
+        np.testing.assert_array_equal(res, i * 3 + i % 32)
