@@ -1,9 +1,10 @@
-"""Micro-benchmarks for scheduler/geometry.py: microseconds per operation.
+"""Micro-benchmarks for the scheduler's geometry package: microseconds per operation.
 
-Run: python benchmarks/bench_geometry.py [--quick] [--compare OTHER_GEOMETRY.py]
+Run: python benchmarks/bench_geometry.py [--quick] [--compare OTHER_GEOMETRY]
 
-``--compare`` times another version of geometry.py (e.g. a saved copy of the old
-one) on the same cases in the same process and prints both columns, so that
+``--compare`` times another version of the geometry code (a copy of an older
+``scheduler/geometry/`` package directory, or of the single-file ``geometry.py`` it
+replaced) on the same cases in the same process and prints both columns, so that
 before/after numbers are not skewed by machine load between runs.
 
 Cases mirror what the scheduler does per task: unions and differences of a few
@@ -116,8 +117,9 @@ def cases(G):
         s2 = Region(_boxes_2d(Box, rng, n))
         # operands are fresh Region objects each time (no cached internal state):
         # the scheduler mostly combines regions it has just built
-        F = Region._from_pairs
-        p1, q1, p2, q2 = r1._pairs, s1._pairs, r2._pairs, s2._pairs
+        # (an older geometry under --compare may predate the public names)
+        F = getattr(Region, "from_corners", None) or Region._from_pairs
+        p1, q1, p2, q2 = (getattr(r, "corners", None) or r._pairs for r in (r1, s1, r2, s2))
         run(f"random region | region 1-D ({len(r1)}+{len(s1)} boxes)", lambda p1=p1, q1=q1: F(p1, 1, True) | F(q1, 1, True), 10000)
         run(f"random region - region 1-D ({len(r1)}-{len(s1)} boxes)", lambda p1=p1, q1=q1: F(p1, 1, True) - F(q1, 1, True), 10000)
         run(f"random region | region 2-D ({len(r2)}+{len(s2)} boxes)", lambda p2=p2, q2=q2: F(p2, 2, True) | F(q2, 2, True), 2000)
@@ -175,8 +177,13 @@ def cases(G):
 
 
 def _load(path: str):
-    spec = importlib.util.spec_from_file_location("geometry_compare", path)
+    if os.path.isdir(path):   # a package: import it under a name of its own
+        spec = importlib.util.spec_from_file_location("geometry_compare", os.path.join(path, "__init__.py"),
+                                                      submodule_search_locations=[path])
+    else:
+        spec = importlib.util.spec_from_file_location("geometry_compare", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -234,7 +234,7 @@ def _cache_key(mapper: Callable) -> tuple | None:
             return (cls, Subrange, sr.offset, sr.range)
         if isinstance(sr, Box):
             return (cls, Box, sr.lo, sr.hi, sr.dims)
-        return (cls, Region, tuple(sr._pairs), sr.dims)
+        return (cls, Region, sr.corners, sr.dims)
     return None
 
 

@@ -129,7 +129,7 @@ class EpochCommand(Command):
 #
 #   mine     RegionMap: the holders (frozenset of ranks) where this rank wrote the
 #            newest data, None elsewhere
-#   mine_bb  a conservative bounding box (lo, hi) of mine's non-None part (None: none)
+#   mine_bb  a conservative bounding Box of mine's non-None part (None: none)
 #   held     Region where this rank holds the newest (initialized) data
 #   uninit   Region never written: nothing is transferred for it
 #
@@ -150,7 +150,7 @@ class _BufferState:
         box = info.box
         self.dims = box.dims
         self.mine = RegionMap(box, None)
-        self.mine_bb: tuple | None = None
+        self.mine_bb: Box | None = None
         full = Region.from_box(box)
         empty = Region.empty_region(box.dims)
         self.held = full if info.host_initialized else empty
@@ -158,11 +158,6 @@ class _BufferState:
         # per point: (last writer command id or None, command ids that read since then)
         self.access = RegionMap(box, (None, _NO_READERS))
         self.pending: tuple[Reduction, frozenset[int]] | None = None
-
-
-def _overlap(alo, ahi, blo, bhi) -> bool:
-    return (alo[0] < bhi[0] and blo[0] < ahi[0] and alo[1] < bhi[1] and blo[1] < ahi[1]
-            and alo[2] < bhi[2] and blo[2] < ahi[2])
 
 
 _SPLIT_CACHE: dict = {}
@@ -225,6 +220,7 @@ class CommandGraphGenerator:
         self._live: dict[int, Command] = {}   # commands that may still be dependency targets
         self._me_only = frozenset((rank,))
         self._regions_cache: dict = {}
+        self._mine_cache: dict = {}
         for info in (buffers or {}).values():
             self.create_buffer(info)
 
@@ -359,34 +355,50 @@ class CommandGraphGenerator:
         cache[key] = (chunks, regs)
         return regs
 
+    def _my_chunks(self, chunks: list) -> tuple[int, ...]:
+        """Indices of this rank's chunks (splits are shared across tasks: cached by identity)."""
+        hit = self._mine_cache.get(id(chunks))
+        if hit is not None and hit[0] is chunks:
+            return hit[1]
+        me = self.rank
+        idx = tuple(i for i, (r, _b) in enumerate(chunks) if r == me)
+        if len(self._mine_cache) >= 256:
+            self._mine_cache.clear()
+        self._mine_cache[id(chunks)] = (chunks, idx)
+        return idx
+
+    @staticmethod
+    def _meeting_mine(st: _BufferState, regs: list[Region]) -> set[int]:
+        """Chunks whose regions may meet what this rank wrote or holds (bounding boxes)."""
+        near: set[int] = set()
+        if st.mine_bb is not None:
+            near.update(st.mine_bb.indices_meeting(regs))
+        if st.held:
+            near.update(st.held.bounding_box.indices_meeting(regs))
+        return near
+
     # ---- distribution ------------------------------------------------------------
     def _dist_write(self, st: _BufferState, rank: int, reg: Region) -> None:
         """``rank`` wrote ``reg``: it alone holds the newest data there."""
         if not reg:
             return
-        rlo, rhi = reg._bounds()
         if rank == self.rank:
             st.mine.update(reg, self._me_only)
             bb = st.mine_bb
             if bb is None:
-                st.mine_bb = (rlo, rhi)
-            elif not (bb[0][0] <= rlo[0] and rhi[0] <= bb[1][0] and bb[0][1] <= rlo[1] and rhi[1] <= bb[1][1]
-                      and bb[0][2] <= rlo[2] and rhi[2] <= bb[1][2]):
-                a0, a1 = bb
-                st.mine_bb = ((min(a0[0], rlo[0]), min(a0[1], rlo[1]), min(a0[2], rlo[2])),
-                              (max(a1[0], rhi[0]), max(a1[1], rhi[1]), max(a1[2], rhi[2])))
+                st.mine_bb = reg.bounding_box
+            elif not bb.contains(reg):
+                st.mine_bb = bb.bounding(reg.bounding_box)
             held = st.held
             if not held.contains(reg):
                 st.held = held | reg
         else:
             bb = st.mine_bb
-            if bb is not None and _overlap(bb[0], bb[1], rlo, rhi):
+            if bb is not None and reg.bounds_intersect(bb):
                 st.mine.update(reg, None)
             held = st.held
-            if held:
-                hlo, hhi = held._bounds()
-                if _overlap(hlo, hhi, rlo, rhi):
-                    st.held = held - reg
+            if held and held.bounds_intersect(reg):
+                st.held = held - reg
         uninit = st.uninit
         if uninit:
             st.uninit = uninit - reg
@@ -399,7 +411,7 @@ class CommandGraphGenerator:
         st.uninit = Region.empty_region(box.dims)
         if self.rank == min(holders):
             st.mine.update(box, holders)
-            st.mine_bb = (box.lo, box.hi)
+            st.mine_bb = box
         st.held = Region.from_box(box) if self.rank in holders else Region.empty_region(box.dims)
 
     def _dist_all(self, st: _BufferState) -> None:
@@ -466,40 +478,36 @@ class CommandGraphGenerator:
         # data this rank wrote.
         push_targets: dict[int, dict[int, Region]] = {}
         awaits: dict[int, Region] = {}
+        mine = self._my_chunks(chunks)
         for bid, regs in reads.items():
             st = buffers[bid]
-            for (rank, _box), reg in zip(chunks, regs):
+            for i in mine:
+                reg = regs[i]
                 if not reg:
                     continue
+                hb = st.held.as_box()
+                if hb is not None and hb.contains(reg):
+                    continue   # (fast path: a one-box held region that contains the read)
+                uninit = st.uninit
+                missing = reg - st.held
+                if uninit and missing:
+                    missing = missing - uninit
+                if missing:
+                    awaits[bid] = awaits[bid] | missing if bid in awaits else missing
+                    # (nothing missing: reg lies in held | uninit, held does not change)
+                    st.held = st.held | (reg - uninit if uninit else reg)
+            bb = st.mine_bb
+            if bb is None:
+                continue
+            for i in bb.indices_meeting(regs):
+                rank = chunks[i][0]
                 if rank == me:
-                    hp = st.held._pairs
-                    if len(hp) == 1:
-                        # (fast path: a one-box held region that contains the read's bounds)
-                        (h0, h1), (rlo, rhi) = hp[0], reg._bb or reg._bounds()
-                        if (h0[0] <= rlo[0] and rhi[0] <= h1[0] and h0[1] <= rlo[1] and rhi[1] <= h1[1]
-                                and h0[2] <= rlo[2] and rhi[2] <= h1[2]):
-                            continue
-                    uninit = st.uninit
-                    missing = reg - st.held
-                    if uninit and missing:
-                        missing = missing - uninit
-                    if missing:
-                        awaits[bid] = awaits[bid] | missing if bid in awaits else missing
-                        # (nothing missing: reg lies in held | uninit, held does not change)
-                        st.held = st.held | (reg - uninit if uninit else reg)
                     continue
-                bb = st.mine_bb
-                if bb is None:
-                    continue
-                rlo, rhi = reg._bb or reg._bounds()
-                b0, b1 = bb
-                if (rhi[0] <= b0[0] or b1[0] <= rlo[0] or rhi[1] <= b0[1] or b1[1] <= rlo[1]
-                        or rhi[2] <= b0[2] or b1[2] <= rlo[2]):
-                    continue
+                reg = regs[i]
                 lack = [(lo, hi) for lo, hi, s in st.mine.items_in(reg) if s is not None and rank not in s]
                 if lack:
                     tgt = push_targets.setdefault(bid, {})
-                    part = Region._from_pairs(lack, st.dims)
+                    part = Region.from_corners(lack, st.dims)
                     tgt[rank] = tgt[rank] | part if rank in tgt else part
                     st.mine.apply(reg, lambda s, r=rank: s if s is None or r in s else s | {r})
         for bid in sorted(push_targets):
@@ -550,24 +558,18 @@ class CommandGraphGenerator:
         # only where it meets what this rank wrote or holds (bounding-box test).
         for bid, regs in writes.items():
             st = buffers[bid]
-            mb = hb = None
-            fresh = False
-            for (rank, _box), reg in zip(chunks, regs):
+            near = None
+            for i, ((rank, _box), reg) in enumerate(zip(chunks, regs)):
                 if not reg:
                     continue
                 if rank != me and not st.uninit:
-                    if not fresh:
-                        mb = st.mine_bb
-                        hb = st.held._bb or st.held._bounds() if st.held else None
-                        fresh = True
-                    rlo, rhi = reg._bb or reg._bounds()
-                    if ((mb is None or rhi[0] <= mb[0][0] or mb[1][0] <= rlo[0] or rhi[1] <= mb[0][1]
-                         or mb[1][1] <= rlo[1] or rhi[2] <= mb[0][2] or mb[1][2] <= rlo[2])
-                            and (hb is None or rhi[0] <= hb[0][0] or hb[1][0] <= rlo[0] or rhi[1] <= hb[0][1]
-                                 or hb[1][1] <= rlo[1] or rhi[2] <= hb[0][2] or hb[1][2] <= rlo[2])):
+                    if near is None:
+                        near = self._meeting_mine(st, regs)
+                    if i not in near:
                         continue
                 self._dist_write(st, rank, reg)
-                fresh = False
+                if rank == me:
+                    near = None   # what this rank wrote and holds grew: test the later chunks anew
         if task.reductions:
             participants = frozenset(r for r, _ in chunks)
             for red in task.reductions:
@@ -626,10 +628,7 @@ class CommandGraphGenerator:
                 for (_rank, box), reg in zip(chunks, regs):
                     if not reg:
                         continue
-                    c0, c1 = box.lo, box.hi
-                    lo, hi = reg._bb or reg._bounds()
-                    if not (c0[0] <= lo[0] and hi[0] <= c1[0] and c0[1] <= lo[1] and hi[1] <= c1[1]
-                            and c0[2] <= lo[2] and hi[2] <= c1[2]):
+                    if not box.contains(reg):
                         inside = False
                         break
                 if not inside:
@@ -641,7 +640,7 @@ class CommandGraphGenerator:
             lst = []
             for i, reg in enumerate(regs):
                 if reg:
-                    lo, hi = reg._bounds()
+                    lo, hi = reg.bounds
                     lst.append((lo[0], i, lo, hi, reg))
             if len(lst) < 2:
                 continue
@@ -651,7 +650,7 @@ class CommandGraphGenerator:
                 _x, i, lo, hi, reg = e
                 active = [a for a in active if a[3][0] > lo[0]]
                 for a in active:
-                    if _overlap(a[2], a[3], lo, hi) and a[4].intersects(reg):
+                    if a[4].bounds_intersect(reg) and a[4].intersects(reg):
                         found.append((min(a[1], i), max(a[1], i), pos, bid))
                 active.append(e)
         if not found:

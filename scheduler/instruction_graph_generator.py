@@ -284,17 +284,12 @@ class InstructionGraphGenerator:
 
     # ---- allocation ------------------------------------------------------------------
     def _find_alloc(self, b: _Buffer, memory: int, box: Box) -> _Allocation | None:
-        """The first allocation on ``memory`` that contains ``box`` (hot path: inlined test)."""
+        """The first allocation on ``memory`` that contains ``box``."""
         allocs = b.allocs.get(memory)
         if not allocs:
             return None
-        if box.empty:
-            return allocs[0]
-        lo, hi = box.lo, box.hi
         for a in allocs:
-            al, ah = a.box.lo, a.box.hi
-            if (al[0] <= lo[0] and hi[0] <= ah[0] and al[1] <= lo[1] and hi[1] <= ah[1]
-                    and al[2] <= lo[2] and hi[2] <= ah[2]):
+            if a.box.contains(box):
                 return a
         return None
 
@@ -311,7 +306,7 @@ class InstructionGraphGenerator:
         while changed:
             changed = False
             for ab in antic:
-                if not target.contains(ab) and _touches(target, ab):
+                if not target.contains(ab) and target.touches(ab):
                     target = target.bounding(ab)
                     changed = True
             for a in allocs:
@@ -397,14 +392,11 @@ class InstructionGraphGenerator:
     def _copy_between(self, b: _Buffer, src_mem: int, dst: _Allocation, box: Box) -> None:
         """Copy ``box`` from the allocations of ``src_mem`` into ``dst``."""
         srcs = [b.user] if src_mem == USER_MEMORY else b.allocs.get(src_mem, ())
-        lo, hi = box.lo, box.hi
         for src in srcs:
             if src is None:
                 continue
             sb = src.box
-            s0, s1 = sb.lo, sb.hi
-            if (lo[0] < hi[0] and s0[0] <= lo[0] and hi[0] <= s1[0] and s0[1] <= lo[1] and hi[1] <= s1[1]
-                    and s0[2] <= lo[2] and hi[2] <= s1[2] and sb.dims == box.dims):
+            if not box.empty and sb.contains(box) and sb.dims == box.dims:
                 part = box   # (the common case: one source allocation holds all of it)
             else:
                 part = sb & box
@@ -432,13 +424,11 @@ class InstructionGraphGenerator:
         # states, so they are memoized per content.  Allocations and dependencies are not
         # (they are looked up / tracked every time); a step whose allocation is missing
         # takes the full path, since ``_allocate`` reads the intermediate newest map.
-        entries = newest._entries
-        key = (newest._ext, newest.dims, newest._compact_at, memory,
-               region._pairs if type(region) is Region else region, tuple(entries))
+        key = (memory, region.corners if type(region) is Region else region, newest.snapshot())
         cache = self._coherence_cache
         hit = cache.get(key)
         if hit is not None:
-            steps, final, compact_at = hit
+            steps, final = hit
             find = self._find_alloc
             dsts = []
             for box, src, stage in steps:
@@ -457,8 +447,7 @@ class InstructionGraphGenerator:
                     if stage is not None:
                         copy(b, stage, host, box)
                     copy(b, src, dst, box)
-                newest._entries = list(final)
-                newest._compact_at = compact_at
+                newest.restore(final)
                 return
         steps = []
         for box, v in newest.query(region):
@@ -481,7 +470,7 @@ class InstructionGraphGenerator:
             steps.append((box, src, stage_src))
         if len(cache) >= 4096:
             cache.clear()
-        cache[key] = (steps, tuple(newest._entries), newest._compact_at)
+        cache[key] = (steps, newest.snapshot())
 
     # ---- receives ---------------------------------------------------------------
     def _materialize(self, b: _Buffer, touched: list[Region], memories: list[int] | None = None) -> None:
@@ -1057,10 +1046,5 @@ def _collapse(readers: frozenset, eid: int) -> frozenset:
     return frozenset([r for r in readers if r >= eid] + [eid])
 
 
-def _touches(a: Box, b: Box) -> bool:
-    """Intersecting or face-adjacent boxes (their union may be contiguous)."""
-    a0, a1, b0, b1 = a.lo, a.hi, b.lo, b.hi
-    return (a0[0] <= b1[0] and b0[0] <= a1[0] and a0[1] <= b1[1] and b0[1] <= a1[1]
-            and a0[2] <= b1[2] and b0[2] <= a1[2])
 
 

@@ -83,7 +83,7 @@ def split_1d(box: Box, granularity: Sequence[int] | None, num_chunks: int) -> li
     sizes = split_sizes(hi[0] - lo[0], g0, int(num_chunks))
     if len(sizes) == 1:
         return [box]
-    return [Box._make((a, lo[1], lo[2]), (b, hi[1], hi[2]), d) for a, b in _boxes_along(lo[0], sizes)]
+    return [Box.from_bounds((a, lo[1], lo[2]), (b, hi[1], hi[2]), d) for a, b in _boxes_along(lo[0], sizes)]
 
 
 def _grid(r0: int, r1: int, g0: int, g1: int, n: int) -> tuple[int, int]:
@@ -141,4 +141,4 @@ def split_2d(box: Box, granularity: Sequence[int] | None, num_chunks: int) -> li
     ys = _boxes_along(lo[1], split_sizes(r1, g1, cols))
     if len(xs) == 1 and len(ys) == 1:
         return [box]
-    return [Box._make((x0, y0, lo[2]), (x1, y1, hi[2]), d) for x0, x1 in xs for y0, y1 in ys]
+    return [Box.from_bounds((x0, y0, lo[2]), (x1, y1, hi[2]), d) for x0, x1 in xs for y0, y1 in ys]

@@ -378,9 +378,7 @@ class TaskManager:
                 written = self._written[bid]
                 if written is not None:
                     written = written | produced
-                    ext = info.box
-                    wp = written._pairs
-                    if len(wp) == 1 and wp[0][0] == ext.lo and wp[0][1] == ext.hi:
+                    if written == info.box:
                         written = None
                     self._written[bid] = written
         for ho in t.side_effects:

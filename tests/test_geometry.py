@@ -1,9 +1,9 @@
-"""Property tests for scheduler/geometry.py against a brute-force boolean-mask model.
+"""Property tests for scheduler/geometry/ against a brute-force boolean-mask model.
 
 Every region is compared with a numpy boolean mask over a small coordinate space
 (negative coordinates included); the canonical decomposition is recomputed from the
 mask independently (slabs along dim 0 whose cross-sections are equal, recursively),
-so ``Region._pairs`` must match it exactly: one representation per point set.
+so ``Region.corners`` must match it exactly: one representation per point set.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def _canon_mask(m: np.ndarray):
 
 
 def canonical_pairs(m: np.ndarray, d: int):
-    """The unique normalized ``_pairs`` of the point set ``m`` (3-D padded, global coords)."""
+    """The unique normalized ``corners`` of the point set ``m`` (3-D padded, global coords)."""
     lo = SPACE[d][0]
     out = []
     for a, b in _canon_mask(m):
@@ -193,7 +193,7 @@ def recut(draw, bs, d):
 
 # ------------------------------------------------------------------ invariant checks
 def check_normalized(r: Region, d: int, m: np.ndarray | None = None):
-    pairs = r._pairs
+    pairs = r.corners
     assert isinstance(pairs, tuple)
     for lo, hi in pairs:
         assert len(lo) == 3 and len(hi) == 3
@@ -289,7 +289,7 @@ def test_empty_boxes_have_one_representation():
         assert repr(e) == "Box(empty)"
     for a, b in itertools.combinations(empties, 2):
         assert a == b and hash(a) == hash(b)
-    assert Region(empties)._pairs == ()
+    assert Region(empties).corners == ()
     assert Region(empties) == Region()
     assert Region([Box((0,), (0,))]).empty
     assert Region.from_box(Box((2, 2), (2, 9))) == Region()
@@ -354,7 +354,7 @@ def test_behaviours_item_13_region_normalization():
     a = Region([Box((0, 0), (8, 2)), Box((0, 2), (2, 4)), Box((6, 2), (8, 4)), Box((0, 4), (8, 6))])
     b = Region([Box((0, 0), (2, 6)), Box((2, 0), (6, 2)), Box((2, 4), (6, 6)), Box((6, 0), (8, 6))])
     assert a == b
-    assert a._pairs == b._pairs
+    assert a.corners == b.corners
     assert hash(a) == hash(b)
     assert a.area == b.area == 48 - 8
     assert (a - b).empty and (b - a).empty
@@ -372,12 +372,12 @@ def test_region_construction_is_canonical(d, data):
     assert np.array_equal(region_mask(r, d), m)
     check_normalized(r, d, m)
     # constructing from its own boxes, or from a Region, is the identity
-    assert Region(list(r))._pairs == r._pairs
-    assert Region([r])._pairs == r._pairs
+    assert Region(list(r)).corners == r.corners
+    assert Region([r]).corners == r.corners
     assert as_region(r) is r
     assert as_region(bs) == r
-    assert Region._from_pairs([(b.lo, b.hi) for b in bs if not b.empty], d)._pairs == r._pairs
-    assert Region._from_pairs(r._pairs, d, normalized=True) == r
+    assert Region.from_corners([(b.lo, b.hi) for b in bs if not b.empty], d).corners == r.corners
+    assert Region.from_corners(r.corners, d, normalized=True) == r
     assert r.to_json() == [[list(b.min), list(b.max)] for b in r]
 
 
@@ -390,7 +390,7 @@ def test_equal_point_sets_give_equal_regions(d, data):
     ra, rb = Region(bs), Region(other)
     assert np.array_equal(boxes_mask(bs, d), boxes_mask(other, d))  # the recut is valid
     assert ra == rb
-    assert ra._pairs == rb._pairs
+    assert ra.corners == rb.corners
     assert hash(ra) == hash(rb)
     # and unequal point sets are unequal
     cs = data.draw(box_lists(d, 6))
@@ -436,7 +436,7 @@ def test_region_operator_algebra(d, data):
     a = data.draw(regions(d, 5))
     b = data.draw(regions(d, 5))
     c = data.draw(regions(d, 5))
-    assert a | b == b | a and (a | b)._pairs == (b | a)._pairs
+    assert a | b == b | a and (a | b).corners == (b | a).corners
     assert a & b == b & a
     assert (a | b) | c == a | (b | c)
     assert a & (b | c) == (a & b) | (a & c)
@@ -452,11 +452,11 @@ def test_region_operator_algebra(d, data):
     acc = Region()
     for box in c:
         acc = acc | box
-    assert acc == c and acc._pairs == c._pairs
+    assert acc == c and acc.corners == c.corners
     rem = a
     for box in b:
         rem = rem - box
-    assert rem == a - b and rem._pairs == (a - b)._pairs
+    assert rem == a - b and rem.corners == (a - b).corners
 
 
 @pytest.mark.parametrize("d", DIMS)
@@ -473,6 +473,65 @@ def test_region_contains_and_intersects_boxes(d, data):
         assert r.contains(x)
         assert r.intersects(x) is True
     assert r.contains(r) and r.contains(Region())
+
+
+@pytest.mark.parametrize("d", DIMS)
+@SETTINGS
+@given(data=st.data())
+def test_public_fast_paths_match_mask(d, data):
+    """The fast paths the generators use (bounds, single box, bounding-box tests,
+    containment in a box, corners round trip) agree with the mask model."""
+    r = data.draw(regions(d))
+    other = data.draw(boxes(d) | regions(d, 4))
+    m = region_mask(r, d)
+    om = box_mask(other, d) if isinstance(other, Box) else region_mask(other, d)
+    bb = mask_bounding(m, d)
+    if bb is None:
+        assert r.bounds == ((0, 0, 0), (0, 0, 0))
+    else:
+        lo, hi = r.bounds
+        assert (lo[:d], hi[:d]) == bb and lo[d:] == (0,) * (3 - d) and hi[d:] == (1,) * (3 - d)
+    single = r.as_box()
+    assert (single is not None) == (len(r) == 1)
+    if single is not None:
+        assert np.array_equal(box_mask(single, d), m)
+    assert Region.from_corners(r.corners, d, normalized=True) == r
+    assert Region.from_corners(list(reversed(r.corners)), d) == r
+    # bounds_intersect is necessary for intersecting, and exact for boxes
+    if r.intersects(other):
+        assert r.bounds_intersect(other)
+    obb = mask_bounding(om, d)
+    meet = bb is not None and obb is not None and all(
+        a0 < b1 and b0 < a1 for a0, a1, b0, b1 in zip(bb[0], bb[1], obb[0], obb[1]))
+    assert r.bounds_intersect(other) == meet
+    # a box contains a region exactly when it holds the region's points
+    box = data.draw(boxes(d))
+    assert box.contains(r) == (not (m & ~box_mask(box, d)).any())
+    assert Box.from_bounds(box.lo, box.hi, d) == box if not box.empty else True
+
+
+@pytest.mark.parametrize("d", DIMS)
+@SETTINGS
+@given(data=st.data())
+def test_region_map_snapshot_restore(d, data):
+    """A restored snapshot behaves exactly like the map it was taken of."""
+    extent = data.draw(boxes(d, allow_empty=False))
+    a = RegionMap(extent, 0)
+    for _ in range(data.draw(st.integers(0, 6))):
+        a.update(data.draw(boxes(d) | regions(d, 3)), data.draw(VALUES))
+    snap = a.snapshot()
+    assert hash(snap) == hash(a.snapshot()) and snap == a.snapshot()
+    b = RegionMap(extent, 1)
+    b.restore(snap)
+    assert b.snapshot() == snap
+    ops = [(data.draw(boxes(d) | regions(d, 3)), data.draw(VALUES)) for _ in range(data.draw(st.integers(1, 5)))]
+    for where, v in ops:
+        assert sorted(a.update_collect(where, v)) == sorted(b.update_collect(where, v))
+    assert a.query() == b.query() and a.snapshot() == b.snapshot()
+    b.restore(snap)   # back to the earlier state, whatever happened since
+    assert b.snapshot() == snap
+    with pytest.raises(ValueError):
+        RegionMap(Box.from_bounds((0, 0, 0), (99, 1, 1), 1) if d == 1 else Box((0,) * d, (99,) * d), 0).restore(snap)
 
 
 def test_region_dims_and_mixed_constructors():

@@ -1,0 +1,320 @@
+"""Boxes and subranges: the unit of every region computation.
+
+Everything is stored as 3-D (unused dimensions span ``[0, 1)``) so that the
+arithmetic has a single code path; ``dims`` only decides how a box is shown to
+the user.  ``lo``/``hi`` are those padded 3-tuples: public, read-only, and what the
+scheduler's hot paths compare directly.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from .region import Region
+
+_EMPTY_LO = (0, 0, 0)
+_EMPTY_HI = (0, 0, 0)
+_UNIT_HI = (1, 1, 1)
+
+
+def _pad(values: Sequence[int], fill: int) -> tuple[int, int, int]:
+    n = len(values)
+    if n == 3:
+        return (int(values[0]), int(values[1]), int(values[2]))
+    if n == 2:
+        return (int(values[0]), int(values[1]), fill)
+    if n == 1:
+        return (int(values[0]), fill, fill)
+    if n == 0:
+        return (0, 0, 0) if fill == 0 else (1, 1, 1)
+    raise ValueError(f"at most 3 dimensions are supported, got {n}")
+
+
+class Box:
+    """A half-open box ``[min, max)``; every empty box is the same box."""
+
+    __slots__ = ("lo", "hi", "dims")
+
+    def __init__(self, min: Sequence[int] = (), max: Sequence[int] = (), dims: int | None = None):
+        if dims is None:
+            dims = len(min)
+        if len(max) != len(min):
+            raise ValueError(f"box min {tuple(min)} and max {tuple(max)} differ in dimensionality")
+        lo = _pad(min, 0)
+        hi = _pad(max, 1)
+        if hi[0] <= lo[0] or hi[1] <= lo[1] or hi[2] <= lo[2]:
+            lo, hi = _EMPTY_LO, _EMPTY_HI
+        self.lo = lo
+        self.hi = hi
+        self.dims = dims
+
+    @classmethod
+    def from_bounds(cls, lo: tuple[int, int, int], hi: tuple[int, int, int], dims: int) -> "Box":
+        """A box from padded, non-empty 3-tuples, as ``lo``/``hi`` hold them.  No checks:
+        the generators build boxes from bounds they computed themselves, thousands per task."""
+        b = object.__new__(cls)
+        b.lo = lo
+        b.hi = hi
+        b.dims = dims
+        return b
+
+    _make = from_bounds
+
+    @classmethod
+    def from_subrange(cls, offset: Sequence[int], range: Sequence[int]) -> "Box":
+        return cls(tuple(offset), tuple(o + r for o, r in zip(offset, range)), len(offset))
+
+    @classmethod
+    def empty_box(cls, dims: int) -> "Box":
+        return _empty_box(dims)
+
+    @classmethod
+    def full(cls, shape: Sequence[int]) -> "Box":
+        return cls((0,) * len(shape), tuple(shape), len(shape))
+
+    # user-facing views in the box's own dimensionality
+    @property
+    def min(self) -> tuple[int, ...]:
+        return self.lo[: self.dims]
+
+    @property
+    def max(self) -> tuple[int, ...]:
+        return self.hi[: self.dims]
+
+    @property
+    def offset(self) -> tuple[int, ...]:
+        return self.lo[: self.dims]
+
+    @property
+    def range(self) -> tuple[int, ...]:
+        lo, hi = self.lo, self.hi
+        return tuple(hi[i] - lo[i] for i in range(self.dims))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.range
+
+    @property
+    def area(self) -> int:
+        lo, hi = self.lo, self.hi
+        return (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2])
+
+    @property
+    def empty(self) -> bool:
+        return self.hi[0] == 0 and self.lo == _EMPTY_LO and self.hi == _EMPTY_HI
+
+    def __bool__(self) -> bool:
+        return not self.empty
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        return tuple(slice(self.lo[i], self.hi[i]) for i in range(self.dims))
+
+    def slices_in(self, origin: "Box") -> tuple[slice, ...]:
+        """Slices of this box relative to ``origin``'s min (allocation-local indexing)."""
+        lo, hi, o = self.lo, self.hi, origin.lo
+        return tuple([slice(lo[i] - o[i], hi[i] - o[i]) for i in range(self.dims)])   # (list: faster)
+
+    def with_dims(self, dims: int) -> "Box":
+        if dims == self.dims:
+            return self
+        return _empty_box(dims) if self.empty else Box.from_bounds(self.lo, self.hi, dims)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Box):
+            return NotImplemented
+        return self.lo == other.lo and self.hi == other.hi
+
+    def __hash__(self) -> int:
+        return hash((self.lo, self.hi))
+
+    def __repr__(self) -> str:
+        if self.empty:
+            return "Box(empty)"
+        return f"Box({list(self.min)}, {list(self.max)})"
+
+    def intersects(self, other: "Box") -> bool:
+        a0, a1 = self.lo, self.hi
+        b0, b1 = other.lo, other.hi
+        # (an empty box is [0, 0)^3, which must not "intersect" a box around the origin)
+        return (a0[0] < b1[0] and b0[0] < a1[0] and a0[1] < b1[1] and b0[1] < a1[1]
+                and a0[2] < b1[2] and b0[2] < a1[2] and a0[0] < a1[0] and b0[0] < b1[0])
+
+    def __and__(self, other: "Box") -> "Box":
+        if not isinstance(other, Box):
+            return NotImplemented  # box & region: Region.__rand__
+        r = _isect(self.lo, self.hi, other.lo, other.hi)
+        dims = self.dims if self.dims >= other.dims else other.dims
+        if r is None:
+            return _empty_box(dims)
+        return Box.from_bounds(r[0], r[1], dims)
+
+    def __or__(self, other: "Box | Region") -> "Region":
+        """Union as a Region (box | box, box | region)."""
+        if isinstance(other, Box):
+            from .region import Region
+            return Region.from_box(self).union(other)
+        return NotImplemented
+
+    def __sub__(self, other: "Box | Region") -> "Region":
+        """Difference as a Region (box - box, box - region)."""
+        if isinstance(other, Box):
+            from .region import Region
+            return Region.from_box(self).difference(other)
+        return NotImplemented
+
+    def contains(self, other: "Box | Region | Sequence[int]") -> bool:
+        """Whether a box, a region (exactly: a region lies in a box iff its bounding box
+        does) or a point lies inside this box."""
+        lo, hi = self.lo, self.hi
+        if type(other) is Box or isinstance(other, Box):
+            o0, o1 = other.lo, other.hi
+            if o1[0] <= o0[0]:   # the empty box
+                return True
+            return (lo[0] <= o0[0] and o1[0] <= hi[0] and lo[1] <= o0[1] and o1[1] <= hi[1]
+                    and lo[2] <= o0[2] and o1[2] <= hi[2])
+        bounds = getattr(other, "bounds", None)
+        if bounds is not None:   # a Region
+            if not other:
+                return True
+            o0, o1 = bounds
+            return (lo[0] <= o0[0] and o1[0] <= hi[0] and lo[1] <= o0[1] and o1[1] <= hi[1]
+                    and lo[2] <= o0[2] and o1[2] <= hi[2])
+        p = _pad(tuple(other), 0)
+        return lo[0] <= p[0] < hi[0] and lo[1] <= p[1] < hi[1] and lo[2] <= p[2] < hi[2]
+
+    def __contains__(self, other: "Box | Sequence[int]") -> bool:
+        return self.contains(other)
+
+    def touches(self, other: "Box") -> bool:
+        """Whether the boxes intersect or share a face (so their union may be one box):
+        what decides that two allocations should merge into one."""
+        a0, a1, b0, b1 = self.lo, self.hi, other.lo, other.hi
+        return (a0[0] <= b1[0] and b0[0] <= a1[0] and a0[1] <= b1[1] and b0[1] <= a1[1]
+                and a0[2] <= b1[2] and b0[2] <= a1[2])
+
+    def indices_meeting(self, regions: Sequence["Region"]) -> list[int]:
+        """Indices of the non-empty regions whose bounding box intersects this box, in
+        order.  One call instead of a test per region: the command graph asks it per
+        buffer and task about every rank's chunk, so it is a loop in here, not there."""
+        a0, a1 = self.lo, self.hi
+        if a1[0] <= a0[0]:
+            return []
+        x0, y0, z0 = a0
+        x1, y1, z1 = a1
+        out = []
+        for i, r in enumerate(regions):
+            if not r._pairs:   # (the package's own fields: no call per region)
+                continue
+            b0, b1 = r._bb or r.bounds
+            if b0[0] < x1 and x0 < b1[0] and b0[1] < y1 and y0 < b1[1] and b0[2] < z1 and z0 < b1[2]:
+                out.append(i)
+        return out
+
+    def bounding(self, other: "Box") -> "Box":
+        if self.empty:
+            return other
+        if other.empty:
+            return self
+        a0, a1, b0, b1 = self.lo, self.hi, other.lo, other.hi
+        return Box.from_bounds((min(a0[0], b0[0]), min(a0[1], b0[1]), min(a0[2], b0[2])),
+                         (max(a1[0], b1[0]), max(a1[1], b1[1]), max(a1[2], b1[2])),
+                         max(self.dims, other.dims))
+
+    def to_json(self) -> list[list[int]]:
+        return [list(self.min), list(self.max)]
+
+
+def _empty_box(dims: int) -> Box:
+    b = object.__new__(Box)
+    b.lo = _EMPTY_LO
+    b.hi = _EMPTY_HI
+    b.dims = dims
+    return b
+
+
+def _isect(a0, a1, b0, b1):
+    l0 = a0[0] if a0[0] > b0[0] else b0[0]
+    h0 = a1[0] if a1[0] < b1[0] else b1[0]
+    if h0 <= l0:
+        return None
+    l1 = a0[1] if a0[1] > b0[1] else b0[1]
+    h1 = a1[1] if a1[1] < b1[1] else b1[1]
+    if h1 <= l1:
+        return None
+    l2 = a0[2] if a0[2] > b0[2] else b0[2]
+    h2 = a1[2] if a1[2] < b1[2] else b1[2]
+    if h2 <= l2:
+        return None
+    return (l0, l1, l2), (h0, h1, h2)
+
+
+def _box_minus(a0, a1, b0, b1, out: list) -> None:
+    """Append the (at most 6) disjoint pieces of box a outside box b to ``out``.
+
+    Sorted, the pieces are the canonical decomposition of ``a - b``: slabs along
+    dim 0, then dim 1, then intervals along dim 2.
+    """
+    r = _isect(a0, a1, b0, b1)
+    if r is None:
+        out.append((a0, a1))
+        return
+    i0, i1 = r
+    # slabs along dim 0
+    if a0[0] < i0[0]:
+        out.append((a0, (i0[0], a1[1], a1[2])))
+    if i1[0] < a1[0]:
+        out.append(((i1[0], a0[1], a0[2]), a1))
+    # within the dim-0 overlap, slabs along dim 1
+    if a0[1] < i0[1]:
+        out.append(((i0[0], a0[1], a0[2]), (i1[0], i0[1], a1[2])))
+    if i1[1] < a1[1]:
+        out.append(((i0[0], i1[1], a0[2]), (i1[0], a1[1], a1[2])))
+    # within the dim-0/1 overlap, pieces along dim 2
+    if a0[2] < i0[2]:
+        out.append(((i0[0], i0[1], a0[2]), (i1[0], i1[1], i0[2])))
+    if i1[2] < a1[2]:
+        out.append(((i0[0], i0[1], i1[2]), (i1[0], i1[1], a1[2])))
+
+
+class Subrange:
+    """``offset`` + ``range`` view of a box, the form range mappers receive and return."""
+
+    __slots__ = ("offset", "range")
+
+    def __init__(self, offset: Sequence[int], range: Sequence[int]):
+        if len(offset) != len(range):
+            raise ValueError(f"subrange offset {tuple(offset)} and range {tuple(range)} differ in dimensionality")
+        self.offset = tuple(int(o) for o in offset)
+        self.range = tuple(int(r) for r in range)
+
+    @property
+    def dims(self) -> int:
+        return len(self.offset)
+
+    @property
+    def box(self) -> Box:
+        return Box.from_subrange(self.offset, self.range)
+
+    @property
+    def min(self) -> tuple[int, ...]:
+        return self.offset
+
+    @property
+    def max(self) -> tuple[int, ...]:
+        return tuple(o + r for o, r in zip(self.offset, self.range))
+
+    @classmethod
+    def from_box(cls, box: Box) -> "Subrange":
+        return cls(box.offset, box.range)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Subrange):
+            return self.offset == other.offset and self.range == other.range
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.offset, self.range))
+
+    def __repr__(self) -> str:
+        return f"Subrange(offset={self.offset}, range={self.range})"
