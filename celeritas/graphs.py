@@ -131,11 +131,11 @@ class GraphRecord(dict):
     @classmethod
     def collect(cls, runtime) -> "GraphRecord":
         """This rank's records (tasks, its own commands, instructions and pilots), copied."""
-        sched = runtime.scheduler
-        return cls(tasks=[dict(r) for r in runtime.task_manager.records],
-                   commands={runtime.rank: [dict(r) for r in sched.cdag.records]},
-                   instructions=[dict(r) for r in sched.igg.records],
-                   pilots=[dict(r) for r in sched.igg.pilot_records])
+        rec = runtime.recorders
+        return cls(tasks=[dict(r) for r in rec.tasks.tasks],
+                   commands={runtime.rank: [dict(r) for r in rec.commands.commands]},
+                   instructions=[dict(r) for r in rec.instructions.instructions],
+                   pilots=[dict(r) for r in rec.instructions.pilots])
 
     @classmethod
     def merge(cls, records: Iterable[Mapping]) -> "GraphRecord":

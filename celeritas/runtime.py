@@ -22,6 +22,7 @@ from scheduler.geometry import Box, Subrange
 from scheduler.instruction_graph import (EpochInstruction, FenceInstruction, HorizonInstruction,
                                          AllocInstruction, InstructionBatch)
 from scheduler.instruction_graph_generator import SystemInfo
+from scheduler.recorders import Recorders
 from scheduler.scheduler import Scheduler
 
 from . import config as cfg
@@ -135,7 +136,7 @@ class DryRunExecutor:
                 else:
                     ins.promise.set_result(self._host_objects.get(ins.host_object))
 
-    def track_user_allocation(self, aid, array) -> None:
+    def track_user_buffer(self, bid, array) -> None:
         pass
 
     def track_host_object(self, hoid, obj) -> None:
@@ -224,10 +225,15 @@ class Runtime:
                                      trace=bool(config.trace) or config.summary
                                      or config.log_level in ("info", "debug"),
                                      name=f"celeritas-executor-{self.rank}")
-        record = config.record or bool(config.print_graphs)
+        # graph records (Queue.graphs(), dumps): recorders injected into the generators
+        self.recorders: Recorders | None = (Recorders(self.rank) if config.record or config.print_graphs
+                                            else None)
+        rec = self.recorders
         self.scheduler = Scheduler(num_ranks=self.num_ranks, rank=self.rank, system=system,
                                    delegate=self.executor, lookahead=config.lookahead,
-                                   diagnostics=config.diagnostics, record=record,
+                                   diagnostics=config.diagnostics,
+                                   command_recorder=rec.commands if rec else None,
+                                   instruction_recorder=rec.instructions if rec else None,
                                    on_error=self._on_scheduler_error)
         if getattr(self.executor, "tracing", False):     # exact starvation in the summary (not in dry runs)
             self.scheduler.busy_intervals = []
@@ -239,7 +245,7 @@ class Runtime:
                                            on_task=self.scheduler.notify_task,
                                            diagnostics=config.diagnostics if self.rank == 0 else
                                            ("error" if config.diagnostics == "error" else "off"),
-                                           record=record)
+                                           recorder=rec.tasks if rec else None)
         log.info("celeritas rank %d/%d: %s backend with %d device(s), lookahead %s%s", self.rank,
                  self.num_ranks, self.backend_name, self.num_devices, config.lookahead,
                  " (dry run)" if self.dry_run else "")
@@ -327,7 +333,9 @@ class Runtime:
                                                    data is not None)
             self._buffers[bid] = buffer
             self.buffer_names[bid] = buffer.name or ""
-            self.scheduler.notify_buffer_created(info, data)
+            if data is not None:
+                self.executor.track_user_buffer(bid, data)
+            self.scheduler.notify_buffer_created(info)
             return bid
 
     def rename_buffer(self, bid: int, name: str) -> None:
@@ -349,7 +357,8 @@ class Runtime:
             hid = self._next_host_object
             self._next_host_object += 1
             self._host_objects[hid] = ho
-            self.scheduler.notify_host_object_created(hid, ho.obj)
+            self.executor.track_host_object(hid, ho.obj)
+            self.scheduler.notify_host_object_created(hid)
             return hid
 
     def new_collective_group_id(self) -> int:
@@ -429,13 +438,16 @@ class Runtime:
         self.scheduler.set_lookahead(mode)
 
     def enable_record(self) -> None:
-        self.task_manager.record = True
-        self.scheduler.cdag.record = True
-        self.scheduler.igg.record = True
+        """Record from now on (a ``Queue(record=True)`` made after the runtime started)."""
+        with self._lock:
+            if self.recorders is None:
+                rec = self.recorders = Recorders(self.rank)
+                self.task_manager.recorder = rec.tasks
+                self.scheduler.start_recording(rec.commands, rec.instructions)
 
     def graphs(self) -> dict:
         from .graphs import GraphRecord
-        if not (self.task_manager.record and self.scheduler.cdag.record):
+        if self.recorders is None:
             raise CeleritasError("graph records are off; create the Queue with record=True or set CELERITAS_RECORD=1")
         self._check_alive()
         self.scheduler.flush()

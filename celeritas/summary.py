@@ -82,10 +82,11 @@ def rank_numbers(runtime) -> dict:
     events = list(runtime.executor.trace)
     igg = sched.igg
     by_kind = dict(sorted(Counter(igg.counts).items())) if getattr(igg, "counts", None) else {}
-    records = getattr(igg, "records", None) or []
+    rec = runtime.recorders
+    records = rec.instructions.instructions if rec is not None else []
     if not by_kind and records:
         by_kind = dict(sorted(Counter(r["kind"] for r in records).items()))
-    task_records = getattr(runtime.task_manager, "records", None) or []
+    task_records = rec.tasks.tasks if rec is not None else []
     tasks_by_kind = dict(sorted(Counter(t["kind"] for t in task_records).items())) if task_records else {}
 
     copied = sent = received = None

@@ -71,8 +71,8 @@ def trace_payload(runtime) -> dict:
     for e in runtime.executor.trace:
         events.append(tuple(getattr(e, f, None) for f in _FIELDS))
     task_names = {}
-    tm = getattr(runtime, "task_manager", None)
-    for rec in getattr(tm, "records", None) or ():
+    recorders = runtime.recorders
+    for rec in recorders.tasks.tasks if recorders is not None else ():
         if rec.get("name"):
             task_names[rec["id"]] = rec["name"]
     return {"rank": runtime.rank, "host": socket.gethostname(), "pid": os.getpid(),

@@ -198,6 +198,7 @@ class Executor:
         self._name = name
 
         self._allocs: dict[int, Any] = {}           # allocation id -> backend array
+        self._user_buffers: dict[int, Any] = {}     # buffer id -> host array, until its allocation id is known
         self._backend_allocs: dict[int, int] = {}   # allocation id -> memory (made by backend.allocate)
         self._host_objects: dict[int, Any] = {}
         self._groups: dict[int, Communicator] = {}
@@ -266,8 +267,15 @@ class Executor:
         self._inbox.put(batch)
 
     def track_user_allocation(self, aid: int, array: Any) -> None:
-        """Register a buffer's user-memory (M0) array; call before any instruction uses ``aid``."""
+        """Register a user-memory (M0) array as allocation ``aid``; call before any
+        instruction uses ``aid``."""
         self._allocs[aid] = array
+
+    def track_user_buffer(self, bid: int, array: Any) -> None:
+        """Register a host-initialized buffer's array (from the application thread, before
+        the buffer is announced to the scheduler); the batch that introduces the buffer
+        names its allocation id (``InstructionBatch.user_allocations``)."""
+        self._user_buffers[bid] = array
 
     def track_host_object(self, hoid: int, obj: Any) -> None:
         self._host_objects[hoid] = obj
@@ -364,6 +372,8 @@ class Executor:
                 self._retire(active, item.error())
 
     def _accept(self, batch: InstructionBatch) -> None:
+        for aid, bid in batch.user_allocations:
+            self._allocs[aid] = self._user_buffers.pop(bid)
         comm = self._comm
         for p in batch.pilots:
             try:

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 
 from . import task_graph as tg
 from .errors import DiagnosticError
+from .bounded_cache import BoundedCache
 from .geometry import Box, Region, RegionMap
+from .horizons import EpochTracker, collapse_access, collapse_map
+from .recorders import CommandRecorder
 from .split import split_1d, split_2d
 from .task_graph import BufferInfo, Reduction, Task
 
@@ -160,13 +163,11 @@ class _BufferState:
         self.pending: tuple[Reduction, frozenset[int]] | None = None
 
 
-_SPLIT_CACHE: dict = {}
-
-
-def split_task(task: Task, num_ranks: int) -> list[tuple[int, Box]]:
-    """The chunks of a task as (rank, box); identical on every rank.  Cached per geometry:
-    a stencil submits the same split every step, and with many ranks ``split_2d``'s grid
-    search is not free.  (The list is shared: callers must not modify it.)"""
+def split_task(task: Task, num_ranks: int, cache: dict | None = None) -> list[tuple[int, Box]]:
+    """The chunks of a task as (rank, box); identical on every rank.  ``cache`` (a
+    ``BoundedCache``) memoizes per geometry: a stencil submits the same split every step,
+    and with many ranks ``split_2d``'s grid search is not free.  (A cached list is shared:
+    callers must not modify it.)"""
     kind = task.kind
     geom = task.geometry
     if geom is None:
@@ -174,9 +175,10 @@ def split_task(task: Task, num_ranks: int) -> list[tuple[int, Box]]:
         key = None
     else:
         key = (kind, geom.dims, geom.global_range, geom.offset, geom.granularity, task.split, num_ranks)
-        hit = _SPLIT_CACHE.get(key)
-        if hit is not None:
-            return hit
+        if cache is not None:
+            hit = cache.get(key)
+            if hit is not None:
+                return hit
         full = geom.box
     if kind == tg.FENCE:
         out = [(r, full) for r in range(num_ranks)]
@@ -192,10 +194,8 @@ def split_task(task: Task, num_ranks: int) -> list[tuple[int, Box]]:
         splitter = split_2d if task.split == "2d" and geom.dims >= 2 else split_1d
         gran = geom.granularity or (1,) * geom.dims
         out = list(enumerate(splitter(full, gran, num_ranks)))
-    if key is not None:
-        if len(_SPLIT_CACHE) > 1024:
-            _SPLIT_CACHE.clear()
-        _SPLIT_CACHE[key] = out
+    if key is not None and cache is not None:
+        cache.put(key, out)
     return out
 
 
@@ -203,32 +203,31 @@ class CommandGraphGenerator:
     """Generates the commands of one rank from the task stream."""
 
     def __init__(self, num_ranks: int, rank: int, *, diagnostics: str = tg.DIAG_WARN,
-                 record: bool = False, buffers: dict[int, BufferInfo] | None = None):
+                 recorder: CommandRecorder | None = None, buffers: dict[int, BufferInfo] | None = None):
         self.num_ranks = num_ranks
         self.rank = rank
         self.diagnostics = diagnostics
-        self.record = record
-        self.records: list[dict] = []
+        self.recorder = recorder
         self._buffers: dict[int, _BufferState] = {}
         self._next_id = 0
-        self._front: dict[int, Command] = {}
-        self._epoch_for_new: Command | None = None
-        self._current_horizon: Command | None = None
+        self._horizons = EpochTracker()   # front (id -> command), current horizon, epoch for new
         self._last_side_effect: dict[int, Command] = {}
         self._last_collective: dict[int, Command] = {}
         self.num_commands = 0
         self._live: dict[int, Command] = {}   # commands that may still be dependency targets
         self._me_only = frozenset((rank,))
-        self._regions_cache: dict = {}
-        self._mine_cache: dict = {}
+        self._split_cache = BoundedCache(1024)     # see ``split_task``
+        self._regions_cache = BoundedCache(256)    # see ``_chunk_regions``
+        self._mine_cache = BoundedCache(256)       # see ``_my_chunks``
         for info in (buffers or {}).values():
             self.create_buffer(info)
 
     # ---- buffers -----------------------------------------------------------------
     def create_buffer(self, info: BufferInfo) -> None:
         st = _BufferState(info, self.num_ranks)
-        if info.host_initialized and self._epoch_for_new is not None:
-            st.access.update(info.box, (self._epoch_for_new.id, _NO_READERS))
+        epoch = self._horizons.epoch
+        if info.host_initialized and epoch is not None:
+            st.access.update(info.box, (epoch, _NO_READERS))
         self._buffers[info.id] = st
 
     def destroy_buffer(self, bid: int) -> None:
@@ -241,28 +240,25 @@ class CommandGraphGenerator:
         return c
 
     def _commit(self, out: list[Command], c: Command) -> None:
+        horizons = self._horizons
         if c.kind in (HORIZON, EPOCH):
-            for f in sorted(self._front.values(), key=lambda x: x.id):
+            for f in horizons.collapse_front():
                 c.add_dep(f, tg.TRUE_DEP, tg.ORIGIN_EXECUTION_FRONT)
-            self._front.clear()
+            horizons.add(c.id, (), c)
         else:
-            if self._epoch_for_new is not None:
+            epoch = horizons.epoch
+            if epoch is not None:
                 for k, _ in c.deps.values():
                     if k == tg.TRUE_DEP:
                         break
                 else:
-                    c.add_dep(self._epoch_for_new, tg.TRUE_DEP, tg.ORIGIN_LAST_EPOCH)
-            front = self._front
-            for d in c.deps:
-                front.pop(d, None)
-        self._front[c.id] = c
+                    c.add_dep(self._live[epoch], tg.TRUE_DEP, tg.ORIGIN_LAST_EPOCH)
+            horizons.add(c.id, c.deps, c)
         self._live[c.id] = c
         out.append(c)
         self.num_commands += 1
-        if self.record:
-            rec = c.to_record()
-            rec["rank"] = self.rank
-            self.records.append(rec)
+        if self.recorder is not None:
+            self.recorder.record_command(c)
 
     # Dependencies between this rank's commands come from ``access``: per point the last
     # writer and the readers since.  One pass over the map per access (the values it
@@ -301,39 +297,25 @@ class CommandGraphGenerator:
         if task.kind == tg.EPOCH:
             c = self._new(EpochCommand, task)
             self._commit(out, c)
+            self._horizons.epoch_generated(c.id)
             self._set_epoch(c)
-            self._current_horizon = None
         elif task.kind == tg.HORIZON:
             c = self._new(HorizonCommand, task)
             self._commit(out, c)
-            prev = self._current_horizon
-            self._current_horizon = c
+            prev = self._horizons.horizon(c.id)
             if prev is not None:
-                self._set_epoch(prev)
+                self._set_epoch(self._live[prev])
         else:
             self._build_compute(task, out)
         return out
 
     def _set_epoch(self, epoch: Command) -> None:
-        self._epoch_for_new = epoch
+        """``epoch`` now represents every older command (see ``horizons``)."""
         eid = epoch.id
-
-        def collapse(v):
-            w, rs = v
-            nw = eid if w is not None and w < eid else w
-            if rs:
-                for r in rs:
-                    if r < eid:
-                        rs = frozenset([r for r in rs if r >= eid] + [eid])
-                        break
-            return v if nw == w and rs is v[1] else (nw, rs)
-
         for st in self._buffers.values():
-            st.access.apply_all(collapse)
+            st.access.apply_all(lambda v: collapse_access(v, eid))
         for d in (self._last_side_effect, self._last_collective):
-            for k, v in list(d.items()):
-                if v.id < eid:
-                    d[k] = epoch
+            collapse_map(d, eid, epoch, key=_command_id)
         # commands older than the epoch are no longer needed for dependency lookups
         live = self._live
         for cid in [k for k in live if k < eid]:
@@ -349,10 +331,7 @@ class CommandGraphGenerator:
         if hit is not None and hit[0] is chunks:
             return hit[1]
         regs = [mapper(box, shape) for _rank, box in chunks]
-        cache = self._regions_cache
-        if len(cache) >= 256:
-            cache.clear()
-        cache[key] = (chunks, regs)
+        self._regions_cache.put(key, (chunks, regs))
         return regs
 
     def _my_chunks(self, chunks: list) -> tuple[int, ...]:
@@ -362,9 +341,7 @@ class CommandGraphGenerator:
             return hit[1]
         me = self.rank
         idx = tuple(i for i, (r, _b) in enumerate(chunks) if r == me)
-        if len(self._mine_cache) >= 256:
-            self._mine_cache.clear()
-        self._mine_cache[id(chunks)] = (chunks, idx)
+        self._mine_cache.put(id(chunks), (chunks, idx))
         return idx
 
     @staticmethod
@@ -426,7 +403,7 @@ class CommandGraphGenerator:
     def _build_compute(self, task: Task, out: list[Command]) -> None:
         me = self.rank
         buffers = self._buffers
-        chunks = split_task(task, self.num_ranks)
+        chunks = split_task(task, self.num_ranks, self._split_cache)
         # per buffer, the region every chunk reads / writes (lists indexed like ``chunks``;
         # buffers in the order of their first access)
         reads: dict[int, list[Region]] = {}
@@ -664,3 +641,7 @@ class CommandGraphGenerator:
             raise DiagnosticError(msg)
         if self.rank == 0:
             log.warning(msg)
+
+
+def _command_id(c: Command) -> int:
+    return c.id

@@ -353,7 +353,14 @@ class AccessorArg:
 
 @dataclass(slots=True)
 class InstructionBatch:
-    """One hand-off from the scheduler thread to the executor."""
+    """One hand-off from the scheduler thread to the executor.
+
+    ``user_allocations`` binds the user-memory allocation ids that this batch's
+    instructions may use to the buffers whose host arrays the runtime registered with
+    the executor (``Executor.track_user_buffer``): the arrays themselves never pass
+    through the scheduler.
+    """
 
     instructions: list[Instruction]
     pilots: list[Pilot]
+    user_allocations: list[tuple[int, int]] = field(default_factory=list)   # (allocation, buffer)

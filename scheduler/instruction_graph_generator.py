@@ -21,8 +21,11 @@ import numpy as np
 
 from . import command_graph as cg
 from . import task_graph as tg
+from .bounded_cache import BoundedCache
 from .errors import DiagnosticError
 from .geometry import Box, Region, RegionMap
+from .horizons import EpochTracker, collapse_access, collapse_map
+from .recorders import InstructionRecorder
 from .instruction_graph import (
     HOST_MEMORY, USER_MEMORY, AccessAllocation, AllocInstruction, AwaitReceiveInstruction,
     CloneCollectiveGroupInstruction, CopyInstruction, DestroyHostObjectInstruction,
@@ -137,7 +140,8 @@ class InstructionGraphGenerator:
     """Compiles commands of one rank into instructions and outbound pilots."""
 
     def __init__(self, system: SystemInfo, *, rank: int = 0, num_ranks: int = 1,
-                 record: bool = False, lookahead_merge: bool = True, diagnostics: str = tg.DIAG_WARN):
+                 recorder: InstructionRecorder | None = None, lookahead_merge: bool = True,
+                 diagnostics: str = tg.DIAG_WARN):
         self.system = system
         self.diagnostics = diagnostics
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
@@ -146,26 +150,23 @@ class InstructionGraphGenerator:
             system.comm_capable(device_memory(d)) for d in range(system.num_devices))
         self.rank = rank
         self.num_ranks = num_ranks
-        self.record = record
-        self.records: list[dict] = []
-        self.pilot_records: list[dict] = []
+        self.recorder = recorder
         self._next_instr = 0
         self._next_alloc = 1
         self._next_msg = 0
         self._buffers: dict[int, _Buffer] = {}
-        self._front: set[int] = set()
-        self._epoch: int | None = None
+        self._horizons = EpochTracker()   # front (id -> None), current horizon, epoch for new
         self._garbage: list[int] = []
         self._host_objects: dict[int, int | None] = {}   # host object -> last instruction
         self._collective: dict[int, int | None] = {}     # group -> last instruction
         self._out: list[Instruction] = []
         self._pilots: list[Pilot] = []
-        self._current_horizon: int | None = None
         self.counts: dict[str, int] = {}
         self._only = _Singletons()   # memory -> (memory, frozenset((memory,))), shared
-        self._source_cache: dict = {}   # (holding memories, destination) -> source memory
-        self._plan_cache: dict = {}     # see ``_plan_chunks``
-        self._coherence_cache: dict = {}   # see ``_make_coherent``
+        self._source_cache = BoundedCache(4096)      # (newest, destination) -> source memory
+        self._plan_cache = BoundedCache(1024)        # see ``_plan_chunks``
+        self._coherence_cache = BoundedCache(4096)   # see ``_make_coherent``
+        self._split_cache = BoundedCache(1024)       # see ``_local_split``
 
     # ---- objects ---------------------------------------------------------------
     def create_buffer(self, info: tg.BufferInfo) -> int | None:
@@ -175,7 +176,7 @@ class InstructionGraphGenerator:
         self._plan_cache.clear()   # (plans are keyed by buffer id, whose shape this fixes)
         if info.host_initialized:
             aid = self._new_alloc_id()
-            b.user = _Allocation(aid, USER_MEMORY, info.box, self._epoch)
+            b.user = _Allocation(aid, USER_MEMORY, info.box, self._horizons.epoch)
             b.newest.update(info.box, self._only[USER_MEMORY])
             return aid
         return None
@@ -227,15 +228,16 @@ class InstructionGraphGenerator:
 
     def _emit(self, ins: Instruction) -> Instruction:
         # de-duplicate dependencies, keep the first origin
+        # (the execution front's bookkeeping, inlined: see ``EpochTracker.add``)
         deps = ins.deps
-        front = self._front
+        front = self._horizons.front
         if deps:
             if len(deps) == 1:
                 d = deps[0][0]
                 if d == ins.id:
                     ins.deps = []
                 else:
-                    front.discard(d)
+                    front.pop(d, None)
             else:
                 seen: dict[int, str] = {}
                 for d, o in deps:
@@ -243,23 +245,26 @@ class InstructionGraphGenerator:
                         seen[d] = o
                 seen.pop(ins.id, None)
                 ins.deps = sorted(seen.items())
-                front.difference_update(seen)
-        elif self._epoch is not None:
-            ins.deps = [(self._epoch, DEP_LAST_EPOCH)]
-            front.discard(self._epoch)
-        front.add(ins.id)
+                for d in seen:
+                    front.pop(d, None)
+        else:
+            epoch = self._horizons.epoch
+            if epoch is not None:
+                ins.deps = [(epoch, DEP_LAST_EPOCH)]
+                front.pop(epoch, None)
+        front[ins.id] = None
         self._out.append(ins)
         counts = self.counts
         kind = ins.kind
         counts[kind] = counts.get(kind, 0) + 1
-        if self.record:
-            self.records.append(ins.to_record())
+        if self.recorder is not None:
+            self.recorder.record_instruction(ins)
         return ins
 
     def _pilot(self, p: Pilot) -> None:
         self._pilots.append(p)
-        if self.record:
-            self.pilot_records.append(p.to_record())
+        if self.recorder is not None:
+            self.recorder.record_pilot(p)
 
     # ---- access tracking ---------------------------------------------------------
     # Per point: a read depends on the last writer, a write on the readers since the last
@@ -384,9 +389,7 @@ class InstructionGraphGenerator:
             if self.system.can_copy(m, dst):
                 if best is None or (m >= 2 and best < 2) or (m == HOST_MEMORY and best == USER_MEMORY):
                     best = m
-        if len(cache) > 4096:
-            cache.clear()
-        cache[key] = best
+        cache.put(key, best)
         return best
 
     def _copy_between(self, b: _Buffer, src_mem: int, dst: _Allocation, box: Box) -> None:
@@ -468,9 +471,7 @@ class InstructionGraphGenerator:
             self._copy_between(b, src, dst, box)
             b.newest.update(box, (v[0], v[1] | {memory}))
             steps.append((box, src, stage_src))
-        if len(cache) >= 4096:
-            cache.clear()
-        cache[key] = (steps, newest.snapshot())
+        cache.put(key, (steps, newest.snapshot()))
 
     # ---- receives ---------------------------------------------------------------
     def _materialize(self, b: _Buffer, touched: list[Region], memories: list[int] | None = None) -> None:
@@ -601,10 +602,7 @@ class InstructionGraphGenerator:
             cache = self._plan_cache
             plans = cache.get(key)
             if plans is None:
-                plans = self._make_plans(cmd)
-                if len(cache) >= 1024:
-                    cache.clear()
-                cache[key] = plans
+                plans = cache.put(key, self._make_plans(cmd))
             cmd.plans = plans
         return plans
 
@@ -653,12 +651,9 @@ class InstructionGraphGenerator:
         gran = geom.granularity or (1,) * geom.dims
         two = cmd.task.split == "2d" and geom.dims >= 2
         key = (cmd.box.lo, cmd.box.hi, cmd.box.dims, gran, n, two)
-        boxes = _DEVICE_SPLITS.get(key)
+        boxes = self._split_cache.get(key)
         if boxes is None:   # (a stencil splits the same command box every step)
-            boxes = split_2d(cmd.box, gran, n) if two else split_1d(cmd.box, gran, n)
-            if len(_DEVICE_SPLITS) > 1024:
-                _DEVICE_SPLITS.clear()
-            _DEVICE_SPLITS[key] = boxes
+            boxes = self._split_cache.put(key, split_2d(cmd.box, gran, n) if two else split_1d(cmd.box, gran, n))
         return boxes
 
     def _report_overlap(self, cmd: cg.ExecutionCommand, plans: "_Plans") -> None:
@@ -953,46 +948,35 @@ class InstructionGraphGenerator:
         else:
             ins = HorizonInstruction(self._new_id(), task=task.id, garbage=self._garbage)
         self._garbage = []
-        ins.deps = [(f, DEP_EXECUTION_FRONT) for f in sorted(self._front)]
-        self._front.clear()
-        if not ins.deps and self._epoch is not None:
-            ins.deps = [(self._epoch, DEP_LAST_EPOCH)]
-        self._front.add(ins.id)
+        horizons = self._horizons
+        front_ids = sorted(horizons.front)
+        horizons.front.clear()
+        ins.deps = [(f, DEP_EXECUTION_FRONT) for f in front_ids]
+        if not ins.deps and horizons.epoch is not None:
+            ins.deps = [(horizons.epoch, DEP_LAST_EPOCH)]
+        horizons.add(ins.id, ())
         self._out.append(ins)
         self.counts[ins.kind] = self.counts.get(ins.kind, 0) + 1
-        if self.record:
-            self.records.append(ins.to_record())
+        if self.recorder is not None:
+            self.recorder.record_instruction(ins)
         if cmd.kind == cg.EPOCH:
+            horizons.epoch_generated(ins.id)
             self._apply_epoch(ins.id)
         else:
-            prev = self._current_horizon
-            self._current_horizon = ins.id
+            prev = horizons.horizon(ins.id)
             if prev is not None:
                 self._apply_epoch(prev)
 
     def _apply_epoch(self, eid: int) -> None:
-        """Older instructions are represented by the epoch from now on."""
-        self._epoch = eid
-
-        def collapse(v):
-            w, rs = v
-            nw = eid if w is not None and w < eid else w
-            nrs = _collapse(rs, eid) if rs else rs
-            return v if nw == w and nrs is rs else (nw, nrs)
-
+        """Older instructions are represented by the epoch from now on (see ``horizons``)."""
         for b in self._buffers.values():
             allocs = [a for lst in b.allocs.values() for a in lst]
             if b.user is not None:
                 allocs.append(b.user)
             for a in allocs:
-                a.access.apply_all(collapse)
+                a.access.apply_all(lambda v: collapse_access(v, eid))
         for d in (self._host_objects, self._collective):
-            for k, v in d.items():
-                if v is not None and v < eid:
-                    d[k] = eid
-
-
-_DEVICE_SPLITS: dict = {}   # (box, granularity, chunks, 2-D?) -> device chunk boxes (shared, read-only)
+            collapse_map(d, eid)
 
 
 class _Plans(list):
@@ -1037,13 +1021,6 @@ def _overlapping_writes(plans: list[_ChunkPlan]) -> tuple | None:
                     if both:
                         return (i, j, bid, both)
     return None
-
-
-def _collapse(readers: frozenset, eid: int) -> frozenset:
-    """Readers older than epoch ``eid`` are represented by the epoch itself."""
-    if min(readers) >= eid:
-        return readers
-    return frozenset([r for r in readers if r >= eid] + [eid])
 
 
 

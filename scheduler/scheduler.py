@@ -10,12 +10,14 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from . import command_graph as cg
 from . import task_graph as tg
 from .instruction_graph import InstructionBatch, Instruction, Pilot
 from .instruction_graph_generator import InstructionGraphGenerator, SystemInfo
+from .recorders import CommandRecorder, InstructionRecorder
 
 log = logging.getLogger("celeritas.scheduler")
 
@@ -26,9 +28,11 @@ LOOKAHEAD_MODES = (LOOKAHEAD_NONE, LOOKAHEAD_AUTO, LOOKAHEAD_INFINITE)
 
 
 class SchedulerDelegate(Protocol):
+    """Where compiled batches go (the executor).  User arrays and host objects reach the
+    executor from the runtime directly; a batch names the user allocation of every
+    host-initialized buffer it introduces (``InstructionBatch.user_allocations``)."""
+
     def submit(self, batch: InstructionBatch) -> None: ...
-    def track_user_allocation(self, aid: int, array: Any) -> None: ...
-    def track_host_object(self, hoid: int, obj: Any) -> None: ...
 
 
 class Lookahead:
@@ -85,17 +89,77 @@ class Lookahead:
         self.mode = mode
 
 
+# ---- events: what the application thread asks of the scheduler thread -------------------------
+# One small frozen dataclass per event, dispatched by type (as Celerity's scheduler does
+# with a variant): no tuples read by position across the thread boundary.
+
+@dataclass(frozen=True, slots=True)
+class TaskSubmitted:
+    task: tg.Task
+
+
+@dataclass(frozen=True, slots=True)
+class BufferCreated:
+    info: tg.BufferInfo
+
+
+@dataclass(frozen=True, slots=True)
+class BufferDestroyed:
+    buffer: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostObjectCreated:
+    host_object: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostObjectDestroyed:
+    host_object: int
+
+
+@dataclass(frozen=True, slots=True)
+class LookaheadChanged:
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlushRequested:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RecordingStarted:
+    """From now on the generators hand their nodes to these recorders."""
+
+    commands: CommandRecorder
+    instructions: InstructionRecorder
+
+
+@dataclass(frozen=True, slots=True)
+class SyncRequested:
+    """Set ``done`` once every event posted before this one has been processed."""
+
+    done: threading.Event
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    pass
+
+
 class Scheduler:
     """Runs the command and instruction graph generators; synchronously or on a thread."""
 
     def __init__(self, *, num_ranks: int, rank: int, system: SystemInfo, delegate: SchedulerDelegate,
-                 lookahead: str = LOOKAHEAD_AUTO, diagnostics: str = tg.DIAG_WARN, record: bool = False,
-                 on_error=None):
+                 lookahead: str = LOOKAHEAD_AUTO, diagnostics: str = tg.DIAG_WARN,
+                 command_recorder: CommandRecorder | None = None,
+                 instruction_recorder: InstructionRecorder | None = None, on_error=None):
         self.num_ranks = num_ranks
         self.rank = rank
         self.delegate = delegate
-        self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, record=record)
-        self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, record=record,
+        self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, recorder=command_recorder)
+        self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, recorder=instruction_recorder,
                                              diagnostics=diagnostics)
         self.lookahead = Lookahead(self.igg, lookahead)
         self.on_error = on_error
@@ -112,35 +176,38 @@ class Scheduler:
 
     # ---- thread-safe entry points (application thread) -----------------------------
     def notify_task(self, task: tg.Task) -> None:
-        self._post(("task", task))
+        self._post(TaskSubmitted(task))
 
-    def notify_buffer_created(self, info: tg.BufferInfo, array: Any) -> None:
-        self._post(("buffer_created", info, array))
+    def notify_buffer_created(self, info: tg.BufferInfo) -> None:
+        self._post(BufferCreated(info))
 
     def notify_buffer_destroyed(self, bid: int) -> None:
-        self._post(("buffer_destroyed", bid))
+        self._post(BufferDestroyed(bid))
 
-    def notify_host_object_created(self, hoid: int, obj: Any) -> None:
-        self._post(("host_object_created", hoid, obj))
+    def notify_host_object_created(self, hoid: int) -> None:
+        self._post(HostObjectCreated(hoid))
 
     def notify_host_object_destroyed(self, hoid: int) -> None:
-        self._post(("host_object_destroyed", hoid))
+        self._post(HostObjectDestroyed(hoid))
 
     def set_lookahead(self, mode: str) -> None:
         if mode not in LOOKAHEAD_MODES:
             raise ValueError(f"lookahead must be one of {LOOKAHEAD_MODES}, got {mode!r}")
-        self._post(("lookahead", mode))
+        self._post(LookaheadChanged(mode))
 
     def flush(self) -> None:
-        self._post(("flush",))
+        self._post(FlushRequested())
+
+    def start_recording(self, commands: CommandRecorder, instructions: InstructionRecorder) -> None:
+        self._post(RecordingStarted(commands, instructions))
 
     def sync(self, timeout: float | None = 60.0) -> bool:
         """Wait until every event posted so far has been processed."""
         ev = threading.Event()
-        self._post(("sync", ev))
+        self._post(SyncRequested(ev))
         return ev.wait(timeout)
 
-    def _post(self, event: tuple) -> None:
+    def _post(self, event) -> None:
         if self._thread is None:
             self.process(event)
         else:
@@ -154,7 +221,7 @@ class Scheduler:
     def stop(self, timeout: float | None = None) -> None:
         """Stop after the events queued so far (the shutdown epoch among them)."""
         if self._thread is not None:
-            self._events.put(("stop",))
+            self._events.put(StopRequested())
             self._thread.join(timeout)
             self._thread = None
 
@@ -166,7 +233,7 @@ class Scheduler:
         get = self._events.get
         while True:
             ev = get()
-            if ev[0] == "stop":
+            if type(ev) is StopRequested:
                 return
             self._busy = True
             t0 = time.perf_counter_ns()
@@ -180,9 +247,9 @@ class Scheduler:
                 self._busy = False
 
     # ---- processing ------------------------------------------------------------------
-    def process(self, ev: tuple) -> None:
-        if ev[0] == "sync":
-            ev[1].set()
+    def process(self, ev) -> None:
+        if type(ev) is SyncRequested:
+            ev.done.set()
             return
         if self.failed is not None:
             return
@@ -196,41 +263,42 @@ class Scheduler:
             else:
                 raise
 
-    def _process(self, ev: tuple) -> None:
-        kind = ev[0]
+    def _process(self, ev) -> None:
         out: list[tuple[list[Instruction], list[Pilot]]] = []
-        if kind == "task":
-            task: tg.Task = ev[1]
+        user_allocations: list[tuple[int, int]] = []
+        kind = type(ev)
+        if kind is TaskSubmitted:
             self.num_tasks += 1
-            for cmd in self.cdag.build(task):
+            for cmd in self.cdag.build(ev.task):
                 self.lookahead.push(cmd, out)
-        elif kind == "buffer_created":
-            info, array = ev[1], ev[2]
-            self.cdag.create_buffer(info)
-            aid = self.igg.create_buffer(info)
+        elif kind is BufferCreated:
+            self.cdag.create_buffer(ev.info)
+            aid = self.igg.create_buffer(ev.info)
             if aid is not None:
-                self.delegate.track_user_allocation(aid, array)
-        elif kind == "buffer_destroyed":
+                user_allocations.append((aid, ev.info.id))
+        elif kind is BufferDestroyed:
             self.lookahead.flush(out)
-            self.cdag.destroy_buffer(ev[1])
-            out.append((self.igg.destroy_buffer(ev[1]), []))
-        elif kind == "host_object_created":
-            self.igg.create_host_object(ev[1])
-            self.delegate.track_host_object(ev[1], ev[2])
-        elif kind == "host_object_destroyed":
+            self.cdag.destroy_buffer(ev.buffer)
+            out.append((self.igg.destroy_buffer(ev.buffer), []))
+        elif kind is HostObjectCreated:
+            self.igg.create_host_object(ev.host_object)
+        elif kind is HostObjectDestroyed:
             self.lookahead.flush(out)
-            out.append((self.igg.destroy_host_object(ev[1]), []))
-        elif kind == "lookahead":
-            self.lookahead.set_mode(ev[1], out)
-        elif kind == "flush":
+            out.append((self.igg.destroy_host_object(ev.host_object), []))
+        elif kind is LookaheadChanged:
+            self.lookahead.set_mode(ev.mode, out)
+        elif kind is FlushRequested:
             self.lookahead.flush(out)
+        elif kind is RecordingStarted:
+            self.cdag.recorder = ev.commands
+            self.igg.recorder = ev.instructions
         else:
-            raise ValueError(f"unknown scheduler event {kind}")
-        if out:
+            raise ValueError(f"unknown scheduler event {ev!r}")
+        if out or user_allocations:
             instrs: list[Instruction] = []
             pilots: list[Pilot] = []
             for i, p in out:
                 instrs.extend(i)
                 pilots.extend(p)
-            if instrs or pilots:
-                self.delegate.submit(InstructionBatch(instrs, pilots))
+            if instrs or pilots or user_allocations:
+                self.delegate.submit(InstructionBatch(instrs, pilots, user_allocations))

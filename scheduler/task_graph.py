@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 
 from .errors import DiagnosticError, RangeMapperError
 from .geometry import Box, Region, RegionMap
+from .horizons import EpochTracker, collapse_map, collapse_writer
+from .recorders import TaskRecorder
 
 log = logging.getLogger("celeritas.task_graph")
 
@@ -205,13 +207,12 @@ class TaskManager:
 
     def __init__(self, *, horizon_step: int = 4, horizon_max_parallelism: int = 64,
                  on_task: Callable[[Task], None] | None = None, diagnostics: str = DIAG_WARN,
-                 record: bool = False):
+                 recorder: TaskRecorder | None = None):
         self.horizon_step = horizon_step
         self.horizon_max_parallelism = horizon_max_parallelism
         self.on_task = on_task
         self.diagnostics = diagnostics
-        self.record = record
-        self.records: list[dict] = []
+        self.recorder = recorder
         self.buffers: dict[int, BufferInfo] = {}
         self.tasks: dict[int, Task] = {}
         self._next_id = 0
@@ -220,18 +221,16 @@ class TaskManager:
         self._written: dict[int, Region | None] = {}  # ever written or host-initialized (None: all)
         self._last_side_effect: dict[int, Task] = {}
         self._last_collective: dict[int, Task] = {}
-        self._execution_front: dict[int, Task] = {}
+        self._horizons = EpochTracker()   # front, current horizon, epoch for new tasks
         self._max_cpl = 0
         self._horizon_cpl = 0
-        self._current_horizon: Task | None = None
-        self.epoch_for_new_tasks: Task | None = None
         self.latest_epoch: Task | None = None
         self.stream_hash = 0
         self._digest: list = []
         init = self._new_task(EPOCH, name="init")
         init.epoch_action = EPOCH_INIT
         self._commit(init, reduce_front=False)
-        self.epoch_for_new_tasks = init
+        self._horizons.epoch_generated(init.id)
         self.latest_epoch = init
 
     # ---- buffers -------------------------------------------------------------
@@ -300,11 +299,9 @@ class TaskManager:
         t = self._new_task(EPOCH, name=action if action != EPOCH_NONE else "epoch")
         t.epoch_action = action
         self._commit(t)
-        self.epoch_for_new_tasks = t
+        self._horizons.epoch_generated(t.id)
         self.latest_epoch = t
-        # the current horizon is now behind the epoch and will never become one itself, and
         # the epoch bounds the graph as a horizon would: the count towards the next restarts
-        self._current_horizon = None
         self._horizon_cpl = self._max_cpl
         self._apply_epoch(t)
         return t
@@ -414,14 +411,13 @@ class TaskManager:
 
     # ---- commit, horizons, epochs ------------------------------------------------
     def _commit(self, t: Task, reduce_front: bool = True) -> None:
+        horizons = self._horizons
         if reduce_front and t.kind in (HORIZON, EPOCH):
-            for f in sorted(self._execution_front.values(), key=lambda x: x.id):
+            for f in horizons.collapse_front():
                 t.add_dep(f, TRUE_DEP, ORIGIN_EXECUTION_FRONT)
-            self._execution_front.clear()
+            horizons.add(t.id, (), t)
         else:
-            for d in t.deps:
-                self._execution_front.pop(d, None)
-        self._execution_front[t.id] = t
+            horizons.add(t.id, t.deps, t)
         self.tasks[t.id] = t
         if t.critical_path_length > self._max_cpl:
             self._max_cpl = t.critical_path_length
@@ -434,36 +430,32 @@ class TaskManager:
             self._digest = []
         else:
             self._digest.append((t.id, t.kind, t.name, list(rng)))
-        if self.record:
-            self.records.append(t.to_record(self.buffers))
+        if self.recorder is not None:
+            self.recorder.record_task(t, self.buffers)
         if self.on_task is not None:
             self.on_task(t)
 
     def _maybe_horizon(self) -> None:
         if (self._max_cpl - self._horizon_cpl >= self.horizon_step
-                or len(self._execution_front) > self.horizon_max_parallelism):
+                or len(self._horizons.front) > self.horizon_max_parallelism):
             self._generate_horizon()
 
     def _generate_horizon(self) -> Task:
         self._horizon_cpl = self._max_cpl
         h = self._new_task(HORIZON, name="horizon")
-        prev = self._current_horizon
         self._commit(h)
-        self._current_horizon = h
+        prev = self._horizons.horizon(h.id)
         if prev is not None:
-            self.epoch_for_new_tasks = prev
-            self._apply_epoch(prev)
+            self._apply_epoch(self.tasks[prev])
         return h
 
     def _apply_epoch(self, epoch: Task) -> None:
         """Everything older than ``epoch`` is now represented by it."""
         eid = epoch.id
         for lw in self._last_writers.values():
-            lw.apply_all(lambda v: eid if v is not None and v < eid else v)
+            lw.apply_all(lambda v: collapse_writer(v, eid))
         for d in (self._last_side_effect, self._last_collective):
-            for k, v in list(d.items()):
-                if v.id < eid:
-                    d[k] = epoch
+            collapse_map(d, eid, epoch, key=_task_id)
 
     def prune_before(self, task_id: int) -> None:
         """Forget tasks older than an epoch/horizon the executor has reached."""
@@ -474,5 +466,15 @@ class TaskManager:
             del self.tasks[tid]
 
     @property
+    def epoch_for_new_tasks(self) -> Task | None:
+        """The task every new task without another true dependency depends on."""
+        e = self._horizons.epoch
+        return None if e is None else self.tasks[e]
+
+    @property
     def num_live_tasks(self) -> int:
         return len(self.tasks)
+
+
+def _task_id(t: Task) -> int:
+    return t.id

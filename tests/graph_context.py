@@ -16,6 +16,7 @@ from scheduler import task_graph as tg
 from scheduler.geometry import Box
 from scheduler.instruction_graph import Instruction
 from scheduler.instruction_graph_generator import InstructionGraphGenerator, SystemInfo
+from scheduler.recorders import CommandRecorder, InstructionRecorder, TaskRecorder
 from scheduler.scheduler import Lookahead
 
 
@@ -25,13 +26,14 @@ class GraphContext:
                  peers: bool = True, comm_memories=frozenset((1,)), compile_ranks: Sequence[int] | None = None):
         self.num_ranks = num_ranks
         self.tm = tg.TaskManager(horizon_step=horizon_step, horizon_max_parallelism=horizon_max_parallelism,
-                                 on_task=self._on_task, diagnostics=diagnostics, record=True)
-        self.cdags = [cg.CommandGraphGenerator(num_ranks, r, diagnostics=diagnostics, record=True)
+                                 on_task=self._on_task, diagnostics=diagnostics, recorder=TaskRecorder())
+        self.cdags = [cg.CommandGraphGenerator(num_ranks, r, diagnostics=diagnostics, recorder=CommandRecorder(r))
                       for r in range(num_ranks)]
         peer_set = None if peers else frozenset()
         self.compile_ranks = list(range(num_ranks)) if compile_ranks is None else list(compile_ranks)
         self.iggs = {r: InstructionGraphGenerator(SystemInfo(devices, peer_set, comm_memories), rank=r,
-                                                  num_ranks=num_ranks, record=True, diagnostics=diagnostics)
+                                                  num_ranks=num_ranks, recorder=InstructionRecorder(),
+                                                  diagnostics=diagnostics)
                      for r in self.compile_ranks}
         self.lookaheads = {r: Lookahead(self.iggs[r], lookahead) for r in self.compile_ranks}
         self.instructions: dict[int, list[Instruction]] = {r: [] for r in self.compile_ranks}
@@ -131,7 +133,7 @@ class GraphContext:
         return self.tm.tasks
 
     def task_record(self, tid: int) -> dict:
-        return next(r for r in self.tm.records if r["id"] == tid)
+        return next(r for r in self.tm.recorder.tasks if r["id"] == tid)
 
     def cmds(self, rank: int, kind: str | None = None, task: int | None = None) -> list[cg.Command]:
         return [c for c in self.commands[rank] if (kind is None or c.kind == kind)

@@ -257,13 +257,13 @@ def test_epochs_reset_the_horizon_counter():
     for _ in range(3):
         ctx.task((8,), [(b, rm.all(), RW)], kind=tg.MASTER_NODE)
         ctx.epoch()
-    assert [r["kind"] for r in ctx.tm.records].count(tg.HORIZON) == 0
+    assert [r["kind"] for r in ctx.tm.recorder.tasks].count(tg.HORIZON) == 0
     # without epochs, the same tasks do make horizons
     ctx2 = GraphContext(1, horizon_step=2)
     b2 = ctx2.buffer((8,), host_init=True)
     for _ in range(3):
         ctx2.task((8,), [(b2, rm.all(), RW)], kind=tg.MASTER_NODE)
-    assert [r["kind"] for r in ctx2.tm.records].count(tg.HORIZON) == 1
+    assert [r["kind"] for r in ctx2.tm.recorder.tasks].count(tg.HORIZON) == 1
 
 
 def test_epochs_reset_the_horizon_counter_end_to_end():

@@ -272,9 +272,9 @@ def test_records_are_json():
     ctx.task((64,), [(b, rm.one_to_one(), DW)])
     ctx.task((64,), [(b, rm.all(), R)])
     ctx.finish()
-    recs = ctx.iggs[0].records
+    recs = ctx.iggs[0].recorder.instructions
     json.dumps(recs)
-    json.dumps(ctx.iggs[0].pilot_records)
+    json.dumps(ctx.iggs[0].recorder.pilots)
     assert {r["kind"] for r in recs} >= {"alloc", "free", "device_kernel", "send", "receive", "epoch", "copy"}
     send = next(r for r in recs if r["kind"] == "send")
     assert set(send) >= {"id", "kind", "deps", "priority", "to", "msg_id", "transfer", "box"}

@@ -83,10 +83,10 @@ def _instruction_fields(ins) -> str:
 
 
 def _canonical(ctx: GraphContext) -> str:
-    dump = {"tasks": ctx.tm.records,
-            "commands": [c.records for c in ctx.cdags],
-            "instructions": {r: igg.records for r, igg in sorted(ctx.iggs.items())},
-            "pilots": {r: igg.pilot_records for r, igg in sorted(ctx.iggs.items())},
+    dump = {"tasks": ctx.tm.recorder.tasks,
+            "commands": [c.recorder.commands for c in ctx.cdags],
+            "instructions": {r: igg.recorder.instructions for r, igg in sorted(ctx.iggs.items())},
+            "pilots": {r: igg.recorder.pilots for r, igg in sorted(ctx.iggs.items())},
             "fields": {r: [_instruction_fields(i) for i in ins] for r, ins in sorted(ctx.instructions.items())},
             "pilot_objects": {r: [repr(p) for p in ps] for r, ps in sorted(ctx.pilots.items())}}
     return json.dumps(dump, sort_keys=True, default=str)

@@ -112,11 +112,11 @@ def test_interval_arithmetic():
 
 
 def _fake_runtime(events, busy_ns, intervals=None, counts=None):
-    sched = SimpleNamespace(busy_ns=busy_ns, num_tasks=3, igg=SimpleNamespace(counts=counts or {}, records=[]))
+    sched = SimpleNamespace(busy_ns=busy_ns, num_tasks=3, igg=SimpleNamespace(counts=counts or {}))
     if intervals is not None:
         sched.busy_intervals = intervals
-    return SimpleNamespace(rank=0, scheduler=sched, executor=SimpleNamespace(trace=events),
-                           task_manager=SimpleNamespace(records=[]), config=SimpleNamespace(summary=True),
+    return SimpleNamespace(rank=0, scheduler=sched, executor=SimpleNamespace(trace=events), recorders=None,
+                           config=SimpleNamespace(summary=True),
                            communicator=SimpleNamespace(num_ranks=1), dry_run=False)
 
 
