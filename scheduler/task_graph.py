@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from .errors import DiagnosticError, RangeMapperError
 from .geometry import Box, Region, RegionMap
-from .horizons import EpochTracker, collapse_map, collapse_writer
+from .horizons import EpochTracker, collapse_map
 from .recorders import TaskRecorder
 
 log = logging.getLogger("celeritas.task_graph")
@@ -132,12 +132,7 @@ class Task:
     stream_hash: int = 0              # epochs: hash of the task stream up to here (divergence check)
     digest: list = field(default_factory=list)  # epochs: (id, kind, name, range) of tasks since the last epoch
     deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
-    dependents: list["Task"] = field(default_factory=list)
     critical_path_length: int = 0
-    # buffer id -> region this task consumes (reads; reductions that fold in the current
-    # value consume the whole buffer); kept so that a later writer's anti-dependency check
-    # does not re-evaluate this task's range mappers
-    consumed: dict[int, Region] = field(default_factory=dict)
 
     def add_dep(self, dep: "Task", kind: str, origin: str) -> None:
         cur = self.deps.get(dep.id)
@@ -146,7 +141,6 @@ class Task:
                 self.deps[dep.id] = (kind, origin)
             return
         self.deps[dep.id] = (kind, origin)
-        dep.dependents.append(self)
         if dep.critical_path_length + 1 > self.critical_path_length:
             self.critical_path_length = dep.critical_path_length + 1
 
@@ -217,7 +211,9 @@ class TaskManager:
         self.tasks: dict[int, Task] = {}
         self._next_id = 0
         self._next_reduction = 1
-        self._last_writers: dict[int, RegionMap] = {}
+        # per buffer and point: (last writer task id or None, ids of the tasks that read it
+        # since): a read truly depends on the writer, a write anti-depends on the readers
+        self._access: dict[int, RegionMap] = {}
         self._written: dict[int, Region | None] = {}  # ever written or host-initialized (None: all)
         self._last_side_effect: dict[int, Task] = {}
         self._last_collective: dict[int, Task] = {}
@@ -239,14 +235,14 @@ class TaskManager:
         info = BufferInfo(bid, tuple(shape), dtype, name, host_initialized)
         self.buffers[bid] = info
         box = info.box
-        init = self.epoch_for_new_tasks if host_initialized else None
-        self._last_writers[bid] = RegionMap(box, init.id if init else None)
+        init = self._horizons.epoch if host_initialized else None
+        self._access[bid] = RegionMap(box, (init, _NO_READERS))
         # None once every element has been written (no uninitialized-read check needed)
         self._written[bid] = None if host_initialized or box.empty else Region.empty_region(len(shape))
         return info
 
     def destroy_buffer(self, bid: int) -> None:
-        self._last_writers.pop(bid, None)
+        self._access.pop(bid, None)
         self._written.pop(bid, None)
 
     def new_reduction_id(self) -> int:
@@ -308,8 +304,9 @@ class TaskManager:
 
     # ---- dependency computation ----------------------------------------------
     # Hot path (application thread, every submit).  Mapper results are cached by the
-    # wrapped mappers; the consumed region per buffer is kept on the task for the
-    # anti-dependency checks of later writers.
+    # wrapped mappers.  Per buffer and point, the access map holds the last writer and
+    # the readers since, as the command and instruction graphs track it, so dependencies
+    # are a function of the buffers' own state (which is what replay keys on).
     def _compute_dependencies(self, t: Task) -> None:
         geom = t.geometry
         full = geom.box if geom is not None else _EMPTY_BOX0
@@ -345,9 +342,9 @@ class TaskManager:
                 consumed = Region.from_box(consumed)
             if isinstance(produced, Box):
                 produced = Region.from_box(produced)
-            lw = self._last_writers[bid]
+            acc = self._access[bid]
+            tid = t.id
             if consumed:
-                t.consumed[bid] = consumed
                 written = self._written[bid]
                 if written is not None:   # None: every element has been written
                     uninit = consumed - written
@@ -358,20 +355,28 @@ class TaskManager:
                             raise DiagnosticError(msg)
                         log.warning(msg)
                 # (the order of add_dep calls with equal kind and origin does not matter)
-                for writer in set(lw.values_in(consumed)):
+                for writer in set(acc.read_collect(consumed, tid)):
                     if writer is not None:
                         w = tasks.get(writer)
                         if w is not None:
                             t.add_dep(w, TRUE_DEP, ORIGIN_DATAFLOW)
             if produced:
-                # per box of the canonical decomposition, as the anti-dependency rule is stated
-                for box, writer in lw.query(produced):
+                # overwriting a part orders this task after the tasks that read that part
+                # since its last write, or after the last writer where nobody read it
+                for writer, readers in set(acc.update_collect(produced, (tid, _NO_READERS))):
                     if writer is None:
-                        continue
-                    w = tasks.get(writer)
-                    if w is not None:
-                        self._add_anti_dependencies(t, w, bid, box)
-                lw.update(produced, t.id)
+                        continue   # never written: nobody read initialized data there
+                    found = False
+                    for r in readers:
+                        if r != tid:
+                            rt = tasks.get(r)
+                            if rt is not None:
+                                t.add_dep(rt, ANTI_DEP, ORIGIN_DATAFLOW)
+                                found = True
+                    if not found and writer != tid:
+                        w = tasks.get(writer)
+                        if w is not None:
+                            t.add_dep(w, ANTI_DEP, ORIGIN_DATAFLOW)
                 written = self._written[bid]
                 if written is not None:
                     written = written | produced
@@ -390,24 +395,6 @@ class TaskManager:
             self._last_collective[t.collective_group] = t
         if self.epoch_for_new_tasks is not None and not t.has_true_dep():
             t.add_dep(self.epoch_for_new_tasks, TRUE_DEP, ORIGIN_LAST_EPOCH)
-
-    def _add_anti_dependencies(self, t: Task, writer: Task, bid: int, box: Box) -> None:
-        """t overwrites ``box`` last written by ``writer``: order t after its readers."""
-        found_reader = False
-        tasks = self.tasks
-        wid = writer.id
-        for dep in writer.dependents:
-            if dep is t or dep.id not in tasks:
-                continue
-            d = dep.deps.get(wid)
-            if d is None or d[0] != TRUE_DEP:
-                continue
-            consumed = dep.consumed.get(bid)
-            if consumed is not None and consumed.intersects(box):
-                t.add_dep(dep, ANTI_DEP, ORIGIN_DATAFLOW)
-                found_reader = True
-        if not found_reader and writer is not t:
-            t.add_dep(writer, ANTI_DEP, ORIGIN_DATAFLOW)
 
     # ---- commit, horizons, epochs ------------------------------------------------
     def _commit(self, t: Task, reduce_front: bool = True) -> None:
@@ -452,8 +439,8 @@ class TaskManager:
     def _apply_epoch(self, epoch: Task) -> None:
         """Everything older than ``epoch`` is now represented by it."""
         eid = epoch.id
-        for lw in self._last_writers.values():
-            lw.apply_all(lambda v: collapse_writer(v, eid))
+        for acc in self._access.values():
+            acc.apply_all(lambda v: _collapse_task_access(v, eid))
         for d in (self._last_side_effect, self._last_collective):
             collapse_map(d, eid, epoch, key=_task_id)
 
@@ -462,7 +449,6 @@ class TaskManager:
         eft = self.epoch_for_new_tasks.id if self.epoch_for_new_tasks else task_id
         limit = min(task_id, eft)
         for tid in [k for k in self.tasks if k < limit]:
-            self.tasks[tid].dependents.clear()
             del self.tasks[tid]
 
     @property
@@ -478,3 +464,18 @@ class TaskManager:
 
 def _task_id(t: Task) -> int:
     return t.id
+
+
+_NO_READERS: frozenset = frozenset()
+
+
+def _collapse_task_access(value: tuple, eid: int) -> tuple:
+    """The epoch collapse of a task-level access value: an older writer is represented by
+    the epoch; older readers are dropped, as the epoch (which a later writer then depends
+    on) already follows them.  Readers since the epoch's creation stay: a writer must
+    still be ordered after them."""
+    w, rs = value
+    nw = eid if w is not None and w < eid else w
+    if rs and min(rs) < eid:
+        rs = frozenset([r for r in rs if r >= eid])
+    return value if nw == w and rs is value[1] else (nw, rs)

@@ -145,3 +145,22 @@ def test_task_records_are_plain_dicts():
     assert rec["kind"] == "device_compute" and rec["name"] == "w" and rec["range"] == [8]
     assert rec["accesses"] == [{"buffer": b, "mode": "discard_write", "region": [[[0], [8]]]}]
     assert rec["deps"][0]["kind"] == "true" and rec["deps"][0]["origin"] == "last_epoch"
+
+
+def test_overwriting_after_a_horizon_is_ordered_after_readers_since_the_last_write():
+    """A read between a horizon's creation and its promotion to epoch still orders a later
+    overwrite after it (the write-after-read edge), although the read depended on the real
+    writer and not on the horizon that later represents it."""
+    ctx = GraphContext(1, horizon_step=2)
+    a = ctx.buffer((16,))
+    c = ctx.buffer((16,), host_init=True)
+    w = ctx.task((16,), [(a, rm.one_to_one(), DW)])
+    for _ in range(2):
+        ctx.task((16,), [(c, rm.one_to_one(), RW)])
+    readers = [ctx.task((16,), [(a, rm.all(), R), (c, rm.one_to_one(), RW)]) for _ in range(3)]
+    horizons = [r["id"] for r in ctx.tm.recorder.tasks if r["kind"] == "horizon"]
+    assert len(horizons) >= 2 and readers[0].id > horizons[0]   # the readers' writer gets collapsed
+    over = ctx.task((16,), [(a, rm.one_to_one(), DW)])
+    deps = ctx.task_record(over.id)["deps"]
+    assert {d["id"] for d in deps if d["kind"] == "anti"} >= {r.id for r in readers}
+    assert w.id not in {d["id"] for d in deps}
