@@ -564,10 +564,13 @@ def _default_communicator(config: cfg.Config):
     from executor.communicator import SingleRankCommunicator
     if config.dry_run_nodes is None:
         try:
-            from executor.mpi_communicator import launched_under_mpi, MpiCommunicator
+            from executor.mpi import launched_under_mpi, MpiCommunicator
         except ImportError:
             pass
         else:
             if launched_under_mpi():
-                return MpiCommunicator()
+                return MpiCommunicator(strided=config.mpi_strided, poll_max=config.mpi_poll_max_us * 1e-6,
+                                       divergence_timeout=config.divergence_timeout,
+                                       divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT",
+                                       cuda_aware=config.mpi_cuda_aware)
     return SingleRankCommunicator()

@@ -288,7 +288,7 @@ def test_launcher_prefers_the_interpreters_mpiexec():
 
 
 def test_launched_under_mpi_reads_the_launcher_environment(monkeypatch):
-    from executor import mpi_communicator as mc
+    from executor import mpi as mc
     for v in mc.ENV_SIZE_VARS + ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(v, raising=False)
     assert not mc.launched_under_mpi()
@@ -302,7 +302,7 @@ def test_launched_under_mpi_reads_the_launcher_environment(monkeypatch):
 
 
 def test_strided_layouts():
-    from executor.mpi_communicator import strided_layout
+    from executor.mpi import strided_layout
     a = np.zeros((8, 10, 12), np.float32)
     assert strided_layout(a.shape, a.strides, 4) == (8 * 10 * 12 * 4, [])
     v = a[:, 2:5]
@@ -325,17 +325,22 @@ def test_less_than_thread_multiple_is_a_clear_config_error():
 
 
 @pytest.mark.parametrize("var,value,words", [
-    ("CELERITAS_MPI_POLL_MAX_US", "fast", "not a number"),
+    ("CELERITAS_MPI_POLL_MAX_US", "fast", "not a number of microseconds"),
     ("CELERITAS_MPI_POLL_MAX_US", "-5", "must be > 0"),
-    ("CELERITAS_MPI_STRIDED", "sideways", "use auto, datatype or staging"),
+    ("CELERITAS_MPI_STRIDED", "sideways", "use one of auto, datatype, staging"),
+    ("CELERITAS_DIVERGENCE_TIMEOUT", "soon", "not a number of seconds"),
+    ("CELERITAS_DIVERGENCE_TIMEOUT", "-1", "must be > 0"),
+    ("CELERITAS_MPI_CUDA_AWARE", "perhaps", "use 1 or 0"),
 ])
-def test_bad_mpi_tuning_values_fail_before_any_mpi_call(monkeypatch, var, value, words):
-    """Raised by MpiCommunicator() before it imports mpi4py, so no rank is left half-initialized."""
+def test_bad_mpi_settings_fail_before_any_mpi_call(monkeypatch, var, value, words):
+    """The runtime parses the configuration before it creates the MPI communicator, so a
+    bad value leaves no rank half-initialized (here: a launch under MPI is faked)."""
     import builtins
 
-    import executor.mpi_communicator as mc
+    import celeritas as cl
+    from celeritas.runtime import Runtime
+    monkeypatch.setenv("PMI_SIZE", "2")
     monkeypatch.setenv(var, value)
-    monkeypatch.setattr(mc, "STRIDED_POLICY", os.environ.get("CELERITAS_MPI_STRIDED", "auto"))
     real_import = builtins.__import__
 
     def no_mpi(name, *args, **kwargs):
@@ -344,13 +349,57 @@ def test_bad_mpi_tuning_values_fail_before_any_mpi_call(monkeypatch, var, value,
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_mpi)
-    with pytest.raises(ConfigError, match=words):
-        mc.MpiCommunicator()
+    with pytest.raises(cl.ConfigError, match=f"{var}=.*{words}"):
+        Runtime.current(create=True)
 
 
-def test_poll_interval_setting(monkeypatch):
-    from executor.mpi_communicator import poll_max_from_env
-    monkeypatch.delenv("CELERITAS_MPI_POLL_MAX_US", raising=False)
-    assert poll_max_from_env() == pytest.approx(2e-3)
-    monkeypatch.setenv("CELERITAS_MPI_POLL_MAX_US", "50")
-    assert poll_max_from_env() == pytest.approx(50e-6)
+def test_mpi_settings_are_parsed_once_by_the_configuration():
+    from celeritas.config import from_env
+    c = from_env({})
+    assert (c.mpi_strided, c.mpi_poll_max_us, c.divergence_timeout, c.mpi_cuda_aware) == \
+        ("auto", 2000.0, 300.0, None)
+    c = from_env({"CELERITAS_MPI_STRIDED": "Staging", "CELERITAS_MPI_POLL_MAX_US": "50",
+                  "CELERITAS_DIVERGENCE_TIMEOUT": "none", "CELERITAS_MPI_CUDA_AWARE": "1"})
+    assert (c.mpi_strided, c.mpi_poll_max_us, c.divergence_timeout, c.mpi_cuda_aware) == \
+        ("staging", 50.0, None, True)
+    assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5", "CELERITAS_MPI_CUDA_AWARE": "0"}).mpi_cuda_aware is False
+    assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5"}).divergence_timeout == 2.5
+
+
+def test_mpi_code_reads_no_celeritas_variables():
+    """Configuration is read once, by celeritas/config.py: the executor's code (not its
+    docstrings or comments) names no CELERITAS_ variable."""
+    import ast
+    import io
+    import tokenize
+    for f in (ROOT / "executor").rglob("*.py"):
+        text = f.read_text()
+        docstrings = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    docstrings.add(first.value.lineno)
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING and "CELERITAS_" in tok.string and tok.start[0] not in docstrings:
+                pytest.fail(f"{f.relative_to(ROOT)}:{tok.start[0]} names a CELERITAS_ variable in code: {tok.string}")
+
+
+def test_mpi_communicator_rejects_bad_arguments_before_any_mpi_call(monkeypatch):
+    import builtins
+
+    from executor.mpi import MpiCommunicator
+    real_import = builtins.__import__
+
+    def no_mpi(name, *args, **kwargs):
+        if name.startswith("mpi4py"):
+            raise AssertionError("mpi4py imported before the arguments were checked")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpi)
+    with pytest.raises(ConfigError, match="use auto, datatype or staging"):
+        MpiCommunicator(strided="sideways")
+    with pytest.raises(ConfigError, match="must be > 0"):
+        MpiCommunicator(poll_max=0)
+    with pytest.raises(ConfigError, match="must be > 0"):
+        MpiCommunicator(divergence_timeout=-1)
