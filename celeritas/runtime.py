@@ -275,7 +275,8 @@ class Runtime:
             self._cond.notify_all()
         if first and self.num_ranks > 1 and hasattr(self.communicator, "fatal_abort"):
             # a real multi-rank job: report, then end every rank instead of letting peers hang
-            self.communicator.fatal_abort(f"celeritas rank {self.rank}: {self._surface(exc)}")
+            err = self._surface(exc)
+            self.communicator.fatal_abort(f"celeritas rank {self.rank}: {type(err).__name__}: {err}")
         for f in self._fences:
             if not f.done():
                 try:

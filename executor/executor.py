@@ -7,12 +7,18 @@ notification can be lost between a poll and the wait.  The loop only spins on a
 short timeout while something that cannot notify (CUDA/OpenCL events, MPI
 requests) is in flight.
 
-Error policy: an instruction that fails (launcher, copy, allocation, receive…)
-is reported through ``on_error(exc, instruction)`` and then *retired as if it had
-completed*, so its dependents, horizons and epochs still run and no rank hangs.
-From then on every fence promise is failed with the error (the exception that
-``on_error`` returned, if it returned one, else the original), so the failure
-surfaces at the next synchronization point.  An internal failure of the loop
+Error policy: once an instruction fails (launcher, copy, allocation, receive…),
+nothing that depends on it may run, since it would read what the failed
+instruction should have written.  The failure is reported through
+``on_error(exc, instruction)`` and the executor winds down: from then on every
+instruction the engine assigns is retired without being executed, except the
+bookkeeping that lets the rank wind down without hanging (frees, horizons,
+epochs without their barrier or divergence wait, destroying host objects) and
+fences, whose promises are failed with the error (the exception ``on_error``
+returned, if it returned one, else the original).  No pilots are sent any more.
+Work already handed to a lane finishes, except work queued on a lane right
+behind the instructions it depends on (eager assignment, ``dependent=True``)
+before they ran: a lane skips that once work of its own failed (``LaneSkipped``).  An internal failure of the loop
 itself is reported with ``instruction=None`` and stops the executor; pending
 fences are failed.
 """
@@ -38,7 +44,7 @@ from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitRec
                                          LaunchContext, ReceiveInstruction, ReduceInstruction,
                                          SendInstruction, SplitReceiveInstruction, device_memory)
 
-from .backends.backend import Backend, Completion, Lane, box_view, copy_box
+from .backends.backend import Backend, Completion, Lane, LaneSkipped, box_view, copy_box
 from .communicator import Communicator
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
@@ -226,6 +232,7 @@ class Executor:
         self._trace: list[TraceEvent] | None = [] if trace else None
         self._first_error: BaseException | None = None
         self._fence_error: BaseException | None = None
+        self._failed = False          # winding down after a failure (see the error policy)
         self._stop = False
         self._drain = False
         self._thread: threading.Thread | None = None
@@ -365,7 +372,7 @@ class Executor:
 
     def _accept(self, batch: InstructionBatch) -> None:
         comm = self._comm
-        for p in batch.pilots:
+        for p in batch.pilots if not self._failed else ():
             try:
                 comm.send_pilot(p.to, p)
             except Exception as exc:  # noqa: BLE001
@@ -440,12 +447,12 @@ class Executor:
                 break
             progress = True
             self._issue(a)
-        if self._unverified_epoch is not None and self._epoch_verified(self._unverified_epoch[0]):
+        if self._unverified_epoch is not None and (self._failed or self._epoch_verified(self._unverified_epoch[0])):
             instr, t0 = self._unverified_epoch
             self._unverified_epoch = None
             self._run_epoch(instr, t0)
             progress = True
-        if self._deferred_barrier is not None and self._inflight == 0:
+        if self._deferred_barrier is not None and (self._inflight == 0 or self._failed):
             instr, t0 = self._deferred_barrier
             self._deferred_barrier = None
             self._finish_epoch(instr, t0)
@@ -458,6 +465,9 @@ class Executor:
 
     def _issue(self, a: Assignment) -> None:
         instr = a.instruction
+        if self._failed:
+            self._wind_down(instr)
+            return
         try:
             issuer = self._issuers.get(type(instr)) or self._issuer_for_subclass(instr)
             issuer(a)
@@ -503,14 +513,16 @@ class Executor:
                 ns = c.end_ns - c.start_ns
             if ns is not None:
                 self._note_cost(key, ns)
-        if self._trace is not None:
+        if error is not None and type(error) is LaneSkipped:
+            self._failed = True       # (the failure that made the lane skip it is reported on its own)
+        elif self._trace is not None:
             c = active.completion
             start = getattr(c, "start_ns", None)
             end = getattr(c, "end_ns", None)
             if not isinstance(start, int) or not isinstance(end, int):
                 start, end = active.start_ns, _perf_ns()
             self._trace.append(_trace_event(instr, active.lane, start, end))
-        if error is not None:
+        if error is not None and type(error) is not LaneSkipped:
             self._report(error, instr)
         self._engine.complete(instr.id)
 
@@ -575,7 +587,7 @@ class Executor:
                     self._report(error, instr)
                 self._engine.complete(instr.id)
                 return
-        active = self._track_backend(instr, lane, self._backend.launch(lane, fn))
+        active = self._track_backend(instr, lane, self._backend.launch(lane, fn, dependent=a.eager))
         if type(key) is tuple:   # (completions are handled on this thread, so in time)
             active.cost_key = key
 
@@ -584,6 +596,7 @@ class Executor:
     def _report(self, exc: BaseException, instr: Instruction | None) -> None:
         if instr is not None:
             log.error("instruction I%d (%s) failed: %r", instr.id, instr.kind, exc)
+        self._failed = True
         if self._first_error is None:
             self._first_error = exc
         returned = None
@@ -605,6 +618,34 @@ class Executor:
         for instr in pending:
             if isinstance(instr, FenceInstruction) and instr.promise is not None:
                 _set_promise(instr.promise, error=err)
+
+    def _wind_down(self, instr: Instruction) -> None:
+        """After a failure: retire ``instr`` without executing it, doing only the
+        bookkeeping that keeps the rank from hanging or leaking (see the error policy)."""
+        callback = None
+        try:
+            if isinstance(instr, FenceInstruction):
+                if instr.promise is not None:
+                    _set_promise(instr.promise, error=self._fence_error or
+                                 ExecutorStopped("an earlier instruction failed before this fence"))
+            elif isinstance(instr, FreeInstruction):
+                arr = self._allocs.pop(instr.allocation, None)    # absent if its alloc was skipped
+                memory = self._backend_allocs.pop(instr.allocation, None)
+                if arr is not None and memory is not None:
+                    self._backend.free(memory, arr)
+            elif isinstance(instr, (HorizonInstruction, EpochInstruction)):
+                self._collect_garbage(instr.garbage)
+                self._arbiter.prune(instr.task)
+                callback = self._on_epoch if isinstance(instr, EpochInstruction) else self._on_horizon
+                if isinstance(instr, EpochInstruction) and instr.action == "shutdown":
+                    self._stop = True
+            elif isinstance(instr, DestroyHostObjectInstruction):
+                self._host_objects.pop(instr.host_object, None)
+        except Exception:  # noqa: BLE001 - winding down after the error that counts
+            log.debug("winding down I%d (%s) failed", instr.id, instr.kind, exc_info=True)
+        self._engine.complete(instr.id)
+        if callback is not None:
+            self._callback(callback, instr)
 
     # ------------------------------------------------------------------ instructions
 
@@ -637,7 +678,7 @@ class Executor:
                 instr.box), instr.size_bytes)
             return
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
-                               instr.dest_box, instr.box, lane)
+                               instr.dest_box, instr.box, lane, dependent=a.eager)
         self._track_backend(instr, lane, c)
 
     @staticmethod
@@ -645,8 +686,9 @@ class Executor:
         launcher = instr.launcher
         return _noop if launcher is None else functools.partial(launcher, ctx)
 
-    def _launch(self, instr: Instruction, lane: Lane, ctx: LaunchContext | None) -> None:
-        self._track_backend(instr, lane, self._backend.launch(lane, self._launch_fn(instr, ctx)))
+    def _launch(self, a: Assignment, lane: Lane, ctx: LaunchContext | None) -> None:
+        self._track_backend(a.instruction, lane,
+                            self._backend.launch(lane, self._launch_fn(a.instruction, ctx), dependent=a.eager))
 
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
@@ -688,7 +730,7 @@ class Executor:
             global_range=tuple(instr.global_range), communicator=comm,
             rank=self._comm.rank, stream=self._backend.lane_handle(lane),
             accesses=instr.accesses, task=instr.task)
-        self._launch(instr, lane, ctx)
+        self._launch(a, lane, ctx)
 
     def _collective_handle(self, group: int) -> Any:
         h = self._group_handles.get(group)
@@ -806,7 +848,7 @@ class Executor:
         self._run_epoch(instr, t0)
 
     def _run_epoch(self, instr: EpochInstruction, t0: int) -> None:
-        if instr.action == "barrier" and self._inflight > 0:
+        if instr.action == "barrier" and self._inflight > 0 and not self._failed:
             # everything the epoch depends on is complete, but unrelated sends/receives
             # may still be in flight: block in the barrier only once they are done
             self._deferred_barrier = (instr, t0)
@@ -816,7 +858,7 @@ class Executor:
     def _finish_epoch(self, instr: EpochInstruction, t0: int) -> None:
         self._collect_garbage(instr.garbage)
         self._arbiter.prune(instr.task)
-        if instr.action == "barrier":
+        if instr.action == "barrier" and not self._failed:   # peers may never come: no barrier
             try:
                 self._comm.barrier()
             except Exception as exc:  # noqa: BLE001 - e.g. the cluster was aborted

@@ -8,6 +8,7 @@ and detection helpers are tested without MPI at the bottom.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,6 +171,19 @@ def test_kernel_failure_on_rank_2_ends_every_rank():
     assert r.seconds < 30, f"took {r.seconds:.1f} s"
     assert "finished normally" not in r.stdout, _explain(r)
     assert "kernel 'boom'" in r.stderr and "rank 2" in r.stderr and "kaboom on purpose" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_dependents_of_a_failed_kernel_never_run_under_mpiexec(tmp_path):
+    r = mpirun(2, "dependent_failure.py", str(tmp_path), timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert "finished normally" not in r.stdout, _explain(r)
+    ran = sorted(p.name for p in tmp_path.iterdir())
+    # only rank 0's reader of its own, complete chunk may have run
+    assert set(ran) <= {"reads_same_chunk-rank0-0"}, ran
+    assert re.search(r"KernelError: kernel 'explodes' of task T\d+ failed on rank 1, chunk Box", r.stderr), _explain(r)
+    assert "ValueError: boom on purpose" in r.stderr, _explain(r)
 
 
 @needs_mpi
