@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import copy
 import gc
 import logging
 import threading
@@ -133,7 +134,7 @@ class DryRunExecutor:
                     a = self._allocs.pop(ins.allocation)
                     ins.promise.set_result(np.zeros(a.shape, a.dtype))
                 else:
-                    ins.promise.set_result(self._host_objects.get(ins.host_object))
+                    ins.promise.set_result(copy.deepcopy(self._host_objects.get(ins.host_object)))
 
     def track_user_allocation(self, aid, array) -> None:
         pass

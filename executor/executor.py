@@ -24,6 +24,7 @@ fences are failed.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
@@ -34,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from scheduler.errors import CeleritasError
 from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitReceiveInstruction,
                                          CloneCollectiveGroupInstruction, CopyInstruction,
                                          DestroyHostObjectInstruction, DeviceKernelInstruction,
@@ -797,7 +799,7 @@ class Executor:
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 result = self._backend.hand_over(memory, arr) if memory is not None else arr
             elif instr.host_object is not None:
-                result = self._host_objects[instr.host_object]
+                result = _snapshot(self._host_objects[instr.host_object], instr)
         except Exception as exc:
             if instr.promise is not None:   # never leave the user waiting on it
                 _set_promise(instr.promise, error=exc)
@@ -934,6 +936,18 @@ def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None
         if r is None:
             raise ValueError(f"reduction of zero values with {op!r}, which has no identity")
     d[0] = r
+
+
+def _snapshot(obj: Any, instr: FenceInstruction) -> Any:
+    """A fence's view of a host object: a deep copy taken now, so host tasks that run
+    after the fence do not change what the fence's result shows."""
+    try:
+        return copy.deepcopy(obj)
+    except Exception as exc:  # noqa: BLE001 - e.g. an object holding a lock or an open file
+        raise CeleritasError(f"fence of host object H{instr.host_object} (task T{instr.task}): its "
+                             f"{type(obj).__name__} cannot be copied for the fence's snapshot "
+                             f"(copy.deepcopy: {type(exc).__name__}: {exc}); give the class a "
+                             f"__deepcopy__ that copies what the fence should show") from exc
 
 
 def _set_promise(promise: Any, *, result: Any = None, error: BaseException | None = None) -> None:
