@@ -91,6 +91,9 @@ class Config:
     mpi_poll_max_us: float = 2000.0
     divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT
     mpi_cuda_aware: bool | None = None
+    # seconds a wait(), fence result or shutdown may block before the rank says what it
+    # waits for (then again at a slow repeat); None: never
+    wait_warning: float | None = 10.0
 
     def with_overrides(self, **kw) -> "Config":
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -190,4 +193,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         divergence_timeout=_positive_float(env, "CELERITAS_DIVERGENCE_TIMEOUT", DEFAULT_DIVERGENCE_TIMEOUT,
                                            "seconds", off=True),
         mpi_cuda_aware=_tristate(env, "CELERITAS_MPI_CUDA_AWARE"),
+        wait_warning=_positive_float(env, "CELERITAS_WAIT_WARNING", 10.0, "seconds", off=True),
     )

@@ -235,6 +235,7 @@ class Executor:
         self._first_error: BaseException | None = None
         self._fence_error: BaseException | None = None
         self._failed = False          # winding down after a failure (see the error policy)
+        self._blocked_in: str | None = None    # a blocking call the loop is in (describe_waits)
         self._stop = False
         self._drain = False
         self._thread: threading.Thread | None = None
@@ -300,6 +301,63 @@ class Executor:
         t.join(timeout)
         return not t.is_alive()
 
+    def describe_waits(self, buffer_label: Callable[[int], str] | None = None, limit: int = 8) -> list[str]:
+        """What this rank's executor still waits for, one line each (at most ``limit``):
+        receives and from which ranks, sends, work on lanes, epochs waiting for peers.
+
+        Called from another thread while the loop runs, so it reads snapshots and
+        settles for a best effort; ``buffer_label`` names a buffer id.
+        """
+        label = buffer_label or (lambda b: f"B{b}")
+        for _attempt in range(3):
+            try:
+                lines = self._describe_waits(label)
+                break
+            except (RuntimeError, KeyError, AttributeError):   # changed under our feet: look again
+                continue
+        else:
+            return ["(the executor's state changed too quickly to describe)"]
+        if len(lines) > limit:
+            lines = lines[:limit] + [f"… and {len(lines) - limit} more"]
+        return lines
+
+    def _describe_waits(self, label: Callable[[int], str]) -> list[str]:
+        out: list[str] = []
+        blocked = self._blocked_in
+        if blocked is not None:
+            out.append(blocked)
+        unverified = self._unverified_epoch
+        if unverified is not None and self._epoch_check is not None:
+            d = self._epoch_check.describe_wait(unverified[0])
+            if d:
+                out.append(d)
+        deferred = self._deferred_barrier
+        if deferred is not None:
+            out.append(f"barrier epoch T{deferred[0].task} waits for {self._inflight} transfer(s) in flight")
+        for iid, active in list(self._receives.items()):
+            d = self._arbiter.describe(iid, label)
+            out.append(d or f"{active.instr.kind} I{iid}")
+        for active in list(self._sends):
+            i = active.instr
+            out.append(f"send of {label(i.transfer[1])} for task T{i.transfer[0]} to rank {i.to} "
+                       f"(until rank {i.to} receives it)")
+        now = _perf_ns()
+        for active in list(self._by_completion.values()) + list(self._polled):
+            i = active.instr
+            start = getattr(active.completion, "start_ns", None)
+            state = f"running for {_seconds((now - start) / 1e9)}" if isinstance(start, int) else "queued"
+            task = getattr(i, "task", None)
+            name = getattr(i, "name", "")
+            buffer = getattr(i, "buffer", None)
+            what = i.kind + (f" of {label(buffer)}" if buffer is not None else "") + \
+                (f" of task T{task}" if task is not None else "") + (f" {name!r}" if name else "")
+            out.append(f"{what} on {active.lane}, {state}")
+        if not out:
+            n = len(self._engine)
+            out.append(f"nothing in flight; {n} instruction(s) wait for their predecessors" if n else
+                       "nothing: the work has not reached the executor yet")
+        return out
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -325,8 +383,8 @@ class Executor:
         try:
             self._loop()
             clean = self._engine.is_idle()
-        except BaseException as exc:  # noqa: BLE001 - must never die silently
-            log.exception("executor loop failed")
+        except BaseException as exc:  # noqa: BLE001 - must never die silently: reported through on_error
+            log.debug("executor loop failed", exc_info=True)
             self._report(exc, None)
         finally:
             self._backend.set_notifier(None)
@@ -596,8 +654,8 @@ class Executor:
     # ------------------------------------------------------------------ errors
 
     def _report(self, exc: BaseException, instr: Instruction | None) -> None:
-        if instr is not None:
-            log.error("instruction I%d (%s) failed: %r", instr.id, instr.kind, exc)
+        if instr is not None:   # the user sees the error once, where it surfaces (wait, fence, shutdown)
+            log.debug("instruction I%d (%s) failed: %r", instr.id, instr.kind, exc)
         self._failed = True
         if self._first_error is None:
             self._first_error = exc
@@ -861,10 +919,13 @@ class Executor:
         self._collect_garbage(instr.garbage)
         self._arbiter.prune(instr.task)
         if instr.action == "barrier" and not self._failed:   # peers may never come: no barrier
+            self._blocked_in = f"in the barrier of epoch T{instr.task}, until every rank reaches it"
             try:
                 self._comm.barrier()
             except Exception as exc:  # noqa: BLE001 - e.g. the cluster was aborted
                 self._report(exc, instr)
+            finally:
+                self._blocked_in = None
         self._complete_sync(instr, "immediate", t0)
         if self._on_epoch is not None:
             self._callback(self._on_epoch, instr)
@@ -948,6 +1009,10 @@ def _snapshot(obj: Any, instr: FenceInstruction) -> Any:
                              f"{type(obj).__name__} cannot be copied for the fence's snapshot "
                              f"(copy.deepcopy: {type(exc).__name__}: {exc}); give the class a "
                              f"__deepcopy__ that copies what the fence should show") from exc
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.1f} s" if t < 10 else f"{t:.0f} s"
 
 
 def _set_promise(promise: Any, *, result: Any = None, error: BaseException | None = None) -> None:

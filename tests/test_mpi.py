@@ -210,11 +210,60 @@ def test_divergent_task_streams_name_the_first_differing_task():
 
 @needs_mpi
 @pytest.mark.mpi
-def test_divergence_where_a_rank_never_reaches_the_epoch_times_out():
-    r = mpirun(2, "divergence.py", "stuck", env={"CELERITAS_DIVERGENCE_TIMEOUT": "3"}, timeout=60)
+@pytest.mark.parametrize("mode,rank0,rank1", [
+    ("extra_last", "T2 (epoch of q.wait())", "T2 (device_compute 'extra', range [64])"),
+    ("different", "T2 (device_compute 'update', range [64])", "T2 (device_compute 'update_v2', range [32])"),
+    # rank 1 never reaches an epoch: it compares what it submitted with rank 0's stretch at once
+    ("stuck", "T3 (shutdown epoch", "T3 (device_compute 'only_on_rank_1', range [64])"),
+])
+def test_divergence_names_the_first_task_that_differs(mode, rank0, rank1):
+    r = mpirun(2, "divergence.py", mode, env={"CELERITAS_DIVERGENCE_TIMEOUT": "60"}, timeout=60)
     assert r.returncode != 0, _explain(r)
     assert r.seconds < 30, f"took {r.seconds:.1f} s"
-    assert "did not submit a matching epoch within 3 s" in r.stderr, _explain(r)
+    assert "finished normally" not in r.stdout, _explain(r)
+    assert "did not submit a matching epoch" not in r.stderr, _explain(r)     # found, not timed out
+    assert re.search(r"DivergenceError: ranks [01] and [01] submitted different task streams; the first "
+                     r"differing task", r.stderr), _explain(r)
+    assert f"rank 0 submitted {rank0}" in r.stderr and f"rank 1 submitted {rank1}" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_divergence_where_a_rank_never_reaches_the_epoch_times_out():
+    r = mpirun(2, "divergence.py", "silent", env={"CELERITAS_DIVERGENCE_TIMEOUT": "3"}, timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert r.seconds < 30, f"took {r.seconds:.1f} s"
+    assert "rank 0 reached epoch #2 (T3, shutdown) but rank 1 did not submit a matching epoch within 3 s" \
+        in r.stderr, _explain(r)
+    assert "the last epoch both reached is T2" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_aborting_rank_shows_the_failing_line_of_the_users_code():
+    r = mpirun(2, "failure_origin.py", timeout=60)
+    assert r.returncode != 0, _explain(r)
+    script = SCRIPTS / "failure_origin.py"
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "FAILS HERE" in text)
+    assert "celeritas rank 1: KernelError: kernel 'divides' of task T1 failed on rank 1" in r.stderr, _explain(r)
+    assert f'File "{script}", line {line}, in kernel' in r.stderr, _explain(r)
+    assert "w[chunk] = w[chunk] * (1 / (q.rank - 1))   # FAILS HERE on rank 1" in r.stderr, _explain(r)
+    assert "\nZeroDivisionError: division by zero" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode,target,pending", [
+    ("data", r"q\.wait\(\) has waited \d+\.\d s for T3 \(epoch\)",
+     r'  - receive of B0 "halo" for task T2: \[32:64\] still missing, no rank has announced it yet\n'),
+    ("barrier", r"q\.wait\(barrier=True\) has waited \d+\.\d s for T1 \(barrier epoch\)",
+     r"  - rank 1 to reach its epoch matching T1 \(barrier, epoch #1\)"),
+])
+def test_a_blocked_rank_says_what_it_waits_for(mode, target, pending):
+    r = mpirun(2, "wait_warning.py", mode, env={"CELERITAS_WAIT_WARNING": "1"}, timeout=60)
+    assert r.returncode == 0, _explain(r)
+    assert re.search(f"celeritas rank 0: {target}; this rank still waits for:\n{pending}", r.stderr), _explain(r)
+    assert r.stderr.count("has waited") == 1, _explain(r)      # once: the repeat is far slower
 
 
 # ------------------------------------------------------------------------------- CLI

@@ -34,7 +34,7 @@ from scheduler.errors import ConfigError
 from scheduler.instruction_graph import Pilot
 
 from ..communicator import Communicator, CommunicatorError, Request
-from .abort import abort_world, install_excepthook
+from .abort import abort_world, failure_origin, install_excepthook
 from .collective import collective_comm
 from .cuda_aware import mpi_cuda_support
 from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
@@ -166,18 +166,19 @@ class MpiCommunicator(Communicator):
             chk.poll()
 
     def _wait(self, test: Callable[[], bool], what: str) -> None:
-        """Poll ``test`` with short sleeps; keep checking for divergence meanwhile."""
+        """Poll ``test`` with short sleeps; keep checking for divergence meanwhile.  (A long
+        wait is reported by the runtime's application thread, which says what it waits for.)"""
         delay = 2e-5
         t0 = time.monotonic()
-        next_warn = t0 + 30.0
+        next_note = t0 + 30.0
         while not test():
             self._divergence_poll()
             time.sleep(delay)
             delay = min(delay * 1.5, 1e-3)
             now = time.monotonic()
-            if now >= next_warn:
-                next_warn = now + 60.0
-                log.warning("rank %d has been waiting %.0f s for %s", self._rank, now - t0, what)
+            if now >= next_note:
+                next_note = now + 60.0
+                log.debug("rank %d has been waiting %.0f s for %s", self._rank, now - t0, what)
 
     def _ensure_ready(self) -> None:
         req = self._pending_dup
@@ -289,8 +290,16 @@ class MpiCommunicator(Communicator):
             self._progress.notifier = notifier
 
     # ---- failure and teardown
-    def fatal_abort(self, message: str) -> None:
-        """Report ``message`` on stderr, then abort every rank (``MPI_Abort``)."""
+    def fatal_abort(self, message: str, error: BaseException | None = None) -> None:
+        """Report ``message`` on stderr (and where ``error`` came from in the user's code:
+        file, line, source line, original exception), then abort every rank (``MPI_Abort``)."""
+        if error is not None:
+            try:
+                origin = failure_origin(error)
+            except Exception:  # noqa: BLE001 - the abort must happen regardless
+                origin = []
+            if origin:
+                message = message.rstrip() + "\n" + "\n".join(origin)
         abort_world(message, 1)
 
     def close(self) -> None:

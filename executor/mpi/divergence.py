@@ -13,7 +13,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
@@ -39,11 +39,38 @@ def _norm_entry(e: Any) -> tuple:
     return int(tid), str(kind), str(name), tuple(int(x) for x in rng)
 
 
+_EPOCH_WORDS = {"none": "epoch of q.wait()", "barrier": "barrier epoch of q.wait(barrier=True)",
+                "shutdown": "shutdown epoch of q.shutdown() or the program's end", "init": "initial epoch"}
+
+
 def _describe(e: tuple | None) -> str:
     if e is None:
-        return "nothing more"
+        return "no further task"
     tid, kind, name, rng = e
+    if kind == "epoch":
+        return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
     return f"T{tid} ({kind} {name!r}, range {list(rng)})"
+
+
+def _stretch(info: _EpochInfo) -> list[tuple]:
+    """The tasks of the stretch that ``info``'s epoch closes, the epoch itself last."""
+    return info.digest + [(info.task, "epoch", info.action, ())]
+
+
+def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | None, tuple | None] | None:
+    """(my entry, their entry) of the first task id where the streams differ, or None.
+
+    Compared by task id, since ids are handed out in submission order on every
+    rank: a task only one rank submitted, or submitted under another name, kind
+    or range, shows up as the first id whose entries differ (one of them may be
+    the other rank's epoch, or missing where one stream ends first)."""
+    a = {e[0]: e for e in mine}
+    b = {e[0]: e for e in theirs}
+    for tid in sorted(a.keys() | b.keys()):
+        ea, eb = a.get(tid), b.get(tid)
+        if ea != eb:
+            return ea, eb
+    return None
 
 
 class EpochCheck:
@@ -54,9 +81,17 @@ class EpochCheck:
     communicator's own wait loops), ``verified`` before an epoch completes.
     Errors are raised once as ``DivergenceError``; after that the check is quiet
     (the runtime aborts the job).
+
+    ``pending_tasks`` (set by the runtime) returns the tasks this rank submitted
+    since its last epoch, as ``(id, kind, name, range)``.  While the neighbour is
+    an epoch ahead, they are compared with the neighbour's stretch: a rank that
+    submitted a task the neighbour did not, and then blocks (at a fence, on data
+    that never comes) before its own epoch, is reported at once and by the task,
+    instead of the neighbour timing out knowing nothing of it.
     """
 
     WAIT_ACTIONS = ("shutdown", "barrier")
+    PENDING_RECHECK = 1.0       # s between comparisons of the growing pending tasks
 
     def __init__(self, comm: Any, rank: int, size: int, timeout: float | None, *,
                  timeout_hint: str | None = None):
@@ -73,11 +108,13 @@ class EpochCheck:
         self._theirs: dict[int, _EpochInfo] = {}
         self._verified = -1               # every epoch up to here matched
         self._last_verified_task: int | None = None
+        self._last_announced_task: int | None = None
         self._sends: deque = deque()
         self._recv: Any = None            # irecv of a matched (probed) message
         self._failed = False
         self._wait_started: dict[int, float] = {}
-        self._warned: dict[int, float] = {}
+        self._next_pending_check = 0.0
+        self.pending_tasks: Callable[[], list] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -90,6 +127,7 @@ class EpochCheck:
         seq = self._seq
         self._seq += 1
         self._seq_of_task[instr.task] = seq
+        self._last_announced_task = instr.task
         digest = [_norm_entry(e) for e in instr.digest]
         info = _EpochInfo(seq, instr.task, instr.action, int(instr.stream_hash), digest)
         self._mine[seq] = info
@@ -118,6 +156,8 @@ class EpochCheck:
             got = True
         if got:
             self._compare()
+        if self.pending_tasks is not None and (got or time.monotonic() >= self._next_pending_check):
+            self._compare_pending()
 
     def verified(self, instr: EpochInstruction) -> bool:
         """True once this epoch may complete: always for plain epochs (checked in the
@@ -136,10 +176,6 @@ class EpochCheck:
         now = time.monotonic()
         t0 = self._wait_started.setdefault(seq, now)
         waited = now - t0
-        if waited >= 10.0 and now - self._warned.get(seq, 0.0) >= 30.0:
-            self._warned[seq] = now
-            log.warning("rank %d has waited %.0f s for rank %d to submit epoch #%d (T%d, %s)", self.rank,
-                        waited, self._left, seq, instr.task, instr.action)
         if self._timeout is not None and waited >= self._timeout:
             self._failed = True
             hint = f" ({self._timeout_hint} sets the timeout)" if self._timeout_hint else ""
@@ -150,12 +186,20 @@ class EpochCheck:
                 f"rank {self.rank} reached epoch #{seq} (T{instr.task}, {instr.action}) but rank {self._left} "
                 f"did not submit a matching epoch within {self._timeout:g} s: the ranks submitted different "
                 f"work (a different number of epochs, or rank {self._left} is blocked waiting for data "
-                f"that this rank's task stream never produces); {last}. This rank's tasks since then: "
+                f"that this rank's task stream never produces); {last}. Since then this rank submitted "
                 f"{self._digest_summary(mine)}{hint}")
         return False
 
     def pending_wait(self) -> bool:
         return bool(self._wait_started)
+
+    def describe_wait(self, instr: EpochInstruction) -> str | None:
+        """What epoch ``instr`` waits for, while it waits for the neighbour's matching epoch."""
+        seq = self._seq_of_task.get(instr.task)
+        if seq is None or seq <= self._verified or self._failed:
+            return None
+        return (f"rank {self._left} to reach its epoch matching T{instr.task} ({instr.action}, epoch #{seq}): "
+                f"the ranks compare their task streams there")
 
     # ---- comparison
     def _compare(self) -> None:
@@ -173,30 +217,55 @@ class EpochCheck:
             del self._mine[seq]
             del self._theirs[seq]
 
+    def _compare_pending(self) -> None:
+        """The neighbour announced the next epoch and this rank has not: compare what this
+        rank submitted since its last epoch with the neighbour's stretch up to there."""
+        self._next_pending_check = time.monotonic() + self.PENDING_RECHECK
+        seq = self._verified + 1
+        theirs = self._theirs.get(seq)
+        if self._failed or theirs is None or seq in self._mine or self._seq != seq:
+            return                     # (self._seq != seq: an epoch of mine is announced but not compared)
+        try:
+            pending = [_norm_entry(e) for e in self.pending_tasks()]
+        except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
+            log.debug("reading the pending tasks failed", exc_info=True)
+            return
+        last = self._last_announced_task
+        if not pending or last is None or pending[0][0] != last + 1:
+            return                     # an epoch of this rank sits in between, not yet announced
+        stretch = [e for e in _stretch(theirs) if e[0] <= pending[-1][0]]
+        diff = _first_difference(pending, stretch)
+        if diff is not None:
+            self._failed = True
+            ea, eb = diff
+            raise DivergenceError(
+                f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
+                f"({self._since()}, epoch #{seq}): rank {self._left} submitted {_describe(eb)}; rank {self.rank} "
+                f"submitted {_describe(ea)}")
+
+    def _since(self) -> str:
+        return (f"after epoch T{self._last_verified_task}" if self._last_verified_task is not None
+                else "from the start")
+
     def _mismatch_message(self, mine: _EpochInfo, theirs: _EpochInfo) -> str:
-        a = mine.digest + [(mine.task, "epoch", mine.action, ())]
-        b = theirs.digest + [(theirs.task, "epoch", theirs.action, ())]
-        since = (f"after epoch T{self._last_verified_task}" if self._last_verified_task is not None
-                 else "from the start")
-        for i in range(max(len(a), len(b))):
-            ea = a[i] if i < len(a) else None
-            eb = b[i] if i < len(b) else None
-            if ea != eb:
-                return (f"ranks {self._left} and {self.rank} submitted different task streams; the first "
-                        f"differing task ({since}, epoch #{mine.seq}): rank {self._left} submitted "
-                        f"{_describe(eb)}, rank {self.rank} submitted {_describe(ea)}")
-        first = _describe(a[0]) if a else "?"
-        return (f"ranks {self._left} and {self.rank} submitted different task streams {since} (epoch #{mine.seq}, "
-                f"T{mine.task}): the same task names and ranges, but different buffer accesses; the first task "
-                f"of that stretch is {first}")
+        a, b = _stretch(mine), _stretch(theirs)
+        diff = _first_difference(a, b)
+        if diff is not None:
+            ea, eb = diff
+            return (f"ranks {self._left} and {self.rank} submitted different task streams; the first "
+                    f"differing task ({self._since()}, epoch #{mine.seq}): rank {self._left} submitted "
+                    f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
+        return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
+                f"#{mine.seq}, T{mine.task}): the same task names and ranges, but different buffer accesses; "
+                f"the first task of that stretch is {_describe(a[0])}")
 
     @staticmethod
     def _digest_summary(info: _EpochInfo | None) -> str:
         if info is None:
-            return "unknown"
+            return "unknown tasks"
         d = info.digest
         if not d:
-            return "none"
+            return "nothing but this epoch"
         shown = ", ".join(_describe(e) for e in d[:3])
         return shown + (f", … ({len(d)} tasks)" if len(d) > 3 else "")
 
