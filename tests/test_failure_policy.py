@@ -117,7 +117,7 @@ def test_failure_in_a_host_task_stops_its_dependents():
         cgh.host_task(lambda part: 1 / 0, on=cl.on_master_node, name="divides")
 
     def after(cgh):
-        r = b.access(cgh, cl.all(), cl.read)
+        b.access(cgh, cl.all(), cl.read)
         cgh.host_task(lambda part: ran.append(1), on=cl.on_master_node, name="after")
 
     q.submit(failing)

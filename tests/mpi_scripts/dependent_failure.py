@@ -34,17 +34,17 @@ def produce(cgh):
 
 
 def same_chunk(cgh):
-    r = b.access(cgh, cl.one_to_one(), cl.read)
+    b.access(cgh, cl.one_to_one(), cl.read)
     cgh.parallel_for((16,), lambda chunk: mark("reads_same_chunk", chunk), name="reads_same_chunk")
 
 
 def whole(cgh):
-    r = b.access(cgh, cl.all(), cl.read)
+    b.access(cgh, cl.all(), cl.read)
     cgh.parallel_for((16,), lambda chunk: mark("reads_all", chunk), name="reads_all")
 
 
 def host(cgh):
-    r = b.access(cgh, cl.all(), cl.read)
+    b.access(cgh, cl.all(), cl.read)
     cgh.host_task(lambda part: mark("host_task", part), range=(16,), name="host_reader")
 
 

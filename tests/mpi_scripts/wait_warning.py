@@ -19,7 +19,7 @@ def produce(cgh):
 
 
 def consume(cgh):
-    r = b.access(cgh, cl.all(), cl.read)
+    b.access(cgh, cl.all(), cl.read)
     cgh.parallel_for((64,), lambda chunk: None, name="consume")
 
 
