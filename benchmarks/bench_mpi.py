@@ -249,7 +249,7 @@ def _bytes(n: int) -> str:
 
 def bench_strided(comm, args, console) -> None:
     """Ping-pong of one strided view through MpiCommunicator, each policy (ranks 0 and 1)."""
-    from executor.mpi_communicator import MpiCommunicator
+    from executor.mpi import MpiCommunicator
     mc = MpiCommunicator(comm, install_hooks=False, divergence_timeout=None)
     rank = comm.Get_rank()
     cases = [((1024, 1024), np.s_[:, 0:1]), ((1024, 1024), np.s_[:, 0:16]), ((1024, 1024), np.s_[:, 0:512]),
@@ -303,7 +303,7 @@ def bench_strided(comm, args, console) -> None:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    from executor.mpi_communicator import launched_under_mpi
+    from executor.mpi import launched_under_mpi
     if not launched_under_mpi():
         from celeritas import launcher
         env_devices = os.environ.get("CELERITAS_DEVICES", "host:1")
@@ -312,7 +312,7 @@ def main(argv=None) -> int:
     import celeritas as cl
     from mpi4py import MPI
 
-    from executor.mpi_communicator import library_version
+    from executor.mpi import library_version
     comm = MPI.COMM_WORLD
     console = _console()
     # mpi4py's first pickled allreduce on a communicator duplicates it (a blocking

@@ -187,8 +187,10 @@ def _mpi_rows() -> list[tuple[str, Any]]:
         rows.append(("mpi4py", Text("not installed (pip install 'celeritas[mpi]')", style="yellow")))
     else:
         rows.append(("mpi4py", mpi4py.__version__))
-        from executor.mpi_communicator import mpi_info
-        info, err = _try(mpi_info)
+        from executor.mpi import mpi_info
+
+        from .config import from_env
+        info, err = _try(lambda: mpi_info(cuda_aware=from_env().mpi_cuda_aware))
         if err:
             rows.append(("MPI library", Text(err, style="red")))
         else:

@@ -17,6 +17,8 @@ LOOKAHEAD_MODES = ("none", "auto", "infinite")
 DIAGNOSTICS = ("off", "warn", "error")
 MPI_DEVICE_MEMORY = ("auto", "direct", "staged")
 GC_POLICIES = ("tuned", "default")
+MPI_STRIDED = ("auto", "datatype", "staging")
+DEFAULT_DIVERGENCE_TIMEOUT = 300.0
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -81,6 +83,17 @@ class Config:
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
     gc: str = "tuned"     # CPython's cyclic GC thresholds while the runtime runs (see Runtime)
+    # MPI tuning, handed to the MPI communicator (which reads no environment itself):
+    # how strided boxes travel, the progress thread's longest sleep while payloads are
+    # in flight, how long a shutdown/barrier epoch waits for the peers' matching epoch
+    # (None: forever), and whether MPI takes CUDA pointers (None: ask the library)
+    mpi_strided: str = "auto"
+    mpi_poll_max_us: float = 2000.0
+    divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT
+    mpi_cuda_aware: bool | None = None
+    # seconds a wait(), fence result or shutdown may block before the rank says what it
+    # waits for (then again at a slow repeat); None: never
+    wait_warning: float | None = 10.0
 
     def with_overrides(self, **kw) -> "Config":
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -126,6 +139,36 @@ def _flag(env: Mapping[str, str], var: str) -> bool:
     raise ConfigError(f"{var}={raw!r}; use 1 or 0")
 
 
+def _positive_float(env: Mapping[str, str], var: str, default: float | None, unit: str,
+                    off: bool = False) -> float | None:
+    """A number > 0 (``unit`` names it in errors); with ``off``, 0/none/off/inf mean None."""
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    v = raw.strip().lower()
+    if off and v in ("0", "none", "off", "inf"):
+        return None
+    alternative = " (or 'none')" if off else ""
+    try:
+        x = float(v)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a number of {unit}{alternative}") from None
+    if not x > 0 or x != x or x == float("inf"):
+        raise ConfigError(f"{var}={raw!r} must be > 0{alternative}")
+    return x
+
+
+def _tristate(env: Mapping[str, str], var: str) -> bool | None:
+    """1 / 0, or None when unset."""
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return None
+    v = raw.strip()
+    if v not in ("0", "1"):
+        raise ConfigError(f"{var}={raw!r}; use 1 or 0")
+    return v == "1"
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     devices = DeviceSpec.parse(env["CELERITAS_DEVICES"]) if env.get("CELERITAS_DEVICES") else DeviceSpec("default")
@@ -145,4 +188,10 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
         gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),
+        mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
+        mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),
+        divergence_timeout=_positive_float(env, "CELERITAS_DIVERGENCE_TIMEOUT", DEFAULT_DIVERGENCE_TIMEOUT,
+                                           "seconds", off=True),
+        mpi_cuda_aware=_tristate(env, "CELERITAS_MPI_CUDA_AWARE"),
+        wait_warning=_positive_float(env, "CELERITAS_WAIT_WARNING", 10.0, "seconds", off=True),
     )

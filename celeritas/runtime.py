@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import copy
 import gc
 import logging
+import sys
 import threading
 import time
+import traceback
 import weakref
 from typing import Any
 
@@ -134,7 +137,7 @@ class DryRunExecutor:
                     a = self._allocs.pop(ins.allocation)
                     ins.promise.set_result(np.zeros(a.shape, a.dtype))
                 else:
-                    ins.promise.set_result(self._host_objects.get(ins.host_object))
+                    ins.promise.set_result(copy.deepcopy(self._host_objects.get(ins.host_object)))
 
     def track_user_buffer(self, bid, array) -> None:
         pass
@@ -155,6 +158,77 @@ class DryRunExecutor:
     @property
     def trace(self):
         return []
+
+
+class _WaitWatch:
+    """Says once (then at a slow repeat) what a blocked application-thread call waits for."""
+
+    __slots__ = ("rt", "call", "target", "t0", "next", "slice")
+
+    def __init__(self, rt: "Runtime", call: str, target: str):
+        self.rt = rt
+        self.call = call              # what the user called: "q.wait()", "the fence's result()" …
+        self.target = target          # what it waits for: "T3 (epoch)"
+        self.t0 = time.monotonic()
+        self.next = rt.config.wait_warning
+        self.slice = 0.5 if self.next is None else min(0.5, self.next / 2)
+
+    def tick(self) -> None:
+        first = self.next
+        if first is None:
+            return
+        waited = time.monotonic() - self.t0
+        if waited >= first:
+            threshold = self.rt.config.wait_warning or first
+            self.next = waited + max(60.0, 6 * threshold)
+            self.rt._warn_waiting(self.call, self.target, waited)
+
+
+class _FenceFuture(concurrent.futures.Future):
+    """A fence's future: a ``result()`` that blocks long says what the rank waits for, and
+    an error it hands to the user counts as shown (not printed again at exit)."""
+
+    def __init__(self, rt: "Runtime", what: str):
+        super().__init__()
+        self._rt = weakref.ref(rt)
+        self.what = what
+        self.task: int | None = None
+
+    def _wait(self, timeout: float | None) -> float | None:
+        """Block like ``result(timeout)`` would, with the wait warning; the time left."""
+        rt = self._rt()
+        if self.done() or rt is None:
+            return timeout
+        watch = _WaitWatch(rt, "the fence's result()", f"T{self.task} (fence of {self.what})")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            step = watch.slice if deadline is None else min(watch.slice, deadline - time.monotonic())
+            if step <= 0:
+                return 0
+            concurrent.futures.wait([self], timeout=step)
+            watch.tick()
+        return None
+
+    def _shown(self) -> None:
+        rt = self._rt()
+        if rt is not None:
+            rt._error_shown = True
+
+    def result(self, timeout: float | None = None) -> Any:
+        left = self._wait(timeout)
+        try:
+            return super().result(left)
+        except concurrent.futures.TimeoutError:
+            raise
+        except BaseException:
+            self._shown()
+            raise
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        exc = super().exception(self._wait(timeout))
+        if exc is not None:
+            self._shown()
+        return exc
 
 
 class Runtime:
@@ -192,6 +266,7 @@ class Runtime:
         self._lock = threading.RLock()
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self._error_shown = False     # raised to the user once already: not printed again at exit
         self._epoch_reached = -1
         self._horizon_reached = -1
         self._pruned_before = -1
@@ -246,9 +321,17 @@ class Runtime:
                                            diagnostics=config.diagnostics if self.rank == 0 else
                                            ("error" if config.diagnostics == "error" else "off"),
                                            recorder=rec.tasks if rec else None)
+        check = getattr(self.communicator, "epoch_check", None)
+        if check is not None:       # lets the divergence check name a task before this rank's next epoch
+            check.pending_tasks = self._pending_tasks
         log.info("celeritas rank %d/%d: %s backend with %d device(s), lookahead %s%s", self.rank,
                  self.num_ranks, self.backend_name, self.num_devices, config.lookahead,
                  " (dry run)" if self.dry_run else "")
+
+    def _pending_tasks(self) -> list:
+        """(id, kind, name, range) of the tasks submitted since the last epoch (executor thread;
+        the task manager replaces the list at each epoch, so the copy is one stretch)."""
+        return self.task_manager.pending_digest()
 
     def _check_overrides(self, overrides: dict) -> None:
         dev = overrides.get("devices")
@@ -281,7 +364,8 @@ class Runtime:
             self._cond.notify_all()
         if first and self.num_ranks > 1 and hasattr(self.communicator, "fatal_abort"):
             # a real multi-rank job: report, then end every rank instead of letting peers hang
-            self.communicator.fatal_abort(f"celeritas rank {self.rank}: {self._surface(exc)}")
+            err = self._surface(exc)
+            self.communicator.fatal_abort(f"celeritas rank {self.rank}: {type(err).__name__}: {err}", exc)
         for f in self._fences:
             if not f.done():
                 try:
@@ -314,6 +398,7 @@ class Runtime:
         if self._error is not None:
             err = self._surface(self._error)
             self._abort()
+            self._error_shown = True
             raise err
         if self.is_shut_down:
             raise CeleritasError("the celeritas runtime has been shut down")
@@ -387,7 +472,8 @@ class Runtime:
     def fence(self, obj, subrange=None) -> concurrent.futures.Future:
         from .buffer import Buffer
         from .host_object import HostObject
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut = _FenceFuture(self, obj.label if isinstance(obj, Buffer) else
+                           f"host object H{obj.id}" if isinstance(obj, HostObject) else "?")
         with self._lock:
             self._check_alive()
             if isinstance(obj, Buffer):
@@ -403,9 +489,9 @@ class Runtime:
                         raise CeleritasError(f"fence subrange {subrange} is not inside buffer {obj.label} of "
                                              f"shape {obj.shape}")
                     box = sbox
-                self.task_manager.fence(buffer=obj.id, box=box, promise=fut)
+                fut.task = self.task_manager.fence(buffer=obj.id, box=box, promise=fut).id
             elif isinstance(obj, HostObject):
-                self.task_manager.fence(host_object=obj.id, promise=fut)
+                fut.task = self.task_manager.fence(host_object=obj.id, promise=fut).id
             else:
                 raise CeleritasError(f"fence takes a cl.Buffer or cl.HostObject, got {type(obj).__name__}")
             self._fences = [f for f in self._fences if not f.done()]
@@ -416,17 +502,37 @@ class Runtime:
         with self._lock:
             self._check_alive()
             t = self.task_manager.epoch(action)
-        self._await_epoch(t.id)
+        self._await_epoch(t.id, "q.wait(barrier=True)" if action == tg.EPOCH_BARRIER else "q.wait()",
+                          "barrier epoch" if action == tg.EPOCH_BARRIER else "epoch")
 
-    def _await_epoch(self, tid: int) -> None:
+    def _await_epoch(self, tid: int, call: str, kind: str) -> None:
+        watch = _WaitWatch(self, call, f"T{tid} ({kind})")
         with self._cond:
             while self._epoch_reached < tid and self._error is None:
-                self._cond.wait(0.5)
+                self._cond.wait(watch.slice)
                 if not self.dry_run and not self.executor.is_running and self._epoch_reached < tid \
                         and self._error is None:
                     self._error = CeleritasError(f"rank {self.rank}: the executor stopped before epoch T{tid}")
+                if self._epoch_reached < tid and self._error is None:
+                    watch.tick()
         self._check_alive()
         self._prune()
+
+    def _buffer_label(self, bid: int) -> str:
+        name = self.buffer_names.get(bid)
+        return f"B{bid}" + (f' "{name}"' if name else "")
+
+    def _warn_waiting(self, call: str, target: str, waited: float) -> None:
+        """A call of the application thread has blocked for a while: say what for."""
+        if self.dry_run:
+            pending: list[str] = []
+        else:
+            pending = self.executor.describe_waits(self._buffer_label)
+        shown = f"{waited:.1f}" if waited < 10 else f"{waited:.0f}"
+        text = f"celeritas rank {self.rank}: {call} has waited {shown} s for {target}"
+        if pending:
+            text += "; this rank still waits for:\n" + "\n".join(f"  - {line}" for line in pending)
+        log.warning(text)
 
     def flush(self) -> None:
         self._check_alive()
@@ -478,7 +584,7 @@ class Runtime:
                         h._alive = False
                     self.scheduler.notify_host_object_destroyed(hid)
                 t = self.task_manager.epoch(tg.EPOCH_SHUTDOWN)
-            self._await_epoch(t.id)
+            self._await_epoch(t.id, "q.shutdown()", "shutdown epoch")
         except BaseException:
             self._abort()
             raise
@@ -560,10 +666,15 @@ class Runtime:
 
     def _atexit(self) -> None:
         if not self.is_shut_down:
+            shown = self._error_shown
             try:
                 self.shutdown()
             except Exception as exc:  # noqa: BLE001 - report, never hang the interpreter exit
-                log.error("celeritas shutdown at exit failed: %s", exc)
+                if not shown:         # nobody synchronized after the failure: this is where it surfaces
+                    sys.stderr.write("celeritas: work this program submitted failed; the error surfaced at "
+                                     "the shutdown at exit:\n")
+                    traceback.print_exception(exc)
+                    sys.stderr.flush()
 
 
 def _config(env: dict | None, overrides: dict) -> cfg.Config:
@@ -576,10 +687,13 @@ def _default_communicator(config: cfg.Config):
     from executor.communicator import SingleRankCommunicator
     if config.dry_run_nodes is None:
         try:
-            from executor.mpi_communicator import launched_under_mpi, MpiCommunicator
+            from executor.mpi import launched_under_mpi, MpiCommunicator
         except ImportError:
             pass
         else:
             if launched_under_mpi():
-                return MpiCommunicator()
+                return MpiCommunicator(strided=config.mpi_strided, poll_max=config.mpi_poll_max_us * 1e-6,
+                                       divergence_timeout=config.divergence_timeout,
+                                       divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT",
+                                       cuda_aware=config.mpi_cuda_aware)
     return SingleRankCommunicator()

@@ -7,17 +7,24 @@ notification can be lost between a poll and the wait.  The loop only spins on a
 short timeout while something that cannot notify (CUDA/OpenCL events, MPI
 requests) is in flight.
 
-Error policy: an instruction that fails (launcher, copy, allocation, receive…)
-is reported through ``on_error(exc, instruction)`` and then *retired as if it had
-completed*, so its dependents, horizons and epochs still run and no rank hangs.
-From then on every fence promise is failed with the error (the exception that
-``on_error`` returned, if it returned one, else the original), so the failure
-surfaces at the next synchronization point.  An internal failure of the loop
+Error policy: once an instruction fails (launcher, copy, allocation, receive…),
+nothing that depends on it may run, since it would read what the failed
+instruction should have written.  The failure is reported through
+``on_error(exc, instruction)`` and the executor winds down: from then on every
+instruction the engine assigns is retired without being executed, except the
+bookkeeping that lets the rank wind down without hanging (frees, horizons,
+epochs without their barrier or divergence wait, destroying host objects) and
+fences, whose promises are failed with the error (the exception ``on_error``
+returned, if it returned one, else the original).  No pilots are sent any more.
+Work already handed to a lane finishes, except work queued on a lane right
+behind the instructions it depends on (eager assignment, ``dependent=True``)
+before they ran: a lane skips that once work of its own failed (``LaneSkipped``).  An internal failure of the loop
 itself is reported with ``instruction=None`` and stops the executor; pending
 fences are failed.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
@@ -28,6 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from scheduler.errors import CeleritasError
 from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitReceiveInstruction,
                                          CloneCollectiveGroupInstruction, CopyInstruction,
                                          DestroyHostObjectInstruction, DeviceKernelInstruction,
@@ -38,7 +46,7 @@ from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitRec
                                          LaunchContext, ReceiveInstruction, ReduceInstruction,
                                          SendInstruction, SplitReceiveInstruction, device_memory)
 
-from .backends.backend import Backend, Completion, Lane, box_view, copy_box
+from .backends.backend import Backend, Completion, Lane, LaneSkipped, box_view, copy_box
 from .communicator import Communicator
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
@@ -227,6 +235,8 @@ class Executor:
         self._trace: list[TraceEvent] | None = [] if trace else None
         self._first_error: BaseException | None = None
         self._fence_error: BaseException | None = None
+        self._failed = False          # winding down after a failure (see the error policy)
+        self._blocked_in: str | None = None    # a blocking call the loop is in (describe_waits)
         self._stop = False
         self._drain = False
         self._thread: threading.Thread | None = None
@@ -299,6 +309,63 @@ class Executor:
         t.join(timeout)
         return not t.is_alive()
 
+    def describe_waits(self, buffer_label: Callable[[int], str] | None = None, limit: int = 8) -> list[str]:
+        """What this rank's executor still waits for, one line each (at most ``limit``):
+        receives and from which ranks, sends, work on lanes, epochs waiting for peers.
+
+        Called from another thread while the loop runs, so it reads snapshots and
+        settles for a best effort; ``buffer_label`` names a buffer id.
+        """
+        label = buffer_label or (lambda b: f"B{b}")
+        for _attempt in range(3):
+            try:
+                lines = self._describe_waits(label)
+                break
+            except (RuntimeError, KeyError, AttributeError):   # changed under our feet: look again
+                continue
+        else:
+            return ["(the executor's state changed too quickly to describe)"]
+        if len(lines) > limit:
+            lines = lines[:limit] + [f"… and {len(lines) - limit} more"]
+        return lines
+
+    def _describe_waits(self, label: Callable[[int], str]) -> list[str]:
+        out: list[str] = []
+        blocked = self._blocked_in
+        if blocked is not None:
+            out.append(blocked)
+        unverified = self._unverified_epoch
+        if unverified is not None and self._epoch_check is not None:
+            d = self._epoch_check.describe_wait(unverified[0])
+            if d:
+                out.append(d)
+        deferred = self._deferred_barrier
+        if deferred is not None:
+            out.append(f"barrier epoch T{deferred[0].task} waits for {self._inflight} transfer(s) in flight")
+        for iid, active in list(self._receives.items()):
+            d = self._arbiter.describe(iid, label)
+            out.append(d or f"{active.instr.kind} I{iid}")
+        for active in list(self._sends):
+            i = active.instr
+            out.append(f"send of {label(i.transfer[1])} for task T{i.transfer[0]} to rank {i.to} "
+                       f"(until rank {i.to} receives it)")
+        now = _perf_ns()
+        for active in list(self._by_completion.values()) + list(self._polled):
+            i = active.instr
+            start = getattr(active.completion, "start_ns", None)
+            state = f"running for {_seconds((now - start) / 1e9)}" if isinstance(start, int) else "queued"
+            task = getattr(i, "task", None)
+            name = getattr(i, "name", "")
+            buffer = getattr(i, "buffer", None)
+            what = i.kind + (f" of {label(buffer)}" if buffer is not None else "") + \
+                (f" of task T{task}" if task is not None else "") + (f" {name!r}" if name else "")
+            out.append(f"{what} on {active.lane}, {state}")
+        if not out:
+            n = len(self._engine)
+            out.append(f"nothing in flight; {n} instruction(s) wait for their predecessors" if n else
+                       "nothing: the work has not reached the executor yet")
+        return out
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -324,8 +391,8 @@ class Executor:
         try:
             self._loop()
             clean = self._engine.is_idle()
-        except BaseException as exc:  # noqa: BLE001 - must never die silently
-            log.exception("executor loop failed")
+        except BaseException as exc:  # noqa: BLE001 - must never die silently: reported through on_error
+            log.debug("executor loop failed", exc_info=True)
             self._report(exc, None)
         finally:
             self._backend.set_notifier(None)
@@ -375,7 +442,7 @@ class Executor:
         for aid, bid in batch.user_allocations:
             self._allocs[aid] = self._user_buffers.pop(bid)
         comm = self._comm
-        for p in batch.pilots:
+        for p in batch.pilots if not self._failed else ():
             try:
                 comm.send_pilot(p.to, p)
             except Exception as exc:  # noqa: BLE001
@@ -450,12 +517,12 @@ class Executor:
                 break
             progress = True
             self._issue(a)
-        if self._unverified_epoch is not None and self._epoch_verified(self._unverified_epoch[0]):
+        if self._unverified_epoch is not None and (self._failed or self._epoch_verified(self._unverified_epoch[0])):
             instr, t0 = self._unverified_epoch
             self._unverified_epoch = None
             self._run_epoch(instr, t0)
             progress = True
-        if self._deferred_barrier is not None and self._inflight == 0:
+        if self._deferred_barrier is not None and (self._inflight == 0 or self._failed):
             instr, t0 = self._deferred_barrier
             self._deferred_barrier = None
             self._finish_epoch(instr, t0)
@@ -468,6 +535,9 @@ class Executor:
 
     def _issue(self, a: Assignment) -> None:
         instr = a.instruction
+        if self._failed:
+            self._wind_down(instr)
+            return
         try:
             issuer = self._issuers.get(type(instr)) or self._issuer_for_subclass(instr)
             issuer(a)
@@ -513,14 +583,16 @@ class Executor:
                 ns = c.end_ns - c.start_ns
             if ns is not None:
                 self._note_cost(key, ns)
-        if self._trace is not None:
+        if error is not None and type(error) is LaneSkipped:
+            self._failed = True       # (the failure that made the lane skip it is reported on its own)
+        elif self._trace is not None:
             c = active.completion
             start = getattr(c, "start_ns", None)
             end = getattr(c, "end_ns", None)
             if not isinstance(start, int) or not isinstance(end, int):
                 start, end = active.start_ns, _perf_ns()
             self._trace.append(_trace_event(instr, active.lane, start, end))
-        if error is not None:
+        if error is not None and type(error) is not LaneSkipped:
             self._report(error, instr)
         self._engine.complete(instr.id)
 
@@ -585,15 +657,16 @@ class Executor:
                     self._report(error, instr)
                 self._engine.complete(instr.id)
                 return
-        active = self._track_backend(instr, lane, self._backend.launch(lane, fn))
+        active = self._track_backend(instr, lane, self._backend.launch(lane, fn, dependent=a.eager))
         if type(key) is tuple:   # (completions are handled on this thread, so in time)
             active.cost_key = key
 
     # ------------------------------------------------------------------ errors
 
     def _report(self, exc: BaseException, instr: Instruction | None) -> None:
-        if instr is not None:
-            log.error("instruction I%d (%s) failed: %r", instr.id, instr.kind, exc)
+        if instr is not None:   # the user sees the error once, where it surfaces (wait, fence, shutdown)
+            log.debug("instruction I%d (%s) failed: %r", instr.id, instr.kind, exc)
+        self._failed = True
         if self._first_error is None:
             self._first_error = exc
         returned = None
@@ -615,6 +688,34 @@ class Executor:
         for instr in pending:
             if isinstance(instr, FenceInstruction) and instr.promise is not None:
                 _set_promise(instr.promise, error=err)
+
+    def _wind_down(self, instr: Instruction) -> None:
+        """After a failure: retire ``instr`` without executing it, doing only the
+        bookkeeping that keeps the rank from hanging or leaking (see the error policy)."""
+        callback = None
+        try:
+            if isinstance(instr, FenceInstruction):
+                if instr.promise is not None:
+                    _set_promise(instr.promise, error=self._fence_error or
+                                 ExecutorStopped("an earlier instruction failed before this fence"))
+            elif isinstance(instr, FreeInstruction):
+                arr = self._allocs.pop(instr.allocation, None)    # absent if its alloc was skipped
+                memory = self._backend_allocs.pop(instr.allocation, None)
+                if arr is not None and memory is not None:
+                    self._backend.free(memory, arr)
+            elif isinstance(instr, (HorizonInstruction, EpochInstruction)):
+                self._collect_garbage(instr.garbage)
+                self._arbiter.prune(instr.task)
+                callback = self._on_epoch if isinstance(instr, EpochInstruction) else self._on_horizon
+                if isinstance(instr, EpochInstruction) and instr.action == "shutdown":
+                    self._stop = True
+            elif isinstance(instr, DestroyHostObjectInstruction):
+                self._host_objects.pop(instr.host_object, None)
+        except Exception:  # noqa: BLE001 - winding down after the error that counts
+            log.debug("winding down I%d (%s) failed", instr.id, instr.kind, exc_info=True)
+        self._engine.complete(instr.id)
+        if callback is not None:
+            self._callback(callback, instr)
 
     # ------------------------------------------------------------------ instructions
 
@@ -647,7 +748,7 @@ class Executor:
                 instr.box), instr.size_bytes)
             return
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
-                               instr.dest_box, instr.box, lane)
+                               instr.dest_box, instr.box, lane, dependent=a.eager)
         self._track_backend(instr, lane, c)
 
     @staticmethod
@@ -655,8 +756,9 @@ class Executor:
         launcher = instr.launcher
         return _noop if launcher is None else functools.partial(launcher, ctx)
 
-    def _launch(self, instr: Instruction, lane: Lane, ctx: LaunchContext | None) -> None:
-        self._track_backend(instr, lane, self._backend.launch(lane, self._launch_fn(instr, ctx)))
+    def _launch(self, a: Assignment, lane: Lane, ctx: LaunchContext | None) -> None:
+        self._track_backend(a.instruction, lane,
+                            self._backend.launch(lane, self._launch_fn(a.instruction, ctx), dependent=a.eager))
 
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
@@ -698,7 +800,7 @@ class Executor:
             global_range=tuple(instr.global_range), communicator=comm,
             rank=self._comm.rank, stream=self._backend.lane_handle(lane),
             accesses=instr.accesses, task=instr.task)
-        self._launch(instr, lane, ctx)
+        self._launch(a, lane, ctx)
 
     def _collective_handle(self, group: int) -> Any:
         h = self._group_handles.get(group)
@@ -765,7 +867,7 @@ class Executor:
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 result = self._backend.hand_over(memory, arr) if memory is not None else arr
             elif instr.host_object is not None:
-                result = self._host_objects[instr.host_object]
+                result = _snapshot(self._host_objects[instr.host_object], instr)
         except Exception as exc:
             if instr.promise is not None:   # never leave the user waiting on it
                 _set_promise(instr.promise, error=exc)
@@ -816,7 +918,7 @@ class Executor:
         self._run_epoch(instr, t0)
 
     def _run_epoch(self, instr: EpochInstruction, t0: int) -> None:
-        if instr.action == "barrier" and self._inflight > 0:
+        if instr.action == "barrier" and self._inflight > 0 and not self._failed:
             # everything the epoch depends on is complete, but unrelated sends/receives
             # may still be in flight: block in the barrier only once they are done
             self._deferred_barrier = (instr, t0)
@@ -826,11 +928,14 @@ class Executor:
     def _finish_epoch(self, instr: EpochInstruction, t0: int) -> None:
         self._collect_garbage(instr.garbage)
         self._arbiter.prune(instr.task)
-        if instr.action == "barrier":
+        if instr.action == "barrier" and not self._failed:   # peers may never come: no barrier
+            self._blocked_in = f"in the barrier of epoch T{instr.task}, until every rank reaches it"
             try:
                 self._comm.barrier()
             except Exception as exc:  # noqa: BLE001 - e.g. the cluster was aborted
                 self._report(exc, instr)
+            finally:
+                self._blocked_in = None
         self._complete_sync(instr, "immediate", t0)
         if self._on_epoch is not None:
             self._callback(self._on_epoch, instr)
@@ -902,6 +1007,22 @@ def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None
         if r is None:
             raise ValueError(f"reduction of zero values with {op!r}, which has no identity")
     d[0] = r
+
+
+def _snapshot(obj: Any, instr: FenceInstruction) -> Any:
+    """A fence's view of a host object: a deep copy taken now, so host tasks that run
+    after the fence do not change what the fence's result shows."""
+    try:
+        return copy.deepcopy(obj)
+    except Exception as exc:  # noqa: BLE001 - e.g. an object holding a lock or an open file
+        raise CeleritasError(f"fence of host object H{instr.host_object} (task T{instr.task}): its "
+                             f"{type(obj).__name__} cannot be copied for the fence's snapshot "
+                             f"(copy.deepcopy: {type(exc).__name__}: {exc}); give the class a "
+                             f"__deepcopy__ that copies what the fence should show") from exc
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.1f} s" if t < 10 else f"{t:.0f} s"
 
 
 def _set_promise(promise: Any, *, result: Any = None, error: BaseException | None = None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,6 +25,11 @@ from .backends.backend import box_view
 from .communicator import Communicator
 
 log = logging.getLogger("celeritas.executor")
+
+
+def _fmt(region: Region) -> str:
+    """Boxes as index ranges, ``[32:64]`` / ``[0:4, 8:16]``."""
+    return " ".join("[" + ", ".join(f"{lo}:{hi}" for lo, hi in zip(b.min, b.max)) + "]" for b in region)
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +67,8 @@ class _Gather:
     # pilots still expected, plus payloads in flight: a non-empty pilot turns
     # into one in-flight payload (net 0), an empty pilot or a landed payload is -1
     outstanding: int
+    num_ranks: int = 0
+    landed: set = field(default_factory=set)     # ranks whose contribution is in (or that sent none)
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +87,7 @@ class _Fragment:
     owner: Any                 # _Request or _Gather
     staging: Any = None        # contiguous buffer to copy into ``view`` on completion
     view: Any = None
+    rank: int = -1             # the sender
 
 
 @dataclass(slots=True, eq=False)
@@ -166,10 +174,11 @@ class ReceiveArbiter:
         except Exception as exc:  # noqa: BLE001 - reported through the instruction
             self._fail(req.handle, exc)
             return
-        self._inflight.append(_Fragment(request, t, box, req, staging, view))
+        self._inflight.append(_Fragment(request, t, box, req, staging, view, from_rank))
 
     def _begin_gather_fragment(self, t: _Transfer, g: _Gather, from_rank: int, pilot: Pilot) -> None:
         if pilot.box.empty:   # "no contribution": the slot keeps its identity value
+            g.landed.add(from_rank)
             g.outstanding -= 1
             self._check_gather(t, g)
             return
@@ -183,7 +192,7 @@ class ReceiveArbiter:
         except Exception as exc:  # noqa: BLE001
             self._fail(g.handle, exc)
             return
-        self._inflight.append(_Fragment(request, t, None, g))
+        self._inflight.append(_Fragment(request, t, None, g, rank=from_rank))
 
     # ---- receive instructions
 
@@ -234,7 +243,7 @@ class ReceiveArbiter:
         except Exception as exc:  # noqa: BLE001
             self._fail(handle, exc)
             return handle
-        g = _Gather(handle, dest_bytes, instr.chunk_bytes, instr.num_ranks - 1)
+        g = _Gather(handle, dest_bytes, instr.chunk_bytes, instr.num_ranks - 1, instr.num_ranks)
         t.gather = g
         pending, t.pilots = t.pilots, []
         for fr, p in pending:
@@ -274,6 +283,7 @@ class ReceiveArbiter:
         if owner.handle.done:                   # failed earlier
             return
         if f.box is None:                       # gather fragment
+            owner.landed.add(f.rank)
             owner.outstanding -= 1
             self._check_gather(t, owner)
             return
@@ -317,7 +327,7 @@ class ReceiveArbiter:
         self._completed.append(handle.instruction_id)
 
     def _fail(self, handle: ReceiveHandle, exc: BaseException) -> None:
-        log.error("receive instruction I%d failed: %s", handle.instruction_id, exc)
+        log.debug("receive instruction I%d failed: %s", handle.instruction_id, exc)   # reported by the executor
         if handle.done:
             return
         handle.error_ = exc
@@ -337,6 +347,28 @@ class ReceiveArbiter:
         for tid in [tid for tid, t in self._transfers.items()
                     if tid[0] < before_task and t.idle()]:
             del self._transfers[tid]
+
+    def describe(self, instruction_id: int, label: Callable[[int], str]) -> str | None:
+        """What receive-like instruction ``instruction_id`` still waits for, and from which
+        ranks where that is known (diagnostics; ``label`` names a buffer id)."""
+        me = self._comm.rank
+        for t in list(self._transfers.values()):
+            task, buf, red = t.tid
+            what = f"{label(buf)} for task T{task}" + (f" (reduction {red})" if red else "")
+            for req in list(t.requests):
+                if req.handle.instruction_id == instruction_id:
+                    senders = sorted({f.rank for f in list(self._inflight) if f.owner is req})
+                    src = (f"arriving from rank(s) {senders}" if senders else
+                           "no rank has announced it yet")
+                    return f"receive of {what}: {_fmt(req.remaining)} still missing, {src}"
+            for a in list(t.awaits):
+                if a.handle.instruction_id == instruction_id:
+                    return f"await of {what}: {_fmt(a.region)} not yet received"
+            g = t.gather
+            if g is not None and g.handle.instruction_id == instruction_id:
+                missing = sorted(set(range(g.num_ranks)) - g.landed - {me})
+                return f"partial results of {what} from rank(s) {missing}"
+        return None
 
     def unmatched_pilots(self) -> list[tuple[int, Pilot]]:
         """Pilots that no receive has claimed yet (diagnostics)."""

@@ -451,6 +451,11 @@ class TaskManager:
         for tid in [k for k in self.tasks if k < limit]:
             del self.tasks[tid]
 
+    def pending_digest(self) -> list:
+        """(id, kind, name, range) of the tasks committed since the last epoch (a copy: the
+        divergence check reads it from another thread)."""
+        return list(self._digest)
+
     @property
     def epoch_for_new_tasks(self) -> Task | None:
         """The task every new task without another true dependency depends on."""

@@ -126,12 +126,11 @@ def test_host_backend_device_memories_are_direct_capable():
         frozenset({0, 1, 2, 3, 4})
 
 
-def test_cuda_awareness_override(monkeypatch):
-    from executor.mpi_communicator import mpi_cuda_support
-    monkeypatch.setenv("CELERITAS_MPI_CUDA_AWARE", "1")
-    assert mpi_cuda_support() is True
-    monkeypatch.setenv("CELERITAS_MPI_CUDA_AWARE", "0")
-    assert mpi_cuda_support() is False
-    monkeypatch.setenv("CELERITAS_MPI_CUDA_AWARE", "perhaps")
+def test_cuda_awareness_override():
+    """CELERITAS_MPI_CUDA_AWARE (parsed by the configuration) wins over asking the library."""
+    from celeritas.config import from_env
+    from executor.mpi import mpi_cuda_support
+    assert mpi_cuda_support(from_env({"CELERITAS_MPI_CUDA_AWARE": "1"}).mpi_cuda_aware) is True
+    assert mpi_cuda_support(from_env({"CELERITAS_MPI_CUDA_AWARE": "0"}).mpi_cuda_aware) is False
     with pytest.raises(cl.ConfigError, match="CELERITAS_MPI_CUDA_AWARE"):
-        mpi_cuda_support()
+        from_env({"CELERITAS_MPI_CUDA_AWARE": "perhaps"})

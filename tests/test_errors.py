@@ -266,3 +266,48 @@ def test_out_of_memory_lists_live_allocations(monkeypatch):
         q.wait()
     msg = str(ei.value)
     assert "M2" in msg and "live allocations" in msg and "rank 0" in msg
+
+
+_FAILING_SCRIPT = """
+import numpy as np
+import celeritas as cl
+
+q = cl.Queue()
+b = cl.Buffer(np.zeros(8, np.float32), name="b")
+
+
+def cgf(cgh):
+    w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+    @cgh.parallel_for((8,), name="explodes")
+    def kernel(chunk):
+        w[chunk] = 1 / 0
+
+
+q.submit(cgf)
+{sync}
+"""
+
+
+@pytest.mark.parametrize("sync", ["q.wait()", "print(q.fence(b).result())", "q.shutdown()", "pass"])
+def test_a_failing_kernel_is_reported_exactly_once(tmp_path, sync):
+    """Once, where it surfaces (wait, fence result, explicit shutdown, or the shutdown at
+    exit when the program never synchronized): no log line from the executor, no second
+    report from the shutdown at exit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "fails.py"
+    script.write_text(_FAILING_SCRIPT.format(sync=sync))
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
+    env["PYTHONPATH"] = str(root)
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    message = "kernel 'explodes' of task T1 failed on rank 0, chunk Box([0], [8]), device 0: " \
+              "ZeroDivisionError: division by zero"
+    assert r.stderr.count(message) == 1, r.stderr
+    assert r.stderr.count("ZeroDivisionError: division by zero") == 2, r.stderr   # + the cause's own line
+    assert "w[chunk] = 1 / 0" in r.stderr, r.stderr                               # the user's line
+    if sync != "pass":
+        assert r.returncode == 1, r.stderr

@@ -236,9 +236,53 @@ def test_failing_launcher_reaches_on_error_and_nothing_hangs(backend):
     assert len(rec.errors) == 1
     exc, instr = rec.errors[0]
     assert isinstance(exc, ZeroDivisionError) and instr is bad
-    assert after == {"ran": 1}             # policy: dependents still run
+    assert after == {}                     # policy: dependents of a failure never run
     assert rec.epochs == [4]
     assert isinstance(ex.error, ZeroDivisionError)
+
+
+@pytest.mark.timeout(60)
+def test_dependent_queued_behind_a_failing_kernel_on_its_lane_never_runs(backend):
+    """Eager assignment queues a dependent on the lane of its predecessor before that one
+    ran; when the predecessor fails the lane must skip it, and nothing later is issued."""
+    from executor.backends import Lane
+    rec = Recorder()
+    ex = rec.executor(backend, SingleRankCommunicator())
+    box = Box((0,), (4,))
+    ran = []
+
+    def fails_once_dependent_is_queued(ctx):
+        worker = backend._workers[Lane("device", 0, 0)]
+        for _ in range(2000):                      # the dependent is queued right after this starts
+            if not worker.queue.empty():
+                break
+            threading.Event().wait(0.005)
+        ran.append("queued" if not worker.queue.empty() else "not queued")
+        raise ZeroDivisionError("kernel exploded")
+
+    g = Graph()
+    a = g.add(AllocInstruction, allocation=1, memory=device_memory(0), box=box, shape=(4,), dtype=np.float32)
+    bad = g.add(DeviceKernelInstruction, a, device=0, task=1, box=box, accesses=[acc(1, box)],
+                launcher=fails_once_dependent_is_queued, name="boom")
+    dep = g.add(DeviceKernelInstruction, bad, device=0, task=2, box=box, accesses=[acc(1, box)],
+                launcher=lambda ctx: ran.append("dependent"), name="dependent")
+    later = g.add(HostTaskInstruction, dep, task=3, box=box, launcher=lambda ctx: ran.append("host task"))
+    cp = g.add(CopyInstruction, dep, source=1, dest=1, source_memory=device_memory(0),
+               dest_memory=device_memory(0), box=box, source_box=box, dest_box=box)
+    fut = Future()
+    fence = g.add(FenceInstruction, later, cp, task=4, promise=fut, host_object=7)
+    free = g.add(FreeInstruction, fence, allocation=1, memory=device_memory(0))
+    g.add(EpochInstruction, free, task=5, action="shutdown")
+    ex.track_host_object(7, [])
+    ex.start()
+    ex.submit(g.batch())
+    with pytest.raises(ZeroDivisionError):
+        fut.result(TIMEOUT)
+    assert ex.join(TIMEOUT)
+    assert ran == ["queued"]
+    assert [(type(e), i) for e, i in rec.errors] == [(ZeroDivisionError, bad)]
+    assert rec.epochs == [5]
+    assert backend.live_bytes(device_memory(0)) == 0       # the allocation was still freed
 
 
 @pytest.mark.timeout(60)
@@ -257,7 +301,7 @@ def test_missing_allocation_is_reported_and_fence_fails(backend):
     with pytest.raises(KeyError):
         fut.result(TIMEOUT)
     assert ex.join(TIMEOUT)
-    assert [i.id for _, i in rec.errors] == [1, 2]
+    assert [i.id for _, i in rec.errors] == [1]     # the fence is failed with the copy's error, not run
 
 
 @pytest.mark.timeout(60)

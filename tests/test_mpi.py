@@ -8,6 +8,7 @@ and detection helpers are tested without MPI at the bottom.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -174,6 +175,19 @@ def test_kernel_failure_on_rank_2_ends_every_rank():
 
 @needs_mpi
 @pytest.mark.mpi
+def test_dependents_of_a_failed_kernel_never_run_under_mpiexec(tmp_path):
+    r = mpirun(2, "dependent_failure.py", str(tmp_path), timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert "finished normally" not in r.stdout, _explain(r)
+    ran = sorted(p.name for p in tmp_path.iterdir())
+    # only rank 0's reader of its own, complete chunk may have run
+    assert set(ran) <= {"reads_same_chunk-rank0-0"}, ran
+    assert re.search(r"KernelError: kernel 'explodes' of task T\d+ failed on rank 1, chunk Box", r.stderr), _explain(r)
+    assert "ValueError: boom on purpose" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
 def test_uncaught_exception_in_script_ends_every_rank():
     r = mpirun(2, "uncaught.py", timeout=60)
     assert r.returncode != 0, _explain(r)
@@ -196,11 +210,60 @@ def test_divergent_task_streams_name_the_first_differing_task():
 
 @needs_mpi
 @pytest.mark.mpi
-def test_divergence_where_a_rank_never_reaches_the_epoch_times_out():
-    r = mpirun(2, "divergence.py", "stuck", env={"CELERITAS_DIVERGENCE_TIMEOUT": "3"}, timeout=60)
+@pytest.mark.parametrize("mode,rank0,rank1", [
+    ("extra_last", "T2 (epoch of q.wait())", "T2 (device_compute 'extra', range [64])"),
+    ("different", "T2 (device_compute 'update', range [64])", "T2 (device_compute 'update_v2', range [32])"),
+    # rank 1 never reaches an epoch: it compares what it submitted with rank 0's stretch at once
+    ("stuck", "T3 (shutdown epoch", "T3 (device_compute 'only_on_rank_1', range [64])"),
+])
+def test_divergence_names_the_first_task_that_differs(mode, rank0, rank1):
+    r = mpirun(2, "divergence.py", mode, env={"CELERITAS_DIVERGENCE_TIMEOUT": "60"}, timeout=60)
     assert r.returncode != 0, _explain(r)
     assert r.seconds < 30, f"took {r.seconds:.1f} s"
-    assert "did not submit a matching epoch within 3 s" in r.stderr, _explain(r)
+    assert "finished normally" not in r.stdout, _explain(r)
+    assert "did not submit a matching epoch" not in r.stderr, _explain(r)     # found, not timed out
+    assert re.search(r"DivergenceError: ranks [01] and [01] submitted different task streams; the first "
+                     r"differing task", r.stderr), _explain(r)
+    assert f"rank 0 submitted {rank0}" in r.stderr and f"rank 1 submitted {rank1}" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_divergence_where_a_rank_never_reaches_the_epoch_times_out():
+    r = mpirun(2, "divergence.py", "silent", env={"CELERITAS_DIVERGENCE_TIMEOUT": "3"}, timeout=60)
+    assert r.returncode != 0, _explain(r)
+    assert r.seconds < 30, f"took {r.seconds:.1f} s"
+    assert "rank 0 reached epoch #2 (T3, shutdown) but rank 1 did not submit a matching epoch within 3 s" \
+        in r.stderr, _explain(r)
+    assert "the last epoch both reached is T2" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_aborting_rank_shows_the_failing_line_of_the_users_code():
+    r = mpirun(2, "failure_origin.py", timeout=60)
+    assert r.returncode != 0, _explain(r)
+    script = SCRIPTS / "failure_origin.py"
+    line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "FAILS HERE" in text)
+    assert "celeritas rank 1: KernelError: kernel 'divides' of task T1 failed on rank 1" in r.stderr, _explain(r)
+    assert f'File "{script}", line {line}, in kernel' in r.stderr, _explain(r)
+    assert "w[chunk] = w[chunk] * (1 / (q.rank - 1))   # FAILS HERE on rank 1" in r.stderr, _explain(r)
+    assert "\nZeroDivisionError: division by zero" in r.stderr, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode,target,pending", [
+    ("data", r"q\.wait\(\) has waited \d+\.\d s for T3 \(epoch\)",
+     r'  - receive of B0 "halo" for task T2: \[32:64\] still missing, no rank has announced it yet\n'),
+    ("barrier", r"q\.wait\(barrier=True\) has waited \d+\.\d s for T1 \(barrier epoch\)",
+     r"  - rank 1 to reach its epoch matching T1 \(barrier, epoch #1\)"),
+])
+def test_a_blocked_rank_says_what_it_waits_for(mode, target, pending):
+    r = mpirun(2, "wait_warning.py", mode, env={"CELERITAS_WAIT_WARNING": "1"}, timeout=60)
+    assert r.returncode == 0, _explain(r)
+    assert re.search(f"celeritas rank 0: {target}; this rank still waits for:\n{pending}", r.stderr), _explain(r)
+    assert r.stderr.count("has waited") == 1, _explain(r)      # once: the repeat is far slower
 
 
 # ------------------------------------------------------------------------------- CLI
@@ -288,7 +351,7 @@ def test_launcher_prefers_the_interpreters_mpiexec():
 
 
 def test_launched_under_mpi_reads_the_launcher_environment(monkeypatch):
-    from executor import mpi_communicator as mc
+    from executor import mpi as mc
     for v in mc.ENV_SIZE_VARS + ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS"):
         monkeypatch.delenv(v, raising=False)
     assert not mc.launched_under_mpi()
@@ -302,7 +365,7 @@ def test_launched_under_mpi_reads_the_launcher_environment(monkeypatch):
 
 
 def test_strided_layouts():
-    from executor.mpi_communicator import strided_layout
+    from executor.mpi import strided_layout
     a = np.zeros((8, 10, 12), np.float32)
     assert strided_layout(a.shape, a.strides, 4) == (8 * 10 * 12 * 4, [])
     v = a[:, 2:5]
@@ -325,17 +388,22 @@ def test_less_than_thread_multiple_is_a_clear_config_error():
 
 
 @pytest.mark.parametrize("var,value,words", [
-    ("CELERITAS_MPI_POLL_MAX_US", "fast", "not a number"),
+    ("CELERITAS_MPI_POLL_MAX_US", "fast", "not a number of microseconds"),
     ("CELERITAS_MPI_POLL_MAX_US", "-5", "must be > 0"),
-    ("CELERITAS_MPI_STRIDED", "sideways", "use auto, datatype or staging"),
+    ("CELERITAS_MPI_STRIDED", "sideways", "use one of auto, datatype, staging"),
+    ("CELERITAS_DIVERGENCE_TIMEOUT", "soon", "not a number of seconds"),
+    ("CELERITAS_DIVERGENCE_TIMEOUT", "-1", "must be > 0"),
+    ("CELERITAS_MPI_CUDA_AWARE", "perhaps", "use 1 or 0"),
 ])
-def test_bad_mpi_tuning_values_fail_before_any_mpi_call(monkeypatch, var, value, words):
-    """Raised by MpiCommunicator() before it imports mpi4py, so no rank is left half-initialized."""
+def test_bad_mpi_settings_fail_before_any_mpi_call(monkeypatch, var, value, words):
+    """The runtime parses the configuration before it creates the MPI communicator, so a
+    bad value leaves no rank half-initialized (here: a launch under MPI is faked)."""
     import builtins
 
-    import executor.mpi_communicator as mc
+    import celeritas as cl
+    from celeritas.runtime import Runtime
+    monkeypatch.setenv("PMI_SIZE", "2")
     monkeypatch.setenv(var, value)
-    monkeypatch.setattr(mc, "STRIDED_POLICY", os.environ.get("CELERITAS_MPI_STRIDED", "auto"))
     real_import = builtins.__import__
 
     def no_mpi(name, *args, **kwargs):
@@ -344,13 +412,57 @@ def test_bad_mpi_tuning_values_fail_before_any_mpi_call(monkeypatch, var, value,
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_mpi)
-    with pytest.raises(ConfigError, match=words):
-        mc.MpiCommunicator()
+    with pytest.raises(cl.ConfigError, match=f"{var}=.*{words}"):
+        Runtime.current(create=True)
 
 
-def test_poll_interval_setting(monkeypatch):
-    from executor.mpi_communicator import poll_max_from_env
-    monkeypatch.delenv("CELERITAS_MPI_POLL_MAX_US", raising=False)
-    assert poll_max_from_env() == pytest.approx(2e-3)
-    monkeypatch.setenv("CELERITAS_MPI_POLL_MAX_US", "50")
-    assert poll_max_from_env() == pytest.approx(50e-6)
+def test_mpi_settings_are_parsed_once_by_the_configuration():
+    from celeritas.config import from_env
+    c = from_env({})
+    assert (c.mpi_strided, c.mpi_poll_max_us, c.divergence_timeout, c.mpi_cuda_aware) == \
+        ("auto", 2000.0, 300.0, None)
+    c = from_env({"CELERITAS_MPI_STRIDED": "Staging", "CELERITAS_MPI_POLL_MAX_US": "50",
+                  "CELERITAS_DIVERGENCE_TIMEOUT": "none", "CELERITAS_MPI_CUDA_AWARE": "1"})
+    assert (c.mpi_strided, c.mpi_poll_max_us, c.divergence_timeout, c.mpi_cuda_aware) == \
+        ("staging", 50.0, None, True)
+    assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5", "CELERITAS_MPI_CUDA_AWARE": "0"}).mpi_cuda_aware is False
+    assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5"}).divergence_timeout == 2.5
+
+
+def test_mpi_code_reads_no_celeritas_variables():
+    """Configuration is read once, by celeritas/config.py: the executor's code (not its
+    docstrings or comments) names no CELERITAS_ variable."""
+    import ast
+    import io
+    import tokenize
+    for f in (ROOT / "executor").rglob("*.py"):
+        text = f.read_text()
+        docstrings = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    docstrings.add(first.value.lineno)
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.STRING and "CELERITAS_" in tok.string and tok.start[0] not in docstrings:
+                pytest.fail(f"{f.relative_to(ROOT)}:{tok.start[0]} names a CELERITAS_ variable in code: {tok.string}")
+
+
+def test_mpi_communicator_rejects_bad_arguments_before_any_mpi_call(monkeypatch):
+    import builtins
+
+    from executor.mpi import MpiCommunicator
+    real_import = builtins.__import__
+
+    def no_mpi(name, *args, **kwargs):
+        if name.startswith("mpi4py"):
+            raise AssertionError("mpi4py imported before the arguments were checked")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpi)
+    with pytest.raises(ConfigError, match="use auto, datatype or staging"):
+        MpiCommunicator(strided="sideways")
+    with pytest.raises(ConfigError, match="must be > 0"):
+        MpiCommunicator(poll_max=0)
+    with pytest.raises(ConfigError, match="must be > 0"):
+        MpiCommunicator(divergence_timeout=-1)

@@ -25,6 +25,16 @@ class BackendError(RuntimeError):
     """A backend operation failed in a way the executor cannot recover from."""
 
 
+class LaneSkipped(Exception):
+    """The completion error of dependent work a lane did not run because earlier work failed.
+
+    The executor queues an instruction on a lane right behind the predecessors it
+    depends on (eager assignment) before they ran, and marks it ``dependent``;
+    such work must not run once work on its lane failed, since it may read what
+    the failed work should have written.  Not a failure of its own.
+    """
+
+
 class AllocationError(BackendError, MemoryError):
     """An allocation failed; the message names the memory and the live allocations.
 
@@ -162,14 +172,16 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
-             lane: Lane) -> Completion:
+             lane: Lane, *, dependent: bool = False) -> Completion:
         """Copy ``box`` (buffer coordinates) from ``src`` (extent ``src_box``) to
         ``dst`` (extent ``dst_box``) on ``lane``; an extent of None means the array
-        holds exactly ``box``, linearized."""
+        holds exactly ``box``, linearized.  ``dependent`` as for ``launch``."""
 
     @abc.abstractmethod
-    def launch(self, lane: Lane, fn: Callable[[], Any]) -> Completion:
-        """Run ``fn()`` in the order of ``lane``."""
+    def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion:
+        """Run ``fn()`` in the order of ``lane``.  ``dependent``: ``fn`` may read what work
+        queued before it on the lane writes, so once any work on the lane failed it must
+        not run (its completion carries ``LaneSkipped``)."""
 
     def runs_inline(self, lane: Lane) -> bool:
         """True when ``launch(lane, fn)`` / ``copy(...)`` on this lane would only run ``fn``

@@ -175,9 +175,9 @@ class CudaBackend(HostBackend):
                         s = self._streams[lane] = cupy.cuda.Stream(non_blocking=True)
         return s
 
-    def launch(self, lane: Lane, fn: Callable[[], Any]) -> Completion:
+    def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion:
         if lane.kind != "device":
-            return super().launch(lane, fn)
+            return super().launch(lane, fn, dependent=dependent)
         stream = self.lane_handle(lane)
         dev = self.device_ids[lane.device]
         holder: list[CudaCompletion] = []
@@ -189,17 +189,17 @@ class CudaBackend(HostBackend):
                 ev.record(stream)
             holder[0]._event = ev
 
-        host = super().launch(lane, run)
+        host = super().launch(lane, run, dependent=dependent)
         c = CudaCompletion(host)
         holder.append(c)
         return c
 
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
-             lane: Lane) -> Completion:
+             lane: Lane, *, dependent: bool = False) -> Completion:
         src_dev = isinstance(src, cupy.ndarray)
         dst_dev = isinstance(dst, cupy.ndarray)
         if not src_dev and not dst_dev:
-            return super().copy(src, src_box, dst, dst_box, box, lane)
+            return super().copy(src, src_box, dst, dst_box, box, lane, dependent=dependent)
 
         def run() -> None:
             s = box_view(src, src_box, box)
@@ -216,7 +216,7 @@ class CudaBackend(HostBackend):
 
         if lane.kind != "device":
             raise BackendError("copies touching device memory run on a device lane")
-        return self.launch(lane, run)
+        return self.launch(lane, run, dependent=dependent)
 
     # ---- source kernels ---------------------------------------------------------------
     def launch_source_kernel(self, kernel, ctx, args: tuple, local_range) -> None:

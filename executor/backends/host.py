@@ -18,7 +18,7 @@ import numpy as np
 from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import (AllocationError, Backend, BackendError, Completion, Lane, SystemInfo,
+from .backend import (AllocationError, Backend, BackendError, Completion, Lane, LaneSkipped, SystemInfo,
                       copy_box, default_copy_pairs)
 
 log = logging.getLogger("celeritas.executor")
@@ -73,11 +73,18 @@ class HostCompletion(Completion):
 
 
 class _LaneWorker:
-    """One thread with a FIFO: created once per lane and reused for its lifetime."""
+    """One thread with a FIFO: created once per lane and reused for its lifetime.
 
-    __slots__ = ("queue", "cond", "waiters", "thread", "backend")
+    Once a function failed, the worker skips functions queued as ``dependent``
+    (their completions carry ``LaneSkipped``): they may read what it should have
+    written.  Independent work still runs, so the lane survives a failure.
+    """
+
+    __slots__ = ("queue", "cond", "waiters", "thread", "backend", "failed", "lane")
 
     def __init__(self, backend: "HostBackend", lane: Lane):
+        self.lane = lane
+        self.failed: BaseException | None = None
         self.queue: SimpleQueue = SimpleQueue()
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0     # threads blocked in HostCompletion.wait (rare: tests, teardown)
@@ -92,13 +99,17 @@ class _LaneWorker:
             item = get()
             if item is None:
                 return
-            fn, c = item
+            fn, c, dependent = item
             c._start_ns = _perf_ns()
             cpu0 = _thread_ns()
-            try:
-                fn()
-            except BaseException as exc:  # noqa: BLE001 - reported through the completion
-                c._error = exc
+            if not dependent or self.failed is None:
+                try:
+                    fn()
+                except BaseException as exc:  # noqa: BLE001 - reported through the completion
+                    c._error = self.failed = exc
+            else:
+                c._error = LaneSkipped(f"not run: earlier work on {self.lane.name} failed "
+                                       f"({type(self.failed).__name__})")
             c._cpu_ns = _thread_ns() - cpu0
             c._end_ns = _perf_ns()
             c._done = True
@@ -229,15 +240,15 @@ class HostBackend(Backend):
     def runs_inline(self, lane: Lane) -> bool:
         return self._plain_lanes
 
-    def launch(self, lane: Lane, fn: Callable[[], Any]) -> HostCompletion:
+    def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> HostCompletion:
         w = self._worker(lane)
         c = HostCompletion(w)
-        w.queue.put((fn, c))
+        w.queue.put((fn, c, dependent))
         return c
 
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
-             lane: Lane) -> HostCompletion:
-        return self.launch(lane, lambda: copy_box(src, src_box, dst, dst_box, box))
+             lane: Lane, *, dependent: bool = False) -> HostCompletion:
+        return self.launch(lane, lambda: copy_box(src, src_box, dst, dst_box, box), dependent=dependent)
 
     def set_notifier(self, notifier: Callable[[Completion], None] | None) -> None:
         self._notifier = notifier

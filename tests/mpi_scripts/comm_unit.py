@@ -7,7 +7,7 @@ import numpy as np
 from mpi4py import MPI
 
 from executor.communicator import CommunicatorError
-from executor.mpi_communicator import EpochCheck, MpiCommunicator, decode_pilot, encode_pilot
+from executor.mpi import EpochCheck, MpiCommunicator, decode_pilot, encode_pilot
 from scheduler.errors import DivergenceError
 from scheduler.geometry import Box
 from scheduler.instruction_graph import EpochInstruction, Pilot

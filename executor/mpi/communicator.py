@@ -1,0 +1,341 @@
+"""The MPI communicator (mpi4py): how ranks of a real cluster talk to each other.
+
+Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does on
+``COMM_WORLD`` can match celeritas' messages:
+
+* **pilots** travel as fixed 12 x int64 messages on ``PILOT_TAG``; a ring of
+  standing ``Irecv(ANY_SOURCE)`` receives is always posted, so a pilot never
+  waits for the receiver to ask for it.  The ring is tested head first, which
+  keeps MPI's per-sender order (receives match in posting order).
+* **payloads** use ``Isend``/``Irecv`` on a per-message tag derived from the
+  sender's ``msg_id`` (unique per sender), straight from / into the allocation
+  (see ``wire``).
+* completion is polled with ``Test`` by one progress thread with adaptive
+  back-off, which wakes the executor (a notifying communicator), so neither
+  thread spins; the only blocking waits (``barrier``, a clone's ``Idup``) are
+  ``Test`` loops with short sleeps on the executor thread, so the GIL is never
+  held while waiting and divergence messages keep being checked meanwhile.
+* collective groups are ``Idup`` clones: cloning never blocks, the first use of
+  the clone's handle waits for the duplicate to complete.
+* **divergence check** (``EpochCheck``): ranks compare their task streams at
+  every epoch (see ``divergence``).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import time
+from collections import deque
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+from scheduler.errors import ConfigError
+from scheduler.instruction_graph import Pilot
+
+from ..communicator import Communicator, CommunicatorError, Request
+from .abort import abort_world, failure_origin, install_excepthook
+from .collective import collective_comm
+from .cuda_aware import mpi_cuda_support
+from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
+from .launch import import_mpi, library_version, thread_level_name
+from .progress import MpiRequest, PilotRing, Progress, set_mpi_byte
+from .wire import (PAYLOAD_TAG_BASE, PILOT_TAG, PILOT_WORDS, STRIDED_POLICIES, DatatypeCache, Spec,
+                   buffer_spec, encode_pilot)
+
+log = logging.getLogger("celeritas.mpi")
+
+_UNKNOWN = object()    # MpiCommunicator.cuda_aware not asked yet
+
+
+class MpiCommunicator(Communicator):
+    """One rank's endpoint over MPI (see the module docstring for the protocol).
+
+    ``MpiCommunicator()`` duplicates ``COMM_WORLD``; ``comm=`` duplicates another
+    mpi4py intracommunicator.  Notifying: a progress thread tests the requests
+    and wakes the executor, which therefore never polls MPI itself.
+    """
+
+    notifies = True
+    accepts_strided = True
+
+    @property
+    def cuda_aware(self) -> bool | None:    # type: ignore[override]
+        if self._cuda_aware is _UNKNOWN:
+            self._cuda_aware = mpi_cuda_support()
+        return self._cuda_aware
+
+    def __init__(self, comm: Any = None, *, strided: str = "auto", poll_max: float | None = None,
+                 divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT,
+                 divergence_timeout_hint: str | None = None, cuda_aware: bool | None = None,
+                 install_hooks: bool | None = None):
+        """``strided``: how strided boxes travel (see ``wire.use_datatype``);
+        ``poll_max``: the progress thread's longest sleep (s) while payloads are in
+        flight; ``divergence_timeout``: how long (s, None: forever) a shutdown or
+        barrier epoch waits for the neighbour's matching epoch, and
+        ``divergence_timeout_hint`` where users set it (named in the error);
+        ``cuda_aware``: the answer to "can MPI take CUDA pointers" when the user
+        knows it (None: ask the library).  Bad values fail before any MPI call."""
+        policy = strided.lower()
+        if policy not in STRIDED_POLICIES:
+            raise ConfigError(f"strided payload policy {strided!r}; use auto, datatype or staging")
+        if poll_max is not None and not poll_max > 0:
+            raise ConfigError(f"MPI poll interval {poll_max!r} s must be > 0")
+        if divergence_timeout is not None and not divergence_timeout > 0:
+            raise ConfigError(f"divergence timeout {divergence_timeout!r} s must be > 0 (or None)")
+        MPI = import_mpi()
+        set_mpi_byte(MPI.BYTE)
+        base = MPI.COMM_WORLD if comm is None else comm
+        self._setup(MPI, base.Dup(), None, None, DatatypeCache(MPI), policy)
+        if cuda_aware is not None:
+            self._cuda_aware = bool(cuda_aware)
+        self.epoch_check = EpochCheck(self._comm.Dup(), self._rank, self._size, divergence_timeout,
+                                      timeout_hint=divergence_timeout_hint) if self._size > 1 else None
+        self._progress = Progress(self._rank, poll_max)
+        self._start_ring()
+        if install_hooks is None:
+            install_hooks = comm is None and self._size > 1
+        if install_hooks:
+            install_excepthook(self._rank)
+        atexit.register(self.close)
+        log.info("MPI communicator: rank %d of %d, %s, %s", self._rank, self._size,
+                 library_version(MPI), thread_level_name(MPI.Query_thread()))
+
+    def _setup(self, mpi: Any, comm: Any, root: "MpiCommunicator | None", pending: Any,
+               types: DatatypeCache, strided: str) -> None:
+        self._mpi = mpi
+        self._comm = comm
+        self._root = root
+        self._pending_dup = pending               # Idup request of a clone
+        self._types = types
+        self._strided = strided
+        self._cuda_aware: Any = root._cuda_aware if root is not None else _UNKNOWN
+        self.epoch_check: EpochCheck | None = None
+        if root is None:
+            self._rank = comm.Get_rank()
+            self._size = comm.Get_size()
+            self._tag_span = int(comm.Get_attr(mpi.TAG_UB) or 32767) - PAYLOAD_TAG_BASE + 1
+        else:
+            # a duplicate has the original's rank and size; the new handle must not
+            # be touched before its Idup completes
+            self._rank, self._size, self._tag_span = root._rank, root._size, root._tag_span
+            self._progress = root._progress
+        self._ring: PilotRing | None = None
+        self._pilot_inbox: deque = deque()
+        self._handle: Any = None
+        self._closed = False
+
+    @classmethod
+    def _clone_of(cls, root: "MpiCommunicator", comm: Any, request: Any) -> "MpiCommunicator":
+        self = cls.__new__(cls)
+        self._setup(root._mpi, comm, root, request, root._types, root._strided)
+        return self
+
+    # ---- identity
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def num_ranks(self) -> int:
+        return self._size
+
+    @property
+    def mpi_comm(self) -> Any:
+        """The underlying mpi4py communicator (after a clone's duplicate completed)."""
+        self._ensure_ready()
+        return self._comm
+
+    def _check_rank(self, r: int) -> None:
+        if not 0 <= r < self._size or r == self._rank:
+            raise CommunicatorError(f"rank {self._rank} cannot talk to rank {r} ({self._size} ranks)")
+
+    def _payload_tag(self, msg_id: int) -> int:
+        return PAYLOAD_TAG_BASE + msg_id % self._tag_span
+
+    def _check_progress(self) -> None:
+        err = self._progress.error
+        if err is not None:
+            raise CommunicatorError(f"rank {self._rank}: MPI progress failed: {err}")
+
+    # ---- waiting (never holds the GIL)
+    def _divergence_poll(self) -> None:
+        root = self._root if self._root is not None else self
+        chk = root.epoch_check
+        if chk is not None:
+            chk.poll()
+
+    def _wait(self, test: Callable[[], bool], what: str) -> None:
+        """Poll ``test`` with short sleeps; keep checking for divergence meanwhile.  (A long
+        wait is reported by the runtime's application thread, which says what it waits for.)"""
+        delay = 2e-5
+        t0 = time.monotonic()
+        next_note = t0 + 30.0
+        while not test():
+            self._divergence_poll()
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1e-3)
+            now = time.monotonic()
+            if now >= next_note:
+                next_note = now + 60.0
+                log.debug("rank %d has been waiting %.0f s for %s", self._rank, now - t0, what)
+
+    def _ensure_ready(self) -> None:
+        req = self._pending_dup
+        if req is None:
+            return
+        self._wait(req.Test, "the other ranks to clone a collective group communicator")
+        self._pending_dup = None
+
+    # ---- pilots
+    def _start_ring(self) -> None:
+        self._ring = PilotRing(self._mpi, self._comm, self._pilot_inbox)
+        self._progress.add_ring(self._ring)
+
+    def send_pilot(self, to: int, pilot: Pilot) -> None:
+        self._check_rank(to)
+        if self._closed:
+            raise CommunicatorError(f"rank {self._rank}: communicator closed")
+        self._ensure_ready()
+        buf = np.empty(PILOT_WORDS, dtype=np.int64)
+        encode_pilot(pilot, buf)
+        try:
+            req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
+        except Exception as exc:  # noqa: BLE001
+            raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
+        self._progress.add(MpiRequest(req, buf, what=f"pilot to rank {to}", notify=False))
+
+    def poll_pilots(self) -> list[tuple[int, Pilot]]:
+        if self._closed:
+            return []
+        self._check_progress()
+        if self._ring is None:
+            self._ensure_ready()
+            self._start_ring()
+        inbox = self._pilot_inbox
+        if not inbox:
+            return []
+        out = []
+        pop = inbox.popleft
+        while inbox:
+            out.append(pop())
+        return out
+
+    # ---- payloads
+    def _spec(self, arr: Any, receive: bool) -> Spec:
+        return buffer_spec(self._mpi, arr, receive, self._strided, self._types)
+
+    def send_payload(self, to: int, msg_id: int, array: Any) -> Request:
+        self._check_rank(to)
+        self._check_progress()
+        self._ensure_ready()
+        spec, keep, _finish, _n = self._spec(array, receive=False)
+        try:
+            req = self._comm.Isend(spec, to, self._payload_tag(msg_id))
+        except Exception as exc:  # noqa: BLE001
+            raise CommunicatorError(f"rank {self._rank}: send of message {msg_id} to rank {to} failed: {exc}") \
+                from exc
+        r = MpiRequest(req, keep, what=f"send of message {msg_id} to rank {to}")
+        self._progress.add(r)
+        return r
+
+    def receive_payload(self, from_rank: int, msg_id: int, out_array: Any) -> Request:
+        self._check_rank(from_rank)
+        self._check_progress()
+        self._ensure_ready()
+        spec, keep, finish, nbytes = self._spec(out_array, receive=True)
+        try:
+            req = self._comm.Irecv(spec, from_rank, self._payload_tag(msg_id))
+        except Exception as exc:  # noqa: BLE001
+            raise CommunicatorError(f"rank {self._rank}: receive of message {msg_id} from rank {from_rank} "
+                                    f"failed: {exc}") from exc
+        r = MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
+                       what=f"receive of message {msg_id} from rank {from_rank}")
+        self._progress.add(r)
+        return r
+
+    # ---- groups, barrier, collectives
+    def clone(self, key: Hashable | None = None) -> "MpiCommunicator":
+        """An ``Idup`` of this communicator: returns at once; the duplicate completes
+        in the background and is waited for on first use (every rank clones in the
+        same order, which the deterministic instruction stream guarantees).  A clone
+        posts pilot receives only once it is asked for pilots."""
+        self._ensure_ready()
+        try:
+            newcomm, req = self._comm.Idup()
+        except Exception as exc:  # noqa: BLE001
+            raise CommunicatorError(f"rank {self._rank}: cloning the communicator failed: {exc}") from exc
+        root = self._root if self._root is not None else self
+        log.debug("rank %d: clone %s of the communicator", self._rank, key)
+        return MpiCommunicator._clone_of(root, newcomm, req)
+
+    def barrier(self) -> None:
+        self._ensure_ready()
+        req = self._comm.Ibarrier()
+        self._wait(req.Test, "the other ranks to reach the barrier")
+
+    def collective_handle(self) -> Any:
+        """The mpi4py communicator of this clone (same handle), as a ``CollectiveComm``
+        (see there why: mpi4py's first pickled reduction must not block holding the GIL)."""
+        h = self._handle
+        if h is None:
+            self._ensure_ready()
+            h = self._handle = collective_comm(self._mpi, self._comm)
+        return h
+
+    def set_notifier(self, notifier: Callable[[], None] | None) -> None:
+        """Called by the progress thread whenever a payload completes or a pilot
+        arrives, and every ``Progress.KEEPALIVE`` s (see ``Progress``)."""
+        if self._root is None:
+            self._progress.notifier = notifier
+
+    # ---- failure and teardown
+    def fatal_abort(self, message: str, error: BaseException | None = None) -> None:
+        """Report ``message`` on stderr (and where ``error`` came from in the user's code:
+        file, line, source line, original exception), then abort every rank (``MPI_Abort``)."""
+        if error is not None:
+            try:
+                origin = failure_origin(error)
+            except Exception:  # noqa: BLE001 - the abort must happen regardless
+                origin = []
+            if origin:
+                message = message.rstrip() + "\n" + "\n".join(origin)
+        abort_world(message, 1)
+
+    def close(self) -> None:
+        """Stop the progress thread, cancel the standing pilot receives and finish
+        outstanding small sends, so ``MPI_Finalize`` finds nothing posted."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._mpi.Is_initialized() or self._mpi.Is_finalized():
+                return
+            if self._root is not None:       # a clone: only its own ring
+                if self._ring is not None:
+                    self._progress.remove_ring(self._ring)
+                    self._ring.cancel()
+                return
+            self._progress.notifier = None
+            if self.epoch_check is not None:
+                self.epoch_check.close()
+            deadline = time.monotonic() + 2.0
+            while self._progress.pending_sends() and time.monotonic() < deadline:
+                time.sleep(1e-4)
+            self._progress.stop()
+            if self._ring is not None:
+                self._ring.cancel()
+            self._types.free()
+        except Exception:  # noqa: BLE001 - teardown must not raise
+            log.debug("closing the MPI communicator failed", exc_info=True)
+
+
+def mpi_info(cuda_aware: bool | None = None) -> dict:
+    """What ``python -m celeritas info`` shows about MPI (initializes MPI); ``cuda_aware``
+    as for ``MpiCommunicator``."""
+    import mpi4py
+    MPI = import_mpi()
+    return {"mpi4py": mpi4py.__version__, "library": library_version(MPI),
+            "standard": "%d.%d" % MPI.Get_version(), "thread_level": thread_level_name(MPI.Query_thread()),
+            "world_size": MPI.COMM_WORLD.Get_size(), "tag_ub": MPI.COMM_WORLD.Get_attr(MPI.TAG_UB),
+            "cuda_aware": mpi_cuda_support(cuda_aware)}

@@ -1,0 +1,283 @@
+"""The divergence check: ranks must submit the same task stream.
+
+Every rank sends ``(epoch number, task-stream hash, digest)`` to its right
+neighbour in a ring as soon as the executor receives an epoch, and compares what
+its left neighbour sent.  Any difference between any two ranks shows up between
+some pair of neighbours, so one message per rank and epoch suffices.  Shutdown
+and barrier epochs wait (with a timeout) until the neighbour's matching epoch
+arrived.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from scheduler.errors import DivergenceError
+from scheduler.instruction_graph import EpochInstruction
+
+from .wire import EPOCH_TAG
+
+log = logging.getLogger("celeritas.mpi")
+
+DEFAULT_DIVERGENCE_TIMEOUT = 300.0
+
+
+@dataclass(slots=True)
+class _EpochInfo:
+    seq: int
+    task: int
+    action: str
+    stream_hash: int
+    digest: list
+
+
+def _norm_entry(e: Any) -> tuple:
+    tid, kind, name, rng = e
+    return int(tid), str(kind), str(name), tuple(int(x) for x in rng)
+
+
+_EPOCH_WORDS = {"none": "epoch of q.wait()", "barrier": "barrier epoch of q.wait(barrier=True)",
+                "shutdown": "shutdown epoch of q.shutdown() or the program's end", "init": "initial epoch"}
+
+
+def _describe(e: tuple | None) -> str:
+    if e is None:
+        return "no further task"
+    tid, kind, name, rng = e
+    if kind == "epoch":
+        return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
+    return f"T{tid} ({kind} {name!r}, range {list(rng)})"
+
+
+def _stretch(info: _EpochInfo) -> list[tuple]:
+    """The tasks of the stretch that ``info``'s epoch closes, the epoch itself last."""
+    return info.digest + [(info.task, "epoch", info.action, ())]
+
+
+def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | None, tuple | None] | None:
+    """(my entry, their entry) of the first task id where the streams differ, or None.
+
+    Compared by task id, since ids are handed out in submission order on every
+    rank: a task only one rank submitted, or submitted under another name, kind
+    or range, shows up as the first id whose entries differ (one of them may be
+    the other rank's epoch, or missing where one stream ends first)."""
+    a = {e[0]: e for e in mine}
+    b = {e[0]: e for e in theirs}
+    for tid in sorted(a.keys() | b.keys()):
+        ea, eb = a.get(tid), b.get(tid)
+        if ea != eb:
+            return ea, eb
+    return None
+
+
+class EpochCheck:
+    """Compares this rank's task stream with its left neighbour's at every epoch.
+
+    Driven from the executor thread only: ``announce`` when an epoch
+    instruction arrives, ``poll`` from the executor loop (and from the
+    communicator's own wait loops), ``verified`` before an epoch completes.
+    Errors are raised once as ``DivergenceError``; after that the check is quiet
+    (the runtime aborts the job).
+
+    ``pending_tasks`` (set by the runtime) returns the tasks this rank submitted
+    since its last epoch, as ``(id, kind, name, range)``.  While the neighbour is
+    an epoch ahead, they are compared with the neighbour's stretch: a rank that
+    submitted a task the neighbour did not, and then blocks (at a fence, on data
+    that never comes) before its own epoch, is reported at once and by the task,
+    instead of the neighbour timing out knowing nothing of it.
+    """
+
+    WAIT_ACTIONS = ("shutdown", "barrier")
+    PENDING_RECHECK = 1.0       # s between comparisons of the growing pending tasks
+
+    def __init__(self, comm: Any, rank: int, size: int, timeout: float | None, *,
+                 timeout_hint: str | None = None):
+        self._comm = comm
+        self._timeout_hint = timeout_hint    # where users set the timeout, named in the timeout error
+        self.rank = rank
+        self.size = size
+        self._left = (rank - 1) % size
+        self._right = (rank + 1) % size
+        self._timeout = timeout
+        self._seq = 0
+        self._seq_of_task: dict[int, int] = {}
+        self._mine: dict[int, _EpochInfo] = {}
+        self._theirs: dict[int, _EpochInfo] = {}
+        self._verified = -1               # every epoch up to here matched
+        self._last_verified_task: int | None = None
+        self._last_announced_task: int | None = None
+        self._sends: deque = deque()
+        self._recv: Any = None            # irecv of a matched (probed) message
+        self._failed = False
+        self._wait_started: dict[int, float] = {}
+        self._next_pending_check = 0.0
+        self.pending_tasks: Callable[[], list] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+    # ---- executor hooks
+    def announce(self, instr: EpochInstruction) -> None:
+        if not self.enabled or instr.task in self._seq_of_task:
+            return
+        seq = self._seq
+        self._seq += 1
+        self._seq_of_task[instr.task] = seq
+        self._last_announced_task = instr.task
+        digest = [_norm_entry(e) for e in instr.digest]
+        info = _EpochInfo(seq, instr.task, instr.action, int(instr.stream_hash), digest)
+        self._mine[seq] = info
+        payload = (seq, instr.task, instr.action, int(instr.stream_hash), digest)
+        self._sends.append(self._comm.isend(payload, dest=self._right, tag=EPOCH_TAG))
+        self._compare()
+
+    def poll(self) -> None:
+        if not self.enabled or self._failed:
+            return
+        while self._sends and self._sends[0].Test():
+            self._sends.popleft()
+        got = False
+        while True:
+            if self._recv is None:
+                msg = self._comm.improbe(source=self._left, tag=EPOCH_TAG)
+                if msg is None:
+                    break
+                self._recv = msg.irecv()
+            flag, payload = self._recv.test()
+            if not flag:
+                break
+            self._recv = None
+            seq, task, action, h, digest = payload
+            self._theirs[seq] = _EpochInfo(seq, task, action, h, [_norm_entry(e) for e in digest])
+            got = True
+        if got:
+            self._compare()
+        if self.pending_tasks is not None and (got or time.monotonic() >= self._next_pending_check):
+            self._compare_pending()
+
+    def verified(self, instr: EpochInstruction) -> bool:
+        """True once this epoch may complete: always for plain epochs (checked in the
+        background), for shutdown/barrier epochs once the neighbour's matching epoch
+        arrived and matched.  Raises DivergenceError on a mismatch or a timeout."""
+        if not self.enabled or self._failed or instr.action not in self.WAIT_ACTIONS:
+            return True
+        seq = self._seq_of_task.get(instr.task)
+        if seq is None:
+            self.announce(instr)
+            seq = self._seq_of_task[instr.task]
+        self.poll()
+        if seq <= self._verified:
+            self._wait_started.pop(seq, None)
+            return True
+        now = time.monotonic()
+        t0 = self._wait_started.setdefault(seq, now)
+        waited = now - t0
+        if self._timeout is not None and waited >= self._timeout:
+            self._failed = True
+            hint = f" ({self._timeout_hint} sets the timeout)" if self._timeout_hint else ""
+            mine = self._mine.get(seq)
+            last = (f"the last epoch both reached is T{self._last_verified_task}"
+                    if self._last_verified_task is not None else "no epoch has been compared yet")
+            raise DivergenceError(
+                f"rank {self.rank} reached epoch #{seq} (T{instr.task}, {instr.action}) but rank {self._left} "
+                f"did not submit a matching epoch within {self._timeout:g} s: the ranks submitted different "
+                f"work (a different number of epochs, or rank {self._left} is blocked waiting for data "
+                f"that this rank's task stream never produces); {last}. Since then this rank submitted "
+                f"{self._digest_summary(mine)}{hint}")
+        return False
+
+    def pending_wait(self) -> bool:
+        return bool(self._wait_started)
+
+    def describe_wait(self, instr: EpochInstruction) -> str | None:
+        """What epoch ``instr`` waits for, while it waits for the neighbour's matching epoch."""
+        seq = self._seq_of_task.get(instr.task)
+        if seq is None or seq <= self._verified or self._failed:
+            return None
+        return (f"rank {self._left} to reach its epoch matching T{instr.task} ({instr.action}, epoch #{seq}): "
+                f"the ranks compare their task streams there")
+
+    # ---- comparison
+    def _compare(self) -> None:
+        while not self._failed:
+            seq = self._verified + 1
+            mine = self._mine.get(seq)
+            theirs = self._theirs.get(seq)
+            if mine is None or theirs is None:
+                return
+            if mine.stream_hash != theirs.stream_hash or mine.action != theirs.action:
+                self._failed = True
+                raise DivergenceError(self._mismatch_message(mine, theirs))
+            self._verified = seq
+            self._last_verified_task = mine.task
+            del self._mine[seq]
+            del self._theirs[seq]
+
+    def _compare_pending(self) -> None:
+        """The neighbour announced the next epoch and this rank has not: compare what this
+        rank submitted since its last epoch with the neighbour's stretch up to there."""
+        self._next_pending_check = time.monotonic() + self.PENDING_RECHECK
+        seq = self._verified + 1
+        theirs = self._theirs.get(seq)
+        if self._failed or theirs is None or seq in self._mine or self._seq != seq:
+            return                     # (self._seq != seq: an epoch of mine is announced but not compared)
+        try:
+            pending = [_norm_entry(e) for e in self.pending_tasks()]
+        except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
+            log.debug("reading the pending tasks failed", exc_info=True)
+            return
+        last = self._last_announced_task
+        if not pending or last is None or pending[0][0] != last + 1:
+            return                     # an epoch of this rank sits in between, not yet announced
+        stretch = [e for e in _stretch(theirs) if e[0] <= pending[-1][0]]
+        diff = _first_difference(pending, stretch)
+        if diff is not None:
+            self._failed = True
+            ea, eb = diff
+            raise DivergenceError(
+                f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
+                f"({self._since()}, epoch #{seq}): rank {self._left} submitted {_describe(eb)}; rank {self.rank} "
+                f"submitted {_describe(ea)}")
+
+    def _since(self) -> str:
+        return (f"after epoch T{self._last_verified_task}" if self._last_verified_task is not None
+                else "from the start")
+
+    def _mismatch_message(self, mine: _EpochInfo, theirs: _EpochInfo) -> str:
+        a, b = _stretch(mine), _stretch(theirs)
+        diff = _first_difference(a, b)
+        if diff is not None:
+            ea, eb = diff
+            return (f"ranks {self._left} and {self.rank} submitted different task streams; the first "
+                    f"differing task ({self._since()}, epoch #{mine.seq}): rank {self._left} submitted "
+                    f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
+        return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
+                f"#{mine.seq}, T{mine.task}): the same task names and ranges, but different buffer accesses; "
+                f"the first task of that stretch is {_describe(a[0])}")
+
+    @staticmethod
+    def _digest_summary(info: _EpochInfo | None) -> str:
+        if info is None:
+            return "unknown tasks"
+        d = info.digest
+        if not d:
+            return "nothing but this epoch"
+        shown = ", ".join(_describe(e) for e in d[:3])
+        return shown + (f", … ({len(d)} tasks)" if len(d) > 3 else "")
+
+    def close(self, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self._sends and time.monotonic() < deadline:
+            if self._sends[0].Test():
+                self._sends.popleft()
+            else:
+                time.sleep(1e-4)
+        if self._recv is not None:
+            # a matched message is already ours: complete it rather than leaving it posted
+            while time.monotonic() < deadline and not self._recv.test()[0]:
+                time.sleep(1e-4)
+            self._recv = None
