@@ -12,13 +12,13 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from scheduler.errors import ConfigError
-
-LOOKAHEAD_MODES = ("none", "auto", "infinite")
+from scheduler.scheduler import LOOKAHEAD_MODES
 DIAGNOSTICS = ("off", "warn", "error")
 MPI_DEVICE_MEMORY = ("auto", "direct", "staged")
 GC_POLICIES = ("tuned", "default")
 MPI_STRIDED = ("auto", "datatype", "staging")
 DEFAULT_DIVERGENCE_TIMEOUT = 300.0
+REPLAY_MODES = ("on", "off")
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -79,6 +79,7 @@ class Config:
     log_level: str = "warning"
     summary: bool = False
     host_device_memory: int | None = None   # bytes per simulated device memory (host:N)
+    replay: bool = True                     # reuse the lowering of repeating steps (scheduler/replay.py)
     # sends/receives straight from/into device memory ("direct", CUDA-aware MPI) or
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
@@ -194,4 +195,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
                                            "seconds", off=True),
         mpi_cuda_aware=_tristate(env, "CELERITAS_MPI_CUDA_AWARE"),
         wait_warning=_positive_float(env, "CELERITAS_WAIT_WARNING", 10.0, "seconds", off=True),
+        replay=_choice(env, "CELERITAS_REPLAY", REPLAY_MODES, "on") == "on",
     )

@@ -16,7 +16,7 @@ from scheduler.geometry import Box
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration
-from .range_mappers import to_scheduler_mapper
+from .range_mappers import is_pure, to_scheduler_mapper
 
 # ---- reductions ---------------------------------------------------------------------
 plus = np.add
@@ -421,7 +421,7 @@ class CommandGroupHandler:
         for buf, mapper, mode in self._accesses:
             sm = to_scheduler_mapper(mapper, buffer_label=buf.label, buffer_dims=buf.ndim,
                                      kernel_dims=geom.dims, global_box=full)
-            accesses.append(tg.BufferAccess(buf.id, mode, sm))
+            accesses.append(tg.BufferAccess(buf.id, mode, sm, is_pure(mapper)))
         reductions = []
         for d in getattr(self, "_kernel_reductions", []):
             if d not in self._reductions:

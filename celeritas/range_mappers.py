@@ -238,6 +238,12 @@ def _cache_key(mapper: Callable) -> tuple | None:
     return None
 
 
+def is_pure(mapper: Callable) -> bool:
+    """Whether ``mapper`` is a built-in mapper, a pure function of its parameters and the
+    chunk: its wrapper is shared across tasks and may stand for its results (replay)."""
+    return _cache_key(mapper) is not None
+
+
 def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int,
                         kernel_dims: int | None = None, global_box: Box | None = None
                         ) -> Callable[[Box, tuple], Region]:

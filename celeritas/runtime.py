@@ -26,6 +26,7 @@ from scheduler.instruction_graph import (EpochInstruction, FenceInstruction, Hor
                                          AllocInstruction, InstructionBatch)
 from scheduler.instruction_graph_generator import SystemInfo
 from scheduler.recorders import Recorders
+from scheduler.replay import Replay
 from scheduler.scheduler import Scheduler
 
 from . import config as cfg
@@ -320,7 +321,8 @@ class Runtime:
                                            on_task=self.scheduler.notify_task,
                                            diagnostics=config.diagnostics if self.rank == 0 else
                                            ("error" if config.diagnostics == "error" else "off"),
-                                           recorder=rec.tasks if rec else None)
+                                           recorder=rec.tasks if rec else None,
+                                           replay=Replay() if config.replay else None)
         check = getattr(self.communicator, "epoch_check", None)
         if check is not None:       # lets the divergence check name a task before this rank's next epoch
             check.pending_tasks = self._pending_tasks

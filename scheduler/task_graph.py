@@ -13,6 +13,7 @@ from .errors import DiagnosticError, RangeMapperError
 from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_map
 from .recorders import TaskRecorder
+from .replay import Replay, absolute, relative
 
 log = logging.getLogger("celeritas.task_graph")
 
@@ -80,6 +81,9 @@ class BufferAccess:
     buffer: int
     mode: str
     mapper: RangeMapper
+    # the mapper is a pure function shared across tasks (a built-in one): its identity
+    # stands for its results, so replay may key on it
+    pure: bool = False
 
     def region(self, chunk: Box, shape: tuple) -> Region:
         return self.mapper(chunk, shape)
@@ -201,12 +205,14 @@ class TaskManager:
 
     def __init__(self, *, horizon_step: int = 4, horizon_max_parallelism: int = 64,
                  on_task: Callable[[Task], None] | None = None, diagnostics: str = DIAG_WARN,
-                 recorder: TaskRecorder | None = None):
+                 recorder: TaskRecorder | None = None, replay: Replay | None = None):
         self.horizon_step = horizon_step
         self.horizon_max_parallelism = horizon_max_parallelism
         self.on_task = on_task
         self.diagnostics = diagnostics
         self.recorder = recorder
+        self.replay = replay
+        self._shapes: dict[int, tuple[int, int]] = {}   # buffer -> (interned shape, base): see replay
         self.buffers: dict[int, BufferInfo] = {}
         self.tasks: dict[int, Task] = {}
         self._next_id = 0
@@ -243,6 +249,7 @@ class TaskManager:
 
     def destroy_buffer(self, bid: int) -> None:
         self._access.pop(bid, None)
+        self._shapes.pop(bid, None)
         self._written.pop(bid, None)
 
     def new_reduction_id(self) -> int:
@@ -308,6 +315,24 @@ class TaskManager:
     # the readers since, as the command and instruction graphs track it, so dependencies
     # are a function of the buffers' own state (which is what replay keys on).
     def _compute_dependencies(self, t: Task) -> None:
+        replay = self.replay
+        if replay is not None:
+            key = self._replay_key(t)
+            if key is None:
+                replay.bypassed += 1
+            else:
+                tpl = replay.templates.get(key)
+                if tpl is not None:
+                    replay.hits += 1
+                    self._replay(t, tpl)
+                    return
+                self._lower_dependencies(t)
+                replay.misses += 1
+                replay.templates.put(key, self._record(t, key[1]))
+                return
+        self._lower_dependencies(t)
+
+    def _lower_dependencies(self, t: Task) -> None:
         geom = t.geometry
         full = geom.box if geom is not None else _EMPTY_BOX0
         accesses = t.accesses
@@ -396,6 +421,74 @@ class TaskManager:
         if self.epoch_for_new_tasks is not None and not t.has_true_dep():
             t.add_dep(self.epoch_for_new_tasks, TRUE_DEP, ORIGIN_LAST_EPOCH)
 
+    # ---- replay (see scheduler/replay.py) ------------------------------------------
+    def _replay_key(self, t: Task) -> tuple | None:
+        """What determines ``t``'s dependencies and its buffers' new state, or None when the
+        lowering must run every time (user mappers, fences, uninitialized data to report)."""
+        if t.kind not in _REPLAYABLE:
+            return None
+        accesses = t.accesses
+        for a in accesses:
+            if not a.pure:
+                return None
+        reductions = t.reductions
+        if len(accesses) == 1 and not reductions:
+            bids = (accesses[0].buffer,)
+        else:
+            bids = tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
+        tid = t.id
+        parts = []
+        written = self._written
+        shapes = self._shapes
+        for bid in bids:
+            if written.get(bid, False) is not None:
+                return None   # parts never written (or no such buffer): diagnose every time
+            sh = shapes.get(bid)
+            if sh is None:
+                sh = shapes[bid] = (self.replay.intern(self._access[bid].snapshot(relative(tid))), tid)
+            parts.append(sh[0])
+            parts.append(sh[1] - tid)
+        geom = t.geometry
+        tasks = self.tasks
+        extras = (self._horizons.epoch - tid,
+                  tuple([_rel_task(self._last_side_effect.get(ho), tid, tasks) for ho in t.side_effects]),
+                  None if t.collective_group is None else
+                  _rel_task(self._last_collective.get(t.collective_group), tid, tasks))
+        return ((t.kind, geom.global_range, geom.offset, geom.granularity,
+                 tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
+                 tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
+                 tuple(t.side_effects), t.collective_group),
+                bids, tuple(parts), extras)
+
+    def _record(self, t: Task, bids: tuple) -> tuple:
+        """The template of ``t``'s lowering just done: dependencies and new buffer states,
+        ids relative to ``t``."""
+        tid = t.id
+        deps = tuple([(d - tid, k, o) for d, (k, o) in t.deps.items()])
+        post = []
+        rel = relative(tid)
+        for bid in bids:
+            snap = self._access[bid].snapshot(rel)
+            sid = self.replay.intern(snap)
+            self._shapes[bid] = (sid, tid)
+            post.append((bid, sid, snap))
+        return deps, tuple(post)
+
+    def _replay(self, t: Task, tpl: tuple) -> None:
+        deps, post = tpl
+        tid = t.id
+        tasks = self.tasks
+        for rel, kind, origin in deps:
+            t.add_dep(tasks[tid + rel], kind, origin)
+        ab = absolute(tid)
+        for bid, sid, snap in post:
+            self._access[bid].restore(snap, ab)
+            self._shapes[bid] = (sid, tid)
+        for ho in t.side_effects:
+            self._last_side_effect[ho] = t
+        if t.collective_group is not None:
+            self._last_collective[t.collective_group] = t
+
     # ---- commit, horizons, epochs ------------------------------------------------
     def _commit(self, t: Task, reduce_front: bool = True) -> None:
         horizons = self._horizons
@@ -441,6 +534,7 @@ class TaskManager:
         eid = epoch.id
         for acc in self._access.values():
             acc.apply_all(lambda v: _collapse_task_access(v, eid))
+        self._shapes.clear()
         for d in (self._last_side_effect, self._last_collective):
             collapse_map(d, eid, epoch, key=_task_id)
 
@@ -484,3 +578,11 @@ def _collapse_task_access(value: tuple, eid: int) -> tuple:
     if rs and min(rs) < eid:
         rs = frozenset([r for r in rs if r >= eid])
     return value if nw == w and rs is value[1] else (nw, rs)
+
+
+_REPLAYABLE = frozenset((DEVICE_COMPUTE, HOST_COMPUTE, COLLECTIVE, MASTER_NODE))
+
+
+def _rel_task(t: "Task | None", base: int, tasks: dict) -> int | None:
+    """A task's id relative to ``base``, None for no task (or one already forgotten)."""
+    return None if t is None or t.id not in tasks else t.id - base

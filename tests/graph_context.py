@@ -17,16 +17,19 @@ from scheduler.geometry import Box
 from scheduler.instruction_graph import Instruction
 from scheduler.instruction_graph_generator import InstructionGraphGenerator, SystemInfo
 from scheduler.recorders import CommandRecorder, InstructionRecorder, TaskRecorder
+from scheduler.replay import Replay
 from scheduler.scheduler import Lookahead
 
 
 class GraphContext:
     def __init__(self, num_ranks: int = 1, *, devices: int = 1, lookahead: str = "none",
                  horizon_step: int = 4, horizon_max_parallelism: int = 64, diagnostics: str = "warn",
-                 peers: bool = True, comm_memories=frozenset((1,)), compile_ranks: Sequence[int] | None = None):
+                 peers: bool = True, comm_memories=frozenset((1,)), compile_ranks: Sequence[int] | None = None,
+                 replay: bool = False):
         self.num_ranks = num_ranks
         self.tm = tg.TaskManager(horizon_step=horizon_step, horizon_max_parallelism=horizon_max_parallelism,
-                                 on_task=self._on_task, diagnostics=diagnostics, recorder=TaskRecorder())
+                                 on_task=self._on_task, diagnostics=diagnostics, recorder=TaskRecorder(),
+                                 replay=Replay() if replay else None)
         self.cdags = [cg.CommandGraphGenerator(num_ranks, r, diagnostics=diagnostics, recorder=CommandRecorder(r))
                       for r in range(num_ranks)]
         peer_set = None if peers else frozenset()
@@ -62,7 +65,8 @@ class GraphContext:
     def access(self, bid: int, mapper, mode: str, kernel_dims: int | None = None) -> tg.BufferAccess:
         info = self.tm.buffers[bid]
         return tg.BufferAccess(bid, mode, rm.to_scheduler_mapper(mapper, buffer_label=info.label,
-                                                                 buffer_dims=len(info.shape)))
+                                                                 buffer_dims=len(info.shape)),
+                               rm.is_pure(mapper))
 
     def task(self, global_range: Sequence[int], accesses: Sequence[tuple] = (), *, kind: str = tg.DEVICE_COMPUTE,
              name: str = "", offset: Sequence[int] | None = None, split: str = "1d", oversubscribe: int = 1,

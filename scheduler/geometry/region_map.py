@@ -532,18 +532,41 @@ class RegionMap:
         return {e[2] for e in self._entries}
 
     # ---- memoization ----------------------------------------------------------------
-    def snapshot(self) -> tuple:
+    def snapshot(self, relabel=None) -> tuple:
         """The map's exact state as a hashable value: equal snapshots mean identical
         future behaviour (queries, updates and their results), so a generator may key
-        memoized work by them and ``restore`` the state its memo recorded."""
-        return (self._ext, self.dims, self._compact_at, tuple(self._entries))
+        memoized work by them and ``restore`` the state its memo recorded.  ``relabel``
+        maps every value first (once per distinct value): replay stores ids relative to
+        a base, so that the states of successive steps compare equal."""
+        entries = self._entries
+        if relabel is not None:
+            memo: dict = {}
+            out = []
+            for lo, hi, v in entries:
+                nv = memo.get(v, memo)
+                if nv is memo:
+                    nv = memo[v] = relabel(v)
+                out.append((lo, hi, nv))
+            entries = out
+        return (self._ext, self.dims, self._compact_at, tuple(entries))
 
-    def restore(self, snapshot: tuple) -> None:
-        """Set the state taken by ``snapshot`` (of a map with the same extent)."""
+    def restore(self, snapshot: tuple, relabel=None) -> None:
+        """Set the state taken by ``snapshot`` (of a map with the same extent), with every
+        value mapped through ``relabel`` (the inverse of the one given to ``snapshot``)."""
         ext, dims, compact_at, entries = snapshot
         if ext != self._ext or dims != self.dims:
             raise ValueError(f"snapshot of a map over {ext} restored into a map over {self._ext}")
-        self._entries = list(entries)
+        if relabel is None:
+            self._entries = list(entries)
+        else:
+            memo: dict = {}
+            out = []
+            for lo, hi, v in entries:
+                nv = memo.get(v, memo)
+                if nv is memo:
+                    nv = memo[v] = relabel(v)
+                out.append((lo, hi, nv))
+            self._entries = out
         self._compact_at = compact_at
 
     def __len__(self) -> int:

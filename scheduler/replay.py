@@ -1,0 +1,86 @@
+"""Replay of repeating steps: lower a task the first time, replay the recording after.
+
+Iterative programs submit the same steps again and again: the same kernels, mappers,
+ranges and buffers, with the buffers in the same states every period.  Lowering is
+a deterministic function of the task and of the generator state of the buffers it
+touches, so each generator (task graph, command graph, instruction graph) memoizes
+it:
+
+* **State identity.**  A buffer's generator state is kept as an interned *shape*
+  (a small int) plus a *base*: the shape is the state with every node id written
+  relative to the base (the first id of the lowering that last set the state).
+  Node ids only ever grow and the per-point state is collapsed onto the latest epoch
+  at every horizon, so in a periodic program the relative states repeat exactly.
+* **Key.**  The task's (or command's) signature: kind, geometry, split, hints, per
+  access the buffer, mode and mapper (built-in mappers are pure and shared across
+  tasks, so the mapper object stands for the mapped regions of every chunk), the
+  reductions, side effects and collective group; plus, per touched buffer, its
+  shape and how far its base lies behind the current one; plus the ids (again
+  relative) of the epoch and of the last side effect or collective task in play.
+* **Hit.**  The recorded template is emitted with fresh ids (relative id + the
+  current base): its dependencies bind to the same relative ids, which name the same
+  nodes of the current state.  The touched buffers take the template's new state.
+* **Miss.**  The task is lowered normally and a template is recorded by writing the
+  output and the new state relative to the base.
+
+Exactness: ids are compared only for equality and order by the generators, and a
+relative encoding preserves both; everything else that a lowering reads is in the
+key.  ``tests/test_replay.py`` compiles the golden and differential programs with
+replay on and off and asserts identical graphs.  A task whose lowering would warn
+(uninitialized reads, diagnostics) or uses a user-defined mapper (which may depend on
+anything) is lowered normally every time.
+
+The memo is a ``BoundedCache`` of ``DEFAULT_TEMPLATES`` templates per generator and
+rank (a stencil needs a handful: a template per step of the buffers' period, per
+phase of the horizon period); ``CELERITAS_REPLAY=off`` disables it.
+"""
+from __future__ import annotations
+
+from .bounded_cache import BoundedCache
+
+DEFAULT_TEMPLATES = 4096
+
+
+class Replay:
+    """One generator's memo of lowerings, with its hit counts."""
+
+    __slots__ = ("templates", "hits", "misses", "bypassed", "_shapes", "_next_shape")
+
+    def __init__(self, limit: int = DEFAULT_TEMPLATES):
+        self.templates = BoundedCache(limit)
+        self.hits = 0          # lowerings replayed from a template
+        self.misses = 0        # lowerings done normally and recorded
+        self.bypassed = 0      # lowerings that cannot be replayed (user mappers, diagnostics, ...)
+        self._shapes = BoundedCache(4 * limit)
+        self._next_shape = 0
+
+    def intern(self, shape: tuple) -> int:
+        """A small int standing for ``shape`` (equal shapes, equal ints), so that keys hash
+        and compare in O(1) however large a buffer's state is.  Ints are never reused:
+        a forgotten shape just gets a new one."""
+        sid = self._shapes.get(shape)
+        if sid is None:
+            sid = self._next_shape
+            self._next_shape += 1
+            self._shapes.put(shape, sid)
+        return sid
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed,
+                "templates": len(self.templates)}
+
+
+def relative(base: int):
+    """``(writer, readers)`` access values with ids written relative to ``base``."""
+    def rel(v: tuple) -> tuple:
+        w, rs = v
+        return (None if w is None else w - base, frozenset([r - base for r in rs]) if rs else rs)
+    return rel
+
+
+def absolute(base: int):
+    """The inverse of ``relative(base)``."""
+    def ab(v: tuple) -> tuple:
+        w, rs = v
+        return (None if w is None else w + base, frozenset([r + base for r in rs]) if rs else rs)
+    return ab
