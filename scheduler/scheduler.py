@@ -18,6 +18,7 @@ from . import task_graph as tg
 from .instruction_graph import InstructionBatch, Instruction, Pilot
 from .instruction_graph_generator import InstructionGraphGenerator, SystemInfo
 from .recorders import CommandRecorder, InstructionRecorder
+from .replay import Replay
 
 log = logging.getLogger("celeritas.scheduler")
 
@@ -154,11 +155,12 @@ class Scheduler:
     def __init__(self, *, num_ranks: int, rank: int, system: SystemInfo, delegate: SchedulerDelegate,
                  lookahead: str = LOOKAHEAD_AUTO, diagnostics: str = tg.DIAG_WARN,
                  command_recorder: CommandRecorder | None = None,
-                 instruction_recorder: InstructionRecorder | None = None, on_error=None):
+                 instruction_recorder: InstructionRecorder | None = None, replay: bool = True, on_error=None):
         self.num_ranks = num_ranks
         self.rank = rank
         self.delegate = delegate
-        self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, recorder=command_recorder)
+        self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, recorder=command_recorder,
+                                             replay=Replay() if replay else None)
         self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, recorder=instruction_recorder,
                                              diagnostics=diagnostics)
         self.lookahead = Lookahead(self.igg, lookahead)

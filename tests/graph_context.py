@@ -30,7 +30,8 @@ class GraphContext:
         self.tm = tg.TaskManager(horizon_step=horizon_step, horizon_max_parallelism=horizon_max_parallelism,
                                  on_task=self._on_task, diagnostics=diagnostics, recorder=TaskRecorder(),
                                  replay=Replay() if replay else None)
-        self.cdags = [cg.CommandGraphGenerator(num_ranks, r, diagnostics=diagnostics, recorder=CommandRecorder(r))
+        self.cdags = [cg.CommandGraphGenerator(num_ranks, r, diagnostics=diagnostics, recorder=CommandRecorder(r),
+                                               replay=Replay() if replay else None)
                       for r in range(num_ranks)]
         peer_set = None if peers else frozenset()
         self.compile_ranks = list(range(num_ranks)) if compile_ranks is None else list(compile_ranks)

@@ -33,6 +33,8 @@ def _compile(prog, ranks, devices, lookahead, compile_ranks, peers, replay, **kw
 
 def _replays(ctx) -> dict:
     out = {"task": ctx.tm.replay.stats()}
+    for r, c in enumerate(ctx.cdags):
+        out[f"command rank {r}"] = c.replay.stats()
     return out
 
 
@@ -61,10 +63,79 @@ def _stencil(ctx, n=32, steps=40, split="2d", extra=False):
                                                      (2, 2, "infinite"), (4, 2, "auto")])
 @pytest.mark.parametrize("extra", [False, True])
 def test_steady_state_loops_hit_and_stay_identical(ranks, devices, lookahead, extra):
-    prog = lambda ctx: _stencil(ctx, extra=extra)  # noqa: E731
+    # (the mixed program repeats every lcm(2, 3) steps, and each phase of the horizon period
+    # meets each step: it needs more steps before hits outnumber the first lowerings)
+    prog = lambda ctx: _stencil(ctx, steps=150 if extra else 40, extra=extra)  # noqa: E731
     off = _compile(prog, ranks, devices, lookahead, None, True, False)
     on = _compile(prog, ranks, devices, lookahead, None, True, True)
     assert _canonical(on) == _canonical(off)
     stats = _replays(on)
     for level, st_ in stats.items():
         assert st_["hits"] > st_["misses"], (level, stats)
+
+
+_MAPPERS_1D = [lambda: rm.one_to_one(), lambda: rm.all(), lambda: rm.neighborhood(1), lambda: rm.neighborhood(2),
+               lambda: rm.fixed(rm.Subrange((0,), (8,))), lambda: rm.even_split()]
+_MAPPERS_2D = [lambda: rm.one_to_one(), lambda: rm.all(), lambda: rm.neighborhood(1, 1),
+               lambda: rm.neighborhood(1, 1, shape="along_axes"), lambda: rm.transposed(),
+               lambda: rm.slice(0), lambda: rm.slice(1)]
+
+
+def _random_program(seed: int):
+    """A random loop body repeated several times: replay sees the same steps again, in
+    random buffer states, with reductions, host tasks, side effects and collectives."""
+    rng = random.Random(seed)
+    one = [rng.choice([True, False]) for _ in range(3)]
+
+    def prog(ctx):
+        bufs1 = [ctx.buffer((24,), host_init=rng.random() < 0.7) for _ in range(3)]
+        bufs2 = [ctx.buffer((12, 12), host_init=rng.random() < 0.7) for _ in range(2)]
+        red = ctx.buffer((1,))
+        body = []
+        for _ in range(rng.randint(2, 6)):
+            two = rng.random() < 0.4
+            pool, mappers, rng_ = (bufs2, _MAPPERS_2D, (12, 12)) if two else (bufs1, _MAPPERS_1D, (24,))
+            w = rng.randrange(len(pool))
+            accs = [(w, lambda: rm.one_to_one(), rng.choice([W, RW, DW]))]
+            for _ in range(rng.randint(0, 2)):
+                r = rng.randrange(len(pool))
+                if r != w:
+                    accs.append((r, rng.choice(mappers), R))
+            kind = rng.choice([tg.DEVICE_COMPUTE] * 4 + [tg.HOST_COMPUTE, tg.MASTER_NODE, tg.COLLECTIVE])
+            body.append(dict(two=two, accs=accs, kind=kind, split=rng.choice(["1d", "2d"]) if two else "1d",
+                             over=rng.choice([1, 1, 2]), reduce=rng.random() < 0.2,
+                             include=rng.random() < 0.5, side=rng.random() < 0.2, read_red=rng.random() < 0.2))
+        for step in range(rng.randint(10, 24)):
+            for b in body:
+                pool = bufs2 if b["two"] else bufs1
+                accesses = [(pool[i], m(), mode) for i, m, mode in b["accs"]]
+                if b["read_red"]:
+                    accesses.append((red, rm.all(), R))
+                kind = b["kind"]
+                reds = [ctx.reduction(red, include_current=b["include"])] \
+                    if b["reduce"] and kind == tg.DEVICE_COMPUTE else []
+                rng_ = (12, 12) if b["two"] else (24,)
+                if kind == tg.COLLECTIVE:
+                    rng_ = (ctx.num_ranks,)
+                    accesses = [(pool[i], rm.all(), R) for i, _m, _mode in b["accs"][1:]]
+                ctx.task(rng_, accesses, kind=kind, split=b["split"], oversubscribe=b["over"], reductions=reds,
+                         side_effects=[5] if b["side"] else [], collective_group=1 if kind == tg.COLLECTIVE else None)
+            if one[0] and step % 4 == 3:
+                ctx.fence(pool[0])
+            if one[1] and step == 5:
+                ctx.epoch()
+        ctx.fence(bufs1[0])
+
+    return prog
+
+
+@pytest.mark.timeout(600)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 3), devices=st.integers(1, 3),
+       lookahead=st.sampled_from(["none", "auto", "infinite"]), horizon=st.sampled_from([2, 4]))
+def test_random_programs_are_identical_with_replay(seed, ranks, devices, lookahead, horizon):
+    prog = _random_program(seed)
+    off = _compile(prog, ranks, devices, lookahead, None, True, False, horizon_step=horizon)
+    prog = _random_program(seed)
+    on = _compile(prog, ranks, devices, lookahead, None, True, True, horizon_step=horizon)
+    assert _canonical(on) == _canonical(off)
