@@ -25,7 +25,9 @@ from .bounded_cache import BoundedCache
 from .errors import DiagnosticError
 from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_access, collapse_map
+from .instruction_replay import InstructionReplayMixin
 from .recorders import InstructionRecorder
+from .replay import Replay
 from .instruction_graph import (
     HOST_MEMORY, USER_MEMORY, AccessAllocation, AllocInstruction, AwaitReceiveInstruction,
     CloneCollectiveGroupInstruction, CopyInstruction, DestroyHostObjectInstruction,
@@ -136,14 +138,17 @@ class _ChunkPlan:
     pbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the produced regions
 
 
-class InstructionGraphGenerator:
+class InstructionGraphGenerator(InstructionReplayMixin):
     """Compiles commands of one rank into instructions and outbound pilots."""
 
     def __init__(self, system: SystemInfo, *, rank: int = 0, num_ranks: int = 1,
                  recorder: InstructionRecorder | None = None, lookahead_merge: bool = True,
-                 diagnostics: str = tg.DIAG_WARN):
+                 diagnostics: str = tg.DIAG_WARN, replay: Replay | None = None):
         self.system = system
         self.diagnostics = diagnostics
+        self.replay = replay
+        self._shapes: dict = {}    # buffer -> its replay shape (see instruction_replay)
+        self._warned = False       # a diagnostic was logged while lowering (not memoized then)
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
         # to): await-pushes then need no host allocation of their own
         self._direct_receives = system.num_devices > 0 and all(
@@ -183,6 +188,7 @@ class InstructionGraphGenerator:
 
     def destroy_buffer(self, bid: int) -> list[Instruction]:
         b = self._buffers.pop(bid, None)
+        self._shapes.pop(bid, None)
         if b is None:
             return []
         self._begin()
@@ -543,11 +549,14 @@ class InstructionGraphGenerator:
                 if not any(x.contains(box) for x in lst):
                     lst.append(box)
                     new_need = True
+                    self._shapes.pop(bid, None)
         return new_need
 
     def clear_anticipation(self) -> None:
-        for b in self._buffers.values():
-            b.anticipated.clear()
+        for bid, b in self._buffers.items():
+            if b.anticipated:
+                b.anticipated.clear()
+                self._shapes.pop(bid, None)
 
     def _requirements(self, cmd: cg.Command) -> Iterable[tuple[int, int, Box]]:
         if isinstance(cmd, cg.ExecutionCommand):
@@ -567,6 +576,13 @@ class InstructionGraphGenerator:
     # ---- compile -------------------------------------------------------------------
     def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot]]:
         self._begin()
+        if self.replay is not None:
+            self._compile_replayed(cmd)
+        else:
+            self._compile_now(cmd)
+        return self._end()
+
+    def _compile_now(self, cmd: cg.Command) -> None:
         kind = cmd.kind
         if kind == cg.EXECUTION:
             self._compile_execution(cmd)
@@ -582,7 +598,6 @@ class InstructionGraphGenerator:
             self._compile_horizon_or_epoch(cmd)
         else:
             raise ValueError(f"unknown command kind {kind}")
-        return self._end()
 
     def _plan_chunks(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
         """Device chunks of a command with their accesses; computed once per command, and
@@ -671,6 +686,7 @@ class InstructionGraphGenerator:
         if self.diagnostics == tg.DIAG_ERROR:
             raise DiagnosticError(msg)
         log.warning(msg)
+        self._warned = True
 
     def _compile_execution(self, cmd: cg.ExecutionCommand) -> None:
         task = cmd.task
@@ -985,6 +1001,12 @@ class _Plans(list):
     (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
 
     __slots__ = ("bids", "need", "overlap")
+
+    # identity semantics: a plan stands for its cache key (replay keys on the object)
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
 
     def __init__(self, plans: list):
         super().__init__(plans)

@@ -162,7 +162,7 @@ class Scheduler:
         self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, recorder=command_recorder,
                                              replay=Replay() if replay else None)
         self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, recorder=instruction_recorder,
-                                             diagnostics=diagnostics)
+                                             diagnostics=diagnostics, replay=Replay() if replay else None)
         self.lookahead = Lookahead(self.igg, lookahead)
         self.on_error = on_error
         self.failed: BaseException | None = None

@@ -37,7 +37,7 @@ class GraphContext:
         self.compile_ranks = list(range(num_ranks)) if compile_ranks is None else list(compile_ranks)
         self.iggs = {r: InstructionGraphGenerator(SystemInfo(devices, peer_set, comm_memories), rank=r,
                                                   num_ranks=num_ranks, recorder=InstructionRecorder(),
-                                                  diagnostics=diagnostics)
+                                                  diagnostics=diagnostics, replay=Replay() if replay else None)
                      for r in self.compile_ranks}
         self.lookaheads = {r: Lookahead(self.iggs[r], lookahead) for r in self.compile_ranks}
         self.instructions: dict[int, list[Instruction]] = {r: [] for r in self.compile_ranks}

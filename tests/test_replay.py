@@ -35,6 +35,8 @@ def _replays(ctx) -> dict:
     out = {"task": ctx.tm.replay.stats()}
     for r, c in enumerate(ctx.cdags):
         out[f"command rank {r}"] = c.replay.stats()
+    for r, igg in ctx.iggs.items():
+        out[f"instruction rank {r}"] = igg.replay.stats()
     return out
 
 

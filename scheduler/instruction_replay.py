@@ -1,0 +1,439 @@
+"""Replay at the instruction-graph level (the design is in ``replay.py``).
+
+A mixin of ``InstructionGraphGenerator``: it keys a command's lowering on the
+command's signature and the shapes of the buffers it touches, records a template the
+first time and emits it with fresh ids after.  Per buffer, the shape holds every
+allocation (its box and per-point last writer / readers, instruction ids relative to
+a base), the newest-data map, the pending receives (task ids relative to the
+command's task), the lookahead's anticipated boxes and the allocation counters.
+Allocation ids are long-lived and interleave with short-lived scratch allocations,
+so they are not relative: the shape numbers a buffer's allocations in order and the
+actual ids travel beside it (``_BufferShape.allocations``).
+"""
+from __future__ import annotations
+
+from . import command_graph as cg
+from .replay import absolute, relative
+
+_REPLAYABLE = frozenset((cg.EXECUTION, cg.PUSH, cg.AWAIT_PUSH, cg.REDUCTION))
+
+# what each instruction field holds, by name (the same name means the same kind of id in
+# every instruction class); fields not named here are copied as they are
+_ROLES = {"id": "iid", "deps": "deps", "allocation": "aid", "source": "aid", "dest": "aid",
+          "task": "tid", "transfer": "transfer", "msg_id": "mid", "reduction": "rid",
+          "accesses": "accesses", "reductions": "redallocs", "launcher": "launcher", "name": "name",
+          "global_range": "global_range", "identity": "identity", "op": "op"}
+
+
+class TemplateMismatch(Exception):
+    """A lowering referenced something its key does not determine: it is not memoized."""
+
+
+class InstructionReplayMixin:
+    """Replay of ``InstructionGraphGenerator.compile`` (uses the generator's state)."""
+
+    # ---- entry point -------------------------------------------------------------------
+    def _compile_replayed(self, cmd: cg.Command) -> None:
+        replay = self.replay
+        touched = self._touched_buffers(cmd)
+        key = self._replay_key(cmd, touched) if cmd.kind in _REPLAYABLE else None
+        if key is None:
+            replay.bypassed += 1
+            self._compile_now(cmd)
+            self._forget_shapes(touched)
+            return
+        shapes = [self._shapes[bid] for bid in touched]
+        tpl = replay.templates.get(key)
+        if tpl is not None:
+            replay.hits += 1
+            self._instantiate(cmd, touched, shapes, tpl)
+            return
+        env = _Env(self, cmd, touched, shapes)
+        n_out, n_pilots = len(self._out), len(self._pilots)
+        self._warned = False
+        self._compile_now(cmd)
+        if self._warned:
+            replay.bypassed += 1
+            self._forget_shapes(touched)
+            return
+        try:
+            tpl = self._record(cmd, touched, env, n_out, n_pilots)
+        except TemplateMismatch:
+            replay.bypassed += 1
+            self._forget_shapes(touched)
+            return
+        replay.misses += 1
+        replay.templates.put(key, tpl)
+
+    def _forget_shapes(self, bids) -> None:
+        shapes = self._shapes
+        if bids is None:
+            shapes.clear()
+        else:
+            for bid in bids:
+                shapes.pop(bid, None)
+
+    # ---- keys --------------------------------------------------------------------------
+    def _touched_buffers(self, cmd: cg.Command) -> tuple | None:
+        """The buffers whose state the command's lowering reads or changes (None: all)."""
+        kind = cmd.kind
+        if kind == cg.EXECUTION:
+            plans = self._plan_chunks(cmd)
+            reds = cmd.task.reductions
+            if not reds:
+                return tuple(plans.bids)
+            return tuple(sorted(set(plans.bids) | {r.buffer for r in reds}))
+        if kind in (cg.PUSH, cg.AWAIT_PUSH):
+            return (cmd.transfer[1],)
+        if kind == cg.REDUCTION:
+            return (cmd.buffer,)
+        if kind == cg.FENCE:
+            b = cmd.task.fence_buffer
+            return () if b is None else (b,)
+        return None
+
+    def _replay_key(self, cmd: cg.Command, bids: tuple) -> tuple | None:
+        kind = cmd.kind
+        task = cmd.task
+        if kind == cg.EXECUTION:
+            for a in task.accesses:
+                if not a.pure:
+                    return None
+            sig = (kind, cmd.plans, cmd.include_current_reductions,
+                   tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]),
+                   tuple(task.side_effects), task.collective_group)
+        elif kind == cg.PUSH:
+            sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, tuple(cmd.targets), cmd.contributes)
+        elif kind == cg.AWAIT_PUSH:
+            sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, cmd.region)
+        else:
+            red = cmd.reduction
+            sig = (kind, cmd.buffer, cmd.contributes, red.op)
+        ibase = self._next_instr
+        tid = task.id
+        parts = []
+        shapes = self._shapes
+        buffers = self._buffers
+        for bid in bids:
+            sh = shapes.get(bid)
+            if sh is None:
+                sh = shapes[bid] = self._shape_of(buffers[bid], ibase, tid)
+            parts.append((sh.sid, sh.ibase - ibase, sh.tbase - tid))
+        epoch = self._horizons.epoch
+        extras = None if epoch is None else epoch - ibase
+        if kind == cg.EXECUTION:
+            hos = self._host_objects
+            extras = (extras,
+                      tuple([_rel(hos.get(ho), ibase) for ho in task.side_effects]),
+                      None if task.collective_group is None else
+                      (task.collective_group in self._collective,
+                       _rel(self._collective.get(task.collective_group), ibase)))
+        return (sig, bids, tuple(parts), extras)
+
+    def _shape_of(self, b, ibase: int, tbase: int) -> "_BufferShape":
+        rel = relative(ibase)
+        mems = []
+        ids = []
+        for mem in sorted(b.allocs):
+            lst = b.allocs[mem]
+            if not lst:
+                continue
+            mems.append((mem, tuple([(a.box, a.access.snapshot(rel)) for a in lst])))
+            ids.extend([a.id for a in lst])
+        user = None
+        if b.user is not None:
+            user = (b.user.box, b.user.access.snapshot(rel))
+            ids.append(b.user.id)
+        shape = (tuple(mems), user, b.newest.snapshot(),
+                 tuple([(p.transfer[0] - tbase, p.transfer[1], p.transfer[2], p.region) for p in b.pending]),
+                 tuple([(m, tuple(v)) for m, v in sorted(b.anticipated.items()) if v]),
+                 tuple(sorted(b.alloc_counts.items())), b.warned)
+        return _BufferShape(self.replay.intern(shape), ibase, tbase, tuple(ids), shape)
+
+    # ---- recording ---------------------------------------------------------------------
+    def _record(self, cmd: cg.Command, bids: tuple, env: "_Env", n_out: int, n_pilots: int) -> tuple:
+        instrs = tuple([_encode(ins, env) for ins in self._out[n_out:]])
+        pilots = tuple([(env.mid(p.msg_id), p.to, env.transfer(p.transfer), p.box)
+                        for p in self._pilots[n_pilots:]])
+        post = []
+        for k, bid in enumerate(bids):
+            b = self._buffers[bid]
+            sh = self._shape_of(b, env.ibase, env.tid)
+            self._shapes[bid] = sh
+            post.append((sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations])))
+        effects = ()
+        if cmd.kind == cg.EXECUTION:
+            task = cmd.task
+            hos = self._host_objects
+            effects = (tuple([_rel(hos.get(ho), env.ibase) for ho in task.side_effects]),
+                       None if task.collective_group is None else
+                       _rel(self._collective.get(task.collective_group), env.ibase))
+        return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
+                self._next_msg - env.mbase, tuple(post), effects)
+
+    # ---- instantiation -----------------------------------------------------------------
+    def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> None:
+        instrs, pilots, n_instr, n_alloc, n_msg, post, effects = tpl
+        ibase, abase, mbase = self._next_instr, self._next_alloc, self._next_msg
+        task = cmd.task
+        tid = task.id
+        slots = [sh.allocations for sh in shapes]
+        ctx = (ibase, abase, mbase, tid, slots, cmd)
+        front = self._horizons.front
+        out = self._out
+        counts = self.counts
+        recorder = self.recorder
+        for cls, fields in instrs:
+            kw = {}
+            for name, role, val in fields:
+                kw[name] = val if role is None else _DECODE[role](val, ctx, kw)
+            ins = cls(**kw)
+            for d, _o in ins.deps:
+                front.pop(d, None)
+            front[ins.id] = None
+            out.append(ins)
+            counts[ins.kind] = counts.get(ins.kind, 0) + 1
+            if recorder is not None:
+                recorder.record_instruction(ins)
+        if pilots:
+            from .instruction_graph import Pilot
+            for mrel, to, transfer, box in pilots:
+                p = Pilot(mbase + mrel, to, _dec_transfer(transfer, ctx, None), box)
+                self._pilots.append(p)
+                if recorder is not None:
+                    recorder.record_pilot(p)
+        self._next_instr = ibase + n_instr
+        self._next_alloc = abase + n_alloc
+        self._next_msg = mbase + n_msg
+        ab = absolute(ibase)
+        for bid, (sid, shape, alloc_enc) in zip(bids, post):
+            ids = tuple([_dec_aid(a, ctx, None) for a in alloc_enc])
+            self._restore(self._buffers[bid], shape, ids, ab, tid)
+            self._shapes[bid] = _BufferShape(sid, ibase, tid, ids, shape)
+        if effects:
+            hos_rel, coll_rel = effects
+            for ho, rel in zip(task.side_effects, hos_rel):
+                if rel is not None:
+                    self._host_objects[ho] = ibase + rel
+            if coll_rel is not None:
+                self._collective[task.collective_group] = ibase + coll_rel
+
+    def _restore(self, b, shape: tuple, ids: tuple, ab, tbase: int) -> None:
+        from .instruction_graph_generator import _Allocation, _PendingReceive
+        mems, user, newest, pending, antic, counts, warned = shape
+        old = {a.id: a for lst in b.allocs.values() for a in lst}
+        allocs = {}
+        k = 0
+        for mem, lst in mems:
+            out = []
+            for box, snap in lst:
+                aid = ids[k]
+                k += 1
+                a = old.get(aid)
+                if a is None:
+                    a = _Allocation(aid, mem, box, None)
+                a.access.restore(snap, ab)
+                out.append(a)
+            allocs[mem] = out
+        b.allocs = allocs
+        if user is not None:
+            b.user.access.restore(user[1], ab)
+        b.newest.restore(newest)
+        b.pending = [_PendingReceive((t + tbase, bid, rid), region) for t, bid, rid, region in pending]
+        b.anticipated = {m: list(v) for m, v in antic}
+        b.alloc_counts = dict(counts)
+        b.warned = warned
+
+
+class _BufferShape:
+    """A buffer's interned shape, the bases its ids are relative to, its allocations' ids."""
+
+    __slots__ = ("sid", "ibase", "tbase", "allocations", "shape")
+
+    def __init__(self, sid: int, ibase: int, tbase: int, allocations: tuple, shape: tuple):
+        self.sid = sid
+        self.ibase = ibase
+        self.tbase = tbase
+        self.allocations = allocations
+        self.shape = shape
+
+
+class _Env:
+    """How ids of the lowering being recorded map to template references."""
+
+    __slots__ = ("ibase", "abase", "mbase", "tid", "slot_of", "red_of", "task", "cmd")
+
+    def __init__(self, igg, cmd: cg.Command, bids: tuple, shapes: list):
+        self.ibase = igg._next_instr
+        self.abase = igg._next_alloc
+        self.mbase = igg._next_msg
+        self.task = cmd.task
+        self.cmd = cmd
+        self.tid = cmd.task.id
+        self.slot_of = {aid: (k, j) for k, sh in enumerate(shapes) for j, aid in enumerate(sh.allocations)}
+        red_of = {r.id: ("t", i) for i, r in enumerate(cmd.task.reductions)}
+        red = getattr(cmd, "reduction", None)
+        if red is not None:
+            red_of[red.id] = ("c",)
+        transfer = getattr(cmd, "transfer", None)
+        if transfer is not None and transfer[2] and transfer[2] not in red_of:
+            red_of[transfer[2]] = ("x",)
+        self.red_of = red_of
+
+    def aid(self, a: int):
+        s = self.slot_of.get(a)
+        if s is not None:
+            return ("s",) + s
+        if a >= self.abase:
+            return ("n", a - self.abase)
+        raise TemplateMismatch(f"allocation A{a}")
+
+    def mid(self, m: int) -> int:
+        if m < self.mbase:
+            raise TemplateMismatch(f"message {m}")
+        return m - self.mbase
+
+    def rid(self, r: int):
+        if r == 0:
+            return 0
+        s = self.red_of.get(r)
+        if s is None:
+            raise TemplateMismatch(f"reduction {r}")
+        return s
+
+    def transfer(self, t: tuple) -> tuple:
+        return (t[0] - self.tid, t[1], self.rid(t[2]))
+
+
+def _rel(i: int | None, base: int) -> int | None:
+    return None if i is None else i - base
+
+
+def _encode(ins, env: _Env) -> tuple:
+    """An instruction as (class, ((field, role, value), ...)) with ids as references."""
+    fields = []
+    task = env.task
+    for name in ins.__dataclass_fields__:
+        v = getattr(ins, name)
+        role = _ROLES.get(name)
+        if role is None:
+            fields.append((name, None, v))
+            continue
+        if role == "iid":
+            v = v - env.ibase
+        elif role == "deps":
+            v = tuple([(d - env.ibase, o) for d, o in v])
+        elif role == "aid":
+            v = None if v is None else env.aid(v)
+        elif role == "tid":
+            v = v - env.tid
+        elif role == "transfer":
+            v = env.transfer(v)
+        elif role == "mid":
+            v = env.mid(v)
+        elif role == "rid":
+            v = env.rid(v)
+        elif role == "accesses":
+            v = tuple([(a.buffer, None if a.allocation < 0 else env.aid(a.allocation), a.allocation_box, a.box,
+                        a.region, a.mode) for a in v])
+        elif role == "redallocs":
+            v = tuple([(env.rid(r.reduction), r.buffer, env.aid(r.allocation), r.include_current) for r in v])
+        elif role == "launcher":
+            if v is not task.launcher:
+                raise TemplateMismatch("launcher")
+            v = None
+        elif role == "name":
+            if v != task.name:
+                fields.append((name, None, v))
+                continue
+            v = None
+        elif role == "global_range":
+            if v != (task.geometry.global_range if task.geometry else ()):
+                raise TemplateMismatch("global range")
+            v = None
+        elif role in ("identity", "op"):
+            red = _reduction_of(ins, env)
+            if getattr(red, role) is not v:
+                raise TemplateMismatch(role)
+            v = None
+        fields.append((name, role, v))
+    return (type(ins), tuple(fields))
+
+
+def _reduction_of(ins, env: _Env):
+    src = env.rid(ins.reduction)
+    return _reduction_from(src, env.cmd)
+
+
+def _reduction_from(src, cmd):
+    if src[0] == "t":
+        return cmd.task.reductions[src[1]]
+    if src[0] == "c":
+        return cmd.reduction
+    raise TemplateMismatch("reduction object")
+
+
+# ---- decoding: (value, ctx, fields decoded so far) -> field value ---------------------------
+# ctx = (instruction base, allocation base, message base, task id, allocation slots, command)
+
+def _dec_aid(a, ctx, _kw):
+    if a is None:
+        return None
+    if a[0] == "n":
+        return ctx[1] + a[1]
+    return ctx[4][a[1]][a[2]]
+
+
+def _dec_rid(r, ctx, _kw):
+    if r == 0:
+        return 0
+    cmd = ctx[5]
+    if r[0] == "t":
+        return cmd.task.reductions[r[1]].id
+    if r[0] == "c":
+        return cmd.reduction.id
+    return cmd.transfer[2]
+
+
+def _dec_transfer(t, ctx, _kw):
+    return (ctx[3] + t[0], t[1], _dec_rid(t[2], ctx, None))
+
+
+def _dec_accesses(v, ctx, _kw):
+    from .instruction_graph import AccessAllocation
+    return [AccessAllocation(buf, -1 if a is None else _dec_aid(a, ctx, None), abox, box, region, mode)
+            for buf, a, abox, box, region, mode in v]
+
+
+def _dec_redallocs(v, ctx, _kw):
+    from .instruction_graph import ReductionAllocation
+    return [ReductionAllocation(_dec_rid(r, ctx, None), buf, _dec_aid(a, ctx, None), inc) for r, buf, a, inc in v]
+
+
+def _dec_red_attr(attr):
+    def dec(_v, ctx, kw):
+        cmd = ctx[5]
+        rid = kw["reduction"]
+        for r in cmd.task.reductions:
+            if r.id == rid:
+                return getattr(r, attr)
+        return getattr(cmd.reduction, attr)
+    return dec
+
+
+_DECODE = {
+    "iid": lambda v, ctx, _kw: ctx[0] + v,
+    "deps": lambda v, ctx, _kw: [(ctx[0] + d, o) for d, o in v],
+    "aid": _dec_aid,
+    "tid": lambda v, ctx, _kw: ctx[3] + v,
+    "transfer": _dec_transfer,
+    "mid": lambda v, ctx, _kw: ctx[2] + v,
+    "rid": _dec_rid,
+    "accesses": _dec_accesses,
+    "redallocs": _dec_redallocs,
+    "launcher": lambda _v, ctx, _kw: ctx[5].task.launcher,
+    "name": lambda _v, ctx, _kw: ctx[5].task.name,
+    "global_range": lambda _v, ctx, _kw: ctx[5].task.geometry.global_range if ctx[5].task.geometry else (),
+    "identity": _dec_red_attr("identity"),
+    "op": _dec_red_attr("op"),
+}
