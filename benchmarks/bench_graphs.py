@@ -25,6 +25,7 @@ from celeritas import range_mappers as rm
 from scheduler import command_graph as cg
 from scheduler import task_graph as tg
 from scheduler.instruction_graph_generator import InstructionGraphGenerator, SystemInfo
+from scheduler.replay import Replay
 from scheduler.scheduler import Lookahead
 
 
@@ -52,7 +53,7 @@ STAGES = ("task", "command", "instruction")
 
 def measure(topology: str, ranks: int, devices: int, *, steps: int, n: int = 512,
             instructions: bool = True, lookahead: str = "auto", stage: str | None = None,
-            clock=time.perf_counter) -> float:
+            clock=time.perf_counter, replay: bool = False) -> float:
     """µs per task for generating the task graph, rank 0's commands and (``instructions``)
     rank 0's instructions; ``stage`` ("task", "command", "instruction") overrides
     ``instructions`` and stops the pipeline after that stage."""
@@ -61,13 +62,14 @@ def measure(topology: str, ranks: int, devices: int, *, steps: int, n: int = 512
     commands = stage != "task"
     instructions = stage == "instruction"
     cdags: list[cg.CommandGraphGenerator] = []
-    igg = InstructionGraphGenerator(SystemInfo(devices, None, frozenset((1,))), rank=0, num_ranks=ranks)
+    igg = InstructionGraphGenerator(SystemInfo(devices, None, frozenset((1,))), rank=0, num_ranks=ranks,
+                                    replay=Replay() if replay else None)
     la = Lookahead(igg, lookahead)
     out: list = []
     n_tasks = [0]
     # in a real run every rank builds only its own commands: rank 0's cost is what counts,
     # so only rank 0's command graph is generated (the others would run in parallel).
-    cdag = cg.CommandGraphGenerator(ranks, 0, diagnostics="off")
+    cdag = cg.CommandGraphGenerator(ranks, 0, diagnostics="off", replay=Replay() if replay else None)
     cdags.append(cdag)
 
     def on_task(t: tg.Task) -> None:
@@ -79,7 +81,7 @@ def measure(topology: str, ranks: int, devices: int, *, steps: int, n: int = 512
                 la.push(cmd, out)
         out.clear()
 
-    tm = tg.TaskManager(on_task=on_task, diagnostics="off")
+    tm = tg.TaskManager(on_task=on_task, diagnostics="off", replay=Replay() if replay else None)
     next_bid = [0]
 
     def buffer(shape):
@@ -93,7 +95,7 @@ def measure(topology: str, ranks: int, devices: int, *, steps: int, n: int = 512
     def submit(rng, accesses, split):
         geom = tg.TaskGeometry(len(rng), rng, (0,) * len(rng), (1,) * len(rng))
         accs = [tg.BufferAccess(b, mode, rm.to_scheduler_mapper(m, buffer_label=f"B{b}", buffer_dims=2,
-                                                                   global_box=geom.box))
+                                                                   global_box=geom.box), rm.is_pure(m))
                 for b, m, mode in accesses]
         tm.submit(tg.DEVICE_COMPUTE, geometry=geom, accesses=accs, split=split)
 

@@ -148,6 +148,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         self.diagnostics = diagnostics
         self.replay = replay
         self._shapes: dict = {}    # buffer -> its replay shape (see instruction_replay)
+        self._stale: dict = {}     # buffers whose objects lag behind their replay shape
         self._warned = False       # a diagnostic was logged while lowering (not memoized then)
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
         # to): await-pushes then need no host allocation of their own
@@ -187,6 +188,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         return None
 
     def destroy_buffer(self, bid: int) -> list[Instruction]:
+        self._sync_buffers((bid,))
         b = self._buffers.pop(bid, None)
         self._shapes.pop(bid, None)
         if b is None:
@@ -544,7 +546,8 @@ class InstructionGraphGenerator(InstructionReplayMixin):
             b = self._buffers.get(bid)
             if b is None or box.empty:
                 continue
-            if self._find_alloc(b, memory, box) is None:
+            if not self._allocated(bid, memory, box):
+                self._sync_buffers((bid,))
                 lst = b.anticipated.setdefault(memory, [])
                 if not any(x.contains(box) for x in lst):
                     lst.append(box)
@@ -553,6 +556,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         return new_need
 
     def clear_anticipation(self) -> None:
+        self._sync_buffers(None)
         for bid, b in self._buffers.items():
             if b.anticipated:
                 b.anticipated.clear()
@@ -583,6 +587,8 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         return self._end()
 
     def _compile_now(self, cmd: cg.Command) -> None:
+        if self._stale:
+            self._sync_buffers(self._touched_buffers(cmd))
         kind = cmd.kind
         if kind == cg.EXECUTION:
             self._compile_execution(cmd)

@@ -15,14 +15,14 @@ from __future__ import annotations
 from . import command_graph as cg
 from .replay import absolute, relative
 
-_REPLAYABLE = frozenset((cg.EXECUTION, cg.PUSH, cg.AWAIT_PUSH, cg.REDUCTION))
+_REPLAYABLE = frozenset((cg.EXECUTION, cg.PUSH, cg.AWAIT_PUSH, cg.REDUCTION, cg.HORIZON))
 
 # what each instruction field holds, by name (the same name means the same kind of id in
 # every instruction class); fields not named here are copied as they are
 _ROLES = {"id": "iid", "deps": "deps", "allocation": "aid", "source": "aid", "dest": "aid",
           "task": "tid", "transfer": "transfer", "msg_id": "mid", "reduction": "rid",
           "accesses": "accesses", "reductions": "redallocs", "launcher": "launcher", "name": "name",
-          "global_range": "global_range", "identity": "identity", "op": "op"}
+          "global_range": "global_range", "identity": "identity", "op": "op", "garbage": "garbage"}
 
 
 class TemplateMismatch(Exception):
@@ -36,6 +36,8 @@ class InstructionReplayMixin:
     def _compile_replayed(self, cmd: cg.Command) -> None:
         replay = self.replay
         touched = self._touched_buffers(cmd)
+        if cmd.kind == cg.HORIZON:
+            touched = tuple(sorted(self._buffers))   # a horizon collapses every buffer's state
         key = self._replay_key(cmd, touched) if cmd.kind in _REPLAYABLE else None
         if key is None:
             replay.bypassed += 1
@@ -48,6 +50,7 @@ class InstructionReplayMixin:
             replay.hits += 1
             self._instantiate(cmd, touched, shapes, tpl)
             return
+        self._sync_buffers(touched)
         env = _Env(self, cmd, touched, shapes)
         n_out, n_pilots = len(self._out), len(self._pilots)
         self._warned = False
@@ -72,6 +75,39 @@ class InstructionReplayMixin:
         else:
             for bid in bids:
                 shapes.pop(bid, None)
+
+    # ---- lazy state ----------------------------------------------------------------------
+    # A replayed command leaves its buffers' state as the template's shape (``_stale``)
+    # instead of rebuilding every allocation's access map: a step's commands replay one
+    # after the other on the same buffers, and only a lowering done normally (a miss, a
+    # horizon, lookahead that must record a need) reads the objects.  Every such entry
+    # point syncs the buffers it touches first.
+    def _sync_buffers(self, bids) -> None:
+        stale = self._stale
+        if not stale:
+            return
+        if bids is None:
+            bids = list(stale)
+        buffers = self._buffers
+        for bid in bids:
+            sh = stale.pop(bid, None)
+            if sh is not None:
+                b = buffers.get(bid)
+                if b is not None:
+                    self._restore(b, sh.shape, sh.allocations, absolute(sh.ibase), sh.tbase)
+
+    def _allocated(self, bid: int, memory: int, box) -> bool:
+        """``_find_alloc(...) is not None`` for the buffer's current state, stale or not."""
+        sh = self._stale.get(bid)
+        if sh is None:
+            return self._find_alloc(self._buffers[bid], memory, box) is not None
+        for mem, lst in sh.shape[0]:
+            if mem == memory:
+                for abox, _snap in lst:
+                    if abox.contains(box):
+                        return True
+                return False
+        return False
 
     # ---- keys --------------------------------------------------------------------------
     def _touched_buffers(self, cmd: cg.Command) -> tuple | None:
@@ -106,9 +142,13 @@ class InstructionReplayMixin:
             sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, tuple(cmd.targets), cmd.contributes)
         elif kind == cg.AWAIT_PUSH:
             sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, cmd.region)
-        else:
+        elif kind == cg.REDUCTION:
             red = cmd.reduction
             sig = (kind, cmd.buffer, cmd.contributes, red.op)
+        else:   # HORIZON
+            if self._garbage:
+                return None   # (user allocations to drop: rare, lowered normally)
+            sig = (kind,)
         ibase = self._next_instr
         tid = task.id
         parts = []
@@ -128,6 +168,11 @@ class InstructionReplayMixin:
                       None if task.collective_group is None else
                       (task.collective_group in self._collective,
                        _rel(self._collective.get(task.collective_group), ibase)))
+        elif kind == cg.HORIZON:
+            extras = (extras, _rel(self._horizons.current_horizon, ibase),
+                      tuple([f - ibase for f in sorted(self._horizons.front)]),
+                      tuple([(k, _rel(v, ibase)) for k, v in sorted(self._host_objects.items())]),
+                      tuple([(k, _rel(v, ibase)) for k, v in sorted(self._collective.items())]))
         return (sig, bids, tuple(parts), extras)
 
     def _shape_of(self, b, ibase: int, tbase: int) -> "_BufferShape":
@@ -168,6 +213,11 @@ class InstructionReplayMixin:
             effects = (tuple([_rel(hos.get(ho), env.ibase) for ho in task.side_effects]),
                        None if task.collective_group is None else
                        _rel(self._collective.get(task.collective_group), env.ibase))
+        elif cmd.kind == cg.HORIZON:
+            ib = env.ibase
+            effects = (tuple([(k, _rel(v, ib)) for k, v in self._host_objects.items()]),
+                       tuple([(k, _rel(v, ib)) for k, v in self._collective.items()]),
+                       _rel(self._horizons.current_horizon, ib), _rel(self._horizons.epoch, ib))
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
                 self._next_msg - env.mbase, tuple(post), effects)
 
@@ -205,12 +255,18 @@ class InstructionReplayMixin:
         self._next_instr = ibase + n_instr
         self._next_alloc = abase + n_alloc
         self._next_msg = mbase + n_msg
-        ab = absolute(ibase)
+        shapes = self._shapes
+        stale = self._stale
         for bid, (sid, shape, alloc_enc) in zip(bids, post):
             ids = tuple([_dec_aid(a, ctx, None) for a in alloc_enc])
-            self._restore(self._buffers[bid], shape, ids, ab, tid)
-            self._shapes[bid] = _BufferShape(sid, ibase, tid, ids, shape)
-        if effects:
+            shapes[bid] = stale[bid] = _BufferShape(sid, ibase, tid, ids, shape)
+        if cmd.kind == cg.HORIZON:
+            hos, colls, cur, ep = effects
+            self._host_objects = {k: _abs(v, ibase) for k, v in hos}
+            self._collective = {k: _abs(v, ibase) for k, v in colls}
+            self._horizons.current_horizon = _abs(cur, ibase)
+            self._horizons.epoch = _abs(ep, ibase)
+        elif effects:
             hos_rel, coll_rel = effects
             for ho, rel in zip(task.side_effects, hos_rel):
                 if rel is not None:
@@ -309,6 +365,10 @@ def _rel(i: int | None, base: int) -> int | None:
     return None if i is None else i - base
 
 
+def _abs(r: int | None, base: int) -> int | None:
+    return None if r is None else r + base
+
+
 def _encode(ins, env: _Env) -> tuple:
     """An instruction as (class, ((field, role, value), ...)) with ids as references."""
     fields = []
@@ -350,6 +410,10 @@ def _encode(ins, env: _Env) -> tuple:
         elif role == "global_range":
             if v != (task.geometry.global_range if task.geometry else ()):
                 raise TemplateMismatch("global range")
+            v = None
+        elif role == "garbage":
+            if v:
+                raise TemplateMismatch("garbage")
             v = None
         elif role in ("identity", "op"):
             red = _reduction_of(ins, env)
@@ -436,4 +500,5 @@ _DECODE = {
     "global_range": lambda _v, ctx, _kw: ctx[5].task.geometry.global_range if ctx[5].task.geometry else (),
     "identity": _dec_red_attr("identity"),
     "op": _dec_red_attr("op"),
+    "garbage": lambda _v, _ctx, _kw: [],
 }
