@@ -22,7 +22,8 @@ from .bounded_cache import BoundedCache
 from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_access, collapse_map
 from .recorders import CommandRecorder
-from .replay import Replay, absolute, relative
+from .command_replay import CommandReplayMixin
+from .replay import Replay
 from .split import split_1d, split_2d
 from .task_graph import BufferInfo, Reduction, Task
 
@@ -200,7 +201,7 @@ def split_task(task: Task, num_ranks: int, cache: dict | None = None) -> list[tu
     return out
 
 
-class CommandGraphGenerator:
+class CommandGraphGenerator(CommandReplayMixin):
     """Generates the commands of one rank from the task stream."""
 
     def __init__(self, num_ranks: int, rank: int, *, diagnostics: str = tg.DIAG_WARN,
@@ -211,7 +212,8 @@ class CommandGraphGenerator:
         self.diagnostics = diagnostics
         self.recorder = recorder
         self.replay = replay
-        self._shapes: dict[int, tuple[int, int]] = {}   # buffer -> (interned shape, base): see replay
+        self._shapes: dict = {}   # buffer -> its replay shape record (see command_replay)
+        self._stale: dict = {}    # buffers whose objects lag behind their replay shape
         self._warned = False   # a diagnostic was logged while lowering (such lowerings are not memoized)
         self._buffers: dict[int, _BufferState] = {}
         self._next_id = 0
@@ -238,6 +240,7 @@ class CommandGraphGenerator:
     def destroy_buffer(self, bid: int) -> None:
         self._buffers.pop(bid, None)
         self._shapes.pop(bid, None)
+        self._stale.pop(bid, None)
 
     # ---- commands --------------------------------------------------------------
     def _new(self, cls, task: Task, **kw) -> Command:
@@ -305,6 +308,13 @@ class CommandGraphGenerator:
     def build(self, task: Task) -> list[Command]:
         """Commands of this rank for ``task``, in a valid order."""
         out: list[Command] = []
+        if self.replay is not None:
+            self._build_replayed(task, out)
+        else:
+            self._build_now(task, out)
+        return out
+
+    def _build_now(self, task: Task, out: list[Command]) -> None:
         if task.kind == tg.EPOCH:
             c = self._new(EpochCommand, task)
             self._commit(out, c)
@@ -316,157 +326,13 @@ class CommandGraphGenerator:
             prev = self._horizons.horizon(c.id)
             if prev is not None:
                 self._set_epoch(self._live[prev])
-        elif self.replay is not None:
-            self._build_compute_replayed(task, out)
         else:
             self._build_compute(task, out)
-        return out
-
-    # ---- replay (see scheduler/replay.py) --------------------------------------------
-    def _build_compute_replayed(self, task: Task, out: list[Command]) -> None:
-        replay = self.replay
-        key = self._replay_key(task)
-        if key is None:
-            replay.bypassed += 1
-            self._build_compute(task, out)
-            return
-        tpl = replay.templates.get(key)
-        if tpl is not None:
-            replay.hits += 1
-            self._replay(task, key[1], tpl, out)
-            return
-        base = self._next_id
-        pending = [self._buffers[bid].pending for bid in key[1]]
-        self._warned = False
-        self._build_compute(task, out)
-        if self._warned:
-            replay.bypassed += 1     # diagnostics are logged by every lowering
-            return
-        replay.misses += 1
-        replay.templates.put(key, self._record(task, key[1], base, pending, out))
-
-    def _replay_key(self, task: Task) -> tuple | None:
-        """What determines this rank's commands for ``task`` and its buffers' new state
-        (None: lower every time, for user mappers and fences)."""
-        if task.kind not in _REPLAYABLE:
-            return None
-        accesses = task.accesses
-        for a in accesses:
-            if not a.pure:
-                return None
-        reductions = task.reductions
-        if len(accesses) == 1 and not reductions:
-            bids = (accesses[0].buffer,)
-        else:
-            bids = tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
-        base = self._next_id
-        shapes = self._shapes
-        buffers = self._buffers
-        parts = []
-        for bid in bids:
-            sh = shapes.get(bid)
-            if sh is None:
-                sh = shapes[bid] = (self.replay.intern(_buffer_shape(buffers[bid], base)), base)
-            parts.append(sh[0])
-            parts.append(sh[1] - base)
-        live = self._live
-        horizons = self._horizons
-        geom = task.geometry
-        extras = (None if horizons.epoch is None else horizons.epoch - base,
-                  tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
-                  None if task.collective_group is None else
-                  _rel_command(self._last_collective.get(task.collective_group), base, live))
-        return ((task.kind, geom.global_range, geom.offset, geom.granularity, task.split,
-                 tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
-                 tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
-                 tuple(task.side_effects), task.collective_group),
-                bids, tuple(parts), extras)
-
-    def _record(self, task: Task, bids: tuple, base: int, pending_before: list, out: list[Command]) -> tuple:
-        """The template of the lowering just done: the commands (ids relative to ``base``),
-        then per buffer its new state and what became of its pending reduction."""
-        cmds = []
-        for c in out:
-            deps = tuple([(d - base, kd) for d, kd in c.deps.items()])
-            kind = c.kind
-            if kind == EXECUTION:
-                fields = (c.box, c.include_current_reductions)
-            elif kind == PUSH:
-                fields = (c.transfer[1], c.transfer[2] != 0, tuple(c.targets), c.contributes)
-            elif kind == AWAIT_PUSH:
-                fields = (c.transfer[1], c.transfer[2] != 0, c.region)
-            else:   # REDUCTION: always of the pending reduction of ``buffer``
-                fields = (c.buffer, c.contributes)
-            cmds.append((type(c), c.id - base, deps, fields))
-        post = []
-        for bid, old in zip(bids, pending_before):
-            st = self._buffers[bid]
-            shape = _buffer_shape(st, base)
-            sid = self.replay.intern(shape)
-            self._shapes[bid] = (sid, base)
-            p = st.pending
-            if p is None:
-                pend = None
-            elif p is old:
-                pend = "kept"
-            else:
-                pend = (task.reductions.index(p[0]), p[1])
-            post.append((bid, sid, shape, pend))
-        effects = tuple([_rel_command(self._last_side_effect.get(ho), base, self._live)
-                         for ho in task.side_effects])
-        coll = (None if task.collective_group is None else
-                _rel_command(self._last_collective.get(task.collective_group), base, self._live))
-        return tuple(cmds), tuple(post), effects, coll
-
-    def _replay(self, task: Task, bids: tuple, tpl: tuple, out: list[Command]) -> None:
-        cmds, post, effects, coll = tpl
-        base = self._next_id
-        buffers = self._buffers
-        live = self._live
-        tid = task.id
-        made = []
-        for cls, rel, deps, fields in cmds:
-            cid = base + rel
-            if cls is ExecutionCommand:
-                c = ExecutionCommand(cid, task, box=fields[0], include_current_reductions=fields[1])
-            elif cls is PushCommand:
-                bid, pend, targets, contributes = fields
-                c = PushCommand(cid, task, transfer=(tid, bid, buffers[bid].pending[0].id if pend else 0),
-                                targets=list(targets), contributes=contributes)
-            elif cls is AwaitPushCommand:
-                bid, pend, region = fields
-                c = AwaitPushCommand(cid, task, transfer=(tid, bid, buffers[bid].pending[0].id if pend else 0),
-                                     region=region)
-            else:
-                bid, contributes = fields
-                red = buffers[bid].pending[0]
-                c = ReductionCommand(cid, task, reduction=red, buffer=bid, transfer=(tid, bid, red.id),
-                                     contributes=contributes)
-            c.deps = {base + d: kd for d, kd in deps}
-            made.append(c)
-        self._next_id = base + len(cmds)
-        horizons = self._horizons
-        for c in made:
-            horizons.add(c.id, c.deps, c)
-            self._register(out, c)
-        ab = absolute(base)
-        for bid, sid, shape, pend in post:
-            st = buffers[bid]
-            _restore_buffer(st, shape, ab)
-            if pend is None:
-                st.pending = None
-            elif pend != "kept":
-                st.pending = (task.reductions[pend[0]], pend[1])
-            self._shapes[bid] = (sid, base)
-        for ho, rel in zip(task.side_effects, effects):
-            if rel is not None:
-                self._last_side_effect[ho] = live[base + rel]
-        if coll is not None:
-            self._last_collective[task.collective_group] = live[base + coll]
 
     def _set_epoch(self, epoch: Command) -> None:
         """``epoch`` now represents every older command (see ``horizons``)."""
         eid = epoch.id
+        self._sync_buffers(None)
         for st in self._buffers.values():
             st.access.apply_all(lambda v: collapse_access(v, eid))
         self._shapes.clear()
@@ -557,6 +423,8 @@ class CommandGraphGenerator:
 
     # ---- compute tasks ---------------------------------------------------------
     def _build_compute(self, task: Task, out: list[Command]) -> None:
+        if self._stale:
+            self._sync_buffers({a.buffer for a in task.accesses} | {r.buffer for r in task.reductions})
         me = self.rank
         buffers = self._buffers
         chunks = split_task(task, self.num_ranks, self._split_cache)
@@ -803,28 +671,3 @@ class CommandGraphGenerator:
 def _command_id(c: Command) -> int:
     return c.id
 
-
-_REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE))
-
-
-def _rel_command(c: "Command | None", base: int, live: dict) -> int | None:
-    """A command's id relative to ``base``; None for none (or one already forgotten)."""
-    return None if c is None or c.id not in live else c.id - base
-
-
-def _buffer_shape(st: _BufferState, base: int) -> tuple:
-    """A buffer's distribution and access state with command ids relative to ``base``
-    (the pending reduction by its participants only: the reduction object is the
-    producing task's, and the lowering uses nothing else of it)."""
-    p = st.pending
-    return (st.mine.snapshot(), st.mine_bb, st.held, st.uninit,
-            st.access.snapshot(relative(base)), None if p is None else p[1])
-
-
-def _restore_buffer(st: _BufferState, shape: tuple, absolute_ids) -> None:
-    mine, mine_bb, held, uninit, access, _pending = shape
-    st.mine.restore(mine)
-    st.mine_bb = mine_bb
-    st.held = held          # (regions are immutable: the template's objects are shared)
-    st.uninit = uninit
-    st.access.restore(access, absolute_ids)

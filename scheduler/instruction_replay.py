@@ -39,8 +39,9 @@ class InstructionReplayMixin:
         if cmd.kind == cg.HORIZON:
             touched = tuple(sorted(self._buffers))   # a horizon collapses every buffer's state
         key = self._replay_key(cmd, touched) if cmd.kind in _REPLAYABLE else None
-        if key is None:
-            replay.bypassed += 1
+        if key is None or len(key) == 1:
+            if key is None:
+                replay.bypassed += 1
             self._compile_now(cmd)
             self._forget_shapes(touched)
             return
@@ -149,6 +150,8 @@ class InstructionReplayMixin:
             if self._garbage:
                 return None   # (user allocations to drop: rare, lowered normally)
             sig = (kind,)
+        if not self.replay.seen(sig):
+            return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
         ibase = self._next_instr
         tid = task.id
         parts = []

@@ -44,15 +44,27 @@ DEFAULT_TEMPLATES = 4096
 class Replay:
     """One generator's memo of lowerings, with its hit counts."""
 
-    __slots__ = ("templates", "hits", "misses", "bypassed", "_shapes", "_next_shape")
+    __slots__ = ("templates", "hits", "misses", "bypassed", "first", "_shapes", "_next_shape", "_seen")
 
     def __init__(self, limit: int = DEFAULT_TEMPLATES):
         self.templates = BoundedCache(limit)
         self.hits = 0          # lowerings replayed from a template
         self.misses = 0        # lowerings done normally and recorded
         self.bypassed = 0      # lowerings that cannot be replayed (user mappers, diagnostics, ...)
+        self.first = 0         # first sightings of a signature: lowered without keying or recording
         self._shapes = BoundedCache(4 * limit)
         self._next_shape = 0
+        self._seen = BoundedCache(4 * limit)
+
+    def seen(self, signature: tuple) -> bool:
+        """Whether ``signature`` was lowered before (and remember it).  A step that never
+        repeats pays no replay cost: its buffers are not shaped and nothing is recorded
+        until its signature comes round a second time."""
+        if signature in self._seen:
+            return True
+        self._seen.put(signature, True)
+        self.first += 1
+        return False
 
     def intern(self, shape: tuple) -> int:
         """A small int standing for ``shape`` (equal shapes, equal ints), so that keys hash
@@ -66,7 +78,7 @@ class Replay:
         return sid
 
     def stats(self) -> dict[str, int]:
-        return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed,
+        return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,
                 "templates": len(self.templates)}
 
 

@@ -212,7 +212,9 @@ class TaskManager:
         self.diagnostics = diagnostics
         self.recorder = recorder
         self.replay = replay
-        self._shapes: dict[int, tuple[int, int]] = {}   # buffer -> (interned shape, base): see replay
+        self._shapes: dict[int, tuple] = {}   # buffer -> (interned shape, base, snapshot): see replay
+        self._stale: dict[int, tuple] = {}    # buffers whose access map lags behind its shape
+        self._collapsed: dict = {}            # (shape, epoch relative to its base) -> collapsed shape
         self.buffers: dict[int, BufferInfo] = {}
         self.tasks: dict[int, Task] = {}
         self._next_id = 0
@@ -250,6 +252,7 @@ class TaskManager:
     def destroy_buffer(self, bid: int) -> None:
         self._access.pop(bid, None)
         self._shapes.pop(bid, None)
+        self._stale.pop(bid, None)
         self._written.pop(bid, None)
 
     def new_reduction_id(self) -> int:
@@ -318,18 +321,22 @@ class TaskManager:
         replay = self.replay
         if replay is not None:
             key = self._replay_key(t)
-            if key is None:
-                replay.bypassed += 1
-            else:
-                tpl = replay.templates.get(key)
-                if tpl is not None:
-                    replay.hits += 1
-                    self._replay(t, tpl)
-                    return
+            if key is None or len(key) == 1:
+                if key is None:
+                    replay.bypassed += 1
                 self._lower_dependencies(t)
-                replay.misses += 1
-                replay.templates.put(key, self._record(t, key[1]))
+                for bid in {a.buffer for a in t.accesses} | {r.buffer for r in t.reductions}:
+                    self._shapes.pop(bid, None)   # (changed outside replay: shape it anew when needed)
                 return
+            tpl = replay.templates.get(key)
+            if tpl is not None:
+                replay.hits += 1
+                self._replay(t, tpl)
+                return
+            self._lower_dependencies(t)
+            replay.misses += 1
+            replay.templates.put(key, self._record(t, key[1]))
+            return
         self._lower_dependencies(t)
 
     def _lower_dependencies(self, t: Task) -> None:
@@ -367,6 +374,8 @@ class TaskManager:
                 consumed = Region.from_box(consumed)
             if isinstance(produced, Box):
                 produced = Region.from_box(produced)
+            if bid in self._stale:
+                self._sync(bid)
             acc = self._access[bid]
             tid = t.id
             if consumed:
@@ -436,6 +445,13 @@ class TaskManager:
             bids = (accesses[0].buffer,)
         else:
             bids = tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
+        geom = t.geometry
+        sig = (t.kind, geom.global_range, geom.offset, geom.granularity,
+               tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
+               tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
+               tuple(t.side_effects), t.collective_group)
+        if not self.replay.seen(sig):
+            return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
         tid = t.id
         parts = []
         written = self._written
@@ -445,20 +461,16 @@ class TaskManager:
                 return None   # parts never written (or no such buffer): diagnose every time
             sh = shapes.get(bid)
             if sh is None:
-                sh = shapes[bid] = (self.replay.intern(self._access[bid].snapshot(relative(tid))), tid)
+                snap = self._access[bid].snapshot(relative(tid))
+                sh = shapes[bid] = (self.replay.intern(snap), tid, snap)
             parts.append(sh[0])
             parts.append(sh[1] - tid)
-        geom = t.geometry
         tasks = self.tasks
         extras = (self._horizons.epoch - tid,
                   tuple([_rel_task(self._last_side_effect.get(ho), tid, tasks) for ho in t.side_effects]),
                   None if t.collective_group is None else
                   _rel_task(self._last_collective.get(t.collective_group), tid, tasks))
-        return ((t.kind, geom.global_range, geom.offset, geom.granularity,
-                 tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
-                 tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
-                 tuple(t.side_effects), t.collective_group),
-                bids, tuple(parts), extras)
+        return (sig, bids, tuple(parts), extras)
 
     def _record(self, t: Task, bids: tuple) -> tuple:
         """The template of ``t``'s lowering just done: dependencies and new buffer states,
@@ -470,9 +482,14 @@ class TaskManager:
         for bid in bids:
             snap = self._access[bid].snapshot(rel)
             sid = self.replay.intern(snap)
-            self._shapes[bid] = (sid, tid)
+            self._shapes[bid] = (sid, tid, snap)
             post.append((bid, sid, snap))
         return deps, tuple(post)
+
+    def _sync(self, bid: int) -> None:
+        """Rebuild a buffer's access map from the shape replay left it as."""
+        _sid, base, snap = self._stale.pop(bid)
+        self._access[bid].restore(snap, absolute(base))
 
     def _replay(self, t: Task, tpl: tuple) -> None:
         deps, post = tpl
@@ -480,10 +497,10 @@ class TaskManager:
         tasks = self.tasks
         for rel, kind, origin in deps:
             t.add_dep(tasks[tid + rel], kind, origin)
-        ab = absolute(tid)
+        shapes = self._shapes
+        stale = self._stale
         for bid, sid, snap in post:
-            self._access[bid].restore(snap, ab)
-            self._shapes[bid] = (sid, tid)
+            shapes[bid] = stale[bid] = (sid, tid, snap)   # (the map is rebuilt when read: _sync)
         for ho in t.side_effects:
             self._last_side_effect[ho] = t
         if t.collective_group is not None:
@@ -532,9 +549,28 @@ class TaskManager:
     def _apply_epoch(self, epoch: Task) -> None:
         """Everything older than ``epoch`` is now represented by it."""
         eid = epoch.id
-        for acc in self._access.values():
-            acc.apply_all(lambda v: _collapse_task_access(v, eid))
-        self._shapes.clear()
+        shapes = self._shapes
+        for bid, acc in self._access.items():
+            rec = shapes.get(bid)
+            if rec is None:
+                acc.apply_all(lambda v: _collapse_task_access(v, eid))
+                continue
+            # a buffer known by its shape collapses shape to shape, memoized (no map is rebuilt)
+            sid, base, snap = rec
+            key = (sid, eid - base)
+            hit = self._collapsed.get(key)
+            if hit is None:
+                if bid in self._stale:
+                    self._sync(bid)
+                acc.apply_all(lambda v: _collapse_task_access(v, eid))
+                snap = acc.snapshot(relative(base))
+                hit = (self.replay.intern(snap), snap)
+                if len(self._collapsed) >= 4096:
+                    self._collapsed.clear()
+                self._collapsed[key] = hit
+            else:
+                self._stale[bid] = (hit[0], base, hit[1])
+            shapes[bid] = (hit[0], base, hit[1])
         for d in (self._last_side_effect, self._last_collective):
             collapse_map(d, eid, epoch, key=_task_id)
 

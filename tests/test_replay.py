@@ -7,6 +7,7 @@ scenarios, steady-state loops long enough for many hits, and random programs.
 """
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -132,7 +133,8 @@ def _random_program(seed: int):
 
 
 @pytest.mark.timeout(600)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("CELERITAS_REPLAY_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 3), devices=st.integers(1, 3),
        lookahead=st.sampled_from(["none", "auto", "infinite"]), horizon=st.sampled_from([2, 4]))
 def test_random_programs_are_identical_with_replay(seed, ranks, devices, lookahead, horizon):

@@ -1,0 +1,260 @@
+"""Replay at the command-graph level (the design is in ``replay.py``).
+
+A mixin of ``CommandGraphGenerator``.  Per buffer, the shape holds the projection of
+the data distribution this rank keeps (what it wrote and who holds it, what it
+holds, what was never written), the per-point last writer and readers (command ids
+relative to a base) and the participants of a pending reduction.  The pending
+reduction object itself (another task's) is read from the buffer at replay time.
+Horizons have templates of their own, keyed on every buffer's shape and the front.
+"""
+from __future__ import annotations
+
+from . import task_graph as tg
+from .replay import absolute, relative
+
+_REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
+
+
+class CommandReplayMixin:
+    """Replay of ``CommandGraphGenerator.build`` (uses the generator's state)."""
+
+    def _build_replayed(self, task, out: list) -> None:
+        replay = self.replay
+        key = self._replay_key(task) if task.kind in _REPLAYABLE else None
+        if key is None or len(key) == 1:
+            if key is None:
+                replay.bypassed += 1
+            self._build_now(task, out)
+            self._forget_shapes(None if task.kind in (tg.EPOCH, tg.HORIZON) else _touched(task))
+            return
+        tpl = replay.templates.get(key)
+        if tpl is not None:
+            replay.hits += 1
+            self._replay(task, key[1], tpl, out)
+            return
+        bids = key[1]
+        self._sync_buffers(bids)
+        base = self._next_id
+        pending = [self._buffers[bid].pending for bid in bids]
+        self._warned = False
+        self._build_now(task, out)
+        if self._warned:
+            replay.bypassed += 1     # diagnostics are logged by every lowering
+            self._forget_shapes(bids)
+            return
+        replay.misses += 1
+        replay.templates.put(key, self._record(task, bids, base, pending, out))
+
+    def _forget_shapes(self, bids) -> None:
+        if bids is None:
+            self._sync_buffers(None)
+            self._shapes.clear()
+        else:
+            self._sync_buffers(bids)
+            for bid in bids:
+                self._shapes.pop(bid, None)
+
+    def _sync_buffers(self, bids) -> None:
+        """Rebuild the objects of buffers that replay left as shapes (None: all)."""
+        stale = self._stale
+        if not stale:
+            return
+        for bid in list(stale) if bids is None else bids:
+            rec = stale.pop(bid, None)
+            if rec is not None:
+                _restore_buffer(self._buffers[bid], rec[2], absolute(rec[1]))
+
+    # ---- keys ----------------------------------------------------------------------------
+    def _replay_key(self, task) -> tuple | None:
+        """What determines this rank's commands for ``task`` and its buffers' new state
+        (None: lower every time, for user mappers and fences)."""
+        kind = task.kind
+        horizon = kind == tg.HORIZON
+        if horizon:
+            bids = tuple(sorted(self._buffers))
+            sig = (kind,)
+        else:
+            accesses = task.accesses
+            for a in accesses:
+                if not a.pure:
+                    return None
+            bids = _touched(task)
+            geom = task.geometry
+            reductions = task.reductions
+            sig = (kind, geom.global_range, geom.offset, geom.granularity, task.split,
+                   tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
+                   tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
+                   tuple(task.side_effects), task.collective_group)
+        if not self.replay.seen(sig):
+            return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
+        base = self._next_id
+        shapes = self._shapes
+        buffers = self._buffers
+        parts = []
+        for bid in bids:
+            rec = shapes.get(bid)
+            if rec is None:
+                shape = _buffer_shape(buffers[bid], base)
+                rec = shapes[bid] = (self.replay.intern(shape), base, shape)
+            parts.append(rec[0])
+            parts.append(rec[1] - base)
+        live = self._live
+        horizons = self._horizons
+        epoch = None if horizons.epoch is None else horizons.epoch - base
+        if horizon:
+            extras = (epoch, None if horizons.current_horizon is None else horizons.current_horizon - base,
+                      tuple([f - base for f in sorted(horizons.front)]),
+                      tuple([(k, _rel_command(v, base, live)) for k, v in sorted(self._last_side_effect.items())]),
+                      tuple([(k, _rel_command(v, base, live)) for k, v in sorted(self._last_collective.items())]))
+        else:
+            extras = (epoch,
+                      tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
+                      None if task.collective_group is None else
+                      _rel_command(self._last_collective.get(task.collective_group), base, live))
+        return (sig, bids, tuple(parts), extras)
+
+    # ---- recording ---------------------------------------------------------------------
+    def _record(self, task, bids: tuple, base: int, pending_before: list, out: list) -> tuple:
+        """The template of the lowering just done: the commands (ids relative to ``base``),
+        then per buffer its new state and what became of its pending reduction."""
+        from .command_graph import AWAIT_PUSH, EXECUTION, PUSH, REDUCTION
+        cmds = []
+        for c in out:
+            deps = tuple([(d - base, kd) for d, kd in c.deps.items()])
+            kind = c.kind
+            if kind == EXECUTION:
+                fields = (c.box, c.include_current_reductions)
+            elif kind == PUSH:
+                fields = (c.transfer[1], c.transfer[2] != 0, tuple(c.targets), c.contributes)
+            elif kind == AWAIT_PUSH:
+                fields = (c.transfer[1], c.transfer[2] != 0, c.region)
+            elif kind == REDUCTION:   # always of the pending reduction of ``buffer``
+                fields = (c.buffer, c.contributes)
+            else:
+                fields = ()
+            cmds.append((type(c), c.id - base, deps, fields))
+        post = []
+        for bid, old in zip(bids, pending_before):
+            st = self._buffers[bid]
+            shape = _buffer_shape(st, base)
+            sid = self.replay.intern(shape)
+            self._shapes[bid] = (sid, base, shape)
+            p = st.pending
+            if p is None:
+                pend = None
+            elif p is old:
+                pend = "kept"
+            else:
+                pend = (task.reductions.index(p[0]), p[1])
+            post.append((bid, sid, shape, pend))
+        live = self._live
+        if task.kind == tg.HORIZON:
+            h = self._horizons
+            effects = (tuple([(k, _rel_command(v, base, live)) for k, v in self._last_side_effect.items()]),
+                       tuple([(k, _rel_command(v, base, live)) for k, v in self._last_collective.items()]),
+                       None if h.current_horizon is None else h.current_horizon - base,
+                       None if h.epoch is None else h.epoch - base)
+        else:
+            effects = (tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
+                       None if task.collective_group is None else
+                       _rel_command(self._last_collective.get(task.collective_group), base, live))
+        return tuple(cmds), tuple(post), effects
+
+    # ---- replay ------------------------------------------------------------------------
+    def _replay(self, task, bids: tuple, tpl: tuple, out: list) -> None:
+        from .command_graph import AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand
+        cmds, post, effects = tpl
+        base = self._next_id
+        buffers = self._buffers
+        live = self._live
+        tid = task.id
+        made = []
+        for cls, rel, deps, fields in cmds:
+            cid = base + rel
+            if cls is ExecutionCommand:
+                c = ExecutionCommand(cid, task, box=fields[0], include_current_reductions=fields[1])
+            elif cls is PushCommand:
+                bid, pend, targets, contributes = fields
+                c = PushCommand(cid, task, transfer=(tid, bid, buffers[bid].pending[0].id if pend else 0),
+                                targets=list(targets), contributes=contributes)
+            elif cls is AwaitPushCommand:
+                bid, pend, region = fields
+                c = AwaitPushCommand(cid, task, transfer=(tid, bid, buffers[bid].pending[0].id if pend else 0),
+                                     region=region)
+            elif cls is ReductionCommand:
+                bid, contributes = fields
+                red = buffers[bid].pending[0]
+                c = ReductionCommand(cid, task, reduction=red, buffer=bid, transfer=(tid, bid, red.id),
+                                     contributes=contributes)
+            else:
+                c = cls(cid, task)
+            c.deps = {base + d: kd for d, kd in deps}
+            made.append(c)
+        self._next_id = base + len(cmds)
+        horizons = self._horizons
+        if task.kind == tg.HORIZON:
+            (c,) = made
+            horizons.front.clear()
+            horizons.front[c.id] = c
+            self._register(out, c)
+        else:
+            for c in made:
+                horizons.add(c.id, c.deps, c)
+                self._register(out, c)
+        shapes = self._shapes
+        stale = self._stale
+        for bid, sid, shape, pend in post:
+            if pend is None:
+                buffers[bid].pending = None
+            elif pend != "kept":
+                buffers[bid].pending = (task.reductions[pend[0]], pend[1])
+            shapes[bid] = stale[bid] = (sid, base, shape)
+        if task.kind == tg.HORIZON:
+            se, coll, cur, ep = effects
+            self._last_side_effect = {k: live[base + v] for k, v in se}
+            self._last_collective = {k: live[base + v] for k, v in coll}
+            old_epoch = horizons.epoch
+            horizons.current_horizon = None if cur is None else base + cur
+            horizons.epoch = None if ep is None else base + ep
+            if horizons.epoch != old_epoch and horizons.epoch is not None:
+                eid = horizons.epoch
+                for cid in [k for k in live if k < eid]:   # (as _set_epoch forgets them)
+                    del live[cid]
+        else:
+            se, coll = effects
+            for ho, rel in zip(task.side_effects, se):
+                if rel is not None:
+                    self._last_side_effect[ho] = live[base + rel]
+            if coll is not None:
+                self._last_collective[task.collective_group] = live[base + coll]
+
+
+def _touched(task) -> tuple:
+    accesses = task.accesses
+    reductions = task.reductions
+    if len(accesses) == 1 and not reductions:
+        return (accesses[0].buffer,)
+    return tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
+
+
+def _rel_command(c, base: int, live: dict) -> int | None:
+    """A command's id relative to ``base``; None for none (or one already forgotten)."""
+    return None if c is None or c.id not in live else c.id - base
+
+
+def _buffer_shape(st, base: int) -> tuple:
+    """A buffer's distribution and access state with command ids relative to ``base``
+    (the pending reduction by its participants only: the reduction object is the
+    producing task's, and the lowering uses nothing else of it)."""
+    p = st.pending
+    return (st.mine.snapshot(), st.mine_bb, st.held, st.uninit,
+            st.access.snapshot(relative(base)), None if p is None else p[1])
+
+
+def _restore_buffer(st, shape: tuple, absolute_ids) -> None:
+    mine, mine_bb, held, uninit, access, _pending = shape
+    st.mine.restore(mine)
+    st.mine_bb = mine_bb
+    st.held = held          # (regions are immutable: the template's objects are shared)
+    st.uninit = uninit
+    st.access.restore(access, absolute_ids)
