@@ -149,6 +149,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         self.replay = replay
         self._shapes: dict = {}    # buffer -> its replay shape (see instruction_replay)
         self._stale: dict = {}     # buffers whose objects lag behind their replay shape
+        self._allocated_memo = BoundedCache(4096)   # (shape, memory, box) -> allocated? (lookahead)
         self._warned = False       # a diagnostic was logged while lowering (not memoized then)
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
         # to): await-pushes then need no host allocation of their own
@@ -564,9 +565,12 @@ class InstructionGraphGenerator(InstructionReplayMixin):
 
     def _requirements(self, cmd: cg.Command) -> Iterable[tuple[int, int, Box]]:
         if isinstance(cmd, cg.ExecutionCommand):
-            for plan in self._plan_chunks(cmd):
-                for bid, box in plan.bbox.items():
-                    yield bid, plan.memory, box
+            plans = self._plan_chunks(cmd)
+            req = plans.requirements
+            if req is None:
+                req = plans.requirements = tuple([(bid, plan.memory, box) for plan in plans
+                                                  for bid, box in plan.bbox.items()])
+            yield from req
         elif isinstance(cmd, cg.AwaitPushCommand) and cmd.transfer[2] == 0 and not self._direct_receives:
             yield cmd.transfer[1], HOST_MEMORY, cmd.region.bounding_box
         elif isinstance(cmd, cg.PushCommand) and cmd.transfer[2] == 0 and not self._direct_receives:
@@ -1006,7 +1010,7 @@ class _Plans(list):
     compile of them needs first, computed once: the buffers they touch (sorted) and, per
     (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
 
-    __slots__ = ("bids", "need", "overlap")
+    __slots__ = ("bids", "need", "overlap", "requirements")
 
     # identity semantics: a plan stands for its cache key (replay keys on the object)
     __hash__ = object.__hash__
@@ -1017,6 +1021,7 @@ class _Plans(list):
     def __init__(self, plans: list):
         super().__init__(plans)
         self.overlap: tuple | None = None   # (i, j, buffer, region): chunks i < j write region
+        self.requirements: tuple | None = None   # (buffer, memory, box) for lookahead, made on first use
         self.bids = sorted({bid for p in plans for bid in p.bbox})
         need: dict[tuple[int, int], Box] = {}
         for p in plans:

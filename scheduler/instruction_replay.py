@@ -98,17 +98,25 @@ class InstructionReplayMixin:
                     self._restore(b, sh.shape, sh.allocations, absolute(sh.ibase), sh.tbase)
 
     def _allocated(self, bid: int, memory: int, box) -> bool:
-        """``_find_alloc(...) is not None`` for the buffer's current state, stale or not."""
-        sh = self._stale.get(bid)
+        """``_find_alloc(...) is not None`` for the buffer's current state, stale or not
+        (answered from the shape where there is one, memoized per interned shape)."""
+        sh = self._shapes.get(bid)
         if sh is None:
             return self._find_alloc(self._buffers[bid], memory, box) is not None
-        for mem, lst in sh.shape[0]:
-            if mem == memory:
-                for abox, _snap in lst:
-                    if abox.contains(box):
-                        return True
-                return False
-        return False
+        key = (sh.sid, memory, box)
+        memo = self._allocated_memo
+        hit = memo.get(key)
+        if hit is None:
+            hit = False
+            for mem, lst in sh.shape[0]:
+                if mem == memory:
+                    for abox, _snap in lst:
+                        if abox.contains(box):
+                            hit = True
+                            break
+                    break
+            memo.put(key, hit)
+        return hit
 
     # ---- keys --------------------------------------------------------------------------
     def _touched_buffers(self, cmd: cg.Command) -> tuple | None:
@@ -200,7 +208,7 @@ class InstructionReplayMixin:
 
     # ---- recording ---------------------------------------------------------------------
     def _record(self, cmd: cg.Command, bids: tuple, env: "_Env", n_out: int, n_pilots: int) -> tuple:
-        instrs = tuple([_encode(ins, env) for ins in self._out[n_out:]])
+        instrs = tuple([_compact(_encode(ins, env)) for ins in self._out[n_out:]])
         pilots = tuple([(env.mid(p.msg_id), p.to, env.transfer(p.transfer), p.box)
                         for p in self._pilots[n_pilots:]])
         post = []
@@ -236,11 +244,28 @@ class InstructionReplayMixin:
         out = self._out
         counts = self.counts
         recorder = self.recorder
-        for cls, fields in instrs:
-            kw = {}
-            for name, role, val in fields:
-                kw[name] = val if role is None else _DECODE[role](val, ctx, kw)
-            ins = cls(**kw)
+        for cls, proto, patches in instrs:
+            args = list(proto)
+            for pos, code, val in patches:
+                if code == _IID:
+                    args[pos] = ibase + val
+                elif code == _DEPS:
+                    args[pos] = [(ibase + d, o) for d, o in val]
+                elif code == _NEW_AID:
+                    args[pos] = abase + val
+                elif code == _SLOT_AID:
+                    args[pos] = slots[val[0]][val[1]]
+                elif code == _TID:
+                    args[pos] = tid + val
+                elif code == _MID:
+                    args[pos] = mbase + val
+                elif code == _LAUNCHER:
+                    args[pos] = task.launcher
+                elif code == _NAME:
+                    args[pos] = task.name
+                else:
+                    args[pos] = _DECODE[val[0]](val[1], ctx, args)
+            ins = cls(*args)
             for d, _o in ins.deps:
                 front.pop(d, None)
             front[ins.id] = None
@@ -422,9 +447,46 @@ def _encode(ins, env: _Env) -> tuple:
             red = _reduction_of(ins, env)
             if getattr(red, role) is not v:
                 raise TemplateMismatch(role)
-            v = None
+            v = env.rid(ins.reduction)
         fields.append((name, role, v))
     return (type(ins), tuple(fields))
+
+
+# patch codes of the common roles (the rest go through ``_DECODE``)
+_IID, _DEPS, _NEW_AID, _SLOT_AID, _TID, _MID, _LAUNCHER, _NAME, _OTHER = range(9)
+
+
+def _compact(encoded: tuple) -> tuple:
+    """(class, positional prototype, patches): replay copies the prototype and patches only
+    the positions that hold ids or the task's own values, in field order."""
+    cls, fields = encoded
+    proto = []
+    patches = []
+    for pos, (name, role, val) in enumerate(fields):
+        proto.append(val if role is None else None)
+        if role is None:
+            continue
+        if role == "iid":
+            patches.append((pos, _IID, val))
+        elif role == "deps":
+            patches.append((pos, _DEPS, val))
+        elif role == "aid" and val is not None and val[0] == "n":
+            patches.append((pos, _NEW_AID, val[1]))
+        elif role == "aid" and val is not None:
+            patches.append((pos, _SLOT_AID, (val[1], val[2])))
+        elif role == "aid":
+            continue   # (None stays None)
+        elif role == "tid":
+            patches.append((pos, _TID, val))
+        elif role == "mid":
+            patches.append((pos, _MID, val))
+        elif role == "launcher":
+            patches.append((pos, _LAUNCHER, None))
+        elif role == "name":
+            patches.append((pos, _NAME, None))
+        else:
+            patches.append((pos, _OTHER, (role, val)))
+    return cls, tuple(proto), tuple(patches)
 
 
 def _reduction_of(ins, env: _Env):
@@ -478,13 +540,9 @@ def _dec_redallocs(v, ctx, _kw):
 
 
 def _dec_red_attr(attr):
-    def dec(_v, ctx, kw):
-        cmd = ctx[5]
-        rid = kw["reduction"]
-        for r in cmd.task.reductions:
-            if r.id == rid:
-                return getattr(r, attr)
-        return getattr(cmd.reduction, attr)
+    def dec(src, ctx, _args):
+        # (``src`` is the encoded reduction id of the instruction: whose reduction it is)
+        return getattr(_reduction_from(src, ctx[5]), attr)
     return dec
 
 
