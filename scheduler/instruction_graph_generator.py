@@ -14,7 +14,7 @@ boxes) whether anything is missing at all.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -22,25 +22,24 @@ import numpy as np
 from . import command_graph as cg
 from . import task_graph as tg
 from .bounded_cache import BoundedCache
-from .errors import DiagnosticError
 from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_access, collapse_map
+from .device_chunks import ChunkPlan, ChunkPlanning
 from .instruction_replay import InstructionReplayMixin
+from .memory import PRIORITY_COPY, Allocation, MemoryManagement
 from .recorders import InstructionRecorder
 from .replay import Replay
 from .instruction_graph import (
     HOST_MEMORY, USER_MEMORY, AccessAllocation, AllocInstruction, AwaitReceiveInstruction,
     CloneCollectiveGroupInstruction, CopyInstruction, DestroyHostObjectInstruction,
     DeviceKernelInstruction, EpochInstruction, FenceInstruction, FillIdentityInstruction,
-    FreeInstruction, GatherReceiveInstruction, HorizonInstruction, HostTaskInstruction,
+    GatherReceiveInstruction, HorizonInstruction, HostTaskInstruction,
     Instruction, Pilot, ReceiveInstruction, ReduceInstruction, ReductionAllocation,
     SendInstruction, SplitReceiveInstruction, device_memory)
-from .split import split_1d, split_2d
 
 log = logging.getLogger("celeritas.instruction_graph")
 
 # dependency origins
-DEP_ALLOCATION = "allocation_lifetime"
 DEP_READ = "read"              # reads what the predecessor wrote
 DEP_WRITE = "write"            # overwrites what the predecessor read or wrote
 DEP_SIDE_EFFECT = "side_effect"
@@ -50,9 +49,7 @@ DEP_EXECUTION_FRONT = "execution_front"
 DEP_SPLIT_RECEIVE = "split_receive"
 
 PRIORITY_COMM = 2
-PRIORITY_COPY = 1
 
-FREQUENT_ALLOCATION_THRESHOLD = 10
 
 
 @dataclass(slots=True)
@@ -78,27 +75,6 @@ class SystemInfo:
 _NO_READERS: frozenset = frozenset()
 
 
-class _Allocation:
-    # access: per point (last writer instruction or None, instructions that read since),
-    # one map so that a read or a write is a single pass over it
-    __slots__ = ("id", "memory", "box", "access", "dims")
-
-    def __init__(self, aid: int, memory: int, box: Box, creator: int | None):
-        self.id = aid
-        self.memory = memory
-        self.box = box
-        self.dims = box.dims
-        self.access = RegionMap(box, (creator, _NO_READERS))
-
-    def users(self) -> set[int]:
-        out = set()
-        for w, rs in self.access.values():
-            if w is not None:
-                out.add(w)
-            out |= rs
-        return out
-
-
 class _PendingReceive:
     __slots__ = ("transfer", "region")
 
@@ -113,11 +89,11 @@ class _Buffer:
 
     def __init__(self, info: tg.BufferInfo):
         self.info = info
-        self.allocs: dict[int, list[_Allocation]] = {}
+        self.allocs: dict[int, list[Allocation]] = {}
         # per point: (producer memory, memories holding the newest data), None before any write
         self.newest = RegionMap(info.box, None)
         self.pending: list[_PendingReceive] = []
-        self.user: _Allocation | None = None
+        self.user: Allocation | None = None
         self.anticipated: dict[int, list[Box]] = {}
         self.dtype = np.dtype(info.dtype)
         self.itemsize = self.dtype.itemsize
@@ -125,20 +101,7 @@ class _Buffer:
         self.warned = False
 
 
-@dataclass(slots=True)
-class _ChunkPlan:
-    box: Box
-    memory: int
-    device: int | None
-    accesses: list[tuple[tg.BufferAccess, Region, Box]] = field(default_factory=list)  # (access, region, bbox)
-    consumed: dict[int, Region] = field(default_factory=dict)
-    produced: dict[int, Region] = field(default_factory=dict)
-    bbox: dict[int, Box] = field(default_factory=dict)     # per buffer: bounding box of all its accesses
-    cbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the consumed regions
-    pbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the produced regions
-
-
-class InstructionGraphGenerator(InstructionReplayMixin):
+class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionReplayMixin):
     """Compiles commands of one rank into instructions and outbound pilots."""
 
     def __init__(self, system: SystemInfo, *, rank: int = 0, num_ranks: int = 1,
@@ -183,7 +146,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         self._plan_cache.clear()   # (plans are keyed by buffer id, whose shape this fixes)
         if info.host_initialized:
             aid = self._new_alloc_id()
-            b.user = _Allocation(aid, USER_MEMORY, info.box, self._horizons.epoch)
+            b.user = Allocation(aid, USER_MEMORY, info.box, self._horizons.epoch)
             b.newest.update(info.box, self._only[USER_MEMORY])
             return aid
         return None
@@ -280,7 +243,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
     # write, or on the last writer where there are none.  One pass over the allocation's
     # map each; the values come back unmerged and may repeat (``_emit`` de-duplicates).
     @staticmethod
-    def _read(alloc: _Allocation, region, ins: Instruction) -> None:
+    def _read(alloc: Allocation, region, ins: Instruction) -> None:
         deps = ins.deps
         iid = ins.id
         for w in alloc.access.read_collect(region, iid):
@@ -288,92 +251,13 @@ class InstructionGraphGenerator(InstructionReplayMixin):
                 deps.append((w, DEP_READ))
 
     @staticmethod
-    def _write(alloc: _Allocation, region, ins: Instruction) -> None:
+    def _write(alloc: Allocation, region, ins: Instruction) -> None:
         deps = ins.deps
         for w, readers in alloc.access.update_collect(region, (ins.id, _NO_READERS)):
             if readers:
                 deps.extend([(r, DEP_WRITE) for r in readers])
             elif w is not None:
                 deps.append((w, DEP_WRITE))
-
-    # ---- allocation ------------------------------------------------------------------
-    def _find_alloc(self, b: _Buffer, memory: int, box: Box) -> _Allocation | None:
-        """The first allocation on ``memory`` that contains ``box``."""
-        allocs = b.allocs.get(memory)
-        if not allocs:
-            return None
-        for a in allocs:
-            if a.box.contains(box):
-                return a
-        return None
-
-    def _allocate(self, b: _Buffer, memory: int, box: Box, discard: Region | None = None) -> _Allocation:
-        """An allocation on ``memory`` containing ``box``, resizing (merging) if needed."""
-        found = self._find_alloc(b, memory, box)
-        if found is not None:
-            return found
-        allocs = b.allocs.setdefault(memory, [])
-        target = box
-        antic = b.anticipated.get(memory, ())
-        changed = True
-        merge: list[_Allocation] = []
-        while changed:
-            changed = False
-            for ab in antic:
-                if not target.contains(ab) and target.touches(ab):
-                    target = target.bounding(ab)
-                    changed = True
-            for a in allocs:
-                if a not in merge and a.box.intersects(target):
-                    merge.append(a)
-                    if not target.contains(a.box):
-                        target = target.bounding(a.box)
-                    changed = True
-        target = target & b.info.box if not b.info.box.empty else target
-        aid = self._new_alloc_id()
-        ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=b.info.id,
-                               box=target, shape=target.range, dtype=b.dtype,
-                               size_bytes=target.area * b.itemsize)
-        self._emit(ins)
-        new = _Allocation(aid, memory, target, ins.id)
-        n = b.alloc_counts.get(memory, 0) + 1
-        b.alloc_counts[memory] = n
-        if n >= FREQUENT_ALLOCATION_THRESHOLD and not b.warned:
-            b.warned = True
-            log.warning("buffer %s was allocated %d times on memory %d: its access pattern grows; "
-                        "lookahead 'auto' or 'infinite' allocates once instead", b.info.label, n, memory)
-        newest_here = b.newest.region_of(lambda v: v is not None and memory in v[1])
-        if memory == HOST_MEMORY:
-            for p in b.pending:
-                newest_here = newest_here - p.region
-        for old in sorted(merge, key=lambda a: a.id):
-            keep = Region.from_box(old.box) & newest_here
-            if discard is not None:
-                keep = keep - discard
-            for cbox in keep:
-                cp = CopyInstruction(self._new_id(), source=old.id, dest=aid, source_memory=memory,
-                                     dest_memory=memory, buffer=b.info.id, box=cbox, source_box=old.box,
-                                     dest_box=target, size_bytes=cbox.area * b.itemsize,
-                                     priority=PRIORITY_COPY)
-                self._read(old, cbox, cp)
-                self._write(new, cbox, cp)
-                self._emit(cp)
-            allocs.remove(old)
-            self._free(old)
-        allocs.append(new)
-        return new
-
-    def _free(self, a: _Allocation) -> None:
-        ins = FreeInstruction(self._new_id(), allocation=a.id, memory=a.memory)
-        ins.deps.extend((u, DEP_ALLOCATION) for u in sorted(a.users()))
-        self._emit(ins)
-
-    def _scratch(self, memory: int, box: Box, dtype: np.dtype) -> _Allocation:
-        aid = self._new_alloc_id()
-        ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=None, box=box,
-                               shape=(box.area,), dtype=dtype, size_bytes=box.area * dtype.itemsize)
-        self._emit(ins)
-        return _Allocation(aid, memory, box, ins.id)
 
     # ---- coherence ---------------------------------------------------------------
     def _source_memory(self, newest: tuple[int, frozenset[int]], dst: int) -> int | None:
@@ -401,7 +285,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         cache.put(key, best)
         return best
 
-    def _copy_between(self, b: _Buffer, src_mem: int, dst: _Allocation, box: Box) -> None:
+    def _copy_between(self, b: _Buffer, src_mem: int, dst: Allocation, box: Box) -> None:
         """Copy ``box`` from the allocations of ``src_mem`` into ``dst``."""
         srcs = [b.user] if src_mem == USER_MEMORY else b.allocs.get(src_mem, ())
         for src in srcs:
@@ -609,95 +493,6 @@ class InstructionGraphGenerator(InstructionReplayMixin):
         else:
             raise ValueError(f"unknown command kind {kind}")
 
-    def _plan_chunks(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
-        """Device chunks of a command with their accesses; computed once per command, and
-        shared between commands with the same box and the same accesses (a stencil plans
-        the same chunks every step).  A plan depends only on the key below: the mappers are
-        pure per chunk (built-in ones are shared across tasks, user ones are new objects per
-        task and never hit), buffer shapes are fixed per buffer id (the cache is dropped when
-        a buffer is created), and plans are never modified once made."""
-        plans = cmd.plans
-        if plans is None:
-            task = cmd.task
-            geom = task.geometry
-            box = cmd.box
-            key = (task.kind, box.lo, box.hi, box.dims, task.split, task.oversubscribe,
-                   geom.dims if geom is not None else None, geom.granularity if geom is not None else None,
-                   tuple([(a.buffer, a.mode, a.mapper) for a in task.accesses]))
-            cache = self._plan_cache
-            plans = cache.get(key)
-            if plans is None:
-                plans = cache.put(key, self._make_plans(cmd))
-            cmd.plans = plans
-        return plans
-
-    def _make_plans(self, cmd: cg.ExecutionCommand) -> list[_ChunkPlan]:
-        task = cmd.task
-        k = max(1, task.oversubscribe)
-        if task.kind == tg.DEVICE_COMPUTE:
-            d = self.system.num_devices
-            boxes = self._local_split(cmd, d * k)
-            plans = []
-            nb = len(boxes)
-            for j, box in enumerate(boxes):
-                dev = (j * d) // nb if nb >= d else j
-                plans.append(_ChunkPlan(box, device_memory(dev), dev))
-        elif task.kind == tg.HOST_COMPUTE:
-            # oversubscribed host tasks become several host-task instructions (lanes run them
-            # concurrently), as device kernels become several kernels
-            plans = [_ChunkPlan(box, HOST_MEMORY, None) for box in self._local_split(cmd, k)]
-        else:
-            plans = [_ChunkPlan(cmd.box, HOST_MEMORY, None)]
-        for plan in plans:
-            for a in task.accesses:
-                b = self._buffers[a.buffer]
-                reg = a.mapper(plan.box, b.info.shape)
-                bb = reg.bounding_box
-                plan.accesses.append((a, reg, bb))
-                if a.mode in tg.CONSUMER_MODES:
-                    plan.consumed[a.buffer] = plan.consumed[a.buffer] | reg if a.buffer in plan.consumed else reg
-                if a.mode in tg.PRODUCER_MODES:
-                    plan.produced[a.buffer] = plan.produced[a.buffer] | reg if a.buffer in plan.produced else reg
-                if reg:
-                    plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb) if a.buffer in plan.bbox else bb
-            for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
-                for bid, reg in regs.items():
-                    bbs[bid] = reg.bounding_box
-        out = _Plans(plans)
-        out.overlap = _overlapping_writes(plans)
-        return out
-
-    def _local_split(self, cmd: cg.ExecutionCommand, n: int) -> list[Box]:
-        """The command's box cut into ``n`` chunks for this rank's devices / lanes, under the
-        task's split and granularity (whole work groups), as the command graph cuts ranks."""
-        geom = cmd.task.geometry
-        if geom is None or geom.dims == 0 or n == 1:
-            return [cmd.box]
-        gran = geom.granularity or (1,) * geom.dims
-        two = cmd.task.split == "2d" and geom.dims >= 2
-        key = (cmd.box.lo, cmd.box.hi, cmd.box.dims, gran, n, two)
-        boxes = self._split_cache.get(key)
-        if boxes is None:   # (a stencil splits the same command box every step)
-            boxes = self._split_cache.put(key, split_2d(cmd.box, gran, n) if two else split_1d(cmd.box, gran, n))
-        return boxes
-
-    def _report_overlap(self, cmd: cg.ExecutionCommand, plans: "_Plans") -> None:
-        """Two local chunks of one command write the same element: the same diagnostic the
-        command graph gives for chunks of different ranks."""
-        i, j, bid, reg = plans.overlap
-        task = cmd.task
-        b = self._buffers[bid]
-        pi, pj = plans[i], plans[j]
-        if pi.device is not None and pi.device != pj.device:
-            where = f"devices {pi.device} and {pj.device} of rank {self.rank}"
-        else:
-            where = f"chunks {pi.box} and {pj.box} of rank {self.rank}"
-        msg = f"{task.label} writes {reg} of buffer {b.info.label} from the chunks of {where} (overlapping writes)"
-        if self.diagnostics == tg.DIAG_ERROR:
-            raise DiagnosticError(msg)
-        log.warning(msg)
-        self._warned = True
-
     def _compile_execution(self, cmd: cg.ExecutionCommand) -> None:
         task = cmd.task
         plans = self._plan_chunks(cmd)
@@ -726,7 +521,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
                     discard = discard | dis if discard is not None else dis
             self._allocate(b, mem, box, discard)
         # coherence, then one kernel / host task per chunk
-        kernels: list[tuple[_ChunkPlan, Instruction, list[_Allocation]]] = []
+        kernels: list[tuple[ChunkPlan, Instruction, list[Allocation]]] = []
         for p in plans:
             consumed = sorted(p.consumed.items()) if len(p.consumed) > 1 else p.consumed.items()
             for bid, reg in consumed:
@@ -835,7 +630,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
                 self._free(scratch[ri])
             self._free(gather)
 
-    def _send_sources(self, b: _Buffer, box: Box) -> list[tuple[_Allocation, Box]]:
+    def _send_sources(self, b: _Buffer, box: Box) -> list[tuple[Allocation, Box]]:
         """Allocations to send ``box`` from, staging through host memory where needed."""
         out = []
         comm_capable = self.system.comm_capable
@@ -944,7 +739,7 @@ class InstructionGraphGenerator(InstructionReplayMixin):
             al = AllocInstruction(self._new_id(), allocation=aid, memory=USER_MEMORY, buffer=b.info.id,
                                   box=box, shape=box.range, dtype=b.dtype, size_bytes=box.area * b.itemsize)
             self._emit(al)
-            snap = _Allocation(aid, USER_MEMORY, box, al.id)
+            snap = Allocation(aid, USER_MEMORY, box, al.id)
             for part, v in b.newest.query(box):
                 if v is None:
                     continue
@@ -1005,55 +800,10 @@ class InstructionGraphGenerator(InstructionReplayMixin):
             collapse_map(d, eid)
 
 
-class _Plans(list):
-    """The device chunks of an execution command (a list of ``_ChunkPlan``) with what every
-    compile of them needs first, computed once: the buffers they touch (sorted) and, per
-    (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
-
-    __slots__ = ("bids", "need", "overlap", "requirements")
-
-    # identity semantics: a plan stands for its cache key (replay keys on the object)
-    __hash__ = object.__hash__
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __init__(self, plans: list):
-        super().__init__(plans)
-        self.overlap: tuple | None = None   # (i, j, buffer, region): chunks i < j write region
-        self.requirements: tuple | None = None   # (buffer, memory, box) for lookahead, made on first use
-        self.bids = sorted({bid for p in plans for bid in p.bbox})
-        need: dict[tuple[int, int], Box] = {}
-        for p in plans:
-            for bid, box in p.bbox.items():
-                key = (bid, p.memory)
-                need[key] = need[key].bounding(box) if key in need else box
-        self.need = [(key, need[key]) for key in (sorted(need) if len(need) > 1 else need)]
-
-
 class _Singletons(dict):
     def __missing__(self, key):
         v = self[key] = (key, frozenset((key,)))
         return v
-
-
-def _overlapping_writes(plans: list[_ChunkPlan]) -> tuple | None:
-    """The first pair of chunks (in chunk, chunk, buffer order) whose writes intersect.
-    Chunks are disjoint, so writes inside their own chunk box (the common case) cannot."""
-    if len(plans) < 2:
-        return None
-    if all(p.box.contains(bb) for p in plans for bb in p.pbbox.values()):
-        return None
-    for i, pi in enumerate(plans):
-        for j in range(i + 1, len(plans)):
-            pj = plans[j]
-            for bid, reg in sorted(pi.produced.items()):
-                other = pj.produced.get(bid)
-                if reg and other and pi.pbbox[bid].intersects(pj.pbbox[bid]):
-                    both = reg & other
-                    if both:
-                        return (i, j, bid, both)
-    return None
 
 
 

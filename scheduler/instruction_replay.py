@@ -303,7 +303,8 @@ class InstructionReplayMixin:
                 self._collective[task.collective_group] = ibase + coll_rel
 
     def _restore(self, b, shape: tuple, ids: tuple, ab, tbase: int) -> None:
-        from .instruction_graph_generator import _Allocation, _PendingReceive
+        from .instruction_graph_generator import _PendingReceive
+        from .memory import Allocation
         mems, user, newest, pending, antic, counts, warned = shape
         old = {a.id: a for lst in b.allocs.values() for a in lst}
         allocs = {}
@@ -315,7 +316,7 @@ class InstructionReplayMixin:
                 k += 1
                 a = old.get(aid)
                 if a is None:
-                    a = _Allocation(aid, mem, box, None)
+                    a = Allocation(aid, mem, box, None)
                 a.access.restore(snap, ab)
                 out.append(a)
             allocs[mem] = out

@@ -1,0 +1,179 @@
+"""Device chunks: how an execution command is cut across this rank's devices.
+
+A command's box is split once more into one chunk per device (times the
+``oversubscribe`` hint), under the task's split and granularity, and every chunk's
+accesses are evaluated once; the resulting plans are shared between commands with
+the same box and accesses (a stencil plans the same chunks every step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import command_graph as cg
+from . import task_graph as tg
+from .errors import DiagnosticError
+from .geometry import Box, Region
+from .instruction_graph import HOST_MEMORY, device_memory
+from .split import split_1d, split_2d
+
+import logging
+
+log = logging.getLogger("celeritas.instruction_graph")
+
+
+@dataclass(slots=True)
+class ChunkPlan:
+    box: Box
+    memory: int
+    device: int | None
+    accesses: list[tuple[tg.BufferAccess, Region, Box]] = field(default_factory=list)  # (access, region, bbox)
+    consumed: dict[int, Region] = field(default_factory=dict)
+    produced: dict[int, Region] = field(default_factory=dict)
+    bbox: dict[int, Box] = field(default_factory=dict)     # per buffer: bounding box of all its accesses
+    cbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the consumed regions
+    pbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the produced regions
+
+
+
+
+class Plans(list):
+    """The device chunks of an execution command (a list of ``ChunkPlan``) with what every
+    compile of them needs first, computed once: the buffers they touch (sorted) and, per
+    (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
+
+    __slots__ = ("bids", "need", "overlap", "requirements")
+
+    # identity semantics: a plan stands for its cache key (replay keys on the object)
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __init__(self, plans: list):
+        super().__init__(plans)
+        self.overlap: tuple | None = None   # (i, j, buffer, region): chunks i < j write region
+        self.requirements: tuple | None = None   # (buffer, memory, box) for lookahead, made on first use
+        self.bids = sorted({bid for p in plans for bid in p.bbox})
+        need: dict[tuple[int, int], Box] = {}
+        for p in plans:
+            for bid, box in p.bbox.items():
+                key = (bid, p.memory)
+                need[key] = need[key].bounding(box) if key in need else box
+        self.need = [(key, need[key]) for key in (sorted(need) if len(need) > 1 else need)]
+
+
+
+
+class ChunkPlanning:
+    """Mixin of the instruction graph generator: plans of execution commands (uses its
+    buffers, system, caches and diagnostics setting)."""
+
+    def _plan_chunks(self, cmd: cg.ExecutionCommand) -> list[ChunkPlan]:
+        """Device chunks of a command with their accesses; computed once per command, and
+        shared between commands with the same box and the same accesses (a stencil plans
+        the same chunks every step).  A plan depends only on the key below: the mappers are
+        pure per chunk (built-in ones are shared across tasks, user ones are new objects per
+        task and never hit), buffer shapes are fixed per buffer id (the cache is dropped when
+        a buffer is created), and plans are never modified once made."""
+        plans = cmd.plans
+        if plans is None:
+            task = cmd.task
+            geom = task.geometry
+            box = cmd.box
+            key = (task.kind, box.lo, box.hi, box.dims, task.split, task.oversubscribe,
+                   geom.dims if geom is not None else None, geom.granularity if geom is not None else None,
+                   tuple([(a.buffer, a.mode, a.mapper) for a in task.accesses]))
+            cache = self._plan_cache
+            plans = cache.get(key)
+            if plans is None:
+                plans = cache.put(key, self._make_plans(cmd))
+            cmd.plans = plans
+        return plans
+
+    def _make_plans(self, cmd: cg.ExecutionCommand) -> list[ChunkPlan]:
+        task = cmd.task
+        k = max(1, task.oversubscribe)
+        if task.kind == tg.DEVICE_COMPUTE:
+            d = self.system.num_devices
+            boxes = self._local_split(cmd, d * k)
+            plans = []
+            nb = len(boxes)
+            for j, box in enumerate(boxes):
+                dev = (j * d) // nb if nb >= d else j
+                plans.append(ChunkPlan(box, device_memory(dev), dev))
+        elif task.kind == tg.HOST_COMPUTE:
+            # oversubscribed host tasks become several host-task instructions (lanes run them
+            # concurrently), as device kernels become several kernels
+            plans = [ChunkPlan(box, HOST_MEMORY, None) for box in self._local_split(cmd, k)]
+        else:
+            plans = [ChunkPlan(cmd.box, HOST_MEMORY, None)]
+        for plan in plans:
+            for a in task.accesses:
+                b = self._buffers[a.buffer]
+                reg = a.mapper(plan.box, b.info.shape)
+                bb = reg.bounding_box
+                plan.accesses.append((a, reg, bb))
+                if a.mode in tg.CONSUMER_MODES:
+                    plan.consumed[a.buffer] = plan.consumed[a.buffer] | reg if a.buffer in plan.consumed else reg
+                if a.mode in tg.PRODUCER_MODES:
+                    plan.produced[a.buffer] = plan.produced[a.buffer] | reg if a.buffer in plan.produced else reg
+                if reg:
+                    plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb) if a.buffer in plan.bbox else bb
+            for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
+                for bid, reg in regs.items():
+                    bbs[bid] = reg.bounding_box
+        out = Plans(plans)
+        out.overlap = overlapping_writes(plans)
+        return out
+
+    def _local_split(self, cmd: cg.ExecutionCommand, n: int) -> list[Box]:
+        """The command's box cut into ``n`` chunks for this rank's devices / lanes, under the
+        task's split and granularity (whole work groups), as the command graph cuts ranks."""
+        geom = cmd.task.geometry
+        if geom is None or geom.dims == 0 or n == 1:
+            return [cmd.box]
+        gran = geom.granularity or (1,) * geom.dims
+        two = cmd.task.split == "2d" and geom.dims >= 2
+        key = (cmd.box.lo, cmd.box.hi, cmd.box.dims, gran, n, two)
+        boxes = self._split_cache.get(key)
+        if boxes is None:   # (a stencil splits the same command box every step)
+            boxes = self._split_cache.put(key, split_2d(cmd.box, gran, n) if two else split_1d(cmd.box, gran, n))
+        return boxes
+
+    def _report_overlap(self, cmd: cg.ExecutionCommand, plans: "Plans") -> None:
+        """Two local chunks of one command write the same element: the same diagnostic the
+        command graph gives for chunks of different ranks."""
+        i, j, bid, reg = plans.overlap
+        task = cmd.task
+        b = self._buffers[bid]
+        pi, pj = plans[i], plans[j]
+        if pi.device is not None and pi.device != pj.device:
+            where = f"devices {pi.device} and {pj.device} of rank {self.rank}"
+        else:
+            where = f"chunks {pi.box} and {pj.box} of rank {self.rank}"
+        msg = f"{task.label} writes {reg} of buffer {b.info.label} from the chunks of {where} (overlapping writes)"
+        if self.diagnostics == tg.DIAG_ERROR:
+            raise DiagnosticError(msg)
+        log.warning(msg)
+        self._warned = True
+
+
+
+
+def overlapping_writes(plans: list[ChunkPlan]) -> tuple | None:
+    """The first pair of chunks (in chunk, chunk, buffer order) whose writes intersect.
+    Chunks are disjoint, so writes inside their own chunk box (the common case) cannot."""
+    if len(plans) < 2:
+        return None
+    if all(p.box.contains(bb) for p in plans for bb in p.pbbox.values()):
+        return None
+    for i, pi in enumerate(plans):
+        for j in range(i + 1, len(plans)):
+            pj = plans[j]
+            for bid, reg in sorted(pi.produced.items()):
+                other = pj.produced.get(bid)
+                if reg and other and pi.pbbox[bid].intersects(pj.pbbox[bid]):
+                    both = reg & other
+                    if both:
+                        return (i, j, bid, both)
+    return None
