@@ -80,6 +80,9 @@ class Config:
     summary: bool = False
     host_device_memory: int | None = None   # bytes per simulated device memory (host:N)
     replay: bool = True                     # reuse the lowering of repeating steps (scheduler/replay.py)
+    # cap on every device memory the runtime plans with: bytes (int) or a fraction (float in (0, 1])
+    # of what the backend reports (CUDA: free memory at start-up, OpenCL: global memory)
+    device_memory_limit: int | float | None = None
     # sends/receives straight from/into device memory ("direct", CUDA-aware MPI) or
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
@@ -140,6 +143,30 @@ def _flag(env: Mapping[str, str], var: str) -> bool:
     raise ConfigError(f"{var}={raw!r}; use 1 or 0")
 
 
+def _memory_limit(env: Mapping[str, str], var: str) -> int | float | None:
+    """Bytes (an integer, optionally with a K/M/G suffix) or a fraction in (0, 1]."""
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return None
+    v = raw.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
+    if scale != 1:
+        v = v[:-1]
+    try:
+        if "." in v and scale == 1:
+            x = float(v)
+            if not 0 < x <= 1:
+                raise ConfigError(f"{var}={raw!r}: a fraction of the device memory must be in (0, 1]")
+            return x
+        n = int(v) * scale
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is neither a number of bytes (e.g. 2G) nor a fraction "
+                          f"such as 0.8") from None
+    if n < 1:
+        raise ConfigError(f"{var}={raw!r} must be at least 1 byte")
+    return n
+
+
 def _positive_float(env: Mapping[str, str], var: str, default: float | None, unit: str,
                     off: bool = False) -> float | None:
     """A number > 0 (``unit`` names it in errors); with ``off``, 0/none/off/inf mean None."""
@@ -196,4 +223,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         mpi_cuda_aware=_tristate(env, "CELERITAS_MPI_CUDA_AWARE"),
         wait_warning=_positive_float(env, "CELERITAS_WAIT_WARNING", 10.0, "seconds", off=True),
         replay=_choice(env, "CELERITAS_REPLAY", REPLAY_MODES, "on") == "on",
+        device_memory_limit=_memory_limit(env, "CELERITAS_DEVICE_MEMORY_LIMIT"),
     )

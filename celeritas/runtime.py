@@ -80,7 +80,26 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None):
     raise ConfigError(f"unknown backend {spec.backend!r}")
 
 
-def scheduler_system(backend, mode: str = "staged", communicator=None) -> SystemInfo:
+def memory_capacities(backend, limit: int | float | None) -> dict[int, int]:
+    """Bytes each device memory may hold: what the backend reports (CUDA: free at start-up,
+    OpenCL: global memory, ``host:N``: ``CELERITAS_HOST_DEVICE_MEMORY``), capped by
+    ``CELERITAS_DEVICE_MEMORY_LIMIT`` (bytes, or a fraction of the reported size)."""
+    info = backend.system_info()
+    caps = dict(info.capacities)
+    if limit is None:
+        return caps
+    if isinstance(limit, float):
+        if not caps:
+            raise ConfigError(f"CELERITAS_DEVICE_MEMORY_LIMIT={limit}: a fraction needs a device size, and the "
+                              f"{type(backend).__name__} reports none (for host:N set "
+                              f"CELERITAS_HOST_DEVICE_MEMORY, or give the limit in bytes)")
+        return {m: max(1, int(c * limit)) for m, c in caps.items()}
+    devices = [m for m in info.memories if m >= 2]
+    return {m: min(caps.get(m, limit), limit) for m in devices}
+
+
+def scheduler_system(backend, mode: str = "staged", communicator=None,
+                     capacities: dict[int, int] | None = None) -> SystemInfo:
     """The scheduler's view of the rank: devices, peer copies, and what MPI may touch.
 
     ``mode`` is ``CELERITAS_MPI_DEVICE_MEMORY``: ``direct`` lets sends and receives
@@ -105,7 +124,8 @@ def scheduler_system(backend, mode: str = "staged", communicator=None) -> System
         comm_memories |= info.direct_memories
     elif mode == "auto" and info.direct_needs == "cuda" and aware is True:
         comm_memories |= info.direct_memories
-    return SystemInfo(num_devices=backend.num_devices, peers=peers, comm_memories=comm_memories)
+    return SystemInfo(num_devices=backend.num_devices, peers=peers, comm_memories=comm_memories,
+                      capacities=capacities or None)
 
 
 GC_THRESHOLDS = (50_000, 50, 100)   # see Runtime._tune_gc
@@ -291,7 +311,8 @@ class Runtime:
         self.backend = make_backend(config.devices, config.host_device_memory)
         self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
         self.num_devices = self.backend.num_devices
-        system = scheduler_system(self.backend, config.mpi_device_memory, None if dry else communicator)
+        system = scheduler_system(self.backend, config.mpi_device_memory, None if dry else communicator,
+                                  memory_capacities(self.backend, config.device_memory_limit))
         if self.dry_run:
             self.executor = DryRunExecutor(self._on_horizon, self._on_epoch)
         else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from . import command_graph as cg
 from . import task_graph as tg
-from .errors import DiagnosticError
+from .errors import DiagnosticError, OutOfMemoryError
 from .geometry import Box, Region
 from .instruction_graph import HOST_MEMORY, device_memory
 from .split import split_1d, split_2d
@@ -32,7 +32,11 @@ class ChunkPlan:
     bbox: dict[int, Box] = field(default_factory=dict)     # per buffer: bounding box of all its accesses
     cbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the consumed regions
     pbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the produced regions
+    batch: tuple[int, int] | None = None  # (i, n): batch i of n of a chunk larger than its device memory
 
+    def working_set(self, itemsize_of) -> int:
+        """Bytes the chunk's accesses span on its memory (per buffer, their bounding box)."""
+        return sum(box.area * itemsize_of(bid) for bid, box in self.bbox.items())
 
 
 
@@ -56,6 +60,8 @@ class Plans(list):
         self.bids = sorted({bid for p in plans for bid in p.bbox})
         need: dict[tuple[int, int], Box] = {}
         for p in plans:
+            if p.batch is not None:
+                continue   # (batches allocate one after the other, when they run)
             for bid, box in p.bbox.items():
                 key = (bid, p.memory)
                 need[key] = need[key].bounding(box) if key in need else box
@@ -108,23 +114,72 @@ class ChunkPlanning:
         else:
             plans = [ChunkPlan(cmd.box, HOST_MEMORY, None)]
         for plan in plans:
-            for a in task.accesses:
-                b = self._buffers[a.buffer]
-                reg = a.mapper(plan.box, b.info.shape)
-                bb = reg.bounding_box
-                plan.accesses.append((a, reg, bb))
-                if a.mode in tg.CONSUMER_MODES:
-                    plan.consumed[a.buffer] = plan.consumed[a.buffer] | reg if a.buffer in plan.consumed else reg
-                if a.mode in tg.PRODUCER_MODES:
-                    plan.produced[a.buffer] = plan.produced[a.buffer] | reg if a.buffer in plan.produced else reg
-                if reg:
-                    plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb) if a.buffer in plan.bbox else bb
-            for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
-                for bid, reg in regs.items():
-                    bbs[bid] = reg.bounding_box
+            self._fill_plan(plan, task)
+        if self._capacity and task.kind == tg.DEVICE_COMPUTE:
+            plans = [q for p in plans for q in self._batches(p, cmd)]
         out = Plans(plans)
         out.overlap = overlapping_writes(plans)
         return out
+
+    def _fill_plan(self, plan: ChunkPlan, task) -> ChunkPlan:
+        """Evaluate the chunk's accesses (regions, their bounding boxes per buffer)."""
+        for a in task.accesses:
+            b = self._buffers[a.buffer]
+            reg = a.mapper(plan.box, b.info.shape)
+            bb = reg.bounding_box
+            plan.accesses.append((a, reg, bb))
+            if a.mode in tg.CONSUMER_MODES:
+                plan.consumed[a.buffer] = plan.consumed[a.buffer] | reg if a.buffer in plan.consumed else reg
+            if a.mode in tg.PRODUCER_MODES:
+                plan.produced[a.buffer] = plan.produced[a.buffer] | reg if a.buffer in plan.produced else reg
+            if reg:
+                plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb) if a.buffer in plan.bbox else bb
+        for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
+            for bid, reg in regs.items():
+                bbs[bid] = reg.bounding_box
+        return plan
+
+    def _batches(self, plan: ChunkPlan, cmd: cg.ExecutionCommand) -> list[ChunkPlan]:
+        """``plan`` itself if its working set fits its device memory, else the batches it is
+        cut into along dimension 0 (whole granules, as oversubscription cuts): each small
+        enough to fit in half the memory where possible, so that the next batch's
+        allocation and copies can proceed while the current batch's kernel runs (double
+        buffering), else in all of it."""
+        cap = self._capacity.get(plan.memory)
+        task = cmd.task
+        itemsize = self._itemsize_of
+        extra = len(task.reductions) * 16   # (per-chunk reduction scratch: a few bytes)
+        if cap is None or plan.working_set(itemsize) + extra <= cap:
+            return [plan]
+        geom = task.geometry
+        gran = (geom.granularity or (1,) * geom.dims)[0] if geom.dims else 1
+        rows = plan.box.range[0] // gran if plan.box.dims else 1
+        for budget in (cap // 2, cap):
+            k = 2
+            while k <= max(rows, 1):
+                boxes = split_1d(plan.box, (gran,) + (1,) * (plan.box.dims - 1), k)
+                parts = [self._fill_plan(ChunkPlan(box, plan.memory, plan.device), task) for box in boxes]
+                worst = max(q.working_set(itemsize) for q in parts) + extra
+                if worst <= budget:
+                    n = len(parts)
+                    for i, q in enumerate(parts):
+                        q.batch = (i, n)
+                    return parts
+                if len(boxes) < k:
+                    break   # as fine as the granularity allows
+                # (grow towards the number of batches the worst one suggests)
+                k = max(k + 1, -(-k * worst // budget))
+        one = split_1d(plan.box, (gran,) + (1,) * (plan.box.dims - 1), max(rows, 1))[0]
+        need = self._fill_plan(ChunkPlan(one, plan.memory, plan.device), task).working_set(itemsize) + extra
+        names = ", ".join(self._buffers[bid].info.label for bid in sorted(plan.bbox))
+        raise OutOfMemoryError(
+            f"{task.label}: one row of its chunk {plan.box} on device {plan.device} (memory M{plan.memory}) "
+            f"needs {need} bytes for buffers {names}, but the device's capacity is {cap} bytes: it cannot be "
+            f"split into batches that fit (an all() or other whole-buffer access of a buffer larger than the "
+            f"device?); raise CELERITAS_DEVICE_MEMORY_LIMIT / CELERITAS_HOST_DEVICE_MEMORY or read less per chunk")
+
+    def _itemsize_of(self, bid: int) -> int:
+        return self._buffers[bid].itemsize
 
     def _local_split(self, cmd: cg.ExecutionCommand, n: int) -> list[Box]:
         """The command's box cut into ``n`` chunks for this rank's devices / lanes, under the

@@ -132,13 +132,17 @@ class CopyInstruction(Instruction):
     dest_box: Box | None = None    # extent of the destination allocation
     layout: str = "strided"        # "strided" (n-d box in both) or "linearized"
     size_bytes: int = 0
+    evicts: bool = False           # saves data of an allocation evicted for lack of device memory
     kind = "copy"
 
     def fields(self) -> dict:
-        return {"source": self.source, "dest": self.dest, "source_memory": self.source_memory,
-                "dest_memory": self.dest_memory, "buffer": self.buffer,
-                "box": self.box.to_json() if self.box is not None else None, "layout": self.layout,
-                "size_bytes": self.size_bytes}
+        rec = {"source": self.source, "dest": self.dest, "source_memory": self.source_memory,
+               "dest_memory": self.dest_memory, "buffer": self.buffer,
+               "box": self.box.to_json() if self.box is not None else None, "layout": self.layout,
+               "size_bytes": self.size_bytes}
+        if self.evicts:
+            rec["evict"] = True
+        return rec
 
 
 @dataclass(slots=True, eq=False)
@@ -150,11 +154,15 @@ class DeviceKernelInstruction(Instruction):
     reductions: list[ReductionAllocation] = field(default_factory=list)
     launcher: Callable[..., Any] | None = None  # opaque: provided by the task's creator
     name: str = ""
+    batch: tuple[int, int] | None = None   # (i, n): batch i of n of a chunk too large for its device
     kind = "device_kernel"
 
     def fields(self) -> dict:
-        return {"device": self.device, "task": self.task, "box": self.box.to_json(),
-                "accesses": [a.to_record() for a in self.accesses], "name": self.name}
+        rec = {"device": self.device, "task": self.task, "box": self.box.to_json(),
+               "accesses": [a.to_record() for a in self.accesses], "name": self.name}
+        if self.batch is not None:
+            rec["batch"] = list(self.batch)
+        return rec
 
 
 @dataclass(slots=True, eq=False)

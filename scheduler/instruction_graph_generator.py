@@ -62,6 +62,8 @@ class SystemInfo:
     peers: frozenset[tuple[int, int]] | None = None
     # memories the communicator can send from / receive into (None = all)
     comm_memories: frozenset[int] | None = frozenset((HOST_MEMORY,))
+    # bytes each device memory may hold (absent: unbounded); host memory is never bounded
+    capacities: dict[int, int] | None = None
 
     def can_copy(self, src: int, dst: int) -> bool:
         if src <= HOST_MEMORY or dst <= HOST_MEMORY or src == dst or self.peers is None:
@@ -113,6 +115,18 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._shapes: dict = {}    # buffer -> its replay shape (see instruction_replay)
         self._stale: dict = {}     # buffers whose objects lag behind their replay shape
         self._allocated_memo = BoundedCache(4096)   # (shape, memory, box) -> allocated? (lookahead)
+        # out-of-core (see memory.py): capacity per bounded memory, bytes allocated there,
+        # the frees since / the last allocation (allocations depend on them), the
+        # allocations the command being compiled uses (never evicted for it)
+        self._capacity: dict[int, int] = {m: c for m, c in (system.capacities or {}).items()
+                                          if m > HOST_MEMORY and c is not None}
+        self._used: dict[int, int] = {m: 0 for m in self._capacity}
+        self._frees_since: dict[int, list[int]] = {m: [] for m in self._capacity}
+        self._last_alloc: dict[int, int] = {}
+        self._pinned: set[int] = set()
+        self._compiling_task = None
+        self.memory_stats = {"evictions": 0, "bytes_evicted": 0, "bytes_written_back": 0, "batches": 0,
+                             "batched_chunks": 0}
         self._warned = False       # a diagnostic was logged while lowering (not memoized then)
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
         # to): await-pushes then need no host allocation of their own
@@ -468,6 +482,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
     # ---- compile -------------------------------------------------------------------
     def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot]]:
         self._begin()
+        self._compiling_task = cmd.task
+        self._pinned.clear()
         if self.replay is not None:
             self._compile_replayed(cmd)
         else:
@@ -506,23 +522,27 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 readers = [p for p in plans if bid in p.bbox]
                 self._materialize(b, [Region.from_box(p.bbox[bid]) for p in readers], [p.memory for p in readers])
         # allocations first (a resize later in this command would free what a chunk uses)
+        bounded = self._capacity
         for (bid, mem), box in plans.need:
             b = buffers[bid]
-            if self._find_alloc(b, mem, box) is not None:
+            found = self._find_alloc(b, mem, box)
+            if found is not None:
+                if bounded and mem in bounded:
+                    self._pinned.add(found.id)
                 continue
-            # a resize: what this command overwrites without reading need not be copied
-            discard = None
-            for p in plans:
-                if p.memory != mem:
-                    continue
-                prod = p.produced.get(bid)
-                if prod:
-                    dis = prod - p.consumed[bid] if bid in p.consumed else prod
-                    discard = discard | dis if discard is not None else dis
-            self._allocate(b, mem, box, discard)
+            self._allocate(b, mem, box, _discard(b, bid, mem, (p for p in plans if p.batch is None)))
         # coherence, then one kernel / host task per chunk
         kernels: list[tuple[ChunkPlan, Instruction, list[Allocation]]] = []
         for p in plans:
+            if p.batch is not None:   # a chunk larger than its device: this batch's allocations now
+                batch_allocs = []
+                for bid, box in sorted(p.bbox.items()):
+                    b = buffers[bid]
+                    a = self._find_alloc(b, p.memory, box)
+                    if a is None:
+                        a = self._allocate(b, p.memory, box, _discard(b, bid, p.memory, (p,)), anticipate=False)
+                    self._pinned.add(a.id)
+                    batch_allocs.append(a.id)
             consumed = sorted(p.consumed.items()) if len(p.consumed) > 1 else p.consumed.items()
             for bid, reg in consumed:
                 self._make_coherent(self._buffers[bid], p.memory, reg)
@@ -580,10 +600,21 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 self._host_objects[ho] = ins.id
             if task.collective_group is not None:
                 self._collective_order(task.collective_group, ins)
+            if p.batch is not None:
+                ins.batch = p.batch
             self._emit(ins)
             kernels.append((p, ins, scratch))
+            if p.batch is not None:
+                # (later batches may evict this one's allocations: its writes are newest now)
+                for bid, reg in p.produced.items():
+                    if reg:
+                        buffers[bid].newest.update(reg, self._only[p.memory])
+                self._pinned.difference_update(batch_allocs)
+                self.memory_stats["batches"] += 1
         # newest data after the writes
         for p in plans:
+            if p.batch is not None:
+                continue
             for bid, reg in p.produced.items():
                 if reg:
                     self._buffers[bid].newest.update(reg, self._only[p.memory])
@@ -806,5 +837,14 @@ class _Singletons(dict):
         return v
 
 
-
-
+def _discard(b, bid: int, memory: int, plans) -> Region | None:
+    """What the chunks on ``memory`` overwrite without reading: a resize need not copy it."""
+    discard = None
+    for p in plans:
+        if p.memory != memory:
+            continue
+        prod = p.produced.get(bid)
+        if prod:
+            dis = prod - p.consumed[bid] if bid in p.consumed else prod
+            discard = discard | dis if discard is not None else dis
+    return discard

@@ -55,8 +55,11 @@ class InstructionReplayMixin:
         env = _Env(self, cmd, touched, shapes)
         n_out, n_pilots = len(self._out), len(self._pilots)
         self._warned = False
+        evictions = self.memory_stats["evictions"]
         self._compile_now(cmd)
-        if self._warned:
+        if self._warned or self.memory_stats["evictions"] != evictions:
+            # (diagnostics are logged by every lowering; an eviction depends on every buffer
+            # on the memory, which the key does not hold)
             replay.bypassed += 1
             self._forget_shapes(touched)
             return
@@ -184,7 +187,16 @@ class InstructionReplayMixin:
                       tuple([f - ibase for f in sorted(self._horizons.front)]),
                       tuple([(k, _rel(v, ibase)) for k, v in sorted(self._host_objects.items())]),
                       tuple([(k, _rel(v, ibase)) for k, v in sorted(self._collective.items())]))
+        if self._capacity:
+            extras = (extras, self._memory_state(ibase))
         return (sig, bids, tuple(parts), extras)
+
+    def _memory_state(self, ibase: int) -> tuple:
+        """What the lowering of anything that allocates depends on, per bounded memory: the
+        bytes in use (whether an eviction is needed) and the allocation order's last
+        allocation and frees since (its dependencies), ids relative to ``ibase``."""
+        return tuple([(m, self._used[m], _rel(self._last_alloc.get(m), ibase),
+                       tuple([f - ibase for f in self._frees_since[m]])) for m in sorted(self._capacity)])
 
     def _shape_of(self, b, ibase: int, tbase: int) -> "_BufferShape":
         rel = relative(ibase)
@@ -229,12 +241,13 @@ class InstructionReplayMixin:
             effects = (tuple([(k, _rel(v, ib)) for k, v in self._host_objects.items()]),
                        tuple([(k, _rel(v, ib)) for k, v in self._collective.items()]),
                        _rel(self._horizons.current_horizon, ib), _rel(self._horizons.epoch, ib))
+        memory = self._memory_state(env.ibase) if self._capacity else None
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
-                self._next_msg - env.mbase, tuple(post), effects)
+                self._next_msg - env.mbase, tuple(post), effects, memory)
 
     # ---- instantiation -----------------------------------------------------------------
     def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> None:
-        instrs, pilots, n_instr, n_alloc, n_msg, post, effects = tpl
+        instrs, pilots, n_instr, n_alloc, n_msg, post, effects, memory = tpl
         ibase, abase, mbase = self._next_instr, self._next_alloc, self._next_msg
         task = cmd.task
         tid = task.id
@@ -283,6 +296,12 @@ class InstructionReplayMixin:
         self._next_instr = ibase + n_instr
         self._next_alloc = abase + n_alloc
         self._next_msg = mbase + n_msg
+        if memory is not None:
+            for m, used, last, frees in memory:
+                self._used[m] = used
+                if last is not None:
+                    self._last_alloc[m] = ibase + last
+                self._frees_since[m] = [ibase + f for f in frees]
         shapes = self._shapes
         stale = self._stale
         for bid, (sid, shape, alloc_enc) in zip(bids, post):
@@ -316,7 +335,7 @@ class InstructionReplayMixin:
                 k += 1
                 a = old.get(aid)
                 if a is None:
-                    a = Allocation(aid, mem, box, None)
+                    a = Allocation(aid, mem, box, None, box.area * b.itemsize)
                 a.access.restore(snap, ab)
                 out.append(a)
             allocs[mem] = out

@@ -1,9 +1,21 @@
-"""Allocations per memory: finding, growing (merging), freeing and scratch space.
+"""Allocations per memory: finding, growing (merging), freeing, scratch space, and
+keeping device memories within their capacity (out-of-core execution).
 
 Per buffer and memory, allocations are boxes that only grow: a need outside every
 allocation merges the ones it touches into one (copying only the up-to-date data),
 and lookahead's anticipated boxes are merged in up front so that a growing access
 pattern allocates once.
+
+A memory with a capacity (``SystemInfo.capacities``: device memories; host memory
+is unbounded) never gets an allocation beyond it.  When the next allocation needs
+room, allocations that the command being compiled does not use are freed: first
+those whose data is also newest elsewhere (nothing to save), then the least
+recently used, whose data only this memory holds being copied to host memory
+first (an *eviction*).  Every allocation on such a memory depends on the frees
+emitted before it (and on the previous allocation), so that however the executor
+orders independent work, the memory never holds more than the generator planned.
+Chunks whose working set exceeds the capacity are split into batches by the chunk
+planner (``device_chunks``).
 """
 from __future__ import annotations
 
@@ -11,6 +23,7 @@ import logging
 
 import numpy as np
 
+from .errors import OutOfMemoryError
 from .geometry import Box, Region, RegionMap
 from .instruction_graph import AllocInstruction, CopyInstruction, FreeInstruction, HOST_MEMORY
 
@@ -27,13 +40,14 @@ FREQUENT_ALLOCATION_THRESHOLD = 10
 class Allocation:
     # access: per point (last writer instruction or None, instructions that read since),
     # one map so that a read or a write is a single pass over it
-    __slots__ = ("id", "memory", "box", "access", "dims")
+    __slots__ = ("id", "memory", "box", "access", "dims", "nbytes")
 
-    def __init__(self, aid: int, memory: int, box: Box, creator: int | None):
+    def __init__(self, aid: int, memory: int, box: Box, creator: int | None, nbytes: int = 0):
         self.id = aid
         self.memory = memory
         self.box = box
         self.dims = box.dims
+        self.nbytes = nbytes
         self.access = RegionMap(box, (creator, _NO_READERS))
 
     def users(self) -> set[int]:
@@ -61,38 +75,49 @@ class MemoryManagement:
                 return a
         return None
 
-    def _allocate(self, b, memory: int, box: Box, discard: Region | None = None) -> Allocation:
-        """An allocation on ``memory`` containing ``box``, resizing (merging) if needed."""
+    def _allocate(self, b, memory: int, box: Box, discard: Region | None = None,
+                  anticipate: bool = True) -> Allocation:
+        """An allocation on ``memory`` containing ``box``, resizing (merging) if needed; with
+        ``anticipate`` the boxes lookahead anticipates are allocated along."""
         found = self._find_alloc(b, memory, box)
         if found is not None:
             return found
         allocs = b.allocs.setdefault(memory, [])
-        target = box
-        antic = b.anticipated.get(memory, ())
-        changed = True
-        merge: list[Allocation] = []
-        while changed:
-            changed = False
-            for ab in antic:
-                if not target.contains(ab) and target.touches(ab):
-                    target = target.bounding(ab)
-                    changed = True
-            for a in allocs:
-                if a not in merge and a.box.intersects(target):
-                    merge.append(a)
-                    if not target.contains(a.box):
-                        target = target.bounding(a.box)
-                    changed = True
+        cap = self._capacity.get(memory)
+        if cap is not None:
+            target, merge = self._bounded_target(b, memory, box, cap, anticipate)
+            self._pinned.update(a.id for a in merge)   # (copied from below: not evictable meanwhile)
+        else:
+            target = box
+            antic = b.anticipated.get(memory, ())
+            changed = True
+            merge: list[Allocation] = []
+            while changed:
+                changed = False
+                for ab in antic:
+                    if not target.contains(ab) and target.touches(ab):
+                        target = target.bounding(ab)
+                        changed = True
+                for a in allocs:
+                    if a not in merge and a.box.intersects(target):
+                        merge.append(a)
+                        if not target.contains(a.box):
+                            target = target.bounding(a.box)
+                        changed = True
         target = target & b.info.box if not b.info.box.empty else target
+        nbytes = target.area * b.itemsize
         aid = self._new_alloc_id()
         ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=b.info.id,
-                               box=target, shape=target.range, dtype=b.dtype,
-                               size_bytes=target.area * b.itemsize)
+                               box=target, shape=target.range, dtype=b.dtype, size_bytes=nbytes)
+        if cap is not None:
+            self._reserve(memory, nbytes, ins, (b,))
         self._emit(ins)
-        new = Allocation(aid, memory, target, ins.id)
+        new = Allocation(aid, memory, target, ins.id, nbytes)
+        if cap is not None:
+            self._pinned.add(aid)
         n = b.alloc_counts.get(memory, 0) + 1
         b.alloc_counts[memory] = n
-        if n >= FREQUENT_ALLOCATION_THRESHOLD and not b.warned:
+        if n >= FREQUENT_ALLOCATION_THRESHOLD and not b.warned and cap is None:   # (batches reallocate)
             b.warned = True
             log.warning("buffer %s was allocated %d times on memory %d: its access pattern grows; "
                         "lookahead 'auto' or 'infinite' allocates once instead", b.info.label, n, memory)
@@ -121,12 +146,129 @@ class MemoryManagement:
         ins = FreeInstruction(self._new_id(), allocation=a.id, memory=a.memory)
         ins.deps.extend((u, DEP_ALLOCATION) for u in sorted(a.users()))
         self._emit(ins)
+        memory = a.memory
+        if memory in self._capacity:
+            self._used[memory] -= a.nbytes
+            self._frees_since[memory].append(ins.id)
+            self._pinned.discard(a.id)
 
     def _scratch(self, memory: int, box: Box, dtype: np.dtype) -> Allocation:
         aid = self._new_alloc_id()
+        nbytes = box.area * dtype.itemsize
         ins = AllocInstruction(self._new_id(), allocation=aid, memory=memory, buffer=None, box=box,
-                               shape=(box.area,), dtype=dtype, size_bytes=box.area * dtype.itemsize)
+                               shape=(box.area,), dtype=dtype, size_bytes=nbytes)
+        if memory in self._capacity:
+            self._reserve(memory, nbytes, ins, ())
         self._emit(ins)
-        return Allocation(aid, memory, box, ins.id)
+        if memory in self._capacity:
+            self._pinned.add(aid)
+        return Allocation(aid, memory, box, ins.id, nbytes)
+
+    # ---- capacity -------------------------------------------------------------------------
+    def _reserve(self, memory: int, nbytes: int, ins: AllocInstruction, buffers: tuple) -> None:
+        """Make room for ``ins`` (not yet emitted) on a memory with a capacity, and order it
+        after the frees that made the room."""
+        cap = self._capacity[memory]
+        if self._used[memory] + nbytes > cap:
+            self._make_room(memory, nbytes, buffers)
+        self._used[memory] += nbytes
+        ins.deps.extend((f, DEP_ALLOCATION) for f in self._frees_since[memory])
+        last = self._last_alloc.get(memory)
+        if last is not None:
+            ins.deps.append((last, DEP_ALLOCATION))
+        self._frees_since[memory] = []
+        self._last_alloc[memory] = ins.id
+
+    def _bounded_target(self, b, memory: int, box: Box, cap: int, anticipate: bool) -> tuple[Box, list]:
+        """The box to allocate on a memory with a capacity.  It is merged with intersecting
+        allocations (and anticipated boxes) only while the merged allocation fits in what
+        is free now: making room would evict older data just to keep more of it, and a
+        chunk split into batches would grow one allocation over all of them.  Intersecting
+        allocations not merged are evicted (the current command's own are always merged)."""
+        itemsize = b.itemsize
+        free = cap - self._used[memory]
+        allocs = b.allocs.get(memory, [])
+        target = box
+        merge: list[Allocation] = []
+        changed = True
+        while changed:
+            changed = False
+            for a in allocs:
+                if a not in merge and a.box.intersects(target):
+                    grown = target if target.contains(a.box) else target.bounding(a.box)
+                    if a.id not in self._pinned and grown.area * itemsize > free:
+                        continue   # evicted below instead of merged
+                    merge.append(a)
+                    target = grown
+                    changed = True
+        for ab in b.anticipated.get(memory, ()) if anticipate else ():
+            if not target.contains(ab) and target.touches(ab):
+                grown = target.bounding(ab)
+                if grown.area * itemsize <= free:
+                    target = grown
+        for a in list(allocs):
+            if a not in merge and a.box.intersects(target):
+                self._evict(b, a)
+        return target, merge
+
+    def _make_room(self, memory: int, nbytes: int, buffers: tuple) -> None:
+        """Free allocations on ``memory`` until ``nbytes`` more fit: those whose data is not
+        only here first, then the least recently used (their data saved to host memory)."""
+        cap = self._capacity[memory]
+        cands = []
+        for b in self._buffers.values():
+            for a in b.allocs.get(memory, ()):
+                if a.id in self._pinned:
+                    continue
+                users = a.users()
+                cands.append((self._sole_region(b, a).empty is False, max(users) if users else -1, a.id, b, a))
+        cands.sort(key=lambda c: c[:3])
+        for _needed, _last, _aid, b, a in cands:
+            if self._used[memory] + nbytes <= cap:
+                return
+            self._evict(b, a)
+        if self._used[memory] + nbytes > cap:
+            task = self._compiling_task
+            what = f"{task.label}" if task is not None else "the scheduler"
+            names = ", ".join(x.info.label for x in buffers) or "scratch space"
+            raise OutOfMemoryError(
+                f"{what} needs {nbytes} bytes on memory M{memory} (device {memory - 2}) for {names}, but the "
+                f"device's capacity is {cap} bytes and {self._used[memory]} are held by allocations this task "
+                f"itself uses; split the work into smaller chunks (more ranks or devices, cl.oversubscribe) or "
+                f"raise CELERITAS_DEVICE_MEMORY_LIMIT / CELERITAS_HOST_DEVICE_MEMORY")
+
+    @staticmethod
+    def _sole_region(b, a: Allocation) -> Region:
+        """Where ``a`` holds the only copy of the newest data."""
+        memory = a.memory
+        parts = [box for box, v in b.newest.query(a.box) if v is not None and len(v[1]) == 1 and memory in v[1]]
+        if not parts:
+            return Region.empty_region(a.box.dims)
+        return Region(parts)
+
+    def _evict(self, b, a: Allocation) -> None:
+        """Save what only ``a`` holds to host memory, then free it."""
+        memory = a.memory
+        sole = self._sole_region(b, a)
+        if sole:
+            n_before = len(self._out)
+            self._make_coherent(b, HOST_MEMORY, sole)
+            for ins in self._out[n_before:]:
+                if ins.kind == "copy" and ins.source_memory == memory:
+                    ins.evicts = True
+            self.memory_stats["bytes_written_back"] += sole.area * b.itemsize
+
+        def drop(v):
+            if v is None or memory not in v[1]:
+                return v
+            holders = v[1] - {memory}
+            producer = v[0] if v[0] in holders else (HOST_MEMORY if HOST_MEMORY in holders else max(holders))
+            return (producer, holders)
+
+        b.newest.apply(a.box, drop)
+        b.allocs[memory].remove(a)
+        self._free(a)
+        self.memory_stats["evictions"] += 1
+        self.memory_stats["bytes_evicted"] += a.nbytes
 
 

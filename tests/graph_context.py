@@ -25,7 +25,7 @@ class GraphContext:
     def __init__(self, num_ranks: int = 1, *, devices: int = 1, lookahead: str = "none",
                  horizon_step: int = 4, horizon_max_parallelism: int = 64, diagnostics: str = "warn",
                  peers: bool = True, comm_memories=frozenset((1,)), compile_ranks: Sequence[int] | None = None,
-                 replay: bool = False):
+                 replay: bool = False, capacity: int | None = None):
         self.num_ranks = num_ranks
         self.tm = tg.TaskManager(horizon_step=horizon_step, horizon_max_parallelism=horizon_max_parallelism,
                                  on_task=self._on_task, diagnostics=diagnostics, recorder=TaskRecorder(),
@@ -35,7 +35,8 @@ class GraphContext:
                       for r in range(num_ranks)]
         peer_set = None if peers else frozenset()
         self.compile_ranks = list(range(num_ranks)) if compile_ranks is None else list(compile_ranks)
-        self.iggs = {r: InstructionGraphGenerator(SystemInfo(devices, peer_set, comm_memories), rank=r,
+        caps = None if capacity is None else {2 + d: capacity for d in range(devices)}
+        self.iggs = {r: InstructionGraphGenerator(SystemInfo(devices, peer_set, comm_memories, caps), rank=r,
                                                   num_ranks=num_ranks, recorder=InstructionRecorder(),
                                                   diagnostics=diagnostics, replay=Replay() if replay else None)
                      for r in self.compile_ranks}

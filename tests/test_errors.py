@@ -247,25 +247,41 @@ def test_two_kernels_in_one_command_group():
     q.shutdown()
 
 
-def test_out_of_memory_lists_live_allocations(monkeypatch):
+def test_buffer_larger_than_device_memory_runs_in_batches(monkeypatch):
     monkeypatch.setenv("CELERITAS_HOST_DEVICE_MEMORY", str(64 * 1024))
     q = cl.Queue(devices="host:1")
-    small = cl.Buffer(np.ones(1024, np.float32), name="small")       # 4 KiB
-    big = cl.Buffer(shape=(1 << 16,), dtype=np.float32, name="big")  # 256 KiB > 64 KiB
+    big = cl.Buffer(np.arange(1 << 16, dtype=np.float32), name="big")  # 256 KiB > 64 KiB
 
-    def touch(buf):
-        def cgf(cgh):
-            w = buf.access(cgh, cl.one_to_one(), cl.read_write)
-            cgh.parallel_for(buf.shape, lambda chunk: None)
-        return cgf
+    def cgf(cgh):
+        w = big.access(cgh, cl.one_to_one(), cl.read_write)
 
-    q.submit(touch(small))
-    q.wait()
-    q.submit(touch(big))
+        @cgh.parallel_for(big.shape)
+        def kernel(chunk):
+            w[chunk] = w[chunk] * 2 + 1
+
+    q.submit(cgf)
+    np.testing.assert_array_equal(q.fence(big).result(), np.arange(1 << 16, dtype=np.float32) * 2 + 1)
+    q.shutdown()
+
+
+def test_out_of_memory_names_task_buffers_bytes_and_capacity(monkeypatch):
+    """A chunk that no split can make fit (an all() read of a buffer larger than the device)."""
+    monkeypatch.setenv("CELERITAS_HOST_DEVICE_MEMORY", str(64 * 1024))
+    q = cl.Queue(devices="host:1")
+    big = cl.Buffer(np.ones(1 << 16, np.float32), name="big")        # 256 KiB
+    out = cl.Buffer(shape=(8,), dtype=np.float32, name="out")
+
+    def cgf(cgh):
+        r = big.access(cgh, cl.all(), cl.read)
+        w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((8,), lambda chunk: None, name="reads_everything")
+
+    q.submit(cgf)
     with pytest.raises(cl.OutOfMemoryError) as ei:
         q.wait()
     msg = str(ei.value)
-    assert "M2" in msg and "live allocations" in msg and "rank 0" in msg
+    assert "reads_everything" in msg and '"big"' in msg and '"out"' in msg
+    assert str(64 * 1024) in msg and str((1 << 16) * 4 + 4) in msg   # capacity, bytes of one row
 
 
 _FAILING_SCRIPT = """

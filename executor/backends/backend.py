@@ -132,6 +132,7 @@ class SystemInfo:
     device_memories: dict[int, int] = field(default_factory=dict)
     direct_memories: frozenset[int] = frozenset()
     direct_needs: str | None = None
+    capacities: dict[int, int] = field(default_factory=dict)   # device memory -> bytes it can hold
 
     def can_copy(self, source: int, dest: int) -> bool:
         return (source, dest) in self.copy_pairs

@@ -105,6 +105,12 @@ class CudaBackend(HostBackend):
         super().__init__(len(device_ids))
         self.device_ids = list(device_ids)
         n = cuda_device_count()
+        # the capacity out-of-core execution plans with: what is free when the runtime starts
+        self._free_at_start: dict[int, int] = {}
+        for d, dev in enumerate(self.device_ids):
+            if 0 <= dev < n:
+                with cupy.cuda.Device(dev):
+                    self._free_at_start[device_memory(d)] = int(cupy.cuda.runtime.memGetInfo()[0])
         for d in self.device_ids:
             if not 0 <= d < n:
                 raise BackendError(f"CUDA device {d} does not exist ({n} visible)")
@@ -139,7 +145,7 @@ class CudaBackend(HostBackend):
                           communicator_memories=frozenset({USER_MEMORY, HOST_MEMORY}),
                           device_memories={d: device_memory(d) for d in range(self.num_devices)},
                           direct_memories=frozenset(device_memory(d) for d in range(self.num_devices)),
-                          direct_needs="cuda")
+                          direct_needs="cuda", capacities=dict(self._free_at_start))
 
     def _new_array(self, memory: int, shape, dtype):
         if memory == HOST_MEMORY:

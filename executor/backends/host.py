@@ -127,8 +127,9 @@ class _LaneWorker:
 class HostBackend(Backend):
     """``num_devices`` simulated devices; memory 0 user, 1 host, 2 + d device d.
 
-    ``memory_capacity`` (bytes per memory, None = unlimited) simulates device
-    memory limits so out-of-memory handling can be tested.
+    ``memory_capacity`` (bytes per device memory, None = unlimited; host memory is
+    never bounded) simulates device memory limits, so that out-of-core execution and
+    out-of-memory handling run without a GPU.
     """
 
     def __init__(self, num_devices: int = 1, *, peer_to_peer: bool = True,
@@ -167,6 +168,8 @@ class HostBackend(Backend):
             device_memories={d: device_memory(d) for d in range(self._num_devices)},
             # simulated device memories are numpy arrays: any communicator can use them
             direct_memories=frozenset(device_memory(d) for d in range(self._num_devices)),
+            capacities=({} if self._capacity is None else
+                        {device_memory(d): self._capacity for d in range(self._num_devices)}),
         )
 
     def allocate(self, memory: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -182,7 +185,7 @@ class HostBackend(Backend):
         except (TypeError, ValueError) as exc:
             raise AllocationError(f"invalid allocation in M{memory}: shape {shape}, dtype {dtype!r}: {exc}") from exc
         with self._alloc_lock:
-            if self._capacity is not None and self._used[memory] + nbytes > self._capacity:
+            if self._capacity is not None and memory >= 2 and self._used[memory] + nbytes > self._capacity:
                 raise AllocationError(self._oom_message(memory, nbytes))
             self._used[memory] += nbytes  # reserve before allocating outside the lock
         try:

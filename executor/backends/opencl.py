@@ -123,7 +123,9 @@ class OpenCLBackend(HostBackend):
         return SystemInfo(num_devices=self.num_devices, memories=self._memories,
                           copy_pairs=default_copy_pairs(self.num_devices, True),
                           communicator_memories=frozenset({USER_MEMORY, HOST_MEMORY}),
-                          device_memories={d: device_memory(d) for d in range(self.num_devices)})
+                          device_memories={d: device_memory(d) for d in range(self.num_devices)},
+                          capacities={device_memory(d): int(dev.global_mem_size)
+                                      for d, dev in enumerate(self.devices)})
 
     def _new_array(self, memory: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if memory < 2:
