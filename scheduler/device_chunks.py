@@ -88,7 +88,9 @@ class ChunkPlanning:
             box = cmd.box
             key = (task.kind, box.lo, box.hi, box.dims, task.split, task.oversubscribe,
                    geom.dims if geom is not None else None, geom.granularity if geom is not None else None,
-                   tuple([(a.buffer, a.mode, a.mapper) for a in task.accesses]))
+                   tuple([(a.buffer, a.mode, a.mapper) for a in task.accesses]),
+                   # (reduction scratch counts against a bounded device memory)
+                   tuple([r.buffer for r in task.reductions]) if self._capacity else ())
             cache = self._plan_cache
             plans = cache.get(key)
             if plans is None:
@@ -117,6 +119,7 @@ class ChunkPlanning:
             self._fill_plan(plan, task)
         if self._capacity and task.kind == tg.DEVICE_COMPUTE:
             plans = [q for p in plans for q in self._batches(p, cmd)]
+            self._sequence_if_too_large(plans, task)
         out = Plans(plans)
         out.overlap = overlapping_writes(plans)
         return out
@@ -148,7 +151,7 @@ class ChunkPlanning:
         cap = self._capacity.get(plan.memory)
         task = cmd.task
         itemsize = self._itemsize_of
-        extra = len(task.reductions) * 16   # (per-chunk reduction scratch: a few bytes)
+        extra = sum(itemsize(r.buffer) for r in task.reductions)   # (the chunk's reduction scratch)
         if cap is None or plan.working_set(itemsize) + extra <= cap:
             return [plan]
         geom = task.geometry
@@ -177,6 +180,32 @@ class ChunkPlanning:
             f"needs {need} bytes for buffers {names}, but the device's capacity is {cap} bytes: it cannot be "
             f"split into batches that fit (an all() or other whole-buffer access of a buffer larger than the "
             f"device?); raise CELERITAS_DEVICE_MEMORY_LIMIT / CELERITAS_HOST_DEVICE_MEMORY or read less per chunk")
+
+    def _sequence_if_too_large(self, plans: list[ChunkPlan], task) -> None:
+        """Chunks of one device (oversubscription) are allocated together, their accesses
+        merged per buffer.  Where that merged set does not fit, or where some chunk of the
+        device had to be cut into batches anyway, every chunk of the device runs as a batch
+        instead, each allocating when its turn comes (an allocation kept for the whole
+        command would leave the batches no room)."""
+        by_memory: dict[int, list[ChunkPlan]] = {}
+        for p in plans:
+            if p.memory in self._capacity:
+                by_memory.setdefault(p.memory, []).append(p)
+        for memory, ps in by_memory.items():
+            if len(ps) < 2:
+                continue
+            sequence = any(p.batch is not None for p in ps)
+            if not sequence:
+                merged: dict[int, Box] = {}
+                for p in ps:
+                    for bid, box in p.bbox.items():
+                        merged[bid] = merged[bid].bounding(box) if bid in merged else box
+                scratch = len(ps) * sum(self._itemsize_of(r.buffer) for r in task.reductions)
+                sequence = (sum(box.area * self._itemsize_of(bid) for bid, box in merged.items()) + scratch
+                            > self._capacity[memory])
+            if sequence:
+                for i, p in enumerate(ps):
+                    p.batch = (i, len(ps))
 
     def _itemsize_of(self, bid: int) -> int:
         return self._buffers[bid].itemsize

@@ -124,6 +124,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._frees_since: dict[int, list[int]] = {m: [] for m in self._capacity}
         self._last_alloc: dict[int, int] = {}
         self._pinned: set[int] = set()
+        self._evicting = False   # copies made now save data of an allocation being evicted
+        self._coming: dict[int, int] = {}   # bytes the command's later allocations will need, per memory
         self._compiling_task = None
         self.memory_stats = {"evictions": 0, "bytes_evicted": 0, "bytes_written_back": 0, "batches": 0,
                              "batched_chunks": 0}
@@ -313,7 +315,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 if part.empty:
                     continue
             cp = CopyInstruction(self._new_id(), [], PRIORITY_COPY, src.id, dst.id, src_mem, dst.memory,
-                                 b.info.id, part, sb, dst.box, "strided", part.area * b.itemsize)
+                                 b.info.id, part, sb, dst.box, "strided", part.area * b.itemsize, self._evicting)
             self._read(src, part, cp)
             self._write(dst, part, cp)
             self._emit(cp)
@@ -484,6 +486,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._begin()
         self._compiling_task = cmd.task
         self._pinned.clear()
+        self._coming.clear()
         if self.replay is not None:
             self._compile_replayed(cmd)
         else:
@@ -523,8 +526,23 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 self._materialize(b, [Region.from_box(p.bbox[bid]) for p in readers], [p.memory for p in readers])
         # allocations first (a resize later in this command would free what a chunk uses)
         bounded = self._capacity
+        if bounded:   # (growth of one allocation must leave room for the command's others)
+            coming = self._coming
+            coming.clear()
+            per_memory: dict[int, list] = {}
+            for (bid, mem), box in plans.need:
+                if mem in bounded:
+                    coming[mem] = coming.get(mem, 0) + box.area * buffers[bid].itemsize
+                    per_memory.setdefault(mem, []).append((bid, box))
+            n_reductions = sum(buffers[r.buffer].itemsize for r in task.reductions)
+            for mem, needs in per_memory.items():
+                scratch = sum(1 for p in plans if p.memory == mem and p.batch is None) * n_reductions
+                coming[mem] += scratch   # (allocated after the needs: room is kept for it)
+                self._fit(mem, needs, scratch)
         for (bid, mem), box in plans.need:
             b = buffers[bid]
+            if bounded and mem in bounded:
+                self._coming[mem] -= box.area * b.itemsize
             found = self._find_alloc(b, mem, box)
             if found is not None:
                 if bounded and mem in bounded:
@@ -536,8 +554,12 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         for p in plans:
             if p.batch is not None:   # a chunk larger than its device: this batch's allocations now
                 batch_allocs = []
+                scratch = sum(buffers[r.buffer].itemsize for r in task.reductions)
+                self._fit(p.memory, p.bbox.items(), scratch)
+                self._coming[p.memory] = scratch + sum(box.area * buffers[bid].itemsize for bid, box in p.bbox.items())
                 for bid, box in sorted(p.bbox.items()):
                     b = buffers[bid]
+                    self._coming[p.memory] -= box.area * b.itemsize
                     a = self._find_alloc(b, p.memory, box)
                     if a is None:
                         a = self._allocate(b, p.memory, box, _discard(b, bid, p.memory, (p,)), anticipate=False)
@@ -620,6 +642,28 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     self._buffers[bid].newest.update(reg, self._only[p.memory])
         if task.reductions:
             self._local_reductions(cmd, kernels)
+
+    def _fit(self, memory: int, needs, extra: int) -> None:
+        """Allocations the command would reuse may be larger than it needs now (made by an
+        earlier task for a larger chunk): where keeping them leaves no room for the rest of
+        ``needs`` ((buffer, box) pairs on ``memory``) and ``extra`` scratch bytes, they are
+        evicted so that just what is needed gets allocated."""
+        cap = self._capacity.get(memory)
+        if cap is None:
+            return
+        oversized = []
+        need = extra
+        for bid, box in needs:
+            b = self._buffers[bid]
+            a = self._find_alloc(b, memory, box)
+            exact = box.area * b.itemsize
+            need += exact if a is None else a.nbytes
+            if a is not None and a.nbytes > exact and a.id not in self._pinned:
+                oversized.append((b, a))
+        if need > cap:
+            for b, a in oversized:
+                if a in b.allocs.get(memory, ()):
+                    self._evict(b, a)
 
     def _collective_order(self, group: int, ins: Instruction) -> None:
         if group not in self._collective:

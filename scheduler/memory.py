@@ -186,7 +186,7 @@ class MemoryManagement:
         chunk split into batches would grow one allocation over all of them.  Intersecting
         allocations not merged are evicted (the current command's own are always merged)."""
         itemsize = b.itemsize
-        free = cap - self._used[memory]
+        free = cap - self._used[memory] - self._coming.get(memory, 0)
         allocs = b.allocs.get(memory, [])
         target = box
         merge: list[Allocation] = []
@@ -251,11 +251,11 @@ class MemoryManagement:
         memory = a.memory
         sole = self._sole_region(b, a)
         if sole:
-            n_before = len(self._out)
-            self._make_coherent(b, HOST_MEMORY, sole)
-            for ins in self._out[n_before:]:
-                if ins.kind == "copy" and ins.source_memory == memory:
-                    ins.evicts = True
+            self._evicting = True   # (labels the copies: see _copy_between)
+            try:
+                self._make_coherent(b, HOST_MEMORY, sole)
+            finally:
+                self._evicting = False
             self.memory_stats["bytes_written_back"] += sole.area * b.itemsize
 
         def drop(v):

@@ -143,3 +143,14 @@ def test_random_programs_are_identical_with_replay(seed, ranks, devices, lookahe
     prog = _random_program(seed)
     on = _compile(prog, ranks, devices, lookahead, None, True, True, horizon_step=horizon)
     assert _canonical(on) == _canonical(off)
+
+
+@pytest.mark.parametrize("capacity", [2 * 32 * 32 * 4 // 3, 4 * 32 * 32 * 4])
+@pytest.mark.parametrize("ranks,devices", [(1, 1), (1, 2), (2, 2)])
+def test_bounded_device_memory_is_exact_with_replay(capacity, ranks, devices):
+    """Out-of-core (buffers larger than the device: batches and evictions) and in-core with a
+    capacity: the memory state is part of the key, lowerings that evict are not recorded."""
+    prog = lambda ctx: _stencil(ctx, steps=24)  # noqa: E731
+    off = _compile(prog, ranks, devices, "auto", None, True, False, capacity=capacity)
+    on = _compile(prog, ranks, devices, "auto", None, True, True, capacity=capacity)
+    assert _canonical(on) == _canonical(off)

@@ -1,0 +1,266 @@
+"""Buffers larger than device memory: eviction and batched chunks.
+
+Graph level: the generator never plans more than a device's capacity, and every
+allocation on a bounded memory follows the frees that made its room, so no
+execution order can exceed it.  End to end on host devices with a small capacity:
+results equal numpy on 1 and 2 ranks.
+"""
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import celeritas as cl
+from celeritas import range_mappers as rm
+from celeritas.testing import run_cluster
+from scheduler import task_graph as tg
+from scheduler.errors import ConfigError, OutOfMemoryError
+
+from graph_context import GraphContext
+from ig_validator import validate
+
+pytestmark = pytest.mark.timeout(300)
+
+R, W, RW, DW = tg.READ, tg.WRITE, tg.READ_WRITE, tg.DISCARD_WRITE
+
+
+# ---- graph-level properties ---------------------------------------------------------------
+def check_capacity(ctx: GraphContext, capacity: int, rank: int = 0) -> dict:
+    """Program-order usage of every device memory stays within ``capacity``, and each
+    allocation there (transitively) depends on every free of that memory emitted before it."""
+    ins = ctx.instructions[rank]
+    by_id = {i.id: i for i in ins}
+    preds = ctx.closure(rank)
+    used: Counter = Counter()
+    peak: Counter = Counter()
+    sizes = {}
+    frees: dict[int, list[int]] = {}
+    for i in ins:
+        if i.kind == "alloc" and i.memory >= 2:
+            missing = [f for f in frees.get(i.memory, []) if f not in preds[i.id]]
+            assert not missing, f"I{i.id} may run before the frees {missing} that made its room"
+            used[i.memory] += i.size_bytes
+            sizes[i.allocation] = i.size_bytes
+            peak[i.memory] = max(peak[i.memory], used[i.memory])
+            assert used[i.memory] <= capacity, (i, used[i.memory], capacity)
+        elif i.kind == "free" and i.allocation in sizes:
+            used[i.memory] -= sizes.pop(i.allocation)
+            frees.setdefault(i.memory, []).append(i.id)
+    assert by_id
+    return dict(peak)
+
+
+def _stencil(ctx, n, steps):
+    up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)
+    for _ in range(steps):
+        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1, shape="along_axes"), R)])
+        up, u = u, up
+    ctx.fence(u)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+@pytest.mark.parametrize("lookahead", ["none", "auto", "infinite"])
+def test_stencil_three_times_device_memory_stays_within_capacity(devices, lookahead):
+    n = 64
+    cap = 2 * n * n * 4 // 3          # the two buffers are three times one device's memory
+    ctx = GraphContext(1, devices=devices, capacity=cap, lookahead=lookahead)
+    _stencil(ctx, n, 4)
+    ctx.finish()
+    peak = check_capacity(ctx, cap)
+    assert max(peak.values()) > cap // 2          # (the memory is really used)
+    kernels = ctx.instrs(0, "device_kernel")
+    assert all(k.batch is not None for k in kernels) and len(kernels) > 4 * devices
+    batches = Counter((k.task, k.device) for k in kernels)
+    for (task, device), count in batches.items():
+        assert sorted(k.batch for k in kernels if k.task == task and k.device == device) == \
+            [(i, count) for i in range(count)]
+    evicting = [c for c in ctx.instrs(0, "copy") if c.evicts]
+    assert evicting and all(c.source_memory >= 2 and c.dest_memory == 1 for c in evicting)
+    stats = ctx.iggs[0].memory_stats
+    assert stats["evictions"] > 0 and stats["bytes_written_back"] > 0 and stats["batches"] == len(kernels)
+    validate(ctx)
+
+
+def test_in_core_programs_do_not_batch_or_evict():
+    n = 32
+    ctx = GraphContext(1, devices=2, capacity=10 * n * n * 4, lookahead="auto")
+    _stencil(ctx, n, 4)
+    ctx.finish()
+    assert all(k.batch is None for k in ctx.instrs(0, "device_kernel"))
+    assert not any(c.evicts for c in ctx.instrs(0, "copy"))
+    # the same graph as without a capacity, but for the allocations' order dependencies
+    free = GraphContext(1, devices=2, lookahead="auto")
+    _stencil(free, n, 4)
+    free.finish()
+    assert [i.kind for i in ctx.instructions[0]] == [i.kind for i in free.instructions[0]]
+
+
+def test_batch_records_and_evict_labels_are_in_graph_records():
+    n = 48
+    cap = 2 * n * n * 4 // 3
+    ctx = GraphContext(1, devices=1, capacity=cap)
+    _stencil(ctx, n, 2)
+    ctx.finish()
+    recs = ctx.iggs[0].recorder.instructions
+    assert any("batch" in r for r in recs if r["kind"] == "device_kernel")
+    assert any(r.get("evict") for r in recs if r["kind"] == "copy")
+
+
+def test_a_chunk_no_batch_can_fit_is_an_error_naming_everything():
+    ctx = GraphContext(1, devices=1, capacity=1000)
+    big = ctx.buffer((1024,), host_init=True, name="big")
+    out = ctx.buffer((8,), name="out")
+    with pytest.raises(OutOfMemoryError) as ei:
+        ctx.task((8,), [(big, rm.all(), R), (out, rm.one_to_one(), DW)], name="sum_all")
+    msg = str(ei.value)
+    assert '"sum_all"' in msg and '"big"' in msg and '"out"' in msg and "1000 bytes" in msg
+    assert str(1024 * 4 + 4) in msg
+
+
+def _random_capacity_program(seed: int):
+    rng = random.Random(seed)
+
+    def prog(ctx):
+        n = 32
+        bufs = [ctx.buffer((n, n), host_init=True) for _ in range(3)]
+        red = ctx.buffer((1,))
+        for _ in range(rng.randint(3, 10)):
+            w = rng.randrange(3)
+            accs = [(bufs[w], rm.one_to_one(), rng.choice([RW, DW, W]))]
+            r = rng.randrange(3)
+            if r != w:
+                accs.append((bufs[r], rng.choice([rm.one_to_one(), rm.neighborhood(1, 1),
+                                                  rm.neighborhood(2, 0, shape="along_axes"), rm.slice(1)]), R))
+            reds = [ctx.reduction(red)] if rng.random() < 0.2 else []
+            kind = tg.HOST_COMPUTE if rng.random() < 0.15 else tg.DEVICE_COMPUTE
+            ctx.task((n, n), accs, kind=kind, reductions=reds if kind == tg.DEVICE_COMPUTE else [],
+                     oversubscribe=rng.choice([1, 2]))
+            if rng.random() < 0.2:
+                ctx.fence(bufs[rng.randrange(3)])
+        ctx.fence(bufs[0])
+    return prog
+
+
+@settings(max_examples=int(os.environ.get("CELERITAS_OUT_OF_CORE_EXAMPLES", "30")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), devices=st.integers(1, 3), ranks=st.integers(1, 2),
+       lookahead=st.sampled_from(["none", "auto"]), fraction=st.sampled_from([0.5, 1.0, 2.0]))
+def test_random_programs_never_exceed_capacity(seed, devices, ranks, lookahead, fraction):
+    """Capacities from half to twice one buffer (32 x 32 float32): evictions, batches and
+    in-core stretches mixed; usage stays within bounds and the graph stays valid."""
+    cap = int(fraction * 32 * 32 * 4)
+    ctx = GraphContext(ranks, devices=devices, capacity=cap, lookahead=lookahead)
+    _random_capacity_program(seed)(ctx)
+    ctx.finish()
+    for r in range(ranks):
+        check_capacity(ctx, cap, r)
+        validate(ctx, r)
+
+
+# ---- end to end on host devices -------------------------------------------------------------
+def _wave(rank):
+    from apps import wave_sim
+    return wave_sim.run(cl.Queue(), 64, 6)
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (2, 1), (2, 2)])
+def test_double_buffered_stencil_on_buffers_three_times_device_memory(nodes, devices):
+    from apps import wave_sim
+    cap = 2 * 64 * 64 * 4 // 3
+    for la in ("none", "auto"):
+        for got in run_cluster(_wave, nodes=nodes, devices=devices, CELERITAS_HOST_DEVICE_MEMORY=str(cap),
+                               CELERITAS_LOOKAHEAD=la):
+            np.testing.assert_allclose(got, wave_sim.reference(64, 6), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (2, 1)])
+def test_matmul_twice_device_memory_equals_numpy(nodes, devices):
+    from apps import matmul
+    n = 64
+    cap = 3 * n * n * 4 // 2          # A, B and C together are twice one device's memory
+    a, b = matmul.inputs(n)
+    for got in run_cluster(lambda r: matmul.run(cl.Queue(), n, repeat=2), nodes=nodes, devices=devices,
+                           CELERITAS_HOST_DEVICE_MEMORY=str(cap)):
+        np.testing.assert_array_equal(got, a @ b)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_reductions_and_host_tasks_under_memory_pressure(nodes):
+    n = 64
+
+    def program(rank):
+        q = cl.Queue()
+        x = cl.Buffer(np.arange(n * n, dtype=np.int64).reshape(n, n), name="x")
+        y = cl.Buffer(shape=(n, n), dtype=np.int64, name="y")
+        s = cl.Buffer(np.zeros(1, np.int64), name="s")
+        seen = cl.HostObject([])
+
+        def double(cgh):
+            rx = x.access(cgh, cl.one_to_one(), cl.read)
+            wy = y.access(cgh, cl.one_to_one(), cl.discard_write)
+            red = cl.reduction(s, cgh, cl.plus, initialize_to_identity=True)
+
+            @cgh.parallel_for((n, n), reductions=(red,))
+            def kernel(chunk, r):
+                wy[chunk] = rx[chunk] * 2
+                r.combine(rx[chunk])
+
+        def host(cgh):
+            ry = y.access(cgh, cl.one_to_one(), cl.read_write)
+            log = cl.side_effect(seen, cgh)
+
+            def task(part):
+                ry[part.slices] = ry[part.slices] + 1
+                log.append(int(np.asarray(ry[part.slices]).sum()))
+            cgh.host_task(task, range=(n, n))
+
+        q.submit(double)
+        q.submit(host)
+        q.submit(double)
+        return q.fence(y).result(), int(q.fence(s).result()[0]), sum(q.fence(seen).result())
+
+    cap = n * n * 8 // 2               # x and y: four times one device's memory
+    results = run_cluster(program, nodes=nodes, devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    x = np.arange(n * n, dtype=np.int64).reshape(n, n)
+    host_sum = int((2 * x + 1).sum())
+    observed = sum(r[2] for r in results)
+    assert observed == host_sum
+    for y, s, _ in results:
+        np.testing.assert_array_equal(y, 2 * x)
+        assert s == int(x.sum())
+
+
+# ---- configuration --------------------------------------------------------------------------
+def test_device_memory_limit_values():
+    from celeritas import config
+    assert config.from_env({"CELERITAS_DEVICE_MEMORY_LIMIT": "4096"}).device_memory_limit == 4096
+    assert config.from_env({"CELERITAS_DEVICE_MEMORY_LIMIT": "2M"}).device_memory_limit == 2 << 20
+    assert config.from_env({"CELERITAS_DEVICE_MEMORY_LIMIT": "1G"}).device_memory_limit == 1 << 30
+    assert config.from_env({"CELERITAS_DEVICE_MEMORY_LIMIT": "0.8"}).device_memory_limit == 0.8
+    for bad in ("0", "1.5", "lots", "-3"):
+        with pytest.raises(ConfigError, match="CELERITAS_DEVICE_MEMORY_LIMIT"):
+            config.from_env({"CELERITAS_DEVICE_MEMORY_LIMIT": bad})
+
+
+def test_device_memory_limit_caps_the_backends_capacity():
+    from celeritas.runtime import memory_capacities
+    from executor.backends.host import HostBackend
+    assert memory_capacities(HostBackend(2, memory_capacity=1000), None) == {2: 1000, 3: 1000}
+    assert memory_capacities(HostBackend(2, memory_capacity=1000), 0.5) == {2: 500, 3: 500}
+    assert memory_capacities(HostBackend(2, memory_capacity=1000), 600) == {2: 600, 3: 600}
+    assert memory_capacities(HostBackend(2), 600) == {2: 600, 3: 600}
+    assert memory_capacities(HostBackend(2), None) == {}
+    with pytest.raises(ConfigError, match="CELERITAS_HOST_DEVICE_MEMORY"):
+        memory_capacities(HostBackend(2), 0.5)
+
+
+def test_device_memory_limit_end_to_end():
+    from apps import wave_sim
+    got = run_cluster(_wave, nodes=1, devices=1, CELERITAS_DEVICE_MEMORY_LIMIT=str(2 * 64 * 64 * 4 // 3))
+    np.testing.assert_allclose(got[0], wave_sim.reference(64, 6), rtol=1e-5, atol=1e-6)
