@@ -460,7 +460,8 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
             lines.append(f"{what}, {_fmt_bytes(a.get('size_bytes', 0))}")
     elif kind == "copy":
         lines.append(f"I{iid}")
-        lines.append(f"<b>copy</b> {_esc(_buffer_label(i.get('buffer'), names))} {_esc(fmt_box(i.get('box')))}")
+        head = "<b>evicting copy</b>" if i.get("evict") else "<b>copy</b>"
+        lines.append(f"{head} {_esc(_buffer_label(i.get('buffer'), names))} {_esc(fmt_box(i.get('box')))}")
         lines.append(f"from A{i.get('source')} ({_esc(_memory_label(i.get('source_memory')))})")
         lines.append(f"to A{i.get('dest')} ({_esc(_memory_label(i.get('dest_memory')))})")
         lines.append(f"{_esc(i.get('layout', ''))}, {_fmt_bytes(i.get('size_bytes', 0))}")
@@ -472,6 +473,9 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
             head += f" {_esc(i['name'])}"
         lines.append(head)
         where = f"on D{i.get('device')}" if kind == "device_kernel" else "on host"
+        if i.get("batch"):
+            k, n = i["batch"]
+            where = f"batch {k + 1} of {n} " + where
         if i.get("collective_group") is not None:
             where += f" in CG{i['collective_group']}"
         box = i.get("box")

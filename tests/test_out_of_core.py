@@ -264,3 +264,15 @@ def test_device_memory_limit_end_to_end():
     from apps import wave_sim
     got = run_cluster(_wave, nodes=1, devices=1, CELERITAS_DEVICE_MEMORY_LIMIT=str(2 * 64 * 64 * 4 // 3))
     np.testing.assert_allclose(got[0], wave_sim.reference(64, 6), rtol=1e-5, atol=1e-6)
+
+
+def test_dot_labels_name_evicting_copies_and_batches():
+    from celeritas.graphs import GraphRecord
+    n = 48
+    ctx = GraphContext(1, devices=1, capacity=2 * n * n * 4 // 3)
+    _stencil(ctx, n, 2)
+    ctx.finish()
+    rec = GraphRecord(tasks=ctx.tm.recorder.tasks, commands={0: ctx.cdags[0].recorder.commands},
+                      instructions=ctx.iggs[0].recorder.instructions, pilots=ctx.iggs[0].recorder.pilots)
+    dot = rec.to_dot_instructions()
+    assert "evicting copy" in dot and "batch 1 of " in dot
