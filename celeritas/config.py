@@ -83,6 +83,8 @@ class Config:
     # cap on every device memory the runtime plans with: bytes (int) or a fraction (float in (0, 1])
     # of what the backend reports (CUDA: free memory at start-up, OpenCL: global memory)
     device_memory_limit: int | float | None = None
+    # batches of a chunk larger than its device overlap (next batch's copies during this kernel)
+    out_of_core_overlap: bool = True
     # sends/receives straight from/into device memory ("direct", CUDA-aware MPI) or
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
@@ -224,4 +226,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         wait_warning=_positive_float(env, "CELERITAS_WAIT_WARNING", 10.0, "seconds", off=True),
         replay=_choice(env, "CELERITAS_REPLAY", REPLAY_MODES, "on") == "on",
         device_memory_limit=_memory_limit(env, "CELERITAS_DEVICE_MEMORY_LIMIT"),
+        out_of_core_overlap=_choice(env, "CELERITAS_OUT_OF_CORE_OVERLAP", REPLAY_MODES, "on") == "on",
     )

@@ -331,7 +331,8 @@ class Runtime:
                                    diagnostics=config.diagnostics,
                                    command_recorder=rec.commands if rec else None,
                                    instruction_recorder=rec.instructions if rec else None,
-                                   replay=config.replay, on_error=self._on_scheduler_error)
+                                   replay=config.replay, overlap_batches=config.out_of_core_overlap,
+                                   on_error=self._on_scheduler_error)
         if getattr(self.executor, "tracing", False):     # exact starvation in the summary (not in dry runs)
             self.scheduler.busy_intervals = []
         self._saved_gc_threshold = self._tune_gc(config.gc)

@@ -108,7 +108,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
 
     def __init__(self, system: SystemInfo, *, rank: int = 0, num_ranks: int = 1,
                  recorder: InstructionRecorder | None = None, lookahead_merge: bool = True,
-                 diagnostics: str = tg.DIAG_WARN, replay: Replay | None = None):
+                 diagnostics: str = tg.DIAG_WARN, replay: Replay | None = None, overlap_batches: bool = True):
         self.system = system
         self.diagnostics = diagnostics
         self.replay = replay
@@ -125,6 +125,10 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._last_alloc: dict[int, int] = {}
         self._pinned: set[int] = set()
         self._evicting = False   # copies made now save data of an allocation being evicted
+        # with overlap off (a benchmark baseline), a batch's allocations wait for the previous
+        # batch's kernel on the memory, so batches run strictly one after the other
+        self._overlap_batches = overlap_batches
+        self._batch_barrier: dict[int, int] = {}
         self._coming: dict[int, int] = {}   # bytes the command's later allocations will need, per memory
         self._compiling_task = None
         self.memory_stats = {"evictions": 0, "bytes_evicted": 0, "bytes_written_back": 0, "batches": 0,
@@ -633,6 +637,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                         buffers[bid].newest.update(reg, self._only[p.memory])
                 self._pinned.difference_update(batch_allocs)
                 self.memory_stats["batches"] += 1
+                if not self._overlap_batches:
+                    self._batch_barrier[p.memory] = ins.id
         # newest data after the writes
         for p in plans:
             if p.batch is not None:

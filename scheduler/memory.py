@@ -176,6 +176,9 @@ class MemoryManagement:
         last = self._last_alloc.get(memory)
         if last is not None:
             ins.deps.append((last, DEP_ALLOCATION))
+        barrier = self._batch_barrier.get(memory)
+        if barrier is not None:
+            ins.deps.append((barrier, DEP_ALLOCATION))
         self._frees_since[memory] = []
         self._last_alloc[memory] = ins.id
 

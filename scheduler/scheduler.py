@@ -155,14 +155,16 @@ class Scheduler:
     def __init__(self, *, num_ranks: int, rank: int, system: SystemInfo, delegate: SchedulerDelegate,
                  lookahead: str = LOOKAHEAD_AUTO, diagnostics: str = tg.DIAG_WARN,
                  command_recorder: CommandRecorder | None = None,
-                 instruction_recorder: InstructionRecorder | None = None, replay: bool = True, on_error=None):
+                 instruction_recorder: InstructionRecorder | None = None, replay: bool = True,
+                 overlap_batches: bool = True, on_error=None):
         self.num_ranks = num_ranks
         self.rank = rank
         self.delegate = delegate
         self.cdag = cg.CommandGraphGenerator(num_ranks, rank, diagnostics=diagnostics, recorder=command_recorder,
                                              replay=Replay() if replay else None)
         self.igg = InstructionGraphGenerator(system, rank=rank, num_ranks=num_ranks, recorder=instruction_recorder,
-                                             diagnostics=diagnostics, replay=Replay() if replay else None)
+                                             diagnostics=diagnostics, replay=Replay() if replay else None,
+                                             overlap_batches=overlap_batches)
         self.lookahead = Lookahead(self.igg, lookahead)
         self.on_error = on_error
         self.failed: BaseException | None = None
