@@ -2,7 +2,7 @@
 
 Distributed programs are debugged by looking at them: which tasks depend on which, how
 each rank split them into commands and transfers, and what every rank's instruction
-graph asks the executor to do.  The records are plain JSON-able dicts (see API.md,
+graph asks the executor to do.  The records are plain JSON-able dicts (docs/api.md,
 "Graph records"); everything here is a pure function of them, so a dump read back with
 ``GraphRecord.from_json`` renders exactly like the live record.
 
@@ -18,8 +18,6 @@ import json
 import logging
 import shutil
 import subprocess
-import threading
-import weakref
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -129,13 +127,13 @@ class GraphRecord(dict):
                          instructions=list(instructions), pilots=list(pilots))
 
     @classmethod
-    def collect(cls, runtime) -> "GraphRecord":
-        """This rank's records (tasks, its own commands, instructions and pilots), copied."""
-        rec = runtime.recorders
-        return cls(tasks=[dict(r) for r in rec.tasks.tasks],
-                   commands={runtime.rank: [dict(r) for r in rec.commands.commands]},
-                   instructions=[dict(r) for r in rec.instructions.instructions],
-                   pilots=[dict(r) for r in rec.instructions.pilots])
+    def from_recorders(cls, recorders, rank: int) -> "GraphRecord":
+        """A rank's records (tasks, its own commands, instructions and pilots), copied from
+        its ``scheduler.recorders.Recorders``."""
+        return cls(tasks=[dict(r) for r in recorders.tasks.tasks],
+                   commands={rank: [dict(r) for r in recorders.commands.commands]},
+                   instructions=[dict(r) for r in recorders.instructions.instructions],
+                   pilots=[dict(r) for r in recorders.instructions.pilots])
 
     @classmethod
     def merge(cls, records: Iterable[Mapping]) -> "GraphRecord":
@@ -601,59 +599,6 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# gathering to rank 0 (shared with trace.py and summary.py)
-
-_gather_lock = threading.Lock()
-_gather_handles: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-_GATHER_KEY = "celeritas-outputs"
-
-
-def gather_to_root(runtime, obj: Any, root: int = 0) -> list | None:
-    """``obj`` of every rank, in rank order, on ``root``; None elsewhere.
-
-    Collective: every rank must call it, in the same order.  Uses one communicator
-    cloned from the runtime's per runtime, so these messages never mix with the
-    executor's (which has stopped anyway, but a clone costs nothing and the MPI
-    communicator may keep standing receives on the original).
-    """
-    if getattr(runtime, "dry_run", False):
-        return [obj]
-    comm = runtime.communicator
-    if comm.num_ranks == 1:
-        return [obj]
-    with _gather_lock:
-        handle = _gather_handles.get(runtime)
-    if handle is None:
-        handle = comm.clone(key=_GATHER_KEY).collective_handle()
-        with _gather_lock:
-            _gather_handles[runtime] = handle
-    return handle.gather(obj, root=root)
-
-
-def buffer_names(runtime) -> dict[int, str]:
-    """Debug names of every buffer the runtime has seen (records hold ids only).
-
-    Prefers ``runtime.buffer_names`` (kept across shutdown) where the runtime has it;
-    otherwise the task manager's buffer table and still-alive Buffer objects.
-    """
-    names: dict[int, str] = {}
-    kept = getattr(runtime, "buffer_names", None)
-    if isinstance(kept, Mapping):
-        names.update({int(k): str(v) for k, v in kept.items() if v})
-    tm = getattr(runtime, "task_manager", None)
-    for bid, info in (getattr(tm, "buffers", None) or {}).items():
-        if info.name and bid not in names:
-            names[bid] = info.name
-    live = getattr(runtime, "_buffers", None)
-    if live is not None:
-        for bid, buf in list(live.items()):
-            name = getattr(buf, "name", "")
-            if name and bid not in names:
-                names[bid] = name
-    return names
-
-
-# ---------------------------------------------------------------------------------------------
 # shutdown dump
 
 
@@ -684,27 +629,19 @@ def write_graphs(folder: str | Path, record: GraphRecord, buffer_names: Mapping[
     return written
 
 
-def write_outputs(runtime) -> None:
-    """Graph dumps (``CELERITAS_PRINT_GRAPHS``) at shutdown; collective over all ranks.
-
-    Failures are logged, never raised: a broken dump must not turn a finished program
-    into a failed one, and every rank still takes part in the gather so no rank hangs.
-    """
-    folder = runtime.config.print_graphs
+def write_outputs(outputs) -> None:
+    """Graph dumps (``CELERITAS_PRINT_GRAPHS``) at shutdown: every rank writes its instruction
+    graph, rank 0 also the task graph and all ranks' command graphs merged (gathered);
+    collective over all ranks.  ``outputs`` is a ``celeritas.outputs.RankOutputs``."""
+    folder = outputs.print_graphs
     if not folder:
         return
-    rank = runtime.rank
-    rec: GraphRecord | None = None
-    names: dict[int, str] = {}
+    rank = outputs.rank
+    rec: GraphRecord | None = outputs.records
+    names = dict(outputs.buffer_names)
+    payload = None if rec is None else {"commands": rec["commands"], "buffers": names}
     try:
-        rec = GraphRecord.collect(runtime)
-        names = buffer_names(runtime)
-        payload = {"commands": rec["commands"], "buffers": names}
-    except Exception:  # noqa: BLE001
-        log.exception("rank %d: could not collect the graph records", rank)
-        payload = None
-    try:
-        parts = gather_to_root(runtime, payload)
+        parts = outputs.gather(payload)
     except Exception as exc:  # noqa: BLE001 - e.g. the cluster was aborted
         log.warning("rank %d: could not gather the command graphs (%s); writing this rank's only", rank, exc)
         parts = [payload] if rank == 0 else None

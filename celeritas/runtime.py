@@ -296,6 +296,7 @@ class Runtime:
         self._host_objects: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._next_buffer = 0
         self.buffer_names: dict[int, str] = {}   # kept past buffer destruction for shutdown dumps
+        self._gather_handle = None               # collective handle for the shutdown outputs
         self._next_host_object = 0
         self._next_group = 2          # group 1 is the default collective group
         self.is_shut_down = False
@@ -582,7 +583,7 @@ class Runtime:
         self._check_alive()
         self.scheduler.flush()
         self.scheduler.sync()
-        return GraphRecord.collect(self)
+        return GraphRecord.from_recorders(self.recorders, self.rank)
 
     # ---- shutdown --------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -621,20 +622,49 @@ class Runtime:
 
     def _finish_outputs(self) -> None:
         """Graph dumps, trace and summary; collective across ranks, so every rank calls it."""
-        from . import graphs
-        graphs.write_outputs(self)
+        from . import outputs
         try:
-            from . import trace
-        except ImportError:
-            pass
-        else:
-            trace.write_trace(self)
-        try:
-            from . import summary
-        except ImportError:
-            pass
-        else:
-            summary.print_summary(self)
+            view = self.outputs()
+        except Exception:  # noqa: BLE001 - still take part in the gathers, with nothing to show
+            log.exception("rank %d: could not collect its outputs", self.rank)
+            view = outputs.RankOutputs(self.rank, self.num_ranks, print_graphs=self.config.print_graphs,
+                                       trace_file=self.config.trace, summary=self._summary_enabled(),
+                                       gather=self.gather_to_root)
+        outputs.write_at_shutdown(view)
+
+    def outputs(self):
+        """This rank's view for graph dumps, trace and summary (``celeritas.outputs``)."""
+        from .graphs import GraphRecord
+        from .outputs import RankOutputs
+        sched = self.scheduler
+        igg = sched.igg
+        replay = {}
+        for level, gen in (("task", self.task_manager), ("command", sched.cdag), ("instruction", igg)):
+            if gen.replay is not None:
+                replay[level] = gen.replay.stats()
+        return RankOutputs(
+            rank=self.rank, num_ranks=self.num_ranks, dry_run=self.dry_run, print_graphs=self.config.print_graphs,
+            trace_file=self.config.trace, summary=self._summary_enabled(),
+            records=GraphRecord.from_recorders(self.recorders, self.rank) if self.recorders is not None else None,
+            buffer_names={bid: n for bid, n in self.buffer_names.items() if n}, trace=list(self.executor.trace),
+            instruction_counts=dict(igg.counts), scheduler_busy_ns=sched.busy_ns,
+            scheduler_busy_intervals=sched.busy_intervals, num_tasks=sched.num_tasks,
+            backend=self.backend_name, num_devices=self.num_devices, replay=replay,
+            memory=dict(igg.memory_stats), gather=self.gather_to_root)
+
+    def _summary_enabled(self) -> bool:
+        from .summary import enabled
+        return enabled(self.config)
+
+    def gather_to_root(self, obj: Any, root: int = 0) -> list | None:
+        """``obj`` of every rank, in rank order, on ``root``; None elsewhere.  Collective:
+        every rank calls it in the same order.  Uses a communicator cloned once per runtime,
+        so these messages never mix with the executor's."""
+        if self.dry_run or self.communicator.num_ranks == 1:
+            return [obj]
+        if self._gather_handle is None:
+            self._gather_handle = self.communicator.clone(key="celeritas-outputs").collective_handle()
+        return self._gather_handle.gather(obj, root=root)
 
     def _abort(self) -> None:
         """Stop both threads without waiting for outstanding work (after an error)."""

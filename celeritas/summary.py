@@ -18,7 +18,7 @@ import logging
 from collections import Counter, defaultdict
 from typing import Iterable, Mapping, Sequence
 
-from .graphs import _fmt_bytes, gather_to_root
+from .graphs import _fmt_bytes
 from .trace import lane_order, lane_title
 
 log = logging.getLogger("celeritas.graphs")
@@ -26,9 +26,9 @@ log = logging.getLogger("celeritas.graphs")
 STARVATION_WARNING = 0.20
 
 
-def enabled(runtime) -> bool:
-    cfg = runtime.config
-    return bool(getattr(cfg, "summary", False)) or getattr(cfg, "log_level", "warning") in ("info", "debug")
+def enabled(config) -> bool:
+    """Whether the runtime configured by ``config`` prints the summary at shutdown."""
+    return bool(getattr(config, "summary", False)) or getattr(config, "log_level", "warning") in ("info", "debug")
 
 
 def _union(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -76,17 +76,15 @@ def _overlap(xs: Sequence[tuple[int, int]], ys: Sequence[tuple[int, int]]) -> in
     return total
 
 
-def rank_numbers(runtime) -> dict:
-    """This rank's numbers; local, so callable on any rank after shutdown."""
-    sched = runtime.scheduler
-    events = list(runtime.executor.trace)
-    igg = sched.igg
-    by_kind = dict(sorted(Counter(igg.counts).items())) if getattr(igg, "counts", None) else {}
-    rec = runtime.recorders
-    records = rec.instructions.instructions if rec is not None else []
+def rank_numbers(outputs) -> dict:
+    """This rank's numbers (``outputs``: a ``celeritas.outputs.RankOutputs``); local."""
+    events = list(outputs.trace)
+    by_kind = dict(sorted(Counter(outputs.instruction_counts).items()))
+    rec = outputs.records
+    records = rec["instructions"] if rec is not None else []
     if not by_kind and records:
         by_kind = dict(sorted(Counter(r["kind"] for r in records).items()))
-    task_records = rec.tasks.tasks if rec is not None else []
+    task_records = rec["tasks"] if rec is not None else []
     tasks_by_kind = dict(sorted(Counter(t["kind"] for t in task_records).items())) if task_records else {}
 
     copied = sent = received = None
@@ -112,8 +110,8 @@ def rank_numbers(runtime) -> dict:
     window = hi - lo
     idle = _gaps(busy_all, lo, hi)
     idle_ns = _length(idle)
-    sched_busy = int(getattr(sched, "busy_ns", 0) or 0)
-    intervals = getattr(sched, "busy_intervals", None)
+    sched_busy = int(outputs.scheduler_busy_ns or 0)
+    intervals = outputs.scheduler_busy_intervals
     if intervals is not None:
         starvation_ns = _overlap(idle, _union((a, b) for a, b in intervals))
         estimate = False
@@ -121,8 +119,8 @@ def rank_numbers(runtime) -> dict:
         starvation_ns = min(idle_ns, sched_busy)
         estimate = True
     return {
-        "rank": runtime.rank,
-        "tasks": int(getattr(sched, "num_tasks", 0) or len(task_records)),
+        "rank": outputs.rank,
+        "tasks": int(outputs.num_tasks or len(task_records)),
         "tasks_by_kind": tasks_by_kind,
         "instructions": sum(by_kind.values()),
         "instructions_by_kind": by_kind,
@@ -139,6 +137,8 @@ def rank_numbers(runtime) -> dict:
         "starvation": starvation_ns / window if window else 0.0,
         "starvation_estimated": estimate,
         "traced": bool(events),
+        "replay": {level: dict(v) for level, v in outputs.replay.items()},
+        "memory": dict(outputs.memory),
     }
 
 
@@ -154,6 +154,12 @@ def combine(per_rank: Iterable[Mapping | None]) -> dict:
         return sum(vals) if vals else None
 
     worst = max(ranks, key=lambda r: r["starvation"], default=None)
+    replay: dict[str, Counter] = {}
+    memory: Counter = Counter()
+    for r in ranks:
+        for level, v in r.get("replay", {}).items():
+            replay.setdefault(level, Counter()).update(v)
+        memory.update(r.get("memory", {}))
     return {
         "ranks": len(ranks),
         "tasks": ranks[0]["tasks"] if ranks else 0,      # identical task stream on every rank
@@ -166,18 +172,20 @@ def combine(per_rank: Iterable[Mapping | None]) -> dict:
         "starvation": worst["starvation"] if worst else 0.0,
         "starvation_rank": worst["rank"] if worst else None,
         "starvation_warning": bool(worst and worst["traced"] and worst["starvation"] > STARVATION_WARNING),
+        "replay": {level: dict(v) for level, v in replay.items()},
+        "memory": dict(memory),
         "per_rank": ranks,
     }
 
 
-def summary_numbers(runtime) -> dict | None:
+def summary_numbers(outputs) -> dict | None:
     """The combined numbers on rank 0 (None on other ranks); collective over all ranks."""
     try:
-        mine = rank_numbers(runtime)
+        mine = rank_numbers(outputs)
     except Exception:  # noqa: BLE001 - still take part in the gather
-        log.exception("rank %d: could not compute the summary", runtime.rank)
+        log.exception("rank %d: could not compute the summary", outputs.rank)
         mine = None
-    parts = gather_to_root(runtime, mine)
+    parts = outputs.gather(mine)
     return combine(parts) if parts is not None else None
 
 
@@ -204,6 +212,17 @@ def render(numbers: Mapping, console=None) -> None:
     over.add_row("instructions", str(numbers["instructions"]))
     over.add_row("bytes copied", b(numbers["bytes_copied"]))
     over.add_row("bytes sent", b(numbers["bytes_sent"]))
+    for level in ("task", "command", "instruction"):
+        rp = numbers.get("replay", {}).get(level)
+        if rp:
+            lowered = rp.get("misses", 0) + rp.get("bypassed", 0) + rp.get("first", 0)
+            over.add_row(f"replay, {level} graph", f"{rp.get('hits', 0)} replayed, {lowered} lowered "
+                                                    f"({rp.get('templates', 0)} templates)")
+    mem = numbers.get("memory", {})
+    if mem.get("evictions") or mem.get("batches"):
+        over.add_row("out of core", f"{mem.get('evictions', 0)} evictions ({b(mem.get('bytes_evicted'))}, "
+                                    f"{b(mem.get('bytes_written_back'))} saved to host), "
+                                    f"{mem.get('batches', 0)} batch kernels")
     con.print(over)
 
     kinds = Table(title="instructions by kind", title_justify="left")
@@ -250,16 +269,16 @@ def render(numbers: Mapping, console=None) -> None:
                   "(CELERITAS_SUMMARY=1 or CELERITAS_TRACE turn it on)[/dim]")
 
 
-def print_summary(runtime) -> None:
+def print_summary(outputs) -> None:
     """At shutdown (every rank calls it; rank 0 prints)."""
-    if not enabled(runtime):
+    if not outputs.summary:
         return
     try:
-        numbers = summary_numbers(runtime)
+        numbers = summary_numbers(outputs)
     except Exception as exc:  # noqa: BLE001 - gather failed (cluster aborted)
-        log.warning("rank %d: could not gather the summary (%s)", runtime.rank, exc)
+        log.warning("rank %d: could not gather the summary (%s)", outputs.rank, exc)
         return
-    if numbers is None or runtime.rank != 0:
+    if numbers is None or outputs.rank != 0:
         return
     try:
         render(numbers)

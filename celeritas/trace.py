@@ -8,7 +8,7 @@ rank).  Arrows into and out of horizons and epochs are left out: they depend on
 everything and would bury the data flow.
 
 Every rank's executor records ``TraceEvent``s; at shutdown they are gathered to rank 0
-(``graphs.gather_to_root``) and rank 0 writes one file.  Open it at
+(``RankOutputs.gather``, see ``outputs``) and rank 0 writes one file.  Open it at
 https://ui.perfetto.dev (or chrome://tracing).
 """
 from __future__ import annotations
@@ -21,8 +21,6 @@ import socket
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
-
-from .graphs import buffer_names, gather_to_root
 
 log = logging.getLogger("celeritas.graphs")
 
@@ -60,25 +58,23 @@ def lane_title(lane: str) -> str:
             "immediate": "executor (immediate)"}.get(lane, lane)
 
 
-def trace_payload(runtime) -> dict:
+def trace_payload(outputs) -> dict:
     """What one rank contributes: its events and how to put its clock on a shared axis.
 
     ``perf_counter_ns`` has an arbitrary origin per process, so each rank also sends
     one (wall clock - perf counter) offset; ranks in one process share a clock and use
     the first such offset, so their relative timing stays exact.
     """
-    events = []
-    for e in runtime.executor.trace:
-        events.append(tuple(getattr(e, f, None) for f in _FIELDS))
+    events = [tuple(getattr(e, f, None) for f in _FIELDS) for e in outputs.trace]
     task_names = {}
-    recorders = runtime.recorders
-    for rec in recorders.tasks.tasks if recorders is not None else ():
+    records = outputs.records
+    for rec in records["tasks"] if records is not None else ():
         if rec.get("name"):
             task_names[rec["id"]] = rec["name"]
-    return {"rank": runtime.rank, "host": socket.gethostname(), "pid": os.getpid(),
+    return {"rank": outputs.rank, "host": socket.gethostname(), "pid": os.getpid(),
             "clock_offset_ns": time.time_ns() - time.perf_counter_ns(),
-            "events": events, "buffers": buffer_names(runtime), "task_names": task_names,
-            "backend": getattr(runtime, "backend_name", ""), "devices": getattr(runtime, "num_devices", 0)}
+            "events": events, "buffers": dict(outputs.buffer_names), "task_names": task_names,
+            "backend": outputs.backend, "devices": outputs.num_devices}
 
 
 def _event(t: Sequence) -> dict:
@@ -216,23 +212,19 @@ def _flows(per_rank: Mapping[int, list[dict]], slices: Mapping[tuple[int, int], 
     return out
 
 
-def write_trace(runtime) -> None:
-    """``CELERITAS_TRACE`` at shutdown; collective over all ranks, rank 0 writes the file.
-
-    Like the graph dumps, failures are logged and never raised, and every rank takes
-    part in the gather whatever happened locally, so no rank is left waiting.
-    """
-    target = runtime.config.trace
+def write_trace(outputs) -> None:
+    """``CELERITAS_TRACE`` at shutdown; collective over all ranks, rank 0 writes the file."""
+    target = outputs.trace_file
     if not target:
         return
-    rank = runtime.rank
+    rank = outputs.rank
     try:
-        payload = trace_payload(runtime)
+        payload = trace_payload(outputs)
     except Exception:  # noqa: BLE001
         log.exception("rank %d: could not collect the execution trace", rank)
         payload = None
     try:
-        parts = gather_to_root(runtime, payload)
+        parts = outputs.gather(payload)
     except Exception as exc:  # noqa: BLE001
         log.warning("rank %d: could not gather the execution trace (%s); writing this rank's only", rank, exc)
         parts = [payload]
@@ -247,6 +239,7 @@ def write_trace(runtime) -> None:
         if path.parent and not path.parent.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, separators=(",", ":")))
-        log.info("execution trace written to %s (open it at https://ui.perfetto.dev)", path)
+        log.info("execution trace written to %s (open it at https://ui.perfetto.dev, or draw it: "
+                 "python -m celeritas trace %s -o timeline.png)", path, path)
     except Exception:  # noqa: BLE001
         log.exception("rank %d: could not write the execution trace to %s", rank, target)

@@ -10,6 +10,7 @@ from rich.console import Console
 import celeritas as cl
 from celeritas import summary
 from celeritas.graphs import GraphRecord
+from celeritas.outputs import RankOutputs
 from celeritas.testing import run_cluster
 from executor.executor import TraceEvent
 
@@ -51,10 +52,12 @@ def test_single_rank_summary_matches_records(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "celeritas summary (1 rank)" in err and "instructions by kind" in err
     assert "busy time per lane" in err and "executor starvation" in err
-    numbers = summary.summary_numbers(rt)
+    numbers = summary.summary_numbers(rt.outputs())
     assert numbers["ranks"] == 1
     (mine,) = numbers["per_rank"]
-    _check_against_records(mine, GraphRecord.collect(rt), rt.executor.trace)
+    _check_against_records(mine, GraphRecord.from_recorders(rt.recorders, rt.rank), rt.executor.trace)
+    assert mine["replay"]["instruction"]["first"] > 0     # replay counters reach the summary
+    assert "replay, instruction graph" in err
     assert numbers["bytes_copied"] == mine["bytes_copied"] > 0 and numbers["bytes_sent"] == 0
     assert {"D0.lane0", "D1.lane0", "alloc", "immediate"} <= set(mine["lanes"])
     # starvation measured from the scheduler's own busy intervals, not estimated
@@ -71,7 +74,7 @@ def test_cluster_summary_per_rank(capfd):
     def program(rank):
         rt = rich_program(rank)[2]
         assert rt.is_shut_down
-        return summary.rank_numbers(rt), GraphRecord.collect(rt), rt.executor.trace
+        return summary.rank_numbers(rt.outputs()), GraphRecord.from_recorders(rt.recorders, rt.rank), rt.executor.trace
 
     res = run_cluster(program, nodes=2, devices=2, CELERITAS_SUMMARY="1", CELERITAS_RECORD="1")
     for numbers, rec, events in res:
@@ -94,15 +97,14 @@ def test_summary_off_by_default(monkeypatch, capsys):
     q = cl.Queue()
     assert q.runtime.scheduler.busy_intervals is None      # nothing recorded when nobody reads it
     q.wait()
-    assert not summary.enabled(q.runtime)
+    assert not summary.enabled(q.runtime.config)
     q.shutdown()
     assert "celeritas summary" not in capsys.readouterr().err
 
 
 def test_enabled_by_log_level():
     for level, on in (("info", True), ("debug", True), ("warning", False), ("error", False)):
-        rt = SimpleNamespace(config=SimpleNamespace(summary=False, log_level=level))
-        assert summary.enabled(rt) is on
+        assert summary.enabled(SimpleNamespace(summary=False, log_level=level)) is on
 
 
 def test_interval_arithmetic():
@@ -112,12 +114,9 @@ def test_interval_arithmetic():
 
 
 def _fake_runtime(events, busy_ns, intervals=None, counts=None):
-    sched = SimpleNamespace(busy_ns=busy_ns, num_tasks=3, igg=SimpleNamespace(counts=counts or {}))
-    if intervals is not None:
-        sched.busy_intervals = intervals
-    return SimpleNamespace(rank=0, scheduler=sched, executor=SimpleNamespace(trace=events), recorders=None,
-                           config=SimpleNamespace(summary=True),
-                           communicator=SimpleNamespace(num_ranks=1), dry_run=False)
+    """A hand-made outputs view: the summary reads nothing else."""
+    return RankOutputs(rank=0, trace=events, instruction_counts=counts or {}, scheduler_busy_ns=busy_ns,
+                       scheduler_busy_intervals=intervals, num_tasks=3, summary=True)
 
 
 def _events():

@@ -119,7 +119,7 @@ def test_single_rank_trace(tmp_path, monkeypatch):
     assert q.fence(buf).result().sum() == 48
     rt = q.runtime
     q.shutdown()
-    rec = GraphRecord.collect(rt)
+    rec = GraphRecord.from_recorders(rt.recorders, rt.rank)
     slices = validate_chrome_trace(json.loads(path.read_text()))
     assert list(slices) == [1]
     assert len(slices[1]) == len(rec["instructions"]) == len(rt.executor.trace)
