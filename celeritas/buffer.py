@@ -7,6 +7,7 @@ import numpy as np
 
 from scheduler.errors import AccessError, CeleritasError
 
+from .context import current_runtime
 from .accessor import DISCARD_READ_WRITE, DISCARD_WRITE, MODES, READ_WRITE, WRITE, Accessor
 
 
@@ -29,7 +30,6 @@ class Buffer:
 
     def __init__(self, data: Any = None, *, shape: Sequence[int] | int | None = None, dtype: Any = None,
                  name: str | None = None):
-        from .runtime import Runtime
         if isinstance(shape, (int, np.integer)):
             shape = (int(shape),)
         if data is not None:
@@ -61,7 +61,7 @@ class Buffer:
         self.shape: tuple[int, ...] = shape
         self.dtype: np.dtype = np.dtype(dtype)
         self._name = name or ""
-        self._runtime = Runtime.current(create=True)
+        self._runtime = current_runtime(create=True)
         self.id: int = self._runtime.create_buffer(self, data)
         self._alive = True
 

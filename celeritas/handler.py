@@ -16,6 +16,7 @@ from scheduler.geometry import Box
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration
+from .context import current_runtime
 from .range_mappers import is_pure, to_scheduler_mapper
 
 # ---- reductions ---------------------------------------------------------------------
@@ -187,9 +188,8 @@ class CollectiveGroup:
     """Host tasks of one collective group run in order and share one communicator."""
 
     def __init__(self):
-        from .runtime import Runtime
         # ids come from the runtime so that every rank numbers its groups identically
-        self.id = Runtime.current(create=True).new_collective_group_id()
+        self.id = current_runtime(create=True).new_collective_group_id()
 
 
 class _Collective(_Placement):

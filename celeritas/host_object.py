@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .context import current_runtime
+
 
 class HostObject:
     """Wraps an object that host tasks use through ``cl.side_effect``; their order is the submit order."""
 
     def __init__(self, obj: Any = None):
-        from .runtime import Runtime
-        self._runtime = Runtime.current(create=True)
+        self._runtime = current_runtime(create=True)
         self.obj = obj
         self.id: int = self._runtime.create_host_object(self)
         self._alive = True

@@ -5,7 +5,6 @@ mutable state; the only process-level state is which runtime is current.
 """
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import copy
 import gc
@@ -30,22 +29,12 @@ from scheduler.replay import Replay
 from scheduler.scheduler import Scheduler
 
 from . import config as cfg
+from . import context
+from .buffer import Buffer
+from .handler import CommandGroupHandler
+from .host_object import HostObject
 
 log = logging.getLogger("celeritas.runtime")
-
-
-class _ClusterContext(threading.local):
-    """Set by ``run_cluster`` on each rank's thread: which communicator and config to use."""
-
-    def __init__(self):
-        self.communicator = None
-        self.env: dict | None = None
-        self.runtime: "Runtime | None" = None
-
-
-_cluster = _ClusterContext()
-_process: dict[str, "Runtime | None"] = {"runtime": None}
-_process_lock = threading.Lock()
 
 
 def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None):
@@ -258,27 +247,8 @@ class Runtime:
     # ---- which runtime is current ---------------------------------------------------
     @classmethod
     def current(cls, create: bool = False, **overrides) -> "Runtime":
-        if _cluster.communicator is not None:
-            rt = _cluster.runtime
-            if rt is None or rt.is_shut_down:
-                if not create:
-                    raise CeleritasError("no celeritas runtime on this rank; create a cl.Queue first")
-                rt = cls(_config(_cluster.env, overrides), communicator=_cluster.communicator)
-                _cluster.runtime = rt
-            else:
-                rt._check_overrides(overrides)
-            return rt
-        with _process_lock:
-            rt = _process["runtime"]
-            if rt is None or rt.is_shut_down:
-                if not create:
-                    raise CeleritasError("no celeritas runtime; create a cl.Queue first")
-                rt = cls(_config(None, overrides))
-                _process["runtime"] = rt
-                atexit.register(rt._atexit)
-            else:
-                rt._check_overrides(overrides)
-            return rt
+        """The current runtime (see ``context``); ``create`` starts one if there is none."""
+        return context.current_runtime(create, **overrides)
 
     # ---- construction ----------------------------------------------------------------
     def __init__(self, config: cfg.Config, communicator=None):
@@ -358,7 +328,7 @@ class Runtime:
         the task manager replaces the list at each epoch, so the copy is one stretch)."""
         return self.task_manager.pending_digest()
 
-    def _check_overrides(self, overrides: dict) -> None:
+    def check_overrides(self, overrides: dict) -> None:
         dev = overrides.get("devices")
         if dev is not None:
             spec = cfg.DeviceSpec.parse(dev, "devices") if isinstance(dev, str) else dev
@@ -484,7 +454,6 @@ class Runtime:
             self.scheduler.notify_host_object_destroyed(hid)
 
     def submit(self, cgf) -> None:
-        from .handler import CommandGroupHandler
         self._check_alive()
         cgh = CommandGroupHandler(self)
         cgf(cgh)
@@ -495,8 +464,6 @@ class Runtime:
             self.task_manager.submit(cgh._kind, **spec)
 
     def fence(self, obj, subrange=None) -> concurrent.futures.Future:
-        from .buffer import Buffer
-        from .host_object import HostObject
         fut = _FenceFuture(self, obj.label if isinstance(obj, Buffer) else
                            f"host object H{obj.id}" if isinstance(obj, HostObject) else "?")
         with self._lock:
@@ -712,13 +679,9 @@ class Runtime:
         saved, self._saved_gc_threshold = getattr(self, "_saved_gc_threshold", None), None
         if saved is not None and gc.get_threshold() == GC_THRESHOLDS:
             gc.set_threshold(*saved)
-        if _cluster.runtime is self:
-            _cluster.runtime = None
-        with _process_lock:
-            if _process["runtime"] is self:
-                _process["runtime"] = None
+        context.release(self)
 
-    def _atexit(self) -> None:
+    def shutdown_at_exit(self) -> None:
         if not self.is_shut_down:
             shown = self._error_shown
             try:
@@ -751,3 +714,6 @@ def _default_communicator(config: cfg.Config):
                                        divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT",
                                        cuda_aware=config.mpi_cuda_aware)
     return SingleRankCommunicator()
+
+
+context.set_runtime_factory(lambda env, overrides, communicator: Runtime(_config(env, overrides), communicator))

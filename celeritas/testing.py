@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from scheduler.errors import CeleritasError
 
-from . import runtime as _rt
+from . import context
 
 
 def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | None = None,
@@ -29,7 +29,7 @@ def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | No
     errors: list[BaseException | None] = [None] * nodes
 
     def body(rank: int) -> None:
-        ctx = _rt._cluster
+        ctx = context.cluster
         ctx.communicator = cluster.communicator(rank)
         ctx.env = env
         ctx.runtime = None

@@ -1,0 +1,68 @@
+"""Which runtime is current: the process's, or under ``run_cluster`` the calling rank's.
+
+Buffers, host objects and collective groups attach to the current runtime when
+they are made; the runtime module registers how to create one.  Keeping this here
+lets those modules depend on it instead of on the runtime module, which depends on
+them (no import cycle), and it is the only process-level state: which runtime is
+current, never what it holds.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Any, Callable
+
+from scheduler.errors import CeleritasError
+
+
+class ClusterContext(threading.local):
+    """Set by ``run_cluster`` on each rank's thread: its communicator, environment and runtime."""
+
+    def __init__(self):
+        self.communicator = None
+        self.env: dict | None = None
+        self.runtime: Any = None
+
+
+cluster = ClusterContext()
+_process: dict[str, Any] = {"runtime": None}
+_process_lock = threading.Lock()
+# (env overrides or None, Queue overrides, communicator or None) -> a new runtime
+_factory: Callable[..., Any] | None = None
+
+
+def set_runtime_factory(factory: Callable[..., Any]) -> None:
+    global _factory
+    _factory = factory
+
+
+def current_runtime(create: bool = False, **overrides) -> Any:
+    """The current runtime; ``create`` makes one (with ``overrides`` from a Queue) if none."""
+    if cluster.communicator is not None:
+        rt = cluster.runtime
+        if rt is None or rt.is_shut_down:
+            if not create:
+                raise CeleritasError("no celeritas runtime on this rank; create a cl.Queue first")
+            rt = cluster.runtime = _factory(cluster.env, overrides, cluster.communicator)
+        else:
+            rt.check_overrides(overrides)
+        return rt
+    with _process_lock:
+        rt = _process["runtime"]
+        if rt is None or rt.is_shut_down:
+            if not create:
+                raise CeleritasError("no celeritas runtime; create a cl.Queue first")
+            rt = _process["runtime"] = _factory(None, overrides, None)
+            atexit.register(rt.shutdown_at_exit)
+        else:
+            rt.check_overrides(overrides)
+        return rt
+
+
+def release(rt: Any) -> None:
+    """``rt`` is no longer current (it shut down)."""
+    if cluster.runtime is rt:
+        cluster.runtime = None
+    with _process_lock:
+        if _process["runtime"] is rt:
+            _process["runtime"] = None
