@@ -6,7 +6,6 @@ mutable state; the only process-level state is which runtime is current.
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import gc
 import logging
 import sys
@@ -21,8 +20,6 @@ import numpy as np
 from scheduler import task_graph as tg
 from scheduler.errors import CeleritasError, ConfigError, OutOfMemoryError
 from scheduler.geometry import Box, Subrange
-from scheduler.instruction_graph import (EpochInstruction, FenceInstruction, HorizonInstruction,
-                                         AllocInstruction, InstructionBatch)
 from scheduler.instruction_graph_generator import SystemInfo
 from scheduler.recorders import Recorders
 from scheduler.replay import Replay
@@ -73,7 +70,7 @@ def memory_capacities(backend, limit: int | float | None) -> dict[int, int]:
     """Bytes each device memory may hold: what the backend reports (CUDA: free at start-up,
     OpenCL: global memory, ``host:N``: ``CELERITAS_HOST_DEVICE_MEMORY``), capped by
     ``CELERITAS_DEVICE_MEMORY_LIMIT`` (bytes, or a fraction of the reported size)."""
-    info = backend.system_info()
+    info = backend.backend_info()
     caps = dict(info.capacities)
     if limit is None:
         return caps
@@ -97,7 +94,7 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
     only where the device memory needs CUDA awareness and the communicator has it,
     so host and OpenCL runs keep the staged graphs.
     """
-    info = backend.system_info()
+    info = backend.backend_info()
     peers = frozenset((s, d) for s, d in info.copy_pairs if s >= 2 and d >= 2 and s != d)
     comm_memories = frozenset(info.communicator_memories)
     name = type(backend).__name__.replace("Backend", "").lower()
@@ -118,56 +115,6 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
 
 
 GC_THRESHOLDS = (50_000, 50, 100)   # see Runtime._tune_gc
-
-
-class DryRunExecutor:
-    """Stands in for the executor under ``CELERITAS_DRY_RUN_NODES``: no kernels, no transfers."""
-
-    def __init__(self, on_horizon, on_epoch):
-        self._on_horizon = on_horizon
-        self._on_epoch = on_epoch
-        self._allocs: dict[int, AllocInstruction] = {}
-        self._host_objects: dict[int, Any] = {}
-        self.num_instructions = 0
-
-    def start(self) -> None:
-        pass
-
-    def submit(self, batch: InstructionBatch) -> None:
-        for ins in batch.instructions:
-            self.num_instructions += 1
-            if isinstance(ins, AllocInstruction) and ins.memory == 0:
-                self._allocs[ins.allocation] = ins
-            elif isinstance(ins, HorizonInstruction):
-                self._on_horizon(ins.task)
-            elif isinstance(ins, EpochInstruction):
-                self._on_epoch(ins.task)
-            elif isinstance(ins, FenceInstruction) and ins.promise is not None:
-                if ins.allocation is not None:
-                    a = self._allocs.pop(ins.allocation)
-                    ins.promise.set_result(np.zeros(a.shape, a.dtype))
-                else:
-                    ins.promise.set_result(copy.deepcopy(self._host_objects.get(ins.host_object)))
-
-    def track_user_buffer(self, bid, array) -> None:
-        pass
-
-    def track_host_object(self, hoid, obj) -> None:
-        self._host_objects[hoid] = obj
-
-    def shutdown(self, timeout=None, *, drain=True) -> bool:
-        return True
-
-    def join(self, timeout=None) -> bool:
-        return True
-
-    @property
-    def error(self):
-        return None
-
-    @property
-    def trace(self):
-        return []
 
 
 class _WaitWatch:
@@ -285,6 +232,7 @@ class Runtime:
         system = scheduler_system(self.backend, config.mpi_device_memory, None if dry else communicator,
                                   memory_capacities(self.backend, config.device_memory_limit))
         if self.dry_run:
+            from executor.dry_run import DryRunExecutor
             self.executor = DryRunExecutor(self._on_horizon, self._on_epoch)
         else:
             from executor.executor import Executor

@@ -17,7 +17,7 @@ import celeritas as cl
 from apps import wave_sim
 from celeritas.runtime import scheduler_system
 from celeritas.testing import run_cluster
-from executor.backends.backend import SystemInfo as BackendInfo
+from executor.backends.backend import BackendInfo
 from executor.backends.host import HostBackend
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,7 +87,7 @@ class _FakeBackend:
         self._info = info
         self.num_devices = info.num_devices
 
-    def system_info(self) -> BackendInfo:
+    def backend_info(self) -> BackendInfo:
         return self._info
 
 
@@ -120,7 +120,7 @@ def test_direct_on_a_backend_whose_memory_mpi_cannot_touch_is_a_config_error():
 
 
 def test_host_backend_device_memories_are_direct_capable():
-    info = HostBackend(3).system_info()
+    info = HostBackend(3).backend_info()
     assert info.direct_memories == frozenset({2, 3, 4}) and info.direct_needs is None
     assert scheduler_system(HostBackend(3), "direct", SimpleNamespace(cuda_aware=False)).comm_memories == \
         frozenset({0, 1, 2, 3, 4})

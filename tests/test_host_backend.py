@@ -60,14 +60,14 @@ def test_allocation_failures_are_clear():
         b.close()
 
 
-def test_system_info():
+def test_backend_info():
     b = HostBackend(2, peer_to_peer=False)
-    info = b.system_info()
+    info = b.backend_info()
     assert info.num_devices == 2
     assert info.memories == (0, 1, 2, 3)
     assert info.can_copy(1, 2) and info.can_copy(3, 1) and info.can_copy(0, 1)
     assert not info.can_copy(2, 3)
-    assert HostBackend(2).system_info().can_copy(2, 3)
+    assert HostBackend(2).backend_info().can_copy(2, 3)
     assert info.communicator_memories == {USER_MEMORY, HOST_MEMORY}
     assert info.device_memories == {0: 2, 1: 3}
 

@@ -113,8 +113,9 @@ class DoneCompletion(Completion):
 
 
 @dataclass(slots=True)
-class SystemInfo:
-    """What the instruction graph generator needs to know about the node.
+class BackendInfo:
+    """What a backend reports about its memories; the runtime turns it into the scheduler's
+    ``SystemInfo`` (which memories copy directly, what MPI may touch, capacities).
 
     ``copy_pairs`` are the (source, dest) memory pairs a single copy can connect;
     everything else is staged through host memory.  ``communicator_memories`` are
@@ -162,7 +163,7 @@ class Backend(abc.ABC):
         """The array module (numpy, cupy) whose arrays live in ``memory``."""
 
     @abc.abstractmethod
-    def system_info(self) -> SystemInfo: ...
+    def backend_info(self) -> BackendInfo: ...
 
     @abc.abstractmethod
     def allocate(self, memory: int, shape: tuple[int, ...], dtype: Any) -> Any:

@@ -19,7 +19,7 @@ import numpy as np
 from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import BackendError, Completion, Lane, SystemInfo, box_view, source_kernel_arguments
+from .backend import BackendError, Completion, Lane, BackendInfo, box_view, source_kernel_arguments
 from .host import HostBackend, HostCompletion
 
 log = logging.getLogger("celeritas.executor")
@@ -133,7 +133,7 @@ class CudaBackend(HostBackend):
     def xp_for_memory(self, memory: int) -> Any:
         return cupy if memory >= 2 else np
 
-    def system_info(self) -> SystemInfo:
+    def backend_info(self) -> BackendInfo:
         mems = [USER_MEMORY, HOST_MEMORY] + [device_memory(d) for d in range(self.num_devices)]
         pairs = set()
         for s in mems:
@@ -141,7 +141,7 @@ class CudaBackend(HostBackend):
                 if s >= 2 and t >= 2 and s != t and not self._peer[(s - 2, t - 2)]:
                     continue
                 pairs.add((s, t))
-        return SystemInfo(num_devices=self.num_devices, memories=tuple(mems), copy_pairs=frozenset(pairs),
+        return BackendInfo(num_devices=self.num_devices, memories=tuple(mems), copy_pairs=frozenset(pairs),
                           communicator_memories=frozenset({USER_MEMORY, HOST_MEMORY}),
                           device_memories={d: device_memory(d) for d in range(self.num_devices)},
                           direct_memories=frozenset(device_memory(d) for d in range(self.num_devices)),

@@ -18,7 +18,7 @@ import numpy as np
 from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import (AllocationError, Backend, BackendError, Completion, Lane, LaneSkipped, SystemInfo,
+from .backend import (AllocationError, Backend, BackendError, Completion, Lane, LaneSkipped, BackendInfo,
                       copy_box, default_copy_pairs)
 
 log = logging.getLogger("celeritas.executor")
@@ -159,8 +159,8 @@ class HostBackend(Backend):
     def xp_for_memory(self, memory: int) -> Any:
         return np
 
-    def system_info(self) -> SystemInfo:
-        return SystemInfo(
+    def backend_info(self) -> BackendInfo:
+        return BackendInfo(
             num_devices=self._num_devices,
             memories=self._memories,
             copy_pairs=default_copy_pairs(self._num_devices, self._peer_to_peer),

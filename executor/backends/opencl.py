@@ -20,7 +20,7 @@ import numpy as np
 
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import BackendError, Lane, SystemInfo, default_copy_pairs, source_kernel_arguments
+from .backend import BackendError, Lane, BackendInfo, default_copy_pairs, source_kernel_arguments
 from .host import HostBackend
 
 log = logging.getLogger("celeritas.executor")
@@ -119,8 +119,8 @@ class OpenCLBackend(HostBackend):
     def context_of(self, device: int):
         return self._contexts[self.devices[device].int_ptr]
 
-    def system_info(self) -> SystemInfo:
-        return SystemInfo(num_devices=self.num_devices, memories=self._memories,
+    def backend_info(self) -> BackendInfo:
+        return BackendInfo(num_devices=self.num_devices, memories=self._memories,
                           copy_pairs=default_copy_pairs(self.num_devices, True),
                           communicator_memories=frozenset({USER_MEMORY, HOST_MEMORY}),
                           device_memories={d: device_memory(d) for d in range(self.num_devices)},

@@ -1,0 +1,66 @@
+"""The executor of a dry run (``CELERITAS_DRY_RUN_NODES``): graphs are built, nothing runs.
+
+It takes the instruction batches as the executor does and answers what the runtime
+waits for (horizons, epochs, fences: zeros of the fenced shape, a copy of a fenced
+host object), so a program runs to completion as rank 0 of a cluster of any size
+while only its scheduling cost is paid.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from scheduler.instruction_graph import (AllocInstruction, EpochInstruction, FenceInstruction, HorizonInstruction,
+                                         InstructionBatch)
+
+
+class DryRunExecutor:
+    """Stands in for the executor under ``CELERITAS_DRY_RUN_NODES``: no kernels, no transfers."""
+
+    def __init__(self, on_horizon, on_epoch):
+        self._on_horizon = on_horizon
+        self._on_epoch = on_epoch
+        self._allocs: dict[int, AllocInstruction] = {}
+        self._host_objects: dict[int, Any] = {}
+        self.num_instructions = 0
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, batch: InstructionBatch) -> None:
+        for ins in batch.instructions:
+            self.num_instructions += 1
+            if isinstance(ins, AllocInstruction) and ins.memory == 0:
+                self._allocs[ins.allocation] = ins
+            elif isinstance(ins, HorizonInstruction):
+                self._on_horizon(ins.task)
+            elif isinstance(ins, EpochInstruction):
+                self._on_epoch(ins.task)
+            elif isinstance(ins, FenceInstruction) and ins.promise is not None:
+                if ins.allocation is not None:
+                    a = self._allocs.pop(ins.allocation)
+                    ins.promise.set_result(np.zeros(a.shape, a.dtype))
+                else:
+                    ins.promise.set_result(copy.deepcopy(self._host_objects.get(ins.host_object)))
+
+    def track_user_buffer(self, bid, array) -> None:
+        pass
+
+    def track_host_object(self, hoid, obj) -> None:
+        self._host_objects[hoid] = obj
+
+    def shutdown(self, timeout=None, *, drain=True) -> bool:
+        return True
+
+    def join(self, timeout=None) -> bool:
+        return True
+
+    @property
+    def error(self):
+        return None
+
+    @property
+    def trace(self):
+        return []
