@@ -90,12 +90,17 @@ class Buffer:
         return f"<cl.Buffer {self.label} shape={self.shape} dtype={self.dtype}>"
 
     def access(self, cgh, range_mapper, mode: str, *, no_init: bool = False) -> Accessor:
+        self._require_alive()
         if mode not in MODES:
             raise AccessError(f"unknown access mode {mode!r} for buffer {self.label}; use one of "
                               f"{', '.join('cl.' + m for m in MODES)}")
         if no_init:
             mode = {WRITE: DISCARD_WRITE, READ_WRITE: DISCARD_READ_WRITE}.get(mode, mode)
         return cgh._add_access(self, range_mapper, mode)
+
+    def _require_alive(self) -> None:
+        if not self._alive:
+            raise AccessError(f"buffer {self.label} was destroyed (Buffer.destroy()); it cannot be used any more")
 
     def destroy(self) -> None:
         """Release the buffer now (otherwise at garbage collection or shutdown)."""

@@ -64,6 +64,7 @@ def reduction(buffer, cgh, op, *, identity=None, initialize_to_identity: bool = 
         raise CeleritasError(f"reduction op must be cl.plus, cl.minimum, ... or a numpy ufunc, got {op!r}")
     if op.nin != 2:
         raise CeleritasError(f"reduction op {op.__name__} is not a binary ufunc")
+    buffer._require_alive()
     if buffer.size != 1:
         raise AccessError(f"reduction into buffer {buffer.label} of shape {buffer.shape}: a reduction target "
                           f"holds exactly one element")

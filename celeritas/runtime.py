@@ -417,6 +417,7 @@ class Runtime:
         with self._lock:
             self._check_alive()
             if isinstance(obj, Buffer):
+                obj._require_alive()
                 box = Box.full(obj.shape)
                 if subrange is not None:
                     if isinstance(subrange, Subrange):

@@ -85,7 +85,8 @@ class CommandReplayMixin:
                    tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
                    tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
                    tuple(task.side_effects), task.collective_group)
-        if not self.replay.seen(sig):
+        sig_id = self.replay.signature(sig)
+        if sig_id is None:
             return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
         base = self._next_id
         shapes = self._shapes
@@ -111,7 +112,7 @@ class CommandReplayMixin:
                       tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
                       None if task.collective_group is None else
                       _rel_command(self._last_collective.get(task.collective_group), base, live))
-        return (sig, bids, tuple(parts), extras)
+        return (sig_id, bids, tuple(parts), extras)
 
     # ---- recording ---------------------------------------------------------------------
     def _record(self, task, bids: tuple, base: int, pending_before: list, out: list) -> tuple:

@@ -161,7 +161,8 @@ class InstructionReplayMixin:
             if self._garbage:
                 return None   # (user allocations to drop: rare, lowered normally)
             sig = (kind,)
-        if not self.replay.seen(sig):
+        sig_id = self.replay.signature(sig)
+        if sig_id is None:
             return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
         ibase = self._next_instr
         tid = task.id
@@ -189,7 +190,7 @@ class InstructionReplayMixin:
                       tuple([(k, _rel(v, ibase)) for k, v in sorted(self._collective.items())]))
         if self._capacity:
             extras = (extras, self._memory_state(ibase))
-        return (sig, bids, tuple(parts), extras)
+        return (sig_id, bids, tuple(parts), extras)
 
     def _memory_state(self, ibase: int) -> tuple:
         """What the lowering of anything that allocates depends on, per bounded memory: the

@@ -56,15 +56,18 @@ class Replay:
         self._next_shape = 0
         self._seen = BoundedCache(4 * limit)
 
-    def seen(self, signature: tuple) -> bool:
-        """Whether ``signature`` was lowered before (and remember it).  A step that never
-        repeats pays no replay cost: its buffers are not shaped and nothing is recorded
-        until its signature comes round a second time."""
-        if signature in self._seen:
-            return True
-        self._seen.put(signature, True)
+    def signature(self, signature: tuple) -> int | None:
+        """A small int standing for ``signature`` once it has been lowered before, None the
+        first time (which remembers it).  A step that never repeats pays no replay cost: its
+        buffers are not shaped and nothing is recorded until its signature comes round a
+        second time.  Keys hold the int, so the signature tuple is hashed once per lowering."""
+        sid = self._seen.get(signature)
+        if sid is not None:
+            return sid
+        self._seen.put(signature, self._next_shape)
+        self._next_shape += 1
         self.first += 1
-        return False
+        return None
 
     def intern(self, shape: tuple) -> int:
         """A small int standing for ``shape`` (equal shapes, equal ints), so that keys hash

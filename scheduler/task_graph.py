@@ -189,6 +189,14 @@ class Task:
 
 _EMPTY_BOX0 = Box((), ())
 
+# The divergence check compares ranks' task streams at every epoch by hash, and names
+# the first differing task from a digest of the tasks since the previous epoch.  The
+# digest keeps the first DIGEST_LIMIT of them (a program that never waits would
+# otherwise grow it without bound, and it travels to the neighbour rank); past that,
+# one DIGEST_MORE entry says from which task on the tasks are hashed only.
+DIGEST_LIMIT = 4096
+DIGEST_MORE = "more"
+
 
 def _stable_hash(value) -> int:
     """A hash that is equal on every rank (Python's str hash is salted per process)."""
@@ -217,6 +225,7 @@ class TaskManager:
         self._collapsed: dict = {}            # (shape, epoch relative to its base) -> collapsed shape
         self.buffers: dict[int, BufferInfo] = {}
         self.tasks: dict[int, Task] = {}
+        self._pruned_to = 0   # every task below this id has been forgotten (ids are consecutive)
         self._next_id = 0
         self._next_reduction = 1
         # per buffer and point: (last writer task id or None, ids of the tasks that read it
@@ -231,6 +240,8 @@ class TaskManager:
         self.latest_epoch: Task | None = None
         self.stream_hash = 0
         self._digest: list = []
+        self._digest_more: tuple | None = None   # the first task past DIGEST_LIMIT since the epoch
+        self._stream: list = []   # tasks not yet folded into stream_hash
         init = self._new_task(EPOCH, name="init")
         init.epoch_action = EPOCH_INIT
         self._commit(init, reduce_front=False)
@@ -353,8 +364,10 @@ class TaskManager:
         tasks = self.tasks
         for bid in bids:
             info = self.buffers.get(bid)
-            if info is None:
-                raise RangeMapperError(f"{t.label} accesses buffer B{bid}, which does not exist (destroyed?)")
+            if info is None or bid not in self._access:
+                what = "does not exist" if info is None else "was destroyed"
+                raise RangeMapperError(f"{t.label} accesses buffer {info.label if info else f'B{bid}'}, "
+                                       f"which {what}")
             consumed = produced = None
             for a in accesses:
                 if a.buffer != bid:
@@ -450,7 +463,8 @@ class TaskManager:
                tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
                tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
                tuple(t.side_effects), t.collective_group)
-        if not self.replay.seen(sig):
+        sig_id = self.replay.signature(sig)
+        if sig_id is None:
             return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
         tid = t.id
         parts = []
@@ -470,7 +484,7 @@ class TaskManager:
                   tuple([_rel_task(self._last_side_effect.get(ho), tid, tasks) for ho in t.side_effects]),
                   None if t.collective_group is None else
                   _rel_task(self._last_collective.get(t.collective_group), tid, tasks))
-        return (sig, bids, tuple(parts), extras)
+        return (sig_id, bids, tuple(parts), extras)
 
     def _record(self, t: Task, bids: tuple) -> tuple:
         """The template of ``t``'s lowering just done: dependencies and new buffer states,
@@ -519,18 +533,35 @@ class TaskManager:
         if t.critical_path_length > self._max_cpl:
             self._max_cpl = t.critical_path_length
         rng = t.geometry.global_range if t.geometry else ()
-        self.stream_hash = _stable_hash((self.stream_hash, t.kind, t.name, t.id, rng,
-                                         tuple((a.buffer, a.mode) for a in t.accesses)))
+        stream = self._stream
+        stream.append((t.kind, t.name, t.id, rng, tuple([(a.buffer, a.mode) for a in t.accesses])))
+        digest = self._digest
         if t.kind == EPOCH:
+            self._fold_stream()
             t.stream_hash = self.stream_hash
-            t.digest = self._digest
+            if self._digest_more is not None:
+                digest.append(self._digest_more)
+            t.digest = digest
             self._digest = []
+            self._digest_more = None
         else:
-            self._digest.append((t.id, t.kind, t.name, list(rng)))
+            if len(stream) >= 1024:
+                self._fold_stream()
+            if len(digest) < DIGEST_LIMIT:
+                digest.append((t.id, t.kind, t.name, list(rng)))
+            elif self._digest_more is None:
+                self._digest_more = (t.id, DIGEST_MORE, "", [])
         if self.recorder is not None:
             self.recorder.record_task(t, self.buffers)
         if self.on_task is not None:
             self.on_task(t)
+
+    def _fold_stream(self) -> None:
+        """Fold the tasks committed since the last fold into ``stream_hash`` (in batches: a
+        hash per task cost more than the rest of a replayed task's bookkeeping)."""
+        if self._stream:
+            self.stream_hash = _stable_hash((self.stream_hash, self._stream))
+            self._stream = []
 
     def _maybe_horizon(self) -> None:
         if (self._max_cpl - self._horizon_cpl >= self.horizon_step
@@ -578,13 +609,17 @@ class TaskManager:
         """Forget tasks older than an epoch/horizon the executor has reached."""
         eft = self.epoch_for_new_tasks.id if self.epoch_for_new_tasks else task_id
         limit = min(task_id, eft)
-        for tid in [k for k in self.tasks if k < limit]:
-            del self.tasks[tid]
+        tasks = self.tasks
+        for tid in range(self._pruned_to, limit):   # (not a walk over every live task: that
+            tasks.pop(tid, None)                     # grows with how far the scheduler lags)
+        if limit > self._pruned_to:
+            self._pruned_to = limit
 
     def pending_digest(self) -> list:
         """(id, kind, name, range) of the tasks committed since the last epoch (a copy: the
         divergence check reads it from another thread)."""
-        return list(self._digest)
+        more = self._digest_more
+        return list(self._digest) if more is None else self._digest + [more]
 
     @property
     def epoch_for_new_tasks(self) -> Task | None:

@@ -327,3 +327,39 @@ def test_a_failing_kernel_is_reported_exactly_once(tmp_path, sync):
     assert "w[chunk] = 1 / 0" in r.stderr, r.stderr                               # the user's line
     if sync != "pass":
         assert r.returncode == 1, r.stderr
+
+
+def test_destroyed_buffer_is_named_when_used_again():
+    q = cl.Queue()
+    b = cl.Buffer(np.zeros(8, np.float32), name="gone")
+    s = cl.Buffer(np.zeros(1, np.float32))
+    b.destroy()
+
+    def cgf(cgh):
+        b.access(cgh, cl.all(), cl.read)
+        cgh.parallel_for((8,), lambda chunk: None)
+    with pytest.raises(cl.AccessError, match='buffer B0 "gone" was destroyed'):
+        q.submit(cgf)
+    with pytest.raises(cl.AccessError, match='"gone" was destroyed'):
+        q.fence(b)
+    s.destroy()
+
+    def red(cgh):
+        cl.reduction(s, cgh, cl.plus)
+        cgh.parallel_for((8,), lambda chunk, r: None)
+    with pytest.raises(cl.AccessError, match="B1 was destroyed"):
+        q.submit(red)
+    q.shutdown()
+
+
+def test_task_graph_names_a_destroyed_buffer():
+    """Below the user API too (a mapper kept from before the destroy): an error naming the
+    buffer, not a KeyError from the dependency tracking."""
+    from scheduler import task_graph as tg
+    from scheduler.geometry import Region
+    tm = tg.TaskManager()
+    tm.create_buffer(0, (8,), np.float32, "gone", True)
+    tm.destroy_buffer(0)
+    acc = tg.BufferAccess(0, tg.READ, lambda box, shape: Region.from_box(box))
+    with pytest.raises(cl.RangeMapperError, match='buffer B0 "gone", which was destroyed'):
+        tm.submit(tg.DEVICE_COMPUTE, name="k", geometry=tg.TaskGeometry(1, (8,), (0,), (1,)), accesses=[acc])

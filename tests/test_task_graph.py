@@ -164,3 +164,37 @@ def test_overwriting_after_a_horizon_is_ordered_after_readers_since_the_last_wri
     deps = ctx.task_record(over.id)["deps"]
     assert {d["id"] for d in deps if d["kind"] == "anti"} >= {r.id for r in readers}
     assert w.id not in {d["id"] for d in deps}
+
+
+def _stream(names):
+    tm = tg.TaskManager()
+    for i, name in enumerate(names):
+        tm.submit(tg.HOST_COMPUTE, name=name, geometry=tg.TaskGeometry(1, (1,), (0,), (1,)))
+    return tm
+
+
+def test_divergence_digest_is_bounded_and_the_rest_still_hashed():
+    """A program that never waits must not grow the epoch digest without bound (it is kept
+    in memory and sent to the neighbour rank); tasks past the limit are still compared by
+    the stream hash, and the digest says where its listing stops."""
+    from executor.mpi.divergence import _describe, _first_difference
+    n = tg.DIGEST_LIMIT + 50
+    names = [f"k{i % 7}" for i in range(n)]
+    a = _stream(names)
+    changed = list(names)
+    changed[tg.DIGEST_LIMIT + 20] = "other"
+    b = _stream(changed)
+    pend = a.pending_digest()
+    horizons = sum(1 for t in a.tasks.values() if t.kind == tg.HORIZON)
+    assert len(pend) == tg.DIGEST_LIMIT + 1
+    more = pend[-1]
+    assert more[1] == tg.DIGEST_MORE and more[0] == pend[-2][0] + 1
+    assert "compared by hash only" in _describe(tuple(more))
+    ea, eb = a.epoch(), b.epoch()
+    assert len(ea.digest) == tg.DIGEST_LIMIT + 1 and ea.digest[-1][1] == tg.DIGEST_MORE
+    assert ea.digest == eb.digest            # the listed part agrees ...
+    assert _first_difference([tuple(e) for e in ea.digest], [tuple(e) for e in eb.digest]) is None
+    assert ea.stream_hash != eb.stream_hash  # ... and the difference past it is still found
+    same = _stream(names).epoch()
+    assert same.stream_hash == ea.stream_hash
+    assert a.pending_digest() == [] and horizons > 0

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
+from scheduler.task_graph import DIGEST_MORE
 
 from .wire import EPOCH_TAG
 
@@ -47,6 +48,8 @@ def _describe(e: tuple | None) -> str:
     if e is None:
         return "no further task"
     tid, kind, name, rng = e
+    if kind == DIGEST_MORE:
+        return f"T{tid} and the tasks after it (compared by hash only: the digest lists the first tasks after an epoch)"
     if kind == "epoch":
         return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
     return f"T{tid} ({kind} {name!r}, range {list(rng)})"
@@ -255,6 +258,11 @@ class EpochCheck:
             return (f"ranks {self._left} and {self.rank} submitted different task streams; the first "
                     f"differing task ({self._since()}, epoch #{mine.seq}): rank {self._left} submitted "
                     f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
+        more = [e for e in a if e[1] == DIGEST_MORE]
+        if more:
+            return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
+                    f"#{mine.seq}, T{mine.task}): the tasks listed agree; the difference lies in "
+                    f"{_describe(more[0])}")
         return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
                 f"#{mine.seq}, T{mine.task}): the same task names and ranges, but different buffer accesses; "
                 f"the first task of that stretch is {_describe(a[0])}")
