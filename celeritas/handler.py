@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from scheduler import task_graph as tg
-from scheduler.errors import AccessError, CeleritasError, KernelError, RangeMapperError
+from scheduler.errors import AccessError, CeleritasError, KernelError
 from scheduler.geometry import Box
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
@@ -258,8 +258,6 @@ class CommandGroupHandler:
     def _add_access(self, buffer, mapper, mode: str) -> Accessor:
         if buffer._runtime is not self._runtime:
             raise AccessError(f"buffer {buffer.label} belongs to another runtime")
-        if not callable(mapper):
-            raise RangeMapperError(f"the range mapper for buffer {buffer.label} is not callable: {mapper!r}")
         if self._hydration is None:
             self._hydration = Hydration()
         acc = Accessor(buffer, mode, mapper, len(self._accessors), self._hydration,
@@ -354,7 +352,9 @@ class CommandGroupHandler:
         accesses = []
         for buf, mapper, mode in self._accesses:
             sm = to_scheduler_mapper(mapper, buffer_label=buf.label, buffer_dims=buf.ndim,
-                                     kernel_dims=geom.dims, global_box=full)
+                                     kernel_dims=geom.dims, global_box=full,
+                                     task_label=f"{'kernel' if self._kind == tg.DEVICE_COMPUTE else 'host task'} "
+                                                f"{self._name!r}")
             accesses.append(tg.BufferAccess(buf.id, mode, sm))
         reductions = []
         for d in getattr(self, "_kernel_reductions", []):
