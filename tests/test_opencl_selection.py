@@ -74,7 +74,7 @@ def test_device_that_does_not_exist_lists_the_devices(tmp_path):
     assert "opencl:0:0 " in msg and f"opencl:0:{ndev - 1} " in msg
 
 
-def test_missing_pyopencl_is_the_only_case_with_the_install_hint(monkeypatch):
+def test_missing_pyopencl_message_carries_the_install_hint(monkeypatch):
     from executor.backends import opencl
     from executor.backends.backend import BackendError
     monkeypatch.setattr(opencl, "cl", None)
