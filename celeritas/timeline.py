@@ -445,9 +445,8 @@ def _ticks(span_ms: float, target: int = 10) -> list[float]:
 
 
 def _tick_label(v: float, step: float) -> str:
-    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
-    if step < 1 and abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-9:
-        decimals += 1
+    """``v`` with as many decimals as the step needs (2.5 ms steps: 0, 2.5, 5.0, 7.5)."""
+    decimals = next((d for d in range(7) if abs(step * 10 ** d - round(step * 10 ** d)) < 1e-6), 6)
     return f"{v:.{decimals}f}"
 
 
