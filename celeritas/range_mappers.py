@@ -304,19 +304,19 @@ def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int
     """
     g_range = global_box.range if global_box is not None else None
     g_off = global_box.offset if global_box is not None else None
-
-    def context() -> str:
-        site = submit_site()
-        return (f"{task_label}{f' (submitted at {site})' if site else ''}: range mapper "
-                f"{describe(mapper)} for buffer {buffer_label}")
-
     mkey = _cache_key(mapper)
     if mkey is not None:
         wkey = (mkey, buffer_label, buffer_dims, kernel_dims, g_range, g_off, task_label)
         hit = _WRAPPED.get(wkey)
         if hit is not None:
             return hit
-    elif not callable(mapper):
+
+    def context() -> str:
+        site = submit_site()
+        return (f"{task_label}{f' (submitted at {site})' if site else ''}: range mapper "
+                f"{describe(mapper)} for buffer {buffer_label}")
+
+    if mkey is None and not callable(mapper):
         raise RangeMapperError(f"{context()}: the range mapper is not callable (a range mapper is "
                                f"cl.one_to_one(), cl.all(), ... or a function (chunk, buffer_shape))")
     arity = _arity(mapper)
