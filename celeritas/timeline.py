@@ -414,8 +414,9 @@ _PAD = 12
 
 def palette(kinds: Iterable[str]) -> dict[str, str]:
     """A colour per kind: the fixed ones, then spare colours for kinds this module does not know."""
+    kinds = set(kinds)
     out = {k: KIND_COLOURS[k] for k in kinds if k in KIND_COLOURS}
-    for i, k in enumerate(sorted(k for k in set(kinds) if k not in KIND_COLOURS)):
+    for i, k in enumerate(sorted(k for k in kinds if k not in KIND_COLOURS)):
         out[k] = _SPARE_COLOURS[i % len(_SPARE_COLOURS)]
     return out
 
