@@ -83,6 +83,7 @@ def measure(topology: str, ranks: int, devices: int, *, steps: int, n: int = 512
 
     tm = tg.TaskManager(on_task=on_task, diagnostics="off", replay=Replay() if replay else None)
     next_bid = [0]
+    wrappers = rm.MapperWrappers()
 
     def buffer(shape):
         bid = next_bid[0]
@@ -94,8 +95,7 @@ def measure(topology: str, ranks: int, devices: int, *, steps: int, n: int = 512
 
     def submit(rng, accesses, split):
         geom = tg.TaskGeometry(len(rng), rng, (0,) * len(rng), (1,) * len(rng))
-        accs = [tg.BufferAccess(b, mode, rm.to_scheduler_mapper(m, buffer_label=f"B{b}", buffer_dims=2,
-                                                                   global_box=geom.box), rm.is_pure(m))
+        accs = [tg.BufferAccess(b, mode, *wrappers.wrap(m, buffer_label=f"B{b}", buffer_dims=2, global_box=geom.box))
                 for b, m, mode in accesses]
         tm.submit(tg.DEVICE_COMPUTE, geometry=geom, accesses=accs, split=split)
 

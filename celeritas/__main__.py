@@ -1,10 +1,11 @@
-"""``python -m celeritas``: launch jobs, inspect the machine, render graph dumps.
+"""``python -m celeritas``: launch jobs, inspect the machine, draw graph dumps and execution traces.
 
     python -m celeritas run -n 4 [--devices host:2] script.py args…
     python -m celeritas run -n 2 -m apps.wave_sim -N 1024
     python -m celeritas run -n 2 -- python -m apps.wave_sim -N 1024
     python -m celeritas info
     python -m celeritas graphs DIR
+    python -m celeritas trace TRACE.json -o timeline.png   (or .svg, .html)
 """
 from __future__ import annotations
 
@@ -287,6 +288,67 @@ def cmd_graphs(args: argparse.Namespace) -> int:
     return result if isinstance(result, int) else 0
 
 
+# ---------------------------------------------------------------------------------- trace
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from . import timeline
+    output = args.output or str(_default_output(args.trace))
+    tl = timeline.render(args.trace, output, width=args.width)
+    _console(stderr=True).print(
+        f"[green]wrote[/green] {output}: {len(tl.ranks)} rank{'s' if len(tl.ranks) != 1 else ''}, "
+        f"{len(tl.rows)} lanes, {tl.instructions} instructions, {len(tl.transfers)} transfers, "
+        f"{tl.span / 1000:.3f} ms", highlight=False, soft_wrap=True)   # a path must stay copyable
+    return 0
+
+
+def _default_output(trace: str):
+    from pathlib import Path
+    p = Path(trace)
+    name = p.name[:-len(".json.gz")] if p.name.endswith(".json.gz") else p.stem
+    return p.with_name(name + ".html")
+
+
+_GRAPHS_HELP = """\
+Render the graph dumps of a run to pictures.
+
+DIR is the folder a run wrote at shutdown with CELERITAS_PRINT_GRAPHS=DIR:
+task_graph.dot/.json, command_graph.dot/.json (every rank's commands) and
+instruction_graph_rank{R}.dot/.json (one per rank).  Every .dot file in DIR
+is rendered with Graphviz's `dot` to an .svg beside it (task_graph.svg, ...);
+the .json graph records are left as they are (cl.GraphRecord.from_json reads
+them).  Needs Graphviz installed (apt-get install graphviz).
+
+exit status: 0 all rendered; 1 no `dot`, no .dot file in DIR, or a render
+failed; 2 DIR does not exist.
+
+example:
+  CELERITAS_PRINT_GRAPHS=graphs python -m apps.hello
+  python -m celeritas graphs graphs      # writes graphs/task_graph.svg, ...
+"""
+
+_TRACE_HELP = """\
+Draw the execution timeline of a trace, without a browser.
+
+TRACE is the Chrome trace-event file a run wrote at shutdown with
+CELERITAS_TRACE=TRACE (the file Perfetto opens).  The picture has one row per
+rank and executor lane, one bar per instruction coloured by its kind (legend
+below the time axis, in ms), each lane's busy share in its label, and a line
+from every send to the receive that takes its data on the other rank.  Bars
+of one kind closer than a pixel are merged and show their count.
+
+The output's extension picks the format: .png (needs Pillow), .svg, or a
+self-contained .html (hover a bar or line for details, plus per-lane tables).
+
+exit status: 0 written; 2 TRACE missing or not a trace, or an unknown output
+extension.
+
+example:
+  CELERITAS_TRACE=trace.json python -m celeritas run -n 2 -m apps.wave_sim
+  python -m celeritas trace trace.json -o timeline.png
+"""
+
+
 # ---------------------------------------------------------------------------------- main
 
 
@@ -310,9 +372,19 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="backends, devices and MPI of this machine")
     i.set_defaults(fn=cmd_info)
 
-    g = sub.add_parser("graphs", help="render the graph dumps of CELERITAS_PRINT_GRAPHS=DIR")
-    g.add_argument("dir")
+    g = sub.add_parser("graphs", help="render the graph dumps in DIR (written by CELERITAS_PRINT_GRAPHS=DIR) to SVG",
+                       description=_GRAPHS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("dir", metavar="DIR",
+                   help="the folder CELERITAS_PRINT_GRAPHS wrote (its .dot files are rendered to .svg beside them)")
     g.set_defaults(fn=cmd_graphs)
+
+    t = sub.add_parser("trace", help="draw the timeline of a CELERITAS_TRACE file as .png, .svg or .html",
+                       description=_TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("trace", metavar="TRACE", help="the .json trace file CELERITAS_TRACE wrote")
+    t.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="timeline.png, timeline.svg or timeline.html (default: TRACE with .html)")
+    t.add_argument("--width", type=int, default=1600, help="width of the picture in pixels (default 1600)")
+    t.set_defaults(fn=cmd_trace)
     return p
 
 

@@ -11,13 +11,12 @@ from typing import Any, Callable
 import numpy as np
 
 from scheduler import task_graph as tg
-from scheduler.errors import AccessError, CeleritasError, KernelError, RangeMapperError
+from scheduler.errors import AccessError, CeleritasError, KernelError
 from scheduler.geometry import Box
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration
 from .context import current_runtime
-from .range_mappers import is_pure, to_scheduler_mapper
 
 # ---- reductions ---------------------------------------------------------------------
 plus = np.add
@@ -295,8 +294,6 @@ class CommandGroupHandler:
     def _add_access(self, buffer, mapper, mode: str) -> Accessor:
         if buffer._runtime is not self._runtime:
             raise AccessError(f"buffer {buffer.label} belongs to another runtime")
-        if not callable(mapper):
-            raise RangeMapperError(f"the range mapper for buffer {buffer.label} is not callable: {mapper!r}")
         if self._hydration is None:
             self._hydration = Hydration()
         acc = Accessor(buffer, mode, mapper, len(self._accessors), self._hydration,
@@ -419,10 +416,12 @@ class CommandGroupHandler:
             geom = tg.TaskGeometry(geom.dims, geom.global_range, geom.offset, gran)
         full = geom.box
         accesses = []
+        wrap = rt.mappers.wrap
+        task_label = f"{'kernel' if self._kind == tg.DEVICE_COMPUTE else 'host task'} {self._name!r}"
         for buf, mapper, mode in self._accesses:
-            sm = to_scheduler_mapper(mapper, buffer_label=buf.label, buffer_dims=buf.ndim,
-                                     kernel_dims=geom.dims, global_box=full)
-            accesses.append(tg.BufferAccess(buf.id, mode, sm, is_pure(mapper)))
+            sm, pure = wrap(mapper, buffer_label=buf.label, buffer_dims=buf.ndim, kernel_dims=geom.dims,
+                            global_box=full, task_label=task_label)
+            accesses.append(tg.BufferAccess(buf.id, mode, sm, pure))
         reductions = []
         for d in getattr(self, "_kernel_reductions", []):
             if d not in self._reductions:

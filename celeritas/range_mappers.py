@@ -3,11 +3,16 @@
 A user-facing mapper is any callable ``(chunk: Subrange, buffer_shape) -> Subrange
 | Box | Region``.  ``to_scheduler_mapper`` turns it into what the scheduler calls
 (``(Box, shape) -> Region``), checking dimensionality and clipping to the buffer
-so that errors name the buffer and the mapper instead of failing deep inside.
+so that errors name the task, the buffer and the mapper instead of failing deep
+inside.  The built-in mappers raise bare ``RangeMapperError``s that say what is
+wrong with the geometry; the wrapper prefixes the task and buffer, which only it
+knows.
 """
 from __future__ import annotations
 
 import inspect
+import os
+import sys
 from typing import Any, Callable, Sequence
 
 from scheduler.errors import RangeMapperError
@@ -31,8 +36,9 @@ class one_to_one(RangeMapper):
 
     def __call__(self, chunk, shape):
         if len(chunk.offset) != len(shape):
-            raise RangeMapperError(f"one_to_one maps a {len(chunk.offset)}-D kernel onto a "
-                                   f"{len(shape)}-D buffer; the dimensionalities must match")
+            raise RangeMapperError(f"one_to_one maps each kernel index to the same buffer index, but the kernel "
+                                   f"is {len(chunk.offset)}-D and the buffer {len(shape)}-D; the "
+                                   f"dimensionalities must match")
         return chunk
 
 
@@ -70,7 +76,8 @@ class slice(RangeMapper):  # noqa: A001 - the API name is cl.slice
 
     def __call__(self, chunk, shape):
         if not 0 <= self.dim < len(shape):
-            raise RangeMapperError(f"cl.slice({self.dim}) on a {len(shape)}-D buffer")
+            raise RangeMapperError(f"cl.slice({self.dim}) spans dimension {self.dim}, which a {len(shape)}-D "
+                                   f"buffer does not have")
         off = list(chunk.offset[: len(shape)]) + [0] * (len(shape) - len(chunk.offset))
         rng = list(chunk.range[: len(shape)]) + [1] * (len(shape) - len(chunk.range))
         off[self.dim] = 0
@@ -99,7 +106,8 @@ class neighborhood(RangeMapper):
     def __call__(self, chunk, shape):
         n = len(chunk.offset)
         if len(self.extent) != n:
-            raise RangeMapperError(f"cl.neighborhood{self.extent} used with a {n}-D kernel")
+            raise RangeMapperError(f"cl.neighborhood{self.extent} gives {len(self.extent)} extent(s) but the "
+                                   f"kernel is {n}-D; give one extent per kernel dimension")
         lo = chunk.offset
         hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
         if self.shape == "bounding_box" or n == 1:
@@ -161,18 +169,18 @@ class ChunkView(Subrange):
         self.global_offset = global_offset
 
 
-_ARITY_CACHE: dict = {}
-
-
-def _arity(fn: Callable) -> int:
-    """1 or 2 positional parameters; cached per code object (inspect is slow on the submit path)."""
+def _arity(fn: Callable, memo: dict | None = None) -> int:
+    """1 or 2 positional parameters; memoized per code object where a memo is given
+    (inspect is slow on the submit path)."""
     if isinstance(fn, RangeMapper):
         return 2
     code = getattr(fn, "__code__", None)
-    if code is not None:
-        hit = _ARITY_CACHE.get(code)
+    if code is not None and memo is not None:
+        hit = memo.get(code)
         if hit is None:
-            hit = _ARITY_CACHE[code] = _arity_slow(fn)
+            if len(memo) >= _WRAPPED_LIMIT:
+                memo.clear()
+            hit = memo[code] = _arity_slow(fn)
         return hit
     return _arity_slow(fn)
 
@@ -188,7 +196,7 @@ def _arity_slow(fn: Callable) -> int:
         return 2
 
 
-def to_region(result: Any, dims: int, what: str) -> Region:
+def to_region(result: Any, dims: int, what: str = "the range mapper") -> Region:
     """Convert a mapper result to a Region of ``dims`` dimensions, or say what is wrong."""
     if isinstance(result, Subrange):
         if result.dims != dims:
@@ -206,8 +214,45 @@ def to_region(result: Any, dims: int, what: str) -> Region:
                            f"a cl.Subrange, cl.Box or cl.Region")
 
 
-# Wrapped built-in mappers, shared across tasks (see ``to_scheduler_mapper``).
-_WRAPPED: dict = {}
+def describe(mapper: Any) -> str:
+    """``cl.one_to_one()``, ``cl.neighborhood((1,), ...)``, or a user function's qualified name."""
+    if isinstance(mapper, RangeMapper):
+        return repr(mapper)
+    name = getattr(mapper, "__qualname__", None)
+    return name if isinstance(name, str) else repr(mapper)
+
+
+_SUBMIT_FILES = tuple(os.sep + os.path.join("celeritas", f) for f in ("queue.py", "runtime.py"))
+
+
+def submit_site() -> str | None:
+    """``file:line`` of the program's ``submit`` call, when called on the submitting thread.
+
+    Only computed when an error is being reported: the task id does not exist yet while
+    the mappers are first evaluated, and a kernel name alone does not say which of
+    several submits of one kernel failed, the line does.  On the scheduler thread (a
+    mapper failing for one rank's chunk only) there is no such frame and this is None.
+    """
+    frame = sys._getframe(1)
+    outer = None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "submit" and code.co_filename.endswith(_SUBMIT_FILES):
+            outer = frame
+        frame = frame.f_back
+    if outer is None or outer.f_back is None:
+        return None
+    path = outer.f_back.f_code.co_filename
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    except ValueError:   # another drive (Windows)
+        pass
+    return f"{path}:{outer.f_back.f_lineno}"
+
+
+# Bounds of the memos a MapperWrappers keeps (see ``to_scheduler_mapper``).
 _WRAPPED_LIMIT = 4096        # distinct (mapper, buffer, kernel geometry) combinations kept
 _CHUNK_CACHE_LIMIT = 4096    # chunks remembered per wrapped mapper (128 ranks x 4 devices fit)
 
@@ -244,31 +289,70 @@ def is_pure(mapper: Callable) -> bool:
     return _cache_key(mapper) is not None
 
 
+class MapperWrappers:
+    """The wrapped built-in mappers shared across tasks, and the arity memo of user mappers.
+
+    Owned by the runtime (or a simulated cluster), never by this module, so that separate
+    runtimes share nothing.  Bounded: cleared when ``_WRAPPED_LIMIT`` distinct (mapper,
+    buffer, kernel geometry, task) combinations are held.
+    """
+
+    __slots__ = ("wrapped", "arity")
+
+    def __init__(self) -> None:
+        self.wrapped: dict = {}
+        self.arity: dict = {}
+
+    def wrap(self, mapper: Callable, *, buffer_label: str, buffer_dims: int, kernel_dims: int | None = None,
+             global_box: Box | None = None, task_label: str = "a task") -> tuple[Callable[[Box, tuple], Region], bool]:
+        """``(to_scheduler_mapper(...), is_pure(mapper))`` with the wrapper shared across tasks."""
+        mkey = _cache_key(mapper)
+        if mkey is not None:
+            wkey = (mkey, buffer_label, buffer_dims, kernel_dims,
+                    None if global_box is None else (global_box.lo, global_box.hi, global_box.dims), task_label)
+            hit = self.wrapped.get(wkey)
+            if hit is not None:
+                return hit, True
+        mapped = to_scheduler_mapper(mapper, buffer_label=buffer_label, buffer_dims=buffer_dims,
+                                     kernel_dims=kernel_dims, global_box=global_box, task_label=task_label,
+                                     _arity_memo=self.arity)
+        if mkey is not None:
+            if len(self.wrapped) >= _WRAPPED_LIMIT:
+                self.wrapped.clear()
+            self.wrapped[wkey] = mapped
+        return mapped, mkey is not None
+
+
 def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int,
-                        kernel_dims: int | None = None, global_box: Box | None = None
-                        ) -> Callable[[Box, tuple], Region]:
+                        kernel_dims: int | None = None, global_box: Box | None = None,
+                        task_label: str = "a task", _arity_memo: dict | None = None) -> Callable[[Box, tuple], Region]:
     """Wrap a user-facing mapper into the scheduler's ``(Box, shape) -> Region`` form.
 
     This runs on the submit path and the wrapped mapper is evaluated by the task manager
     (full range), the command graph generator (every rank's chunk) and the instruction
     graph generator (every device chunk), so results are cached per chunk.  Built-in
     mappers are pure functions of their parameters, the chunk, the buffer shape and the
-    kernel's global box: their wrappers are shared across tasks, so a program that
-    submits the same pattern every step (every stencil) evaluates each mapper once per
-    distinct chunk instead of once per task and chunk.
+    kernel's global box: ``MapperWrappers.wrap`` shares their wrappers across tasks, so a
+    program that submits the same pattern every step (every stencil) evaluates each
+    mapper once per distinct chunk instead of once per task and chunk.
+
+    ``task_label`` (``kernel 'name'`` / ``host task 'name'``) is part of the sharing key,
+    so that an error names the kernel that was actually submitted; repeated submits of
+    one kernel still share.  Every ``RangeMapperError`` the wrapper raises names the
+    task (and the line of its submit, when known), the buffer and the mapper.
     """
     g_range = global_box.range if global_box is not None else None
     g_off = global_box.offset if global_box is not None else None
-    mkey = _cache_key(mapper)
-    if mkey is not None:
-        wkey = (mkey, buffer_label, buffer_dims, kernel_dims, g_range, g_off)
-        hit = _WRAPPED.get(wkey)
-        if hit is not None:
-            return hit
-    elif not callable(mapper):
-        raise RangeMapperError(f"the range mapper for buffer {buffer_label} is not callable: {mapper!r}")
-    arity = _arity(mapper)
-    what = f"range mapper {mapper!r} for buffer {buffer_label}"
+
+    def context() -> str:
+        site = submit_site()
+        return (f"{task_label}{f' (submitted at {site})' if site else ''}: range mapper "
+                f"{describe(mapper)} for buffer {buffer_label}")
+
+    if not callable(mapper):
+        raise RangeMapperError(f"{context()}: the range mapper is not callable (a range mapper is "
+                               f"cl.one_to_one(), cl.all(), ... or a function (chunk, buffer_shape))")
+    arity = _arity(mapper, _arity_memo)
     cache: dict = {}
 
     def mapped(chunk: Box, shape: tuple) -> Region:
@@ -279,19 +363,16 @@ def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int
         view = ChunkView(chunk.offset, chunk.range, g_range, g_off)
         try:
             res = mapper(view, tuple(shape)) if arity >= 2 else mapper(view)
-        except RangeMapperError:
-            raise
+            reg = to_region(res, len(shape), "the mapper") & Box.full(shape)
+        except RangeMapperError as exc:
+            raise RangeMapperError(f"{context()}, chunk {view}: {exc}") from exc
         except Exception as exc:
-            raise RangeMapperError(f"{what} raised {type(exc).__name__}: {exc}") from exc
-        reg = to_region(res, len(shape), what) & Box.full(shape)
+            raise RangeMapperError(f"{context()}, chunk {view}: the mapper raised {type(exc).__name__}: "
+                                   f"{exc}") from exc
         if len(cache) < _CHUNK_CACHE_LIMIT:
             cache[key] = reg
         return reg
 
     mapped.__name__ = getattr(mapper, "name", getattr(mapper, "__name__", "mapper"))
     mapped.user_mapper = mapper  # type: ignore[attr-defined]
-    if mkey is not None:
-        if len(_WRAPPED) >= _WRAPPED_LIMIT:
-            _WRAPPED.clear()
-        _WRAPPED[wkey] = mapped
     return mapped

@@ -30,6 +30,7 @@ from . import context
 from .buffer import Buffer
 from .handler import CommandGroupHandler
 from .host_object import HostObject
+from .range_mappers import MapperWrappers
 
 log = logging.getLogger("celeritas.runtime")
 
@@ -62,7 +63,7 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None):
         try:
             return OpenCLBackend(list(spec.ids))
         except BackendError as exc:
-            raise ConfigError(f"CELERITAS_DEVICES={spec}: {exc} (pip install 'celeritas[opencl]')") from None
+            raise ConfigError(f"CELERITAS_DEVICES={spec}: {exc}") from None
     raise ConfigError(f"unknown backend {spec.backend!r}")
 
 
@@ -257,6 +258,7 @@ class Runtime:
         self._saved_gc_threshold = self._tune_gc(config.gc)
         self.executor.start()
         self.scheduler.start()
+        self.mappers = MapperWrappers()   # built-in mappers' wrappers, shared by this runtime's tasks
         self.task_manager = tg.TaskManager(horizon_step=config.horizon_step,
                                            horizon_max_parallelism=config.horizon_max_parallelism,
                                            on_task=self.scheduler.notify_task,

@@ -193,18 +193,24 @@ def _ms(ns: int) -> str:
     return f"{ns / 1e6:.3f} ms"
 
 
+def _table(title: str, **kw):
+    """A rich table at least as wide as its title: rich wraps a title to the table's width,
+    and the narrow tables here ("tasks | 4") would break a title over two lines."""
+    from rich.table import Table
+    return Table(title=title, title_justify="left", min_width=len(title), **kw)
+
+
 def render(numbers: Mapping, console=None) -> None:
     """Print ``numbers`` (from ``summary_numbers``) as rich tables."""
     from rich.console import Console
-    from rich.table import Table
     con = console or Console(stderr=True)
     ranks = numbers["per_rank"]
 
     def b(v) -> str:
         return "n/a" if v is None else _fmt_bytes(v)
 
-    over = Table(title=f"celeritas summary ({numbers['ranks']} rank{'s' if numbers['ranks'] != 1 else ''})",
-                 show_header=False, title_justify="left")
+    over = _table(f"celeritas summary ({numbers['ranks']} rank{'s' if numbers['ranks'] != 1 else ''})",
+                  show_header=False)
     over.add_column(style="bold")
     over.add_column(justify="right")
     tk = numbers["tasks_by_kind"]
@@ -225,7 +231,7 @@ def render(numbers: Mapping, console=None) -> None:
                                     f"{mem.get('batches', 0)} batch kernels")
     con.print(over)
 
-    kinds = Table(title="instructions by kind", title_justify="left")
+    kinds = _table("instructions by kind")
     kinds.add_column("kind")
     for r in ranks:
         kinds.add_column(f"R{r['rank']}", justify="right")
@@ -239,7 +245,7 @@ def render(numbers: Mapping, console=None) -> None:
     con.print(kinds)
 
     if any(r["traced"] for r in ranks):
-        lanes = Table(title="busy time per lane", title_justify="left")
+        lanes = _table("busy time per lane")
         for col in ("rank", "lane", "instructions", "busy", "of run"):
             lanes.add_column(col, justify="left" if col in ("rank", "lane") else "right")
         for r in ranks:
@@ -247,7 +253,7 @@ def render(numbers: Mapping, console=None) -> None:
                 lanes.add_row(f"R{r['rank']}", lane_title(lane), str(v["instructions"]), _ms(v["busy_ns"]),
                               f"{100 * v['fraction']:.1f} %")
         con.print(lanes)
-        st = Table(title="executor starvation", title_justify="left")
+        st = _table("executor starvation")
         for col in ("rank", "run", "executor idle", "scheduler busy", "starved"):
             st.add_column(col, justify="left" if col == "rank" else "right")
         for r in ranks:
@@ -265,7 +271,7 @@ def render(numbers: Mapping, console=None) -> None:
                       "instruction generation is the bottleneck (fewer, larger kernels; a coarser split; "
                       "lookahead 'none' if commands are held back)")
     else:
-        con.print("[dim]lane busy times and starvation need the execution trace "
+        con.print("[dim]lane busy times and starvation need the execution trace\n"
                   "(CELERITAS_SUMMARY=1 or CELERITAS_TRACE turn it on)[/dim]")
 
 

@@ -27,6 +27,7 @@ class GraphContext:
                  peers: bool = True, comm_memories=frozenset((1,)), compile_ranks: Sequence[int] | None = None,
                  replay: bool = False, capacity: int | None = None):
         self.num_ranks = num_ranks
+        self.mappers = rm.MapperWrappers()
         self.tm = tg.TaskManager(horizon_step=horizon_step, horizon_max_parallelism=horizon_max_parallelism,
                                  on_task=self._on_task, diagnostics=diagnostics, recorder=TaskRecorder(),
                                  replay=Replay() if replay else None)
@@ -66,9 +67,8 @@ class GraphContext:
 
     def access(self, bid: int, mapper, mode: str, kernel_dims: int | None = None) -> tg.BufferAccess:
         info = self.tm.buffers[bid]
-        return tg.BufferAccess(bid, mode, rm.to_scheduler_mapper(mapper, buffer_label=info.label,
-                                                                 buffer_dims=len(info.shape)),
-                               rm.is_pure(mapper))
+        wrapped, pure = self.mappers.wrap(mapper, buffer_label=info.label, buffer_dims=len(info.shape))
+        return tg.BufferAccess(bid, mode, wrapped, pure)
 
     def task(self, global_range: Sequence[int], accesses: Sequence[tuple] = (), *, kind: str = tg.DEVICE_COMPUTE,
              name: str = "", offset: Sequence[int] | None = None, split: str = "1d", oversubscribe: int = 1,

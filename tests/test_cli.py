@@ -47,3 +47,35 @@ def test_run_prints_the_mpiexec_command_with_program_options(capsys):
 def test_run_without_a_program_is_an_error_not_a_traceback(capsys):
     assert main(["run", "-n", "2"]) == 2
     assert "name a script" in capsys.readouterr().err
+
+
+def _help(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_graphs_help_says_what_dir_is_and_what_it_writes(capsys):
+    text = _help(capsys, "graphs")
+    assert "DIR is the folder a run wrote at shutdown with CELERITAS_PRINT_GRAPHS=DIR" in text
+    for name in ("task_graph.dot", "command_graph.dot", "instruction_graph_rank{R}.dot", ".json"):
+        assert name in text
+    assert "rendered with Graphviz's `dot` to an .svg beside it" in text
+    assert "exit status: 0 all rendered; 1 no `dot`, no .dot file in DIR, or a render failed; 2 DIR does not exist" \
+        in text
+
+
+def test_graphs_exit_statuses_are_the_ones_its_help_gives(tmp_path, capsys):
+    assert main(["graphs", str(tmp_path / "missing")]) == 2
+    assert main(["graphs", str(tmp_path)]) == 1          # no .dot files
+    assert "no .dot files" in capsys.readouterr().err
+
+
+def test_trace_help_says_what_trace_is_and_what_it_draws(capsys):
+    text = _help(capsys, "trace")
+    assert "TRACE is the Chrome trace-event file a run wrote at shutdown with CELERITAS_TRACE=TRACE" in text
+    for words in (".png (needs Pillow), .svg, or a self-contained .html", "one row per rank and executor lane",
+                  "from every send to the receive"):
+        assert words in text
+    assert "trace" in _help(capsys) and "graphs" in _help(capsys)

@@ -156,3 +156,21 @@ def test_render_without_trace_says_so():
     out = io.StringIO()
     summary.render(numbers, Console(file=out, width=140))
     assert "need the execution trace" in out.getvalue() and numbers["bytes_copied"] is None
+
+
+@pytest.mark.parametrize("traced", [True, False])
+def test_titles_do_not_wrap_in_an_80_column_terminal(traced):
+    # narrow tables ("tasks | 3") used to wrap their titles over two lines
+    n = summary.rank_numbers(_fake_runtime(_events() if traced else [], busy_ns=30, counts={"epoch": 2}))
+    numbers = summary.combine([n])
+    out = io.StringIO()
+    summary.render(numbers, Console(file=out, width=80))
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    titles = ["celeritas summary (1 rank)", "instructions by kind"]
+    if traced:
+        titles += ["busy time per lane", "executor starvation"]
+    for title in titles:
+        assert title in lines, (title, lines)
+    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    if not traced:
+        assert "need the execution trace" in out.getvalue()

@@ -73,19 +73,44 @@ def _device_ok(ctx, device) -> bool:
         return False
 
 
+def _platforms() -> list:
+    try:
+        return cl.get_platforms()
+    except Exception as exc:  # noqa: BLE001 - pyopencl raises LogicError/RuntimeError when no ICD is registered
+        raise BackendError(f"no OpenCL platform is installed ({str(exc).strip()}); install an OpenCL driver "
+                           f"(pip install pocl-binary-distribution, or apt-get install pocl-opencl-icd for "
+                           f"PoCL on the CPU)") from None
+
+
+def _listing(platforms: list) -> str:
+    """Every platform and device as ``opencl:P:D`` spellings, for error messages."""
+    parts = []
+    for p, plat in enumerate(platforms):
+        try:
+            devs = plat.get_devices()
+        except Exception:  # noqa: BLE001 - a platform without devices raises on some drivers
+            devs = []
+        names = ", ".join(f"opencl:{p}:{d} {dev.name.strip()}" for d, dev in enumerate(devs)) or "no devices"
+        parts.append(f"platform {p} {plat.name.strip()!r}: {names}")
+    return "; ".join(parts)
+
+
 def opencl_devices(ids: list[tuple[int, int]] | tuple = ()) -> list:
     """The devices for ``opencl`` (first platform whose devices build kernels) or ``opencl:P:D,…``."""
     if cl is None:
-        raise BackendError(f"PyOpenCL is not installed: {_IMPORT_ERROR}")
-    platforms = cl.get_platforms()
+        raise BackendError(f"PyOpenCL is not installed (pip install 'celeritas[opencl]'): {_IMPORT_ERROR}")
+    platforms = _platforms()
     if ids:
         out = []
         for p, d in ids:
             if p >= len(platforms):
-                raise BackendError(f"OpenCL platform {p} does not exist ({len(platforms)} platforms)")
+                raise BackendError(f"OpenCL platform {p} does not exist; this machine has "
+                                   f"{len(platforms)} platform{'s' if len(platforms) != 1 else ''} "
+                                   f"({_listing(platforms) or 'none'})")
             devs = platforms[p].get_devices()
             if d >= len(devs):
-                raise BackendError(f"OpenCL platform {p} has no device {d} ({len(devs)} devices)")
+                raise BackendError(f"OpenCL platform {p} {platforms[p].name.strip()!r} has no device {d}; "
+                                   f"this machine has: {_listing(platforms)}")
             out.append(devs[d])
         return out
     for p in platforms:
@@ -95,7 +120,8 @@ def opencl_devices(ids: list[tuple[int, int]] | tuple = ()) -> list:
             good = [d for d in devs if _device_ok(ctx, d)]
             if good:
                 return good
-    raise BackendError("no OpenCL device can build kernels (on Debian/Ubuntu: apt-get install pocl-opencl-icd)")
+    raise BackendError(f"no OpenCL device can build kernels ({_listing(platforms) or 'no platforms'}); "
+                       f"on Debian/Ubuntu: apt-get install pocl-opencl-icd")
 
 
 class OpenCLBackend(HostBackend):
