@@ -63,6 +63,7 @@ class Buffer:
         self._name = name or ""
         self._runtime = current_runtime(create=True)
         self.id: int = self._runtime.create_buffer(self, data)
+        self._label = f"B{self.id}" + (f' "{self._name}"' if self._name else "")
         self._alive = True
 
     @property
@@ -72,11 +73,12 @@ class Buffer:
     @name.setter
     def name(self, value: str) -> None:
         self._name = str(value)
+        self._label = f"B{self.id}" + (f' "{self._name}"' if self._name else "")
         self._runtime.rename_buffer(self.id, self._name)
 
     @property
     def label(self) -> str:
-        return f"B{self.id}" + (f' "{self._name}"' if self._name else "")
+        return self._label   # (read by every access of every submit: built once, and on rename)
 
     @property
     def ndim(self) -> int:

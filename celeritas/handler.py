@@ -310,8 +310,23 @@ class CommandGroupHandler:
         self._geometry = geometry
         self._name = name or getattr(kernel, "__name__", "") or ""
 
+    def _geometry_of(self, global_range, offset) -> tg.TaskGeometry:
+        """The task geometry, shared by every submit with the same range and offset (a
+        geometry is never changed once made, and its box is computed once)."""
+        memo = self._runtime.geometries
+        try:
+            geom = memo.get((global_range, offset))
+        except TypeError:   # (a list or an array: not a memo key)
+            return self._make_geometry(global_range, offset)
+        if geom is None:
+            geom = self._make_geometry(global_range, offset)
+            if len(memo) >= 1024:
+                memo.clear()
+            memo[(global_range, offset)] = geom
+        return geom
+
     @staticmethod
-    def _geometry_of(global_range, offset) -> tg.TaskGeometry:
+    def _make_geometry(global_range, offset) -> tg.TaskGeometry:
         if isinstance(global_range, (int, np.integer)):
             global_range = (int(global_range),)
         rng = tuple(int(x) for x in global_range)
@@ -325,7 +340,9 @@ class CommandGroupHandler:
             off = tuple(int(x) for x in offset)
             if len(off) != len(rng):
                 raise CeleritasError(f"offset {offset} and global range {global_range} differ in dimensionality")
-        return tg.TaskGeometry(len(rng), rng, off, (1,) * len(rng))
+        geom = tg.TaskGeometry(len(rng), rng, off, (1,) * len(rng))
+        geom.box   # (computed now: the geometry is shared)
+        return geom
 
     def parallel_for(self, global_range, kernel=None, *, offset=None, name=None, reductions=(),
                      local_range=None, args=()):

@@ -259,6 +259,7 @@ class Runtime:
         self.executor.start()
         self.scheduler.start()
         self.mappers = MapperWrappers()   # built-in mappers' wrappers, shared by this runtime's tasks
+        self.geometries: dict = {}        # (global range, offset) as submitted -> TaskGeometry
         self.task_manager = tg.TaskManager(horizon_step=config.horizon_step,
                                            horizon_max_parallelism=config.horizon_max_parallelism,
                                            on_task=self.scheduler.notify_task,

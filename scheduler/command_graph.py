@@ -204,6 +204,9 @@ def split_task(task: Task, num_ranks: int, cache: dict | None = None) -> list[tu
 class CommandGraphGenerator(CommandReplayMixin):
     """Generates the commands of one rank from the task stream."""
 
+    # (for the replay mixin, which cannot import this module at its top)
+    _COMMAND_CLASSES = (AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand)
+
     def __init__(self, num_ranks: int, rank: int, *, diagnostics: str = tg.DIAG_WARN,
                  recorder: CommandRecorder | None = None, buffers: dict[int, BufferInfo] | None = None,
                  replay: Replay | None = None):

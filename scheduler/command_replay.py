@@ -163,7 +163,7 @@ class CommandReplayMixin:
 
     # ---- replay ------------------------------------------------------------------------
     def _replay(self, task, bids: tuple, tpl: tuple, out: list) -> None:
-        from .command_graph import AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand
+        AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand = self._COMMAND_CLASSES
         cmds, post, effects = tpl
         base = self._next_id
         buffers = self._buffers
@@ -172,24 +172,22 @@ class CommandReplayMixin:
         made = []
         for cls, rel, deps, fields in cmds:
             cid = base + rel
+            dd = {base + d: kd for d, kd in deps}
             if cls is ExecutionCommand:
-                c = ExecutionCommand(cid, task, box=fields[0], include_current_reductions=fields[1])
+                c = ExecutionCommand(cid, task, dd, fields[0], fields[1])
             elif cls is PushCommand:
                 bid, pend, targets, contributes = fields
-                c = PushCommand(cid, task, transfer=(tid, bid, buffers[bid].pending[0].id if pend else 0),
-                                targets=list(targets), contributes=contributes)
+                c = PushCommand(cid, task, dd, (tid, bid, buffers[bid].pending[0].id if pend else 0),
+                                list(targets), contributes)
             elif cls is AwaitPushCommand:
                 bid, pend, region = fields
-                c = AwaitPushCommand(cid, task, transfer=(tid, bid, buffers[bid].pending[0].id if pend else 0),
-                                     region=region)
+                c = AwaitPushCommand(cid, task, dd, (tid, bid, buffers[bid].pending[0].id if pend else 0), region)
             elif cls is ReductionCommand:
                 bid, contributes = fields
                 red = buffers[bid].pending[0]
-                c = ReductionCommand(cid, task, reduction=red, buffer=bid, transfer=(tid, bid, red.id),
-                                     contributes=contributes)
+                c = ReductionCommand(cid, task, dd, red, bid, (tid, bid, red.id), contributes)
             else:
-                c = cls(cid, task)
-            c.deps = {base + d: kd for d, kd in deps}
+                c = cls(cid, task, dd)
             made.append(c)
         self._next_id = base + len(cmds)
         horizons = self._horizons

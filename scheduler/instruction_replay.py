@@ -13,6 +13,8 @@ actual ids travel beside it (``_BufferShape.allocations``).
 from __future__ import annotations
 
 from . import command_graph as cg
+from .instruction_graph import AccessAllocation, Pilot, ReductionAllocation
+from .memory import Allocation
 from .replay import absolute, relative
 
 _REPLAYABLE = frozenset((cg.EXECUTION, cg.PUSH, cg.AWAIT_PUSH, cg.REDUCTION, cg.HORIZON))
@@ -288,7 +290,6 @@ class InstructionReplayMixin:
             if recorder is not None:
                 recorder.record_instruction(ins)
         if pilots:
-            from .instruction_graph import Pilot
             for mrel, to, transfer, box in pilots:
                 p = Pilot(mbase + mrel, to, _dec_transfer(transfer, ctx, None), box)
                 self._pilots.append(p)
@@ -324,7 +325,6 @@ class InstructionReplayMixin:
 
     def _restore(self, b, shape: tuple, ids: tuple, ab, tbase: int) -> None:
         from .instruction_graph_generator import _PendingReceive
-        from .memory import Allocation
         mems, user, newest, pending, antic, counts, warned = shape
         old = {a.id: a for lst in b.allocs.values() for a in lst}
         allocs = {}
@@ -550,13 +550,11 @@ def _dec_transfer(t, ctx, _kw):
 
 
 def _dec_accesses(v, ctx, _kw):
-    from .instruction_graph import AccessAllocation
     return [AccessAllocation(buf, -1 if a is None else _dec_aid(a, ctx, None), abox, box, region, mode)
             for buf, a, abox, box, region, mode in v]
 
 
 def _dec_redallocs(v, ctx, _kw):
-    from .instruction_graph import ReductionAllocation
     return [ReductionAllocation(_dec_rid(r, ctx, None), buf, _dec_aid(a, ctx, None), inc) for r, buf, a, inc in v]
 
 

@@ -94,7 +94,7 @@ class Lookahead:
 # One small frozen dataclass per event, dispatched by type (as Celerity's scheduler does
 # with a variant): no tuples read by position across the thread boundary.
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)   # (not frozen: a frozen __init__ sets through object.__setattr__, once per task)
 class TaskSubmitted:
     task: tg.Task
 
