@@ -427,7 +427,7 @@ class CommandGraphGenerator(CommandReplayMixin):
     # ---- compute tasks ---------------------------------------------------------
     def _build_compute(self, task: Task, out: list[Command]) -> None:
         if self._stale:
-            self._sync_buffers({a.buffer for a in task.accesses} | {r.buffer for r in task.reductions})
+            self._sync_buffers(task.buffer_ids)
         me = self.rank
         buffers = self._buffers
         chunks = split_task(task, self.num_ranks, self._split_cache)

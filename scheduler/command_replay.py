@@ -229,11 +229,7 @@ class CommandReplayMixin:
 
 
 def _touched(task) -> tuple:
-    accesses = task.accesses
-    reductions = task.reductions
-    if len(accesses) == 1 and not reductions:
-        return (accesses[0].buffer,)
-    return tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
+    return task.buffer_ids
 
 
 def _rel_command(c, base: int, live: dict) -> int | None:

@@ -137,6 +137,7 @@ class Task:
     digest: list = field(default_factory=list)  # epochs: (id, kind, name, range) of tasks since the last epoch
     deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
     critical_path_length: int = 0
+    buffer_ids: tuple[int, ...] = ()  # the buffers accessed or reduced into, sorted (every level reads it)
 
     def add_dep(self, dep: "Task", kind: str, origin: str) -> None:
         cur = self.deps.get(dep.id)
@@ -275,6 +276,12 @@ class TaskManager:
     def _new_task(self, kind: str, **kw) -> Task:
         t = Task(self._next_id, kind, **kw)
         self._next_id += 1
+        accesses = t.accesses
+        reductions = t.reductions
+        if len(accesses) == 1 and not reductions:
+            t.buffer_ids = (accesses[0].buffer,)
+        elif accesses or reductions:
+            t.buffer_ids = tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
         return t
 
     def submit(self, kind: str, *, name: str = "", geometry: TaskGeometry | None = None,
@@ -336,7 +343,7 @@ class TaskManager:
                 if key is None:
                     replay.bypassed += 1
                 self._lower_dependencies(t)
-                for bid in {a.buffer for a in t.accesses} | {r.buffer for r in t.reductions}:
+                for bid in t.buffer_ids:
                     self._shapes.pop(bid, None)   # (changed outside replay: shape it anew when needed)
                 return
             tpl = replay.templates.get(key)
@@ -355,12 +362,7 @@ class TaskManager:
         full = geom.box if geom is not None else _EMPTY_BOX0
         accesses = t.accesses
         reductions = t.reductions
-        if len(accesses) == 1 and not reductions:
-            bids = (accesses[0].buffer,)
-        elif not reductions:
-            bids = sorted({a.buffer for a in accesses})
-        else:
-            bids = sorted({a.buffer for a in accesses} | {r.buffer for r in reductions})
+        bids = t.buffer_ids
         tasks = self.tasks
         for bid in bids:
             info = self.buffers.get(bid)
@@ -454,10 +456,7 @@ class TaskManager:
             if not a.pure:
                 return None
         reductions = t.reductions
-        if len(accesses) == 1 and not reductions:
-            bids = (accesses[0].buffer,)
-        else:
-            bids = tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
+        bids = t.buffer_ids
         geom = t.geometry
         sig = (t.kind, geom.global_range, geom.offset, geom.granularity,
                tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
