@@ -10,7 +10,10 @@
 from __future__ import annotations
 
 import argparse
-import importlib
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 import os
 import platform
 import sys
@@ -270,22 +273,59 @@ def cmd_info(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------- graphs
 
 
+INSTALL_HINT = """Graphviz's `dot` is not installed (or not on PATH). Install it with one of:
+  Debian/Ubuntu:  sudo apt-get install graphviz
+  Fedora/RHEL:    sudo dnf install graphviz
+  macOS:          brew install graphviz
+  conda:          conda install -c conda-forge graphviz
+then run this command again."""
+
+
+def render_folder(folder: str | Path, *, fmt: str = "svg", timeout: float | None = None,
+                  console=None) -> int:
+    """Render every ``.dot`` in ``folder`` with Graphviz; returns a process exit code.
+
+    0: all rendered; 1: no ``dot``, nothing to render, or a render failed; 2: no such folder.
+    """
+    from rich.console import Console
+    con = console or Console(stderr=True)
+    path = Path(folder)
+    if not path.is_dir():
+        con.print(f"[red]no such folder:[/red] {path}")
+        return 2
+    files = sorted(path.glob("*.dot"))
+    if not files:
+        con.print(f"[yellow]no .dot files in {path}[/yellow] (write some with CELERITAS_PRINT_GRAPHS={path})")
+        return 1
+    dot = shutil.which("dot")
+    if dot is None:
+        con.print(INSTALL_HINT, markup=False, style="red", highlight=False)
+        return 1
+
+    def render(f: Path) -> tuple[Path, str | None]:
+        target = f.with_suffix("." + fmt)
+        try:
+            proc = subprocess.run([dot, f"-T{fmt}", str(f), "-o", str(target)], capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f, f"timed out after {timeout} s (graph too large? try fewer tasks or a smaller run)"
+        if proc.returncode != 0:
+            return f, (proc.stderr or proc.stdout).strip() or f"dot exited with {proc.returncode}"
+        return target, None
+
+    failures = 0
+    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
+        for result, err in pool.map(render, files):
+            if err is None:
+                con.print(f"[green]wrote[/green] {result}", highlight=False)
+            else:
+                failures += 1
+                con.print(f"[red]failed[/red] {result}: {err}", highlight=False)
+    return 1 if failures else 0
+
+
 def cmd_graphs(args: argparse.Namespace) -> int:
-    """Delegates to ``celeritas.graphs.render_folder`` (its return value is the exit code)."""
-    console = _console(stderr=True)
-    try:
-        graphs = importlib.import_module("celeritas.graphs")
-    except ImportError as exc:
-        console.print(f"graphs: celeritas.graphs cannot be imported: {exc}", style="red", markup=False)
-        return 2
-    render = getattr(graphs, "render_folder", None)
-    if render is None:
-        console.print("graphs: this celeritas has no graph renderer yet (celeritas.graphs.render_folder is "
-                      f"missing); the .dot dumps in {args.dir} can be rendered with Graphviz: "
-                      "dot -Tsvg FILE.dot -o FILE.svg", style="yellow", markup=False)
-        return 2
-    result = render(args.dir)
-    return result if isinstance(result, int) else 0
+    return render_folder(args.dir, console=_console(stderr=True))
 
 
 # ---------------------------------------------------------------------------------- trace

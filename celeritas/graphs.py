@@ -9,17 +9,14 @@ graph asks the executor to do.  The records are plain JSON-able dicts (docs/api.
 At shutdown (``CELERITAS_PRINT_GRAPHS=DIR``) rank 0 writes the task graph and the command
 graphs of all ranks merged into one picture (gathered over a cloned communicator), and
 every rank writes its own instruction graph; ``python -m celeritas graphs DIR`` turns the
-``.dot`` files into SVGs (``render_folder``).
+``.dot`` files into SVGs.
 """
 from __future__ import annotations
 
 import html
 import json
 import logging
-import shutil
-import subprocess
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -665,58 +662,3 @@ def write_outputs(outputs) -> None:
             log.info("graphs written to %s (render them: python -m celeritas graphs %s)", folder, folder)
     except Exception:  # noqa: BLE001
         log.exception("rank %d: could not write the graphs to %s", rank, folder)
-
-
-# ---------------------------------------------------------------------------------------------
-# rendering
-
-
-INSTALL_HINT = """Graphviz's `dot` is not installed (or not on PATH). Install it with one of:
-  Debian/Ubuntu:  sudo apt-get install graphviz
-  Fedora/RHEL:    sudo dnf install graphviz
-  macOS:          brew install graphviz
-  conda:          conda install -c conda-forge graphviz
-then run this command again."""
-
-
-def render_folder(folder: str | Path, *, fmt: str = "svg", timeout: float | None = None,
-                  console=None) -> int:
-    """Render every ``.dot`` in ``folder`` with Graphviz; returns a process exit code.
-
-    0: all rendered; 1: no ``dot``, nothing to render, or a render failed; 2: no such folder.
-    """
-    from rich.console import Console
-    con = console or Console(stderr=True)
-    path = Path(folder)
-    if not path.is_dir():
-        con.print(f"[red]no such folder:[/red] {path}")
-        return 2
-    files = sorted(path.glob("*.dot"))
-    if not files:
-        con.print(f"[yellow]no .dot files in {path}[/yellow] (write some with CELERITAS_PRINT_GRAPHS={path})")
-        return 1
-    dot = shutil.which("dot")
-    if dot is None:
-        con.print(INSTALL_HINT, markup=False, style="red", highlight=False)
-        return 1
-
-    def render(f: Path) -> tuple[Path, str | None]:
-        target = f.with_suffix("." + fmt)
-        try:
-            proc = subprocess.run([dot, f"-T{fmt}", str(f), "-o", str(target)], capture_output=True, text=True,
-                                  timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return f, f"timed out after {timeout} s (graph too large? try fewer tasks or a smaller run)"
-        if proc.returncode != 0:
-            return f, (proc.stderr or proc.stdout).strip() or f"dot exited with {proc.returncode}"
-        return target, None
-
-    failures = 0
-    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
-        for result, err in pool.map(render, files):
-            if err is None:
-                con.print(f"[green]wrote[/green] {result}", highlight=False)
-            else:
-                failures += 1
-                con.print(f"[red]failed[/red] {result}: {err}", highlight=False)
-    return 1 if failures else 0

@@ -10,6 +10,7 @@ import pytest
 import celeritas as cl
 from celeritas import graphs
 from celeritas.graphs import GraphRecord
+from celeritas.__main__ import render_folder
 from celeritas.testing import run_cluster
 
 # pydot's grammar still uses pyparsing's camelCase names
@@ -289,15 +290,15 @@ def test_from_json_rejects_other_documents():
 def test_render_folder_reports_missing_graphviz(tmp_path, monkeypatch, capsys):
     (tmp_path / "task_graph.dot").write_text("digraph G { a -> b; }\n")
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    assert graphs.render_folder(tmp_path) == 1
+    assert render_folder(tmp_path) == 1
     err = capsys.readouterr().err
     assert "apt-get install graphviz" in err and "brew install graphviz" in err
     assert not (tmp_path / "task_graph.svg").exists()
 
 
 def test_render_folder_errors(tmp_path, capsys):
-    assert graphs.render_folder(tmp_path / "missing") == 2
-    assert graphs.render_folder(tmp_path) == 1
+    assert render_folder(tmp_path / "missing") == 2
+    assert render_folder(tmp_path) == 1
     assert "no .dot files" in capsys.readouterr().err
 
 
@@ -308,11 +309,11 @@ def test_render_folder_renders_svg(tmp_path):
                               "deps": [{"id": 0, "kind": "true", "origin": "last_epoch"}], "accesses": []}])
     (tmp_path / "task_graph.dot").write_text(rec.to_dot_tasks())
     (tmp_path / "broken.dot").write_text("digraph G { a -> ; }\n")
-    assert graphs.render_folder(tmp_path) == 1      # the broken one fails, the good one is rendered
+    assert render_folder(tmp_path) == 1      # the broken one fails, the good one is rendered
     svg = (tmp_path / "task_graph.svg").read_text()
     assert "<svg" in svg and "x&lt;y&gt;" in svg
     (tmp_path / "broken.dot").unlink()
-    assert graphs.render_folder(tmp_path) == 0
+    assert render_folder(tmp_path) == 0
 
 
 @pytest.mark.timeout(120)
