@@ -1,283 +1,1731 @@
 """Random celeritas programs and their sequential numpy interpretation.
 
 A program is data (``Program``); ``run_celeritas`` submits it through the public
-API, ``run_model`` interprets the same kernels over whole buffers with numpy.
-Kernels compute integers per element from what their range mappers grant, so
-any split across ranks, devices and oversubscription must give identical
-buffers, fence results, host-task observations and reductions.
+API, ``run_model`` interprets the same kernels over whole buffers with numpy, and
+``check`` compares what every rank observed with the model.  Kernels compute
+integers per element from what their range mappers grant (``element_values``,
+shared by kernels and model), so any split across ranks, devices and
+oversubscription must give identical buffers, fence results, host-task
+observations and reductions.
+
+Every optional feature belongs to a *group* (``GROUPS``) that ``generate`` may be
+told to leave out, and every program lists the features it uses
+(``Program.features``), so a failure can be attributed and minimised.
+
+Program kinds:
+
+* ``main``: buffers of several dtypes, kernels and host tasks with built-in and
+  custom range mappers, reductions (several per kernel, with or without
+  ``initialize_to_identity``, across dtypes), fences of buffers and host
+  objects, epochs.  Must match the model exactly on every rank.
+* ``fail``: one kernel (or host task) raises on the chunk holding one point;
+  tasks that truly depend on it record (outside the runtime) if they ever run.
+  Expected: a ``cl.KernelError`` at the next synchronization, no dependent ran.
+* ``bad_reduction``: a reduction whose values cannot be cast ``same_kind`` into
+  the target's dtype.  Expected: a ``cl.CeleritasError`` naming the buffer and
+  both dtypes.
+* ``overlap``: chunks of one kernel write overlapping regions, diagnostics set
+  to ``error``.  Expected: a ``cl.DiagnosticError`` naming the buffer whenever
+  the kernel is split into two or more chunks; otherwise the model's result.
+
+Besides data, ``main`` programs check: host-task partitions (their records,
+unioned over ranks, and that a side-effect-free host task with
+``cl.oversubscribe(k)`` runs as k partitions per rank chunk, as Celerity splits
+it); that kernel chunks consist of whole work groups of ``local_range``; that
+every chunk submitted before a ``q.wait()`` had run when it returned; and that
+side-effect host tasks ran in submission order.
+
+Semantics the model pins (API.md): a reduction casts the values with numpy's
+``same_kind`` rule into the target dtype, then reduces in the target dtype
+(integers wrap), and combines with the target's current value unless
+``initialize_to_identity``; the result never depends on the split.  A fence of
+a host object returns the object as it was when the fence ran.
 """
 from __future__ import annotations
 
+import copy
+import itertools
 import random
+import threading
+import time
+import traceback
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 import celeritas as cl
+from celeritas.testing import run_cluster
 from scheduler.geometry import Box
+from scheduler.split import split_1d
 
 MOD = 997
+WEIGHTS = (1, 7, 31)          # position term of element values: misplaced data shows
+DATA_DTYPES = ("int64", "int32", "float32", "float64", "int16", "uint8", "bool")
+TARGET_DTYPES = ("int64", "int32", "float32", "float64", "bool")
+INT_OPS = ("plus", "multiplies", "minimum", "maximum", "bit_and", "bit_or", "bit_xor")
+FLOAT_OPS = ("plus", "multiplies", "minimum", "maximum")
+BOOL_OPS = ("logical_and", "logical_or")
+OPS = {"plus": cl.plus, "multiplies": cl.multiplies, "minimum": cl.minimum, "maximum": cl.maximum,
+       "bit_and": cl.bit_and, "bit_or": cl.bit_or, "bit_xor": cl.bit_xor,
+       "logical_and": cl.logical_and, "logical_or": cl.logical_or}
+MODES = ("discard_write", "write", "read_write", "discard_read_write")
+
+# Optional feature groups (``generate(groups=...)``); "base" features are always on.
+GROUPS = ("dtypes", "reductions", "int_wrap", "remote_target", "cross_dtype", "local_range", "custom_mappers",
+          "stencils", "host_range", "host_object_fence", "epochs", "loops", "timing")
+KINDS = ("main", "fail", "bad_reduction", "overlap")
+FAIL_KERNEL = "fail_here"
+
+
+# ---- programs as data -------------------------------------------------------------------
+@dataclass
+class Read:
+    space: str                  # "data" | "target"
+    buffer: int
+    mapper: str                 # one_to_one | all | fixed | slice | neighborhood | transposed | mirror | shift
+    fixed_box: tuple = ()       # (min, max) for fixed
+    dim: int = 0                # slice / mirror / shift
+    extent: tuple = ()          # neighborhood
+    shape: str = "bounding_box"  # neighborhood
+    shift: int = 0
 
 
 @dataclass
-class Read:
+class Write:
+    space: str                  # "data" | "target"
     buffer: int
-    mapper: str                 # one_to_one | all | fixed | slice | neighborhood | transposed
-    fixed_box: tuple = ()       # (min, max) for fixed
-    dim: int = 0                # for slice
+    mapper: str                 # one_to_one | mirror | shift | point; overlap kind: all | fixed | neighborhood
+    mode: str = "discard_write"
+    dim: int = 0
+    shift: int = 0
+    point: tuple = ()           # the kernel index whose chunk writes (point)
+    dest: tuple = ()            # the element it writes (point)
+    fixed_box: tuple = ()
+
+
+@dataclass
+class RedSpec:
+    target: int
+    op: str
+    vdtype: str                 # dtype of the values handed to combine
+    init: bool                  # initialize_to_identity
+    combine: str = "whole"      # whole | halves | elements
+    identity: bool = False      # pass identity= explicitly
+    wide: bool = False          # integer values scaled so that partial results wrap around
 
 
 @dataclass
 class Task:
-    kind: str                   # "kernel" | "host_sum" | "reduce" | "fence"
-    write: int | None = None
-    mode: str = "discard_write"
+    # kernel | host | master | fence | fence_log | wait
+    kind: str
+    range_shape: tuple = ()
     reads: list[Read] = field(default_factory=list)
+    write: Write | None = None
+    reds: list[RedSpec] = field(default_factory=list)
     c0: int = 1
-    target: int | None = None   # reduction buffer index / fenced buffer
+    local_range: tuple | None = None
+    split2d: bool = False
+    oversub: int | None = None
+    on_master: bool = False     # host task with a range, on the master node
+    fence_space: str = "data"   # fence
+    fence_index: int = 0
+    fence_box: tuple | None = None   # (offset, range) of a subrange fence
+    barrier: bool = False       # wait
+    fail_at: tuple | None = None     # fail kind: raise on the chunk holding this index
+    marker: bool = False        # fail kind: record that this task ran
+    side_effect: bool = True    # host tasks: order through the log host object
+    delay: float = 0.0          # seconds the chunk holding the range's first index sleeps (timing)
+
+
+@dataclass
+class TargetSpec:
+    dtype: str
+    shape: tuple                # () or (1,)
+    init: Any = None            # host-initialized value, None: uninitialized
 
 
 @dataclass
 class Program:
+    kind: str
     shapes: list[tuple[int, ...]]
+    dtypes: list[str]
     init: list[np.ndarray]
+    targets: list[TargetSpec]
     tasks: list[Task]
-    num_reductions: int = 0
+    features: set[str] = field(default_factory=set)
+    sync: str = "end"           # fail / bad_reduction / overlap: wait | fence | shutdown | fence_log
+
+    def describe(self) -> str:
+        """A readable listing (for failure reports and minimisation)."""
+        lines = [f"kind={self.kind} sync={self.sync}" + (f" features={sorted(self.features)}" if self.features else "")]
+        for k, (s, d) in enumerate(zip(self.shapes, self.dtypes)):
+            lines.append(f"  b{k}: shape {s} {d}")
+        for k, t in enumerate(self.targets):
+            lines.append(f"  r{k}: shape {t.shape} {t.dtype} init={t.init}")
+        for k, t in enumerate(self.tasks):
+            lines.append(f"  T{k}: {_describe_task(t)}")
+        return "\n".join(lines)
 
 
-def generate(rng: random.Random) -> Program:
-    nb = rng.randint(2, 4)
-    shapes = []
-    for _ in range(nb):
-        d = rng.randint(1, 3)
-        shapes.append(tuple(rng.randint(1, 9 if d < 3 else 5) for _ in range(d)))
-    init = [np.array(np.random.default_rng(rng.randrange(1 << 30)).integers(0, 50, size=s), dtype=np.int64)
-            for s in shapes]
-    tasks: list[Task] = []
-    nred = 0
-    for _ in range(rng.randint(3, 12)):
-        r = rng.random()
-        if r < 0.12:
-            tasks.append(Task("fence", target=rng.randrange(nb)))
-            continue
-        if r < 0.22:
-            tasks.append(Task("host_sum", reads=[Read(rng.randrange(nb), "all")]))
-            continue
-        w = rng.randrange(nb)
-        dims = len(shapes[w])
-        reads = []
-        for _ in range(rng.randint(0, 3)):
-            b = rng.randrange(nb)
-            same = len(shapes[b]) == dims
-            options = ["all", "fixed"] + (["one_to_one", "slice", "neighborhood", "transposed"] if same else [])
-            if b == w and r >= 0.32:
-                # chunks of one kernel may read what they write only element-wise (anything else races)
-                options = ["one_to_one"]
-            m = rng.choice(options)
-            rd = Read(b, m)
-            if m == "fixed":
-                lo = tuple(rng.randrange(s) for s in shapes[b])
-                hi = tuple(rng.randint(l + 1, s) for l, s in zip(lo, shapes[b]))
-                rd.fixed_box = (lo, hi)
-            if m == "slice":
-                rd.dim = rng.randrange(dims)
-            reads.append(rd)
-        if r < 0.32:
-            tasks.append(Task("reduce", reads=reads, c0=rng.randint(0, 5), target=nred, write=w))
-            nred += 1
-            continue
-        mode = rng.choice(["discard_write", "write", "read_write", "discard_read_write"])
-        tasks.append(Task("kernel", write=w, mode=mode, reads=reads, c0=rng.randint(0, 9)))
-    return Program(shapes, init, tasks, nred)
+def _describe_task(t: Task) -> str:
+    if t.kind == "fence":
+        return f"fence {'b' if t.fence_space == 'data' else 'r'}{t.fence_index}" + \
+            (f" subrange {t.fence_box}" if t.fence_box else "")
+    if t.kind == "fence_log":
+        return "fence(log host object)"
+    if t.kind == "wait":
+        return f"q.wait(barrier={t.barrier})"
+    parts = [t.kind, f"range={t.range_shape}", f"c0={t.c0}"]
+    for rd in t.reads:
+        name = ("b" if rd.space == "data" else "r") + str(rd.buffer)
+        extra = {"fixed": f" {rd.fixed_box}", "slice": f"({rd.dim})", "mirror": f"(dim {rd.dim})",
+                 "shift": f"(dim {rd.dim}, by {rd.shift})",
+                 "neighborhood": f"({rd.extent}, {rd.shape})"}.get(rd.mapper, "")
+        parts.append(f"read {name} {rd.mapper}{extra}")
+    if t.write is not None:
+        w = t.write
+        name = ("b" if w.space == "data" else "r") + str(w.buffer)
+        extra = {"mirror": f"(dim {w.dim})", "shift": f"(dim {w.dim}, by {w.shift})",
+                 "point": f"(chunk of {w.point} writes {w.dest})", "fixed": f" {w.fixed_box}"}.get(w.mapper, "")
+        parts.append(f"{w.mode} {name} {w.mapper}{extra}")
+    for r in t.reds:
+        parts.append(f"reduce r{r.target} {r.op} values {r.vdtype}{' (wide)' if r.wide else ''}"
+                     f"{'' if r.init else ' (no init)'}{' identity=' if r.identity else ''} combine={r.combine}")
+    if t.local_range:
+        parts.append(f"local_range={t.local_range}")
+    if t.split2d:
+        parts.append("split_2d")
+    if t.oversub:
+        parts.append(f"oversubscribe({t.oversub})")
+    if t.on_master:
+        parts.append("on_master_node")
+    if not t.side_effect:
+        parts.append("no side_effect")
+    if t.delay:
+        parts.append(f"first chunk sleeps {t.delay * 1000:.0f} ms")
+    if t.fail_at is not None:
+        parts.append(f"RAISES on chunk holding {t.fail_at}")
+    if t.marker:
+        parts.append("marker")
+    return " ".join(parts)
 
 
-# ---- the per-element semantics, shared by the kernels and the model -------------------
-def mapper_of(rd: Read):
-    if rd.mapper == "fixed":
-        lo, hi = rd.fixed_box
-        return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
-    if rd.mapper == "slice":
-        return cl.slice(rd.dim)
-    if rd.mapper == "neighborhood":
-        return None  # built per kernel dims
-    return {"one_to_one": cl.one_to_one, "all": cl.all, "transposed": cl.transposed}[rd.mapper]()
+# ---- value semantics shared by kernels and model -------------------------------------------
+def store(vals: np.ndarray, dtype) -> np.ndarray:
+    """Element values (int64) as stored in a buffer of ``dtype`` (exact for floats; ints wrap)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return np.asarray(vals % 2 == 0)
+    return np.asarray(vals).astype(dtype)
+
+
+def as_int(a) -> np.ndarray:
+    with np.errstate(invalid="ignore"):     # garbage from a faulty run must compare, not warn
+        return np.asarray(a).astype(np.int64)
+
+
+def write_mask(dest: Box) -> np.ndarray:
+    """``write`` mode writes only every other element (by destination index): the rest keeps its value."""
+    return (np.indices(dest.range).sum(axis=0) + sum(dest.min)) % 2 == 0
+
+
+def apply_mode(mode: str, vals: np.ndarray, old: np.ndarray, dest: Box, dtype) -> np.ndarray:
+    if mode == "read_write":
+        return store((vals + as_int(old)) % MOD, dtype)
+    if mode == "write":
+        return np.where(write_mask(dest), store(vals, dtype), old).astype(dtype)
+    return store(vals, dtype)
+
+
+def red_values(vals: np.ndarray, spec: RedSpec, tdtype: str) -> np.ndarray:
+    """The values a kernel hands to ``combine`` for ``spec``, in the values' dtype.
+
+    Chosen so every allowed reduction is exact and split-independent: integer values
+    are scaled so partial sums overflow 32 bits (wrap-around must follow the target
+    dtype, not the values' dtype); float values are small integers whose sums stay far
+    below 2**24 (a dozen reductions of a few hundred values below 997) and whose
+    products are +-1.
+    """
+    v = np.asarray(vals).astype(np.int64)
+    vd, td = np.dtype(spec.vdtype), np.dtype(tdtype)
+    if vd.kind == "b":
+        return np.asarray((v % 50 != 0) if spec.op == "logical_and" else
+                          (v % 50 == 0) if spec.op == "logical_or" else (v % 3 == 0))
+    if spec.op == "multiplies":
+        # products of +-1 stay exact after any number of reductions; wide: odd ints that wrap
+        x = 2 * v + 1 if spec.wide else 1 - 2 * (v % 2)
+        return x.astype(vd)
+    if vd.kind in "iu" and td.kind in "iu" and spec.wide:
+        scale = 1 << 21 if vd.itemsize == 4 else (1 << 27 if td.itemsize == 4 else 1 << 40)
+        return (v * scale + v).astype(vd)
+    return v.astype(vd)
+
+
+def reduce_model(vals: np.ndarray, spec: RedSpec, tdtype: str, current) -> np.ndarray:
+    """Cast ``same_kind`` into the target dtype, reduce there, combine with the current value."""
+    td = np.dtype(tdtype)
+    op = OPS[spec.op]
+    with np.errstate(all="ignore"):
+        tv = np.asarray(red_values(vals, spec, tdtype)).reshape(-1).astype(td)
+        red = np.asarray([op.reduce(tv, dtype=td)], dtype=td) if td.kind != "b" else \
+            np.asarray([op.reduce(tv)], dtype=td)
+        if not spec.init:
+            red = op(np.asarray(current, dtype=td).reshape(1), red).astype(td)
+    return red
+
+
+def _weighted_index(box: Box) -> np.ndarray:
+    idx = np.zeros(box.range, dtype=np.int64)
+    for d, g in enumerate(np.indices(box.range)):
+        idx += (g + box.min[d]) * WEIGHTS[d]
+    return idx
+
+
+def perm_pieces(kind: str, a: int, b: int, n: int, s: int = 0) -> list[tuple[int, int, int, int, bool]]:
+    """Pieces ``(ka, kb, ba, bb, flipped)`` of the 1-D map ``[a, b) -> buffer`` along one dimension.
+
+    mirror: i -> n-1-i; shift: i -> (i+s) mod n (wrapping gives two pieces).
+    """
+    b = min(b, n)
+    if a >= b:
+        return []
+    if kind == "mirror":
+        return [(a, b, n - b, n - a, True)]
+    split = n - s
+    out = []
+    if a < split:
+        e = min(b, split)
+        out.append((a, e, a + s, e + s, False))
+    if b > split:
+        st = max(a, split)
+        out.append((st, b, st - split, b - split, False))
+    return out
+
+
+def _with_dim(box_min, box_max, d, lo, hi) -> Box:
+    mn, mx = list(box_min), list(box_max)
+    mn[d], mx[d] = lo, hi
+    return Box(tuple(mn), tuple(mx), len(mn))
+
+
+def neighborhood_offsets(extent: tuple, shape: str) -> list[tuple[int, ...]]:
+    n = len(extent)
+    if shape == "bounding_box" or n == 1:
+        return list(itertools.product(*[range(-e, e + 1) for e in extent]))
+    out = [(0,) * n]
+    for d, e in enumerate(extent):
+        for s in range(1, e + 1):
+            for sg in (-s, s):
+                out.append(tuple(sg if i == d else 0 for i in range(n)))
+    return out
 
 
 def _clip(box: Box, shape) -> Box:
     return box & Box.full(shape)
 
 
-def _place(out: np.ndarray, chunk: Box, part: Box, values: np.ndarray) -> None:
+def _place(out: np.ndarray, chunk: Box, part: Box, values) -> None:
     if part.empty:
         return
     out[part.slices_in(chunk)] += values
 
 
-def contribution(rd: Read, chunk: Box, shape, get: Callable[[Box], np.ndarray]) -> np.ndarray | int:
-    """What ``rd`` adds to every element of ``chunk``; ``get(box)`` reads the buffer in global coordinates."""
+def contribution(rd: Read, chunk: Box, shape, get: Callable[[Box], np.ndarray]):
+    """What ``rd`` adds to every element of ``chunk``; ``get(box)`` reads the buffer (int64) in global coordinates."""
     cs = chunk.range
     if rd.mapper == "all":
         return int(get(Box.full(shape)).sum()) % MOD
     if rd.mapper == "fixed":
         lo, hi = rd.fixed_box
-        return int(get(Box(lo, hi)).sum()) % MOD
+        return int(get(Box(lo, hi, len(lo))).sum()) % MOD
     out = np.zeros(cs, dtype=np.int64)
     if rd.mapper == "one_to_one":
-        part = _clip(chunk, shape)
-        if not part.empty:
-            _place(out, chunk, part, get(part))
+        _place(out, chunk, _clip(chunk, shape), get(_clip(chunk, shape)) if not _clip(chunk, shape).empty else 0)
         return out
     if rd.mapper == "transposed":
-        rev = Box(tuple(reversed(chunk.min)), tuple(reversed(chunk.max)))
+        rev = Box(tuple(reversed(chunk.min)), tuple(reversed(chunk.max)), chunk.dims)
         part = _clip(rev, shape)
         if not part.empty:
             vals = get(part).transpose(tuple(reversed(range(len(cs)))))
-            back = Box(tuple(reversed(part.min)), tuple(reversed(part.max)))
+            back = Box(tuple(reversed(part.min)), tuple(reversed(part.max)), chunk.dims)
             _place(out, chunk, back, vals)
         return out
     if rd.mapper == "slice":
         d = rd.dim
-        lo = list(chunk.min)
-        hi = list(chunk.max)
-        lo[d], hi[d] = 0, shape[d]
-        part = _clip(Box(tuple(lo), tuple(hi)), shape)
+        part = _clip(_with_dim(chunk.min, chunk.max, d, 0, shape[d]), shape)
         if part.empty:
             return out
         sums = get(part).sum(axis=d, keepdims=True)
-        lo2 = list(part.min)
-        hi2 = list(part.max)
-        lo2[d], hi2[d] = chunk.min[d], chunk.max[d]
-        target = Box(tuple(lo2), tuple(hi2))
+        target = _with_dim(part.min, part.max, d, chunk.min[d], chunk.max[d])
         _place(out, chunk, target, np.broadcast_to(sums, target.range))
         return out
     if rd.mapper == "neighborhood":
-        n = len(cs)
-        shifts = [(0,) * n] + [tuple((s if i == k else 0) for i in range(n)) for k in range(n) for s in (-1, 1)]
-        for sh in shifts:
-            src = Box(tuple(a + s for a, s in zip(chunk.min, sh)), tuple(a + s for a, s in zip(chunk.max, sh)))
+        for sh in neighborhood_offsets(rd.extent, rd.shape):
+            src = Box(tuple(a + s for a, s in zip(chunk.min, sh)), tuple(a + s for a, s in zip(chunk.max, sh)),
+                      chunk.dims)
             part = _clip(src, shape)
             if part.empty:
                 continue
-            dst = Box(tuple(a - s for a, s in zip(part.min, sh)), tuple(a - s for a, s in zip(part.max, sh)))
+            dst = Box(tuple(a - s for a, s in zip(part.min, sh)), tuple(a - s for a, s in zip(part.max, sh)),
+                      chunk.dims)
             _place(out, chunk, dst, get(part))
+        return out
+    if rd.mapper in ("mirror", "shift"):
+        d = rd.dim
+        inner = _clip(chunk, tuple(shape[i] if i != d else max(shape[d], chunk.max[d]) for i in range(len(shape))))
+        if inner.empty:
+            return out
+        for ka, kb, ba, bb, flip in perm_pieces(rd.mapper, chunk.min[d], chunk.max[d], shape[d], rd.shift):
+            kbox = _with_dim(inner.min, inner.max, d, ka, kb)
+            bbox = _with_dim(inner.min, inner.max, d, ba, bb)
+            vals = get(bbox)
+            if flip:
+                vals = np.flip(vals, d)
+            _place(out, chunk, kbox, vals)
         return out
     raise AssertionError(rd.mapper)
 
 
-def element_values(t: Task, chunk: Box, shapes, getters) -> np.ndarray:
+def element_values(t: Task, chunk: Box, shape_of: Callable[[Read], tuple], getters: dict) -> np.ndarray:
     out = np.full(chunk.range, t.c0, dtype=np.int64)
     for rd in t.reads:
-        out = out + contribution(rd, chunk, shapes[rd.buffer], getters[rd.buffer])
-    idx = np.indices(chunk.range).sum(axis=0) + sum(chunk.min)
-    return (out + idx) % MOD
+        out = out + contribution(rd, chunk, shape_of(rd), getters[(rd.space, rd.buffer)])
+    return (out + _weighted_index(chunk)) % MOD
 
 
-def write_mask(chunk: Box) -> np.ndarray:
-    """``write`` mode writes only every other element: the rest must keep its value."""
-    return (np.indices(chunk.range).sum(axis=0) + sum(chunk.min)) % 2 == 0
+def write_pieces(w: Write, chunk: Box, shape) -> list[tuple[Box, Box, bool]]:
+    """``(source box in the kernel range, destination box in the buffer, flipped)`` for one chunk."""
+    if w.mapper == "one_to_one":
+        return [(chunk, chunk, False)]
+    if w.mapper == "point":
+        if not chunk.contains(w.point):
+            return []
+        src = Box(w.point, tuple(p + 1 for p in w.point), len(w.point))
+        return [(src, Box(w.dest, tuple(p + 1 for p in w.dest), len(w.dest)), False)]
+    d = w.dim
+    return [(_with_dim(chunk.min, chunk.max, d, ka, kb), _with_dim(chunk.min, chunk.max, d, ba, bb), flip)
+            for ka, kb, ba, bb, flip in perm_pieces(w.mapper, chunk.min[d], chunk.max[d], shape[d], w.shift)]
 
 
-# ---- sequential model ---------------------------------------------------------------
-def run_model(p: Program) -> dict:
-    bufs = [a.copy() for a in p.init]
-    fences, sums, reds = [], [], [0] * p.num_reductions
-    getters = [(lambda box, k=k: bufs[k][box.slices]) for k in range(len(bufs))]
-    for t in p.tasks:
-        if t.kind == "fence":
-            fences.append(bufs[t.target].copy())
-        elif t.kind == "host_sum":
-            sums.append(int(bufs[t.reads[0].buffer].sum()))
-        elif t.kind == "reduce":
-            full = Box.full(p.shapes[t.write])
-            reds[t.target] = int(element_values(t, full, p.shapes, getters).sum())
-        else:
-            full = Box.full(p.shapes[t.write])
-            vals = element_values(t, full, p.shapes, getters)
-            old = bufs[t.write]
-            if t.mode == "read_write":
-                new = (vals + old) % MOD
-            elif t.mode == "write":
-                new = np.where(write_mask(full), vals, old)
-            else:
-                new = vals
-            bufs[t.write] = new.astype(np.int64)
-    return {"buffers": bufs, "fences": fences, "sums": sums, "reductions": reds}
+# ---- range mappers for the custom features ------------------------------------------------
+def make_write_mapper(w: Write, shape):
+    if w.mapper == "one_to_one":
+        return cl.one_to_one()
+    if w.mapper == "all":
+        return cl.all()
+    if w.mapper == "fixed":
+        lo, hi = w.fixed_box
+        return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
+    if w.mapper == "neighborhood":
+        return cl.neighborhood(*(1,) * len(shape))
+    if w.mapper == "point":
+        dims = len(w.dest)
+
+        def point_mapper(chunk, buffer_shape):
+            box = Box.from_subrange(chunk.offset, chunk.range)
+            if box.contains(w.point):
+                return cl.Subrange(w.dest, (1,) * dims)
+            return cl.Region([])
+        return point_mapper
+
+    def perm_mapper(chunk, buffer_shape):
+        lo = tuple(chunk.offset)
+        hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
+        boxes = [_with_dim(lo, hi, w.dim, ba, bb)
+                 for _ka, _kb, ba, bb, _f in perm_pieces(w.mapper, lo[w.dim], hi[w.dim], buffer_shape[w.dim], w.shift)]
+        if w.mapper == "mirror":     # a Subrange result; shift answers with a Region
+            return cl.Subrange(boxes[0].offset, boxes[0].range)
+        return cl.Region(boxes)
+    return perm_mapper
 
 
-# ---- celeritas --------------------------------------------------------------------------
-def run_celeritas(p: Program, q: cl.Queue) -> dict:
-    bufs = [cl.Buffer(a, name=f"b{k}") for k, a in enumerate(p.init)]
-    red_bufs = [cl.Buffer(shape=(1,), dtype=np.int64, name=f"r{k}") for k in range(p.num_reductions)]
-    sums = cl.HostObject([])
-    fence_futures = []
-    for t in p.tasks:
-        if t.kind == "fence":
-            fence_futures.append(q.fence(bufs[t.target]))
-            continue
-        if t.kind == "host_sum":
-            def cgf(cgh, t=t):
-                acc = bufs[t.reads[0].buffer].access(cgh, cl.all(), cl.read)
-                lst = cl.side_effect(sums, cgh)
-                cgh.host_task(lambda part: lst.append(int(np.asarray(acc[...]).sum())), on=cl.on_master_node)
-            q.submit(cgf)
-            continue
+def make_read_mapper(rd: Read):
+    if rd.mapper == "fixed":
+        lo, hi = rd.fixed_box
+        return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
+    if rd.mapper == "slice":
+        return cl.slice(rd.dim)
+    if rd.mapper == "neighborhood":
+        return cl.neighborhood(rd.extent, shape=rd.shape)
+    if rd.mapper in ("mirror", "shift"):
+        def perm_read(chunk, buffer_shape):
+            lo = tuple(chunk.offset)
+            hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
+            return cl.Region([_with_dim(lo, hi, rd.dim, ba, bb)
+                              for _ka, _kb, ba, bb, _f in perm_pieces(rd.mapper, lo[rd.dim], hi[rd.dim],
+                                                                      buffer_shape[rd.dim], rd.shift)])
+        return perm_read
+    return {"one_to_one": cl.one_to_one, "all": cl.all, "transposed": cl.transposed}[rd.mapper]()
 
-        def cgf(cgh, t=t):
-            shape = p.shapes[t.write]
-            dims = len(shape)
-            accs = {}
-            for rd in t.reads:
-                m = cl.neighborhood(*(1,) * dims) if rd.mapper == "neighborhood" else mapper_of(rd)
-                accs.setdefault(rd.buffer, []).append(bufs[rd.buffer].access(cgh, m, cl.read))
-            getters = {}
-            for b, lst in accs.items():
-                getters[b] = lambda box, lst=lst: _read_any(lst, box)
-            reds = ()
-            if t.kind == "reduce":
-                reds = (cl.reduction(red_bufs[t.target], cgh, cl.plus, initialize_to_identity=True),)
-            else:
-                w = bufs[t.write].access(cgh, cl.one_to_one(), t.mode)
 
-            @cgh.parallel_for(shape, reductions=reds, name=f"{t.kind}_{t.mode}")
-            def kernel(chunk, *reducers):
-                vals = element_values(t, chunk.box, p.shapes, getters)
-                if reducers:
-                    reducers[0].combine(vals)
-                    return
-                if t.mode == "read_write":
-                    w[chunk] = (vals + w[chunk]) % MOD
-                elif t.mode == "write":
-                    cur = np.array(w[chunk])
-                    w[chunk] = np.where(write_mask(chunk.box), vals, cur)
-                else:
-                    w[chunk] = vals
+# ---- generator ----------------------------------------------------------------------------
+class _Gen:
+    """State while generating one program: what is defined, which features were used."""
 
-        q.submit(cgf)
-    out = {"fences": [f.result() for f in fence_futures]}
-    out["buffers"] = [q.fence(b).result() for b in bufs]
-    out["reductions"] = [int(q.fence(b).result()[0]) for b in red_bufs]
-    out["sums"] = q.fence(sums).result()
+    def __init__(self, rng: random.Random, groups: frozenset[str]):
+        self.rng = rng
+        self.groups = groups
+        self.features: set[str] = set()
+
+    def on(self, group: str) -> bool:
+        return group in self.groups
+
+    def feat(self, *names: str) -> None:
+        self.features.update(names)
+
+
+def _shapes(g: _Gen, n: int) -> list[tuple[int, ...]]:
+    rng = g.rng
+    out = []
+    for _ in range(n):
+        d = rng.randint(1, 3)
+        out.append(tuple(rng.randint(1, 9 if d < 3 else 5) for _ in range(d)))
     return out
 
 
-def _read_any(accessors, box: Box):
-    """Several accessors of one buffer: the first whose granted region holds the box."""
+def _init_data(rng: random.Random, shape, dtype) -> np.ndarray:
+    vals = np.random.default_rng(rng.randrange(1 << 30)).integers(0, 50, size=shape)
+    return store(vals.astype(np.int64), dtype)
+
+
+def generate(rng: random.Random, kind: str | None = None, groups=GROUPS) -> Program:
+    """A random program; ``kind`` None picks one (mostly ``main``), ``groups`` limits the optional features."""
+    g = _Gen(rng, frozenset(groups))
+    if kind is None:
+        r = rng.random()
+        kind = "main" if r < 0.8 else "fail" if r < 0.88 else "bad_reduction" if r < 0.94 else "overlap"
+    if kind == "main":
+        p = _gen_main(g)
+    elif kind == "fail":
+        p = _gen_fail(g)
+    elif kind == "bad_reduction":
+        p = _gen_bad_reduction(g)
+    elif kind == "overlap":
+        p = _gen_overlap(g)
+    else:
+        raise ValueError(f"unknown program kind {kind!r}")
+    p.features |= g.features
+    return p
+
+
+def _gen_buffers(g: _Gen, lo: int, hi: int):
+    rng = g.rng
+    shapes = _shapes(g, rng.randint(lo, hi))
+    dtypes = []
+    for _ in shapes:
+        dt = rng.choice(DATA_DTYPES) if g.on("dtypes") and rng.random() < 0.5 else "int64"
+        if dt != "int64":
+            g.feat(f"dtype:{dt}")
+        dtypes.append(dt)
+    init = [_init_data(rng, s, d) for s, d in zip(shapes, dtypes)]
+    return shapes, dtypes, init
+
+
+def _gen_targets(g: _Gen) -> list[TargetSpec]:
+    rng = g.rng
+    targets = []
+    for _ in range(rng.randint(1, 3)):
+        if g.on("reductions"):
+            dt = rng.choice(TARGET_DTYPES)
+            shape = () if rng.random() < 0.25 else (1,)
+            init = None
+            if rng.random() < 0.5:
+                init = bool(rng.random() < 0.7) if dt == "bool" else rng.randint(0, 50)
+        else:
+            dt, shape, init = "int64", (1,), None
+        targets.append(TargetSpec(dt, shape, init))
+    return targets
+
+
+class _State:
+    """What the generator knows about buffers while it emits tasks."""
+
+    def __init__(self, shapes, dtypes, targets):
+        self.shapes = shapes
+        self.dtypes = dtypes
+        self.targets = targets
+        self.defined = [t.init is not None for t in targets]
+        self.written_remote = [False] * len(targets)     # current value written by a point-mapper chunk
+
+
+def _pick_reads(g: _Gen, st: _State, range_shape, *, avoid_data: set, own: int | None,
+                avoid_targets: set, max_reads: int = 3) -> list[Read]:
+    """Reads for a task over ``range_shape``; ``own`` may be read element-wise only, ``avoid_data`` not at all."""
+    rng = g.rng
+    dims = len(range_shape)
+    reads = []
+    for _ in range(rng.randint(0, max_reads)):
+        readable_targets = [k for k, d in enumerate(st.defined) if d and k not in avoid_targets]
+        if readable_targets and g.on("reductions") and rng.random() < 0.2:
+            k = rng.choice(readable_targets)
+            reads.append(Read("target", k, "all"))
+            g.feat("read:target_in_task")
+            continue
+        b = rng.randrange(len(st.shapes))
+        if b in avoid_data:
+            continue
+        if b == own:
+            reads.append(Read("data", b, "one_to_one"))
+            g.feat("read:own_one_to_one")
+            continue
+        shape = st.shapes[b]
+        same = len(shape) == dims
+        options = ["all", "fixed"]
+        if same:
+            options += ["one_to_one", "slice", "neighborhood", "transposed"]
+            if g.on("custom_mappers"):
+                options += ["mirror", "shift"]
+        m = rng.choice(options)
+        rd = Read("data", b, m)
+        if m == "fixed":
+            lo = tuple(rng.randrange(s) for s in shape)
+            hi = tuple(rng.randint(lv + 1, s) for lv, s in zip(lo, shape))
+            rd.fixed_box = (lo, hi)
+        elif m == "slice":
+            rd.dim = rng.randrange(dims)
+        elif m == "neighborhood":
+            if g.on("stencils"):
+                rd.extent = tuple(rng.randint(0, 2 if dims < 3 else 1) for _ in range(dims))
+                rd.shape = rng.choice(["bounding_box", "along_axes"])
+                g.feat(f"read:neighborhood:{rd.shape}")
+                if max(rd.extent) > 1:
+                    g.feat("read:neighborhood:extent2")
+            else:
+                rd.extent = (1,) * dims
+        elif m in ("mirror", "shift"):
+            rd.dim = rng.randrange(dims)
+            rd.shift = rng.randrange(shape[rd.dim]) if m == "shift" else 0
+            g.feat(f"read:custom_{m}")
+        g.feat(f"read:{m}")
+        reads.append(rd)
+    return reads
+
+
+def _pick_local_range(g: _Gen, range_shape) -> tuple | None:
+    rng = g.rng
+    if not g.on("local_range") or rng.random() > 0.15:
+        return None
+    lr = []
+    for n in range_shape:
+        if rng.random() < 0.8:
+            lr.append(rng.choice([d for d in range(1, n + 1) if n % d == 0]))
+        else:
+            lr.append(rng.randint(1, 4))
+    lr = tuple(lr)
+    g.feat("local_range")
+    if any(n % l for n, l in zip(range_shape, lr)):
+        g.feat("local_range:uneven")
+    return lr
+
+
+def _pick_reduction(g: _Gen, st: _State, k: int, *, allow_bad: bool = False) -> RedSpec:
+    rng = g.rng
+    td = st.targets[k].dtype
+    tdt = np.dtype(td)
+    if not g.on("reductions"):
+        return RedSpec(k, "plus", td, True)
+    if tdt.kind == "b":
+        op = rng.choice(BOOL_OPS)
+        vd = "bool"
+    else:
+        ops = INT_OPS if tdt.kind in "iu" else FLOAT_OPS
+        op = rng.choice(ops)
+        vd = td
+        if g.on("cross_dtype") and rng.random() < 0.5:
+            if tdt.kind in "iu":
+                cands = ["int32", "int64"] + (["bool"] if op in ("plus", "maximum", "minimum") else [])
+            else:
+                cands = ["float32", "float64", "int32", "int64"] + (["bool"] if op != "multiplies" else [])
+            vd = rng.choice(cands)
+    init = True if not st.defined[k] else rng.random() < 0.4
+    spec = RedSpec(k, op, vd, init, combine=rng.choice(["whole", "whole", "halves", "elements"]),
+                   identity=rng.random() < 0.2)
+    if np.dtype(vd).kind in "iu" and tdt.kind in "iu" and g.on("int_wrap") and rng.random() < 0.5:
+        spec.wide = True
+        g.feat("red:int_wraps")
+    g.feat(f"red:{op}", f"red:target:{td}")
+    if vd != td:
+        g.feat("red:cross_dtype", f"red:cross:{vd}->{td}")
+    if not init:
+        g.feat("red:no_init")
+        if st.written_remote[k]:
+            g.feat("red:no_init_remote_value")
+    if spec.combine != "whole":
+        g.feat(f"red:combine_{spec.combine}")
+    if spec.identity:
+        g.feat("red:explicit_identity")
+    if st.targets[k].shape == ():
+        g.feat("red:target_0d")
+    return spec
+
+
+def _gen_main(g: _Gen) -> Program:
+    rng = g.rng
+    shapes, dtypes, init = _gen_buffers(g, 2, 4)
+    if g.on("stencils") and rng.random() < 0.3:
+        # a second buffer shaped like the first: stencil steps can ping-pong between them
+        shapes[1] = shapes[0] if len(shapes[0]) >= 2 else (rng.randint(2, 9), rng.randint(2, 9))
+        shapes[0] = shapes[1]
+        init[0] = _init_data(rng, shapes[0], dtypes[0])
+        init[1] = _init_data(rng, shapes[1], dtypes[1])
+    targets = _gen_targets(g)
+    st = _State(shapes, dtypes, targets)
+    tasks: list[Task] = []
+    n = rng.randint(3, 12)
+    while len(tasks) < n:
+        r = rng.random()
+        if r < 0.08 and g.on("loops"):
+            block: list[Task] = []
+            for _ in range(rng.randint(1, 3)):
+                _gen_step(g, st, block)
+            reps = rng.randint(2, 4)
+            for _ in range(reps):
+                tasks += copy.deepcopy(block)
+            g.feat("loop")
+        elif r < 0.14 and g.on("stencils") and shapes[0] == shapes[1] and len(shapes[0]) >= 2:
+            tasks += _gen_stencil_loop(g, st)
+        else:
+            _gen_step(g, st, tasks)
+    p = Program("main", shapes, dtypes, init, targets, tasks)
+    defined_at_end = [t.init is not None or any(s.target == k for x in tasks for s in x.reds)
+                      for k, t in enumerate(targets)]
+    if any(d and not f for d, f in zip(defined_at_end, fenced_at_end(p))):
+        g.feat("red:consumed_by_master_only")
+    return p
+
+
+def _gen_step(g: _Gen, st: _State, tasks: list[Task]) -> None:
+    """Append one random task."""
+    rng = g.rng
+    shapes = st.shapes
+    nb = len(shapes)
+    r = rng.random()
+    if r < 0.10:
+        if rng.random() < 0.3 and any(st.defined):
+            k = rng.choice([k for k, d in enumerate(st.defined) if d])
+            tasks.append(Task("fence", fence_space="target", fence_index=k))
+            g.feat("fence:target")
+            return
+        b = rng.randrange(nb)
+        t = Task("fence", fence_index=b)
+        if g.on("epochs") and rng.random() < 0.3:
+            lo = tuple(rng.randrange(s) for s in shapes[b])
+            t.fence_box = (lo, tuple(rng.randint(1, s - lv) for lv, s in zip(lo, shapes[b])))
+            g.feat("fence:subrange")
+        tasks.append(t)
+        g.feat("fence")
+    elif r < 0.18:
+        defined = [k for k, d in enumerate(st.defined) if d]
+        if defined and rng.random() < 0.5:
+            k = rng.choice(defined)
+            tasks.append(Task("master", reads=[Read("target", k, "all")]))
+            g.feat("master:target")
+        else:
+            tasks.append(Task("master", reads=[Read("data", rng.randrange(nb), "all")]))
+            g.feat("master:data")
+    elif r < 0.25 and g.on("epochs"):
+        t = Task("wait", barrier=rng.random() < 0.3)
+        tasks.append(t)
+        g.feat("wait:barrier" if t.barrier else "wait")
+    elif r < 0.29 and g.on("host_object_fence"):
+        tasks.append(Task("fence_log"))
+        g.feat("fence:host_object")
+    elif r < 0.39 and g.on("host_range"):
+        tasks.append(_gen_host_range(g, st))
+    elif r < 0.45 and g.on("remote_target") and g.on("reductions"):
+        tasks.append(_gen_target_write(g, st))
+        if rng.random() < 0.6:
+            # the next reduction folds in the value the point-mapper chunk left (maybe elsewhere)
+            tasks.append(_gen_reduce(g, st, first=tasks[-1].write.buffer))
+    elif r < 0.58:
+        tasks.append(_gen_reduce(g, st))
+    else:
+        tasks.append(_gen_kernel(g, st))
+    t = tasks[-1]
+    if g.on("timing") and t.kind in ("kernel", "host", "master") and rng.random() < 0.25:
+        # a slow chunk: later work, fences and epochs must still wait for it
+        t.delay = rng.choice([0.002, 0.01, 0.03])
+        g.feat("timing:slow_chunk")
+
+
+def _gen_stencil_loop(g: _Gen, st: _State) -> list[Task]:
+    """Ping-pong neighborhood steps between b0 and b1 (same shape), split_2d, maybe waits inside."""
+    rng = g.rng
+    shape = st.shapes[0]
+    dims = len(shape)
+    nbh = rng.choice(["bounding_box", "along_axes"])
+    extent = tuple(rng.randint(1, 2 if dims < 3 else 1) for _ in range(dims))
+    split2d = rng.random() < 0.8
+    wait_every = rng.choice([0, 0, 1, 2])
+    out = []
+    for step in range(rng.randint(2, 6)):
+        src, dst = (0, 1) if step % 2 == 0 else (1, 0)
+        t = Task("kernel", shape, [Read("data", src, "neighborhood", extent=extent, shape=nbh)],
+                 Write("data", dst, "one_to_one", rng.choice(["discard_write", "discard_write", "read_write"])),
+                 c0=step % 3, split2d=split2d)
+        out.append(t)
+        if wait_every and step % wait_every == wait_every - 1:
+            out.append(Task("wait"))
+            g.feat("wait", "stencil_loop:wait")
+    g.feat("stencil_loop", f"read:neighborhood:{nbh}", "read:neighborhood")
+    if split2d:
+        g.feat("split_2d", "split_2d:stencil")
+    return out
+
+
+def _gen_kernel(g: _Gen, st: _State) -> Task:
+    rng = g.rng
+    w = rng.randrange(len(st.shapes))
+    shape = st.shapes[w]
+    mapper = "one_to_one"
+    if g.on("custom_mappers") and rng.random() < 0.35:
+        mapper = rng.choice(["mirror", "shift", "point"])
+    mode = rng.choice(MODES)
+    wr = Write("data", w, mapper, mode)
+    range_shape = shape
+    if mapper in ("mirror", "shift"):
+        wr.dim = rng.randrange(len(shape))
+        wr.shift = rng.randrange(shape[wr.dim]) if mapper == "shift" else 0
+    elif mapper == "point":
+        range_shape = st.shapes[rng.randrange(len(st.shapes))]
+        wr.point = _far_point(rng, range_shape)
+        wr.dest = tuple(rng.randrange(s) for s in shape)
+    if mapper != "one_to_one":
+        g.feat(f"write:custom_{mapper}")
+    g.feat(f"mode:{mode}")
+    reads = _pick_reads(g, st, range_shape, avoid_data=set() if mapper == "one_to_one" else {w},
+                        own=w if mapper == "one_to_one" else None, avoid_targets=set())
+    t = Task("kernel", range_shape, reads, wr, c0=rng.randint(0, 9))
+    _kernel_options(g, t)
+    if g.on("reductions") and rng.random() < 0.2:
+        k = rng.randrange(len(st.targets))
+        if k not in {rd.buffer for rd in reads if rd.space == "target"}:
+            t.reds.append(_pick_reduction(g, st, k))
+            st.defined[k] = True
+            st.written_remote[k] = False
+            g.feat("red:with_write")
+    return t
+
+
+def _far_point(rng: random.Random, shape) -> tuple:
+    """Mostly the last index (its chunk is on the last rank/device), else anywhere."""
+    if rng.random() < 0.6:
+        return tuple(s - 1 for s in shape)
+    return tuple(rng.randrange(s) for s in shape)
+
+
+def _kernel_options(g: _Gen, t: Task) -> None:
+    rng = g.rng
+    t.local_range = _pick_local_range(g, t.range_shape)
+    if g.on("stencils") and len(t.range_shape) >= 2 and rng.random() < 0.4:
+        t.split2d = True
+        g.feat("split_2d")
+        if any(rd.mapper == "neighborhood" for rd in t.reads):
+            g.feat("split_2d:stencil")
+
+
+def _gen_reduce(g: _Gen, st: _State, first: int | None = None) -> Task:
+    """A kernel with one or more reductions (``first``: one of them into that target)."""
+    rng = g.rng
+    range_shape = st.shapes[rng.randrange(len(st.shapes))]
+    n = 1
+    if g.on("reductions"):
+        n = rng.randint(1, len(st.targets))
+        if n > 1:
+            g.feat("red:multi")
+    ks = rng.sample(range(len(st.targets)), n)
+    if first is not None and first not in ks:
+        ks[0] = first
+    reads = _pick_reads(g, st, range_shape, avoid_data=set(), own=None, avoid_targets=set(ks))
+    t = Task("kernel", range_shape, reads, None, c0=rng.randint(0, 5))
+    for k in ks:
+        t.reds.append(_pick_reduction(g, st, k))
+        st.defined[k] = True
+        st.written_remote[k] = False
+    _kernel_options(g, t)
+    return t
+
+
+def _gen_target_write(g: _Gen, st: _State) -> Task:
+    """A kernel whose chunk holding one point writes a reduction target (a custom point mapper)."""
+    rng = g.rng
+    k = rng.randrange(len(st.targets))
+    range_shape = st.shapes[rng.randrange(len(st.shapes))]
+    tshape = st.targets[k].shape
+    wr = Write("target", k, "point", "discard_write", point=_far_point(rng, range_shape), dest=(0,) * len(tshape))
+    reads = _pick_reads(g, st, range_shape, avoid_data=set(), own=None, avoid_targets={k})
+    t = Task("kernel", range_shape, reads, wr, c0=rng.randint(0, 9))
+    _kernel_options(g, t)
+    st.defined[k] = True
+    st.written_remote[k] = True
+    g.feat("write:target_by_point_mapper")
+    return t
+
+
+def _gen_host_range(g: _Gen, st: _State) -> Task:
+    rng = g.rng
+    w = rng.randrange(len(st.shapes))
+    write = rng.random() < 0.5
+    t = Task("host", st.shapes[w], c0=rng.randint(0, 9))
+    if write:
+        mode = rng.choice(MODES)
+        t.write = Write("data", w, "one_to_one", mode)
+        g.feat("host:write", f"mode:{mode}")
+    t.reads = _pick_reads(g, st, t.range_shape, avoid_data=set(), own=w if write else None, avoid_targets=set())
+    if rng.random() < 0.2:
+        t.on_master = True
+        g.feat("host:range_on_master")
+    else:
+        g.feat("host:range")
+    if rng.random() < 0.4:
+        t.oversub = rng.randint(2, 3)
+        g.feat("host:oversubscribe")
+    if rng.random() < 0.4:
+        # no side effect: partitions may run concurrently (and be oversubscribed); they
+        # record outside the runtime
+        t.side_effect = False
+        g.feat("host:no_side_effect")
+    return t
+
+
+# ---- the error kinds -------------------------------------------------------------------------
+def _gen_fail(g: _Gen) -> Program:
+    """Independent work, a failing kernel or host task, tasks that depend on it (markers), a sync."""
+    rng = g.rng
+    shapes, dtypes, init = _gen_buffers(g, 3, 4)
+    targets = _gen_targets(g)
+    st = _State(shapes, dtypes, targets)
+    x, y, z = 0, 1, 2
+    tasks: list[Task] = []
+    for _ in range(rng.randint(0, 2)):         # independent work before (may or may not have run)
+        reads = _pick_reads(g, st, shapes[z], avoid_data=set(), own=z, avoid_targets=set(), max_reads=2)
+        tasks.append(Task("kernel", shapes[z], reads, Write("data", z, "one_to_one", rng.choice(MODES)),
+                          c0=rng.randint(0, 9)))
+    host = rng.random() < 0.3
+    f = Task("host" if host else "kernel", shapes[x], [], Write("data", x, "one_to_one", "discard_write"),
+             c0=rng.randint(0, 9), fail_at=tuple(rng.randrange(s) for s in shapes[x]))
+    g.feat("fail:host_task" if host else "fail:kernel")
+    tasks.append(f)
+    deps = []
+    for _ in range(rng.randint(1, 4)):
+        c = rng.choice(["kernel_all", "chain", "master", "host_all", "reduce_all"] +
+                       (["side_effect"] if host else []))
+        if c == "kernel_all":
+            deps.append(Task("kernel", shapes[y], [Read("data", x, "all")], Write("data", y, "one_to_one",
+                                                                                    "discard_write"), marker=True))
+        elif c == "chain":
+            deps.append(Task("kernel", shapes[y], [Read("data", x, "all")],
+                             Write("data", y, "one_to_one", "discard_write"), marker=True))
+            deps.append(Task("kernel", shapes[y], [Read("data", y, "one_to_one")],
+                             Write("data", y, "one_to_one", "read_write"), marker=True))
+        elif c == "master":
+            deps.append(Task("master", reads=[Read("data", x, "all")], marker=True))
+        elif c == "host_all":
+            deps.append(Task("host", shapes[y], [Read("data", x, "all")], marker=True))
+        elif c == "reduce_all":
+            deps.append(Task("kernel", shapes[y], [Read("data", x, "all")], None, marker=True,
+                             reds=[RedSpec(0, "plus", targets[0].dtype if targets[0].dtype != "bool" else "bool",
+                                           True)]))
+            if targets[0].dtype == "bool":
+                deps[-1].reds[0].op = "logical_or"
+        elif c == "side_effect":
+            deps.append(Task("master", reads=[], marker=True))
+        g.feat(f"fail:dependent:{c}")
+    tasks += deps
+    sync = rng.choice(["wait", "fence", "shutdown"] + (["fence_log"] if host else []))
+    g.feat(f"fail:sync:{sync}")
+    p = Program("fail", shapes, dtypes, init, targets, tasks, sync=sync)
+    return p
+
+
+def _gen_bad_reduction(g: _Gen) -> Program:
+    rng = g.rng
+    shapes, dtypes, init = _gen_buffers(g, 1, 2)
+    td = rng.choice(["int32", "int64", "bool"])
+    vd = rng.choice(["float32", "float64"] + (["int32", "int64"] if td == "bool" else []))
+    targets = [TargetSpec(td, (1,), None), TargetSpec("int64", (1,), None)]
+    op = "logical_or" if td == "bool" else rng.choice(["plus", "maximum", "minimum"])
+    reds = [RedSpec(0, op, vd, True)]
+    if rng.random() < 0.5:       # a good reduction beside the bad one
+        reds.append(RedSpec(1, "plus", "int64", True))
+        g.feat("bad_red:with_good_one")
+    rng.shuffle(reds)
+    range_shape = shapes[0]
+    t = Task("kernel", range_shape, [Read("data", 0, "one_to_one")], None, reds=reds, c0=rng.randint(0, 5))
+    g.feat(f"bad_red:{vd}->{td}")
+    sync = rng.choice(["wait", "fence"])
+    return Program("bad_reduction", shapes, dtypes, init, targets, [t], sync=sync)
+
+
+def _gen_overlap(g: _Gen) -> Program:
+    rng = g.rng
+    n = rng.randint(1, 9)
+    shapes = [(n,)]
+    dtypes = ["int64"]
+    init = [_init_data(rng, (n,), "int64")]
+    mapper = rng.choice(["all", "neighborhood", "fixed"])
+    wr = Write("data", 0, mapper, "discard_write")
+    if mapper == "fixed":
+        lo = rng.randrange(n)
+        wr.fixed_box = ((lo,), (rng.randint(lo + 1, n),))
+    t = Task("kernel", (n,), [], wr, c0=rng.randint(0, 9))
+    g.feat(f"overlap:{mapper}")
+    return Program("overlap", shapes, dtypes, init, [], [t], sync="fence")
+
+
+# ---- sequential model ---------------------------------------------------------------------
+def _target_shape(p: Program, rd: Read):
+    return p.shapes[rd.buffer] if rd.space == "data" else p.targets[rd.buffer].shape
+
+
+def run_model(p: Program) -> dict:
+    """What every rank must observe.  ``log`` lists host-task entries in task order:
+    ``("m", task, value)`` (master node, rank 0 only) and ``("h", task, flat index, value)``."""
+    bufs = [a.copy() for a in p.init]
+    tvals: list[np.ndarray | None] = [None if t.init is None else np.asarray(t.init, dtype=t.dtype).reshape(t.shape)
+                                      for t in p.targets]
+    fences, log, log_fences, plain = [], [], [], []
+
+    def getter(space, k):
+        if space == "data":
+            return lambda box: as_int(bufs[k][box.slices])
+        return lambda box: as_int(tvals[k][box.slices])
+
+    def shape_of(rd):
+        return _target_shape(p, rd)
+
+    for idx, t in enumerate(p.tasks):
+        getters = {(rd.space, rd.buffer): getter(rd.space, rd.buffer) for rd in t.reads}
+        if t.kind == "fence":
+            if t.fence_space == "target":
+                fences.append(tvals[t.fence_index].copy())
+            elif t.fence_box:
+                fences.append(bufs[t.fence_index][Box.from_subrange(*t.fence_box).slices].copy())
+            else:
+                fences.append(bufs[t.fence_index].copy())
+        elif t.kind == "fence_log":
+            log_fences.append(list(log))
+        elif t.kind == "wait":
+            pass
+        elif t.kind == "master":
+            if t.reads:
+                rd = t.reads[0]
+                log.append(("m", idx, int(getters[(rd.space, rd.buffer)](Box.full(shape_of(rd))).sum())))
+            else:
+                log.append(("m", idx, 0))
+        else:
+            full = Box.full(t.range_shape)
+            vals = element_values(t, full, shape_of, getters)
+            if t.kind == "host":
+                flat = np.ravel_multi_index(np.indices(t.range_shape).reshape(len(t.range_shape), -1),
+                                            t.range_shape)
+                (log if t.side_effect else plain).extend(("h", idx, int(f), int(v))
+                                                         for f, v in zip(flat, vals.reshape(-1)))
+            for spec in t.reds:
+                tv = p.targets[spec.target]
+                tvals[spec.target] = reduce_model(vals, spec, tv.dtype, tvals[spec.target]).reshape(tv.shape)
+            w = t.write
+            if w is None:
+                continue
+            if w.space == "target":
+                tv = p.targets[w.buffer]
+                tvals[w.buffer] = store(vals[w.point], tv.dtype).reshape(tv.shape)
+                continue
+            shape = p.shapes[w.buffer]
+            for src, dest, flip in write_pieces(w, full, shape):
+                v = vals[src.slices]
+                if flip:
+                    v = np.flip(v, w.dim)
+                old = bufs[w.buffer][dest.slices]
+                bufs[w.buffer][dest.slices] = apply_mode(w.mode, v, old, dest, p.dtypes[w.buffer])
+    return {"buffers": bufs, "targets": tvals, "fences": fences, "log": log, "log_fences": log_fences,
+            "plain": plain}
+
+
+def overlap_expects_error(p: Program, chunks_possible: int) -> bool:
+    """An overlapping write is diagnosed whenever the kernel runs as two or more chunks."""
+    return p.tasks[0].range_shape[0] >= 2 and chunks_possible >= 2
+
+
+def overlap_model(p: Program) -> np.ndarray:
+    t = p.tasks[0]
+    out = p.init[0].copy()
+    region = _overlap_region(t.write, p.shapes[0])
+    out[region.slices] = (_weighted_index(region) + t.c0) % MOD
+    return out
+
+
+def _overlap_region(w: Write, shape) -> Box:
+    if w.mapper == "fixed":
+        lo, hi = w.fixed_box
+        return Box(lo, hi, 1)
+    return Box.full(shape)
+
+
+# ---- celeritas ----------------------------------------------------------------------------------
+class _Run:
+    """One rank's run of a program: its buffers, host object and recorded observations."""
+
+    def __init__(self, p: Program, q: cl.Queue, oversubscribe: int, ran: list | None):
+        self.p = p
+        self.q = q
+        self.rank = q.rank
+        self.oversubscribe = oversubscribe
+        self.ran = ran if ran is not None else []
+        self.bufs = [cl.Buffer(a, name=f"b{k}") for k, a in enumerate(p.init)]
+        self.tbufs = []
+        for k, t in enumerate(p.targets):
+            if t.init is None:
+                self.tbufs.append(cl.Buffer(shape=t.shape, dtype=t.dtype, name=f"r{k}"))
+            else:
+                self.tbufs.append(cl.Buffer(np.asarray(t.init, dtype=t.dtype).reshape(t.shape), name=f"r{k}"))
+        self.log = cl.HostObject([])
+        self.violations: list = []
+        self.plain: list = []           # entries of host tasks without a side effect
+        self.executed: list = []        # (task, elements) of every kernel chunk and host-task partition
+        self.wait_snapshots: list = []  # what had executed when each q.wait() returned
+        self.partitions: list = []      # (task, box) of their partitions
+        self.fence_futures: list = []
+        self.log_fence_futures: list = []
+
+    def buffer(self, space: str, k: int) -> cl.Buffer:
+        return self.bufs[k] if space == "data" else self.tbufs[k]
+
+    def submit(self, idx: int, t: Task) -> None:
+        q = self.q
+        if t.kind == "fence":
+            if t.fence_box:
+                self.fence_futures.append(q.fence(self.bufs[t.fence_index], cl.Subrange(*t.fence_box)))
+            else:
+                self.fence_futures.append(q.fence(self.buffer(t.fence_space, t.fence_index)))
+        elif t.kind == "fence_log":
+            self.log_fence_futures.append(q.fence(self.log))
+        elif t.kind == "wait":
+            q.wait(barrier=t.barrier)
+            done = Counter()
+            for i, n in list(self.executed):
+                done[i] += n
+            self.wait_snapshots.append((idx, dict(done)))
+        elif t.kind == "master":
+            q.submit(self._master_cgf(idx, t))
+        elif t.kind == "host":
+            q.submit(self._host_cgf(idx, t))
+        else:
+            q.submit(self._kernel_cgf(idx, t))
+
+    # -- helpers building accessors and getters
+    def _reads(self, cgh, t: Task) -> dict:
+        accs: dict = {}
+        for rd in t.reads:
+            m = make_read_mapper(rd)
+            accs.setdefault((rd.space, rd.buffer), []).append(self.buffer(rd.space, rd.buffer).access(cgh, m, cl.read))
+        return {key: (lambda box, lst=lst: _read_any(lst, box)) for key, lst in accs.items()}
+
+    def _shape_of(self, rd: Read):
+        return _target_shape(self.p, rd)
+
+    def _master_cgf(self, idx: int, t: Task):
+        run = self
+
+        def cgf(cgh):
+            getters = run._reads(cgh, t)
+            lst = cl.side_effect(run.log, cgh)
+
+            def fn(part):
+                if t.delay:
+                    time.sleep(t.delay)
+                run.executed.append((idx, 1))
+                if t.marker:
+                    run.ran.append(("master", idx, run.rank))
+                if t.reads:
+                    rd = t.reads[0]
+                    lst.append(("m", idx, int(getters[(rd.space, rd.buffer)](Box.full(run._shape_of(rd))).sum())))
+                else:
+                    lst.append(("m", idx, 0))
+            cgh.host_task(fn, on=cl.on_master_node, name=f"master_T{idx}")
+        return cgf
+
+    def _host_cgf(self, idx: int, t: Task):
+        run = self
+
+        def cgf(cgh):
+            getters = run._reads(cgh, t)
+            w = None
+            if t.write is not None:
+                w = run.bufs[t.write.buffer].access(cgh, cl.one_to_one(), t.write.mode)
+            lst = cl.side_effect(run.log, cgh) if t.side_effect else run.plain
+            k = t.oversub or run.oversubscribe
+            if k > 1:
+                cl.hint(cgh, cl.oversubscribe(k))
+
+            def fn(part):
+                box = part.box
+                if t.delay and box.contains((0,) * box.dims):
+                    time.sleep(t.delay)
+                if t.fail_at is not None and box.contains(t.fail_at):
+                    raise ValueError(f"injected failure in the partition holding {t.fail_at}")
+                run.executed.append((idx, box.area))
+                if t.marker:
+                    run.ran.append(("host", idx, run.rank, box))
+                if not t.side_effect:
+                    run.partitions.append((idx, box))
+                vals = element_values(t, box, run._shape_of, getters)
+                if w is not None:
+                    w[box] = apply_mode(t.write.mode, vals, np.asarray(w[box]), box, run.p.dtypes[t.write.buffer])
+                flat = np.ravel_multi_index(np.indices(box.range).reshape(box.dims, -1)
+                                            + np.asarray(box.min).reshape(-1, 1), t.range_shape)
+                lst.extend([("h", idx, int(f), int(v)) for f, v in zip(flat, vals.reshape(-1))])
+            cgh.host_task(fn, range=t.range_shape, on=cl.on_master_node if t.on_master else None,
+                          name=FAIL_KERNEL if t.fail_at is not None else f"host_T{idx}")
+        return cgf
+
+    def _kernel_cgf(self, idx: int, t: Task):
+        run = self
+        p = self.p
+
+        def cgf(cgh):
+            getters = run._reads(cgh, t)
+            wacc = None
+            w = t.write
+            if w is not None:
+                wshape = p.shapes[w.buffer] if w.space == "data" else p.targets[w.buffer].shape
+                wacc = run.buffer(w.space, w.buffer).access(cgh, make_write_mapper(w, wshape), w.mode)
+            reds = []
+            for spec in t.reds:
+                kw = {}
+                if spec.identity:
+                    kw["identity"] = _identity(spec.op, p.targets[spec.target].dtype)
+                reds.append(cl.reduction(run.tbufs[spec.target], cgh, OPS[spec.op],
+                                         initialize_to_identity=spec.init, **kw))
+            if t.split2d:
+                cl.hint(cgh, cl.split_2d())
+            k = t.oversub or run.oversubscribe
+            if k > 1:
+                cl.hint(cgh, cl.oversubscribe(k))
+
+            def kernel(chunk, *reducers):
+                box = chunk.box
+                if t.delay and box.contains((0,) * box.dims):
+                    time.sleep(t.delay)
+                if t.fail_at is not None and box.contains(t.fail_at):
+                    raise ValueError(f"injected failure in the chunk holding {t.fail_at}")
+                run.executed.append((idx, box.area))
+                if t.marker:
+                    run.ran.append(("kernel", idx, run.rank, box))
+                if t.local_range is not None:
+                    run._check_local_range(idx, t, box)
+                vals = element_values(t, box, run._shape_of, getters)
+                if w is not None:
+                    run._write(t, w, wacc, box, vals)
+                for spec, red in zip(t.reds, reducers):
+                    _combine(red, red_values(vals, spec, p.targets[spec.target].dtype), spec.combine)
+
+            name = FAIL_KERNEL if t.fail_at is not None else f"kernel_T{idx}"
+            cgh.parallel_for(t.range_shape, kernel, name=name, reductions=reds, local_range=t.local_range)
+        return cgf
+
+    def _write(self, t: Task, w: Write, wacc, box: Box, vals: np.ndarray) -> None:
+        p = self.p
+        if w.space == "target":
+            if box.contains(w.point):
+                tv = p.targets[w.buffer]
+                v = store(vals[tuple(a - b for a, b in zip(w.point, box.min))], tv.dtype)
+                wacc[Box.full(tv.shape)] = np.asarray(v).reshape(tv.shape)
+            return
+        if w.mapper in ("all", "fixed", "neighborhood"):      # overlap kind: values by destination index
+            granted = wacc.region
+            for dest in granted:
+                wacc[dest] = (_weighted_index(dest) + t.c0) % MOD
+            return
+        dtype = p.dtypes[w.buffer]
+        for src, dest, flip in write_pieces(w, box, p.shapes[w.buffer]):
+            v = vals[src.slices_in(box)]
+            if flip:
+                v = np.flip(v, w.dim)
+            old = np.asarray(wacc[dest])
+            wacc[dest] = apply_mode(w.mode, v, old, dest, dtype)
+
+    def _check_local_range(self, idx: int, t: Task, box: Box) -> None:
+        for d, lr in enumerate(t.local_range):
+            lo, hi, n = box.min[d], box.max[d], t.range_shape[d]
+            if lo % lr or ((hi - lo) % lr and hi != n):
+                self.violations.append((idx, self.rank, str(box), t.local_range))
+                return
+
+    def observe(self) -> dict:
+        q = self.q
+        out = {"fences": [f.result() for f in self.fence_futures]}
+        out["buffers"] = [q.fence(b).result() for b in self.bufs]
+        out["targets"] = [q.fence(b).result() if d else None
+                          for b, d in zip(self.tbufs, fenced_at_end(self.p))]
+        out["log"] = list(q.fence(self.log).result())
+        # read only now, when every host task has run: a fence that handed out the live
+        # object instead of a snapshot shows the final contents, whatever the timing
+        out["log_fences"] = [list(f.result()) for f in self.log_fence_futures]
+        q.wait()    # side-effect-free host tasks need not be done before any fence above
+        out["violations"] = list(self.violations)
+        out["plain"] = list(self.plain)
+        out["wait_snapshots"] = list(self.wait_snapshots)
+        out["partitions"] = list(self.partitions)
+        return out
+
+
+def fenced_at_end(p: Program) -> list[bool]:
+    """Targets whose final value is fenced at the end: defined ones, except those last
+    produced by a reduction and then read only by master-node host tasks (the value is
+    consumed on rank 0 alone, and the master's record is what is compared)."""
+    defined = [t.init is not None for t in p.targets]
+    master_only = [False] * len(p.targets)
+    for t in p.tasks:
+        for rd in t.reads:
+            if rd.space == "target":
+                master_only[rd.buffer] = t.kind == "master" and master_only[rd.buffer] is not False
+        for spec in t.reds:
+            defined[spec.target] = True
+            master_only[spec.target] = None        # produced by a reduction, not consumed yet
+        if t.write is not None and t.write.space == "target":
+            defined[t.write.buffer] = True
+            master_only[t.write.buffer] = False
+        if t.kind == "fence" and t.fence_space == "target":
+            master_only[t.fence_index] = False
+    return [d and m is not True for d, m in zip(defined, master_only)]
+
+
+def _identity(op: str, dtype: str):
+    dt = np.dtype(dtype)
+    if op in ("plus", "bit_or", "bit_xor"):
+        return dt.type(0)
+    if op == "multiplies":
+        return dt.type(1)
+    if op == "bit_and":
+        return dt.type(-1)
+    if op == "logical_and":
+        return True
+    if op == "logical_or":
+        return False
+    big = np.inf if dt.kind == "f" else np.iinfo(dt).max
+    return dt.type(big) if op == "minimum" else dt.type(-big if dt.kind == "f" else np.iinfo(dt).min)
+
+
+def _combine(red, values: np.ndarray, how: str) -> None:
+    flat = values.reshape(-1)
+    if how == "halves" and flat.size > 1:
+        red.combine(flat[: flat.size // 2])
+        red.combine(flat[flat.size // 2:])
+    elif how == "elements" and flat.size <= 64:
+        for v in flat:            # numpy scalars of the values' dtype
+            red.combine(v)
+    else:
+        red.combine(values)
+
+
+def _read_any(accessors, box: Box) -> np.ndarray:
+    """Several accessors of one buffer: the first whose granted region holds the box (as int64)."""
     for a in accessors:
         reg = a.region
-        if reg is not None and reg.contains(box):
-            return a[box]
-    return accessors[0][box]
+        if reg is not None and (box.empty or reg.contains(box)):
+            return as_int(a[box])
+    return as_int(accessors[0][box])
 
 
-def compare(got: dict, want: dict, rank: int = 0) -> None:
-    assert len(got["fences"]) == len(want["fences"])
-    for g, w in zip(got["fences"], want["fences"]):
-        np.testing.assert_array_equal(g, w)
-    for k, (g, w) in enumerate(zip(got["buffers"], want["buffers"])):
-        np.testing.assert_array_equal(g, w, err_msg=f"buffer b{k}")
-    assert got["reductions"] == want["reductions"]
-    if rank == 0:   # master-node host tasks observe the buffers on rank 0 only
-        assert got["sums"] == want["sums"]
+def run_celeritas(p: Program, q: cl.Queue, *, oversubscribe: int = 1, ran: list | None = None,
+                  gather: bool = False) -> dict:
+    """Run a ``main`` program on ``q``; this rank's observations (``gather``: every rank's, via a collective)."""
+    run = _Run(p, q, oversubscribe, ran)
+    for idx, t in enumerate(p.tasks):
+        run.submit(idx, t)
+    obs = run.observe()
+    if gather:
+        return {"ranks": _allgather(q, obs)}
+    return obs
+
+
+def _allgather(q: cl.Queue, obj) -> list:
+    box = cl.HostObject([])
+
+    def cgf(cgh):
+        lst = cl.side_effect(box, cgh)
+        cgh.host_task(lambda part: lst.append(part.comm.allgather(obj)), on=cl.collective, name="gather")
+    q.submit(cgf)
+    return q.fence(box).result()[0]
+
+
+def run_expecting_error(p: Program, q: cl.Queue, *, oversubscribe: int = 1, ran: list | None = None) -> dict:
+    """Run a ``fail`` / ``bad_reduction`` / ``overlap`` program; where (if at all) it raised."""
+    stage = "setup"
+    try:
+        run = _Run(p, q, oversubscribe, ran)
+        for idx, t in enumerate(p.tasks):
+            stage = f"submit T{idx}"
+            run.submit(idx, t)
+        stage = f"sync {p.sync}"
+        if p.sync == "wait":
+            q.wait()
+        elif p.sync == "fence":
+            written = [t.write.buffer for t in p.tasks if t.write is not None and t.write.space == "data"]
+            if p.kind == "bad_reduction":
+                buf = run.tbufs[0]
+            elif p.kind == "fail":
+                # the last buffer a dependent wrote, else the failing task's own output
+                after = [t.write.buffer for t in p.tasks if t.marker and t.write is not None]
+                buf = run.bufs[after[-1] if after else 0]
+            else:
+                buf = run.bufs[written[-1]]
+            result = q.fence(buf).result(timeout=120)
+            if p.kind == "overlap":
+                return {"error": None, "stage": "done", "result": result}
+        elif p.sync == "fence_log":
+            q.fence(run.log).result(timeout=120)
+        elif p.sync == "shutdown":
+            q.shutdown()
+            return {"error": None, "stage": "done"}
+        stage = "final wait"
+        q.wait()
+        return {"error": None, "stage": "done"}
+    except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+        return {"error": exc, "stage": stage}
+
+
+# ---- configurations and the simulated cluster --------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    ranks: int = 1
+    devices: int = 1
+    lookahead: str = "auto"
+    oversubscribe: int = 1
+    transfers: str = "staged"
+    backend: str = "host"           # host | opencl
+    accessor_checks: bool = True
+
+    def env(self) -> dict:
+        env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": "2",
+               "CELERITAS_MPI_DEVICE_MEMORY": self.transfers,
+               "CELERITAS_DIAGNOSTICS": "error",
+               "CELERITAS_ACCESSOR_CHECKS": "1" if self.accessor_checks else "0"}
+        if self.backend == "opencl":
+            env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
+        else:
+            env["CELERITAS_DEVICES"] = f"host:{self.devices}"
+        return env
+
+    def describe(self) -> str:
+        return (f"ranks={self.ranks} devices={self.backend}:{self.devices} lookahead={self.lookahead} "
+                f"oversubscribe={self.oversubscribe} transfers={self.transfers}")
+
+
+def random_config(rng: random.Random) -> Config:
+    return Config(ranks=rng.randint(1, 4), devices=rng.randint(1, 4),
+                  lookahead=rng.choice(["none", "auto", "infinite"]), oversubscribe=rng.choice([1, 3]),
+                  transfers=rng.choice(["staged", "direct"]))
+
+
+def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
+    """Run ``p`` on a simulated cluster: ``{"ranks": [outcome per rank], "cluster_error", "ran"}``.
+
+    A rank whose run raised re-raises after recording its outcome, so that
+    ``run_cluster`` aborts the peers instead of leaving them waiting for its data.
+    """
+    outcomes: list[dict | None] = [None] * cfg.ranks
+    ran: list = []
+    lock = threading.Lock()
+
+    def program(rank: int):
+        q = cl.Queue()
+        if p.kind == "main":
+            try:
+                obs = run_celeritas(p, q, oversubscribe=cfg.oversubscribe, ran=ran)
+            except Exception as exc:
+                with lock:
+                    outcomes[rank] = {"error": exc, "stage": "run"}
+                raise
+            outcomes[rank] = {"error": None, "obs": obs}
+            return None
+        res = run_expecting_error(p, q, oversubscribe=cfg.oversubscribe, ran=ran)
+        outcomes[rank] = res
+        if res["error"] is not None:
+            raise res["error"]
+        return None
+
+    cluster_error = None
+    try:
+        run_cluster(program, nodes=cfg.ranks, timeout=timeout, **cfg.env())
+    except Exception as exc:  # noqa: BLE001 - judged by check()
+        cluster_error = exc
+    return {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}
+
+
+# ---- checking ---------------------------------------------------------------------------------
+class Mismatch(AssertionError):
+    """A program disagreed with the model; ``tag`` classifies the first disagreement."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        self.tag = problems[0][0]
+        super().__init__("\n".join(f"[{t}] {m}" for t, m in problems[:12])
+                         + (f"\n... {len(problems) - 12} more" if len(problems) > 12 else ""))
+
+
+def _err_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def _array_diff(got, want) -> str | None:
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype}, expected {want.dtype}"
+    bad = np.argwhere(got != want)
+    if not len(bad):
+        return None
+    i = tuple(int(x) for x in bad[0])
+    return (f"{len(bad)} of {want.size} elements differ; first at {i}: got {got[i]!r}, expected {want[i]!r}"
+            if want.ndim else f"got {got[()]!r}, expected {want[()]!r}")
+
+
+def check(p: Program, want: dict | None, result: dict, cfg: Config) -> None:
+    """Raise ``Mismatch`` if what the ranks observed differs from the model (or the expected error)."""
+    if p.kind == "main":
+        check_main(p, want, result, cfg)
+    elif p.kind == "fail":
+        check_fail(p, result)
+    elif p.kind == "bad_reduction":
+        check_bad_reduction(p, result)
+    elif p.kind == "overlap":
+        check_overlap(p, result, cfg)
     else:
-        assert got["sums"] == []
+        raise ValueError(p.kind)
+
+
+def _crash_problems(result: dict) -> list[tuple[str, str]]:
+    probs = []
+    for r, o in enumerate(result["ranks"]):
+        if o is None:
+            ce = result["cluster_error"]
+            probs.append(("hang" if ce is not None else "crash",
+                          f"rank {r} did not finish: {_err_text(ce) if ce else '?'}"))
+        elif o["error"] is not None:
+            probs.append(("crash", f"rank {r} raised at {o['stage']}: {_err_text(o['error'])}"))
+    probs.sort(key=lambda pr: pr[0] != "crash" or "abort" in pr[1].lower())   # the primary error first
+    return probs
+
+
+def check_main(p: Program, want: dict, result: dict, cfg: Config) -> None:
+    probs = _crash_problems(result)
+    if probs:
+        raise Mismatch(probs)
+    compare_observations(p, want, [o["obs"] for o in result["ranks"]], cfg.oversubscribe)
+
+
+def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubscribe: int = 1) -> None:
+    """Every rank's observations against the model; host-task records are compared as the union over ranks."""
+    probs: list[tuple[str, str]] = []
+    h_union: Counter = Counter()
+    plain_union: Counter = Counter()
+    want_h = Counter(e for e in want["log"] if e[0] == "h")
+    want_m = [e for e in want["log"] if e[0] == "m"]
+    fence_tasks = [k for k, t in enumerate(p.tasks) if t.kind == "fence"]
+    for r, o in enumerate(per_rank):
+        for j, (g, w) in enumerate(zip(o["fences"], want["fences"])):
+            d = _array_diff(g, w)
+            if d:
+                t = p.tasks[fence_tasks[j]]
+                probs.append(("fence", f"rank {r}: fence T{fence_tasks[j]} of "
+                                       f"{'b' if t.fence_space == 'data' else 'r'}{t.fence_index}: {d}"))
+        for k, (g, w) in enumerate(zip(o["buffers"], want["buffers"])):
+            d = _array_diff(g, w)
+            if d:
+                probs.append(("buffer", f"rank {r}: buffer b{k}: {d}"))
+        for k, (g, w) in enumerate(zip(o["targets"], want["targets"])):
+            if w is None or g is None:
+                continue
+            d = _array_diff(g, w)
+            if d:
+                probs.append(("reduction", f"rank {r}: reduction target r{k} ({p.targets[k].dtype}): {d}"))
+        if o["violations"]:
+            probs.append(("local_range", f"rank {r}: chunks not made of whole work groups "
+                                         f"(task, rank, chunk, local_range): {o['violations'][:4]}"))
+        log = o["log"]
+        order = [e[1] for e in log]
+        if order != sorted(order):
+            probs.append(("log_order", f"rank {r}: side-effect host tasks ran out of submission order: {order}"))
+        m = [e for e in log if e[0] == "m"]
+        if r == 0 and m != want_m:
+            probs.append(("master", f"rank 0: master-node host tasks saw {m}, expected {want_m}"))
+        if r != 0 and m:
+            probs.append(("master", f"rank {r}: master-node host tasks ran here: {m}"))
+        h_union.update(e for e in log if e[0] == "h")
+        on_master = [e for e in log if e[0] == "h" and p.tasks[e[1]].on_master]
+        if r != 0 and on_master:
+            probs.append(("master", f"rank {r}: partitions of an on_master_node host task ran here: "
+                                    f"{on_master[:4]}"))
+        plain_union.update(o["plain"])
+        probs += _partition_problems(p, r, o["partitions"], oversubscribe)
+        for j, snap in enumerate(o["log_fences"]):
+            if snap != log[: len(snap)]:
+                probs.append(("host_object_fence", f"rank {r}: fence {j} of the host object is not a snapshot "
+                                                   f"(not a prefix of the final object)"))
+    if h_union != want_h:
+        missing = want_h - h_union
+        extra = h_union - want_h
+        probs.append(("host_range", f"host-task partitions (all ranks) recorded {sum(h_union.values())} entries, "
+                                    f"expected {sum(want_h.values())}; missing {sorted(missing)[:4]}, "
+                                    f"unexpected {sorted(extra)[:4]}"))
+    probs += _epoch_problems(p, per_rank)
+    if plain_union != Counter(want["plain"]):
+        want_p = Counter(want["plain"])
+        probs.append(("host_range", f"host-task partitions without side effect (all ranks) recorded "
+                                    f"{sum(plain_union.values())} entries, expected {sum(want_p.values())}; "
+                                    f"missing {sorted(want_p - plain_union)[:4]}, "
+                                    f"unexpected {sorted(plain_union - want_p)[:4]}"))
+    for j, wsnap in enumerate(want["log_fences"]):
+        union: Counter = Counter()
+        for r, o in enumerate(per_rank):
+            snap = o["log_fences"][j]
+            union.update(snap if r == 0 else [e for e in snap if e[0] != "m"])
+        if union != Counter(wsnap):
+            probs.append(("host_object_fence", f"fence {j} of the host object (all ranks) holds "
+                                               f"{sum(union.values())} entries, expected {len(wsnap)} "
+                                               f"(the object as it was when the fence ran)"))
+    if probs:
+        probs.sort(key=lambda pr: ["reduction", "local_range", "host_object_fence", "host_range", "master",
+                                   "log_order", "epoch", "host_oversubscribe", "fence", "buffer"].index(pr[0]))
+        raise Mismatch(probs)
+
+
+def _epoch_problems(p: Program, per_rank: list[dict]) -> list[tuple[str, str]]:
+    """When ``q.wait()`` returns, every kernel chunk and host-task partition submitted before it has run."""
+    probs = []
+    for j, (pos, _) in enumerate(per_rank[0]["wait_snapshots"]):
+        done: Counter = Counter()
+        for o in per_rank:
+            done.update(o["wait_snapshots"][j][1])
+        for idx, t in enumerate(p.tasks[:pos]):
+            if t.kind in ("kernel", "host"):
+                want = int(np.prod(t.range_shape))
+            elif t.kind == "master":
+                want = 1
+            else:
+                continue
+            if done[idx] != want:
+                probs.append(("epoch", f"q.wait() at T{pos} returned when T{idx} ({t.kind}) had run "
+                                       f"{done[idx]} of {want} elements (all ranks)"))
+    return probs
+
+
+def _partition_problems(p: Program, rank: int, partitions: list, oversubscribe: int) -> list[tuple[str, str]]:
+    """Partitions of a side-effect-free host task on one rank: disjoint, one box together, and
+    split ``oversubscribe`` ways (as Celerity splits a locally splittable task's chunk)."""
+    by_task: dict = {}
+    for idx, box in partitions:
+        by_task.setdefault(idx, []).append(box)
+    probs = []
+    for idx, boxes in sorted(by_task.items()):
+        t = p.tasks[idx]
+        if sum(b.area for b in boxes) != cl.Region(boxes).area:
+            probs.append(("host_range", f"rank {rank}: partitions of host task T{idx} overlap: {boxes}"))
+            continue
+        whole = cl.Region(boxes).bounding_box
+        if whole.area != cl.Region(boxes).area:
+            probs.append(("host_range", f"rank {rank}: partitions of host task T{idx} do not form one box: {boxes}"))
+            continue
+        k = t.oversub or oversubscribe
+        want_n = len(split_1d(whole, None, k))
+        if k > 1 and not t.on_master and len(boxes) != want_n:
+            probs.append(("host_oversubscribe", f"rank {rank}: host task T{idx} over {whole} with "
+                                                f"oversubscribe({k}) ran as {len(boxes)} partition(s), "
+                                                f"expected {want_n}"))
+    return probs
+
+
+def check_fail(p: Program, result: dict) -> None:
+    """No dependent ran; some rank raised a ``cl.KernelError`` naming the kernel; no other kind
+    of error.  A rank that depends on nothing of the failed chunk may finish normally."""
+    probs = []
+    if result["ran"]:
+        probs.append(("fail:dependent_ran", f"tasks depending on the failed one ran: {result['ran'][:4]}"))
+    errors = []
+    for r, o in enumerate(result["ranks"]):
+        if o is None:
+            probs.append(("hang", f"rank {r} did not finish: "
+                                  f"{_err_text(result['cluster_error']) if result['cluster_error'] else '?'}"))
+        elif o["error"] is not None:
+            if not isinstance(o["error"], cl.CeleritasError):
+                probs.append(("fail:foreign_error", f"rank {r} raised at {o['stage']}: {_err_text(o['error'])}"))
+            errors.append((r, o["stage"], o["error"]))
+    if not any(isinstance(e, cl.KernelError) and FAIL_KERNEL in str(e) for _r, _s, e in errors):
+        if errors:
+            probs.append(("fail:wrong_error", "no rank raised a cl.KernelError naming the kernel: " +
+                          "; ".join(f"rank {r} at {s}: {_err_text(e)}" for r, s, e in errors)))
+        elif not any(o is None for o in result["ranks"]):
+            probs.append(("fail:no_error", f"every rank finished normally after the failing {FAIL_KERNEL!r}"))
+    if probs:
+        raise Mismatch(probs)
+
+
+def check_bad_reduction(p: Program, result: dict) -> None:
+    """Some rank raised a ``cl.CeleritasError`` naming the target and both dtypes.  (A rank
+    without a chunk of the kernel may finish a ``wait`` normally: nothing there reads the target.)"""
+    probs = []
+    spec = next(s for s in p.tasks[0].reds if s.target == 0)
+    td, vd = p.targets[0].dtype, spec.vdtype
+    errors = []
+    for r, o in enumerate(result["ranks"]):
+        if o is None:
+            probs.append(("hang", f"rank {r} did not finish"))
+        elif o["error"] is not None:
+            errors.append((r, o["stage"], o["error"]))
+    ok = [e for _r, _s, e in errors
+          if isinstance(e, cl.CeleritasError) and "r0" in str(e) and td in str(e) and vd in str(e)]
+    if not errors and not probs:
+        probs.append(("bad_red:no_error", f"a reduction of {vd} values into the {td} target r0 finished "
+                                          f"without error on every rank"))
+    elif errors and not ok:
+        probs.append(("bad_red:wrong_error", f"no rank raised a cl.CeleritasError naming r0, {vd} and {td}: " +
+                      "; ".join(f"rank {r} at {s}: {_err_text(e)}" for r, s, e in errors)))
+    if probs:
+        raise Mismatch(probs)
+
+
+def chunks_possible(cfg: Config) -> int:
+    return cfg.ranks * cfg.devices * cfg.oversubscribe
+
+
+def check_overlap(p: Program, result: dict, cfg: Config) -> None:
+    probs = []
+    expect = overlap_expects_error(p, chunks_possible(cfg))
+    outs = result["ranks"]
+    diag = [o for o in outs if o is not None and isinstance(o["error"], cl.DiagnosticError)
+            and "b0" in str(o["error"]) and "overlap" in str(o["error"])]
+    if expect:
+        if not diag:
+            seen = "; ".join(f"rank {r}: " + ("hang" if o is None else "no error" if o["error"] is None
+                                              else _err_text(o["error"])) for r, o in enumerate(outs))
+            probs.append(("overlap:missed", f"chunks of {p.tasks[0].range_shape} on {cfg.describe()} write "
+                                            f"overlapping parts of b0 ({p.tasks[0].write.mapper}) and no rank "
+                                            f"reported a DiagnosticError: {seen}"))
+    else:
+        want = overlap_model(p)
+        for r, o in enumerate(outs):
+            if o is None or o["error"] is not None:
+                probs.append(("overlap:spurious", f"rank {r}: one chunk cannot overlap itself, yet: "
+                                                  f"{_err_text(o['error']) if o else 'hang'}"))
+            else:
+                d = _array_diff(o["result"], want)
+                if d:
+                    probs.append(("buffer", f"rank {r}: buffer b0: {d}"))
+    for r, o in enumerate(outs):
+        if o is not None and o["error"] is not None and not isinstance(o["error"], cl.CeleritasError):
+            probs.append(("crash", f"rank {r}: {_err_text(o['error'])}"))
+    if probs:
+        raise Mismatch(probs)
+
+
+def run_and_check(p: Program, cfg: Config, timeout: float = 120.0) -> None:
+    """Model, run and compare one program on one configuration (raises ``Mismatch``)."""
+    want = run_model(p) if p.kind == "main" else None
+    result = run_on_cluster(p, cfg, timeout)
+    check(p, want, result, cfg)

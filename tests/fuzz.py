@@ -1,0 +1,385 @@
+"""Run many differential programs across the configuration matrix and summarise the failures.
+
+    python -m tests.fuzz --programs 10000 --jobs 2
+    python -m tests.fuzz --programs 300 --groups reductions,cross_dtype --minimize
+    python -m tests.fuzz --show 1234                 # one program: listing, configuration, outcome
+    python -m tests.fuzz --show 1234 --minimize      # ... and its minimised form
+
+Program ``seed`` is ``differential.generate(random.Random(seed), kind, groups)``; its
+configuration (ranks 1-4, host devices 1-4, lookahead, oversubscription, staged or
+direct transfers) is drawn from the seed too, unless ``--config`` pins it.  Each
+failure is printed with its seed, configuration, feature set and the first line of
+what differed; ``--minimize`` shrinks the first failing program of every failure tag
+(tasks, reads, reductions, options, then the configuration) while it keeps failing
+with the same tag, and prints what is left.  The exit status is 1 when a program failed.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import multiprocessing
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+_TESTS = Path(__file__).resolve().parent
+for _p in (_TESTS.parent, _TESTS):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from differential import (GROUPS, KINDS, Config, Mismatch, Program, random_config,  # noqa: E402
+                          generate, run_and_check)
+
+
+@dataclass
+class Result:
+    seed: int
+    kind: str
+    config: Config
+    features: list[str]
+    tag: str | None                 # None: matched
+    message: str
+    seconds: float
+
+
+def config_for(seed: int, pinned: dict | None = None) -> Config:
+    cfg = random_config(random.Random(seed * 7919 + 17))
+    return replace(cfg, **pinned) if pinned else cfg
+
+
+def parse_config(text: str | None) -> dict | None:
+    """``ranks=2,devices=1,lookahead=none,oversubscribe=3,transfers=direct,backend=opencl``."""
+    if not text:
+        return None
+    out: dict = {}
+    for item in text.split(","):
+        k, _, v = item.partition("=")
+        k = k.strip()
+        if k not in Config.__dataclass_fields__:
+            raise SystemExit(f"--config: unknown field {k!r}; use {', '.join(Config.__dataclass_fields__)}")
+        out[k] = int(v) if k in ("ranks", "devices", "oversubscribe") else (v == "1" if k == "accessor_checks" else v)
+    return out
+
+
+def parse_groups(text: str) -> tuple[str, ...]:
+    if text == "all":
+        return GROUPS
+    if text in ("", "none", "base"):
+        return ()
+    groups = tuple(g for g in text.split(",") if g)
+    bad = [g for g in groups if g not in GROUPS]
+    if bad:
+        raise SystemExit(f"--groups: unknown {bad}; choose from {', '.join(GROUPS)}")
+    return groups
+
+
+def quiet_runtime_logs() -> None:
+    """Failed programs make the runtime log their errors; the summary reports them instead."""
+    lg = logging.getLogger("celeritas")
+    lg.addHandler(logging.NullHandler())
+    lg.propagate = False
+
+
+def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None, timeout: float) -> Result:
+    quiet_runtime_logs()
+    p = generate(random.Random(seed), kind=kind, groups=groups)
+    cfg = config_for(seed, pinned)
+    t0 = time.perf_counter()
+    tag, msg = None, ""
+    try:
+        run_and_check(p, cfg, timeout=timeout)
+    except Mismatch as exc:
+        tag, msg = exc.tag, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a crash of the harness itself is a result too
+        tag, msg = "harness", f"{type(exc).__name__}: {exc}"
+    return Result(seed, p.kind, cfg, sorted(p.features), tag, msg, time.perf_counter() - t0)
+
+
+def _run_one_args(args):
+    return run_one(*args)
+
+
+# ---- minimisation ------------------------------------------------------------------------------
+def valid(p: Program) -> bool:
+    """Targets are read, fenced or reduced without initialize_to_identity only once defined;
+    the error kinds keep what makes them that kind."""
+    defined = [t.init is not None for t in p.targets]
+    for t in p.tasks:
+        for rd in t.reads:
+            if rd.space == "target" and not defined[rd.buffer]:
+                return False
+        if t.kind == "fence" and t.fence_space == "target" and not defined[t.fence_index]:
+            return False
+        for spec in t.reds:
+            if not spec.init and not defined[spec.target]:
+                return False
+        for spec in t.reds:
+            defined[spec.target] = True
+        if t.write is not None and t.write.space == "target":
+            defined[t.write.buffer] = True
+    if p.kind == "fail" and not _markers_depend_on_failure(p):
+        return False
+    if p.kind == "bad_reduction" and not any(s.target == 0 for t in p.tasks for s in t.reds):
+        return False
+    if p.kind == "overlap" and not p.tasks:
+        return False
+    return True
+
+
+def _markers_depend_on_failure(p: Program) -> bool:
+    """Every task that records that it ran must (transitively) depend on the failing one."""
+    failing = [i for i, t in enumerate(p.tasks) if t.fail_at is not None]
+    if not failing:
+        return False
+    tainted: set = set()
+    log_tainted = False
+    for i, t in enumerate(p.tasks):
+        if i < failing[0]:
+            continue
+        reads = {rd.buffer for rd in t.reads if rd.space == "data"}
+        side = t.kind == "master" or (t.kind == "host" and t.side_effect)
+        depends = i == failing[0] or bool(reads & tainted) or (side and log_tainted)
+        if t.marker and not depends:
+            return False
+        if depends:
+            if t.write is not None and t.write.space == "data":
+                tainted.add(t.write.buffer)
+            if side:
+                log_tainted = True
+    return True
+
+
+def _fails(p: Program, cfg: Config, tag: str, timeout: float) -> bool:
+    if not valid(p):
+        return False
+    try:
+        run_and_check(p, cfg, timeout=timeout)
+    except Mismatch as exc:
+        return exc.tag == tag
+    except Exception:  # noqa: BLE001 - a different failure is not the one being minimised
+        return False
+    return False
+
+
+def _task_variants(p: Program, i: int):
+    """Simpler versions of task ``i`` (one change each)."""
+    t = p.tasks[i]
+    for j in range(len(t.reads)):
+        q = copy.deepcopy(p)
+        del q.tasks[i].reads[j]
+        yield q
+    if len(t.reds) > 1 or (t.reds and t.write is not None):
+        for j in range(len(t.reds)):
+            q = copy.deepcopy(p)
+            del q.tasks[i].reds[j]
+            yield q
+    simpler = {"local_range": None, "split2d": False, "oversub": None, "c0": 0, "on_master": False,
+               "fence_box": None, "barrier": False, "delay": 0.0, "side_effect": True}
+    for attr, value in simpler.items():
+        if getattr(t, attr) != value:
+            q = copy.deepcopy(p)
+            setattr(q.tasks[i], attr, value)
+            yield q
+    for j, spec in enumerate(t.reds):
+        for attr, value in {"combine": "whole", "identity": False, "wide": False, "init": True}.items():
+            if getattr(spec, attr) != value:
+                q = copy.deepcopy(p)
+                setattr(q.tasks[i].reds[j], attr, value)
+                yield q
+    if t.write is not None and t.write.mode != "discard_write":
+        q = copy.deepcopy(p)
+        q.tasks[i].write.mode = "discard_write"
+        yield q
+
+
+def _config_variants(cfg: Config):
+    if cfg.ranks > 1:
+        yield replace(cfg, ranks=1)
+        if cfg.ranks > 2:
+            yield replace(cfg, ranks=2)
+    if cfg.devices > 1:
+        yield replace(cfg, devices=1)
+        if cfg.devices > 2:
+            yield replace(cfg, devices=2)
+    if cfg.oversubscribe > 1:
+        yield replace(cfg, oversubscribe=1)
+    if cfg.lookahead != "none":
+        yield replace(cfg, lookahead="none")
+    if cfg.transfers != "staged":
+        yield replace(cfg, transfers="staged")
+
+
+def _drop_unused(p: Program) -> Program:
+    """Remove buffers and targets no task uses (renumbering the rest)."""
+    used_d, used_t = set(), set()
+    for t in p.tasks:
+        for rd in t.reads:
+            (used_d if rd.space == "data" else used_t).add(rd.buffer)
+        if t.write is not None:
+            (used_d if t.write.space == "data" else used_t).add(t.write.buffer)
+        for s in t.reds:
+            used_t.add(s.target)
+        if t.kind == "fence":
+            (used_d if t.fence_space == "data" else used_t).add(t.fence_index)
+    if p.kind != "main":
+        return p
+    dmap = {old: new for new, old in enumerate(sorted(used_d))}
+    tmap = {old: new for new, old in enumerate(sorted(used_t))}
+    q = copy.deepcopy(p)
+    q.shapes = [s for k, s in enumerate(p.shapes) if k in dmap]
+    q.dtypes = [s for k, s in enumerate(p.dtypes) if k in dmap]
+    q.init = [s for k, s in enumerate(p.init) if k in dmap]
+    q.targets = [s for k, s in enumerate(p.targets) if k in tmap]
+    for t in q.tasks:
+        for rd in t.reads:
+            rd.buffer = (dmap if rd.space == "data" else tmap)[rd.buffer]
+        if t.write is not None:
+            t.write.buffer = (dmap if t.write.space == "data" else tmap)[t.write.buffer]
+        for s in t.reds:
+            s.target = tmap[s.target]
+        if t.kind == "fence":
+            t.fence_index = (dmap if t.fence_space == "data" else tmap)[t.fence_index]
+    return q
+
+
+def minimize(p: Program, cfg: Config, tag: str, timeout: float = 30.0, log=print) -> tuple[Program, Config]:
+    """Shrink ``p`` and ``cfg`` while the program keeps failing with ``tag``."""
+    changed = True
+    while changed:
+        changed = False
+        for i in reversed(range(len(p.tasks))):
+            if i >= len(p.tasks):
+                continue
+            q = copy.deepcopy(p)
+            del q.tasks[i]
+            if q.tasks and _fails(q, cfg, tag, timeout):
+                p, changed = q, True
+        for i in range(len(p.tasks)):
+            for q in _task_variants(p, i):
+                if _fails(q, cfg, tag, timeout):
+                    p, changed = q, True
+                    break
+        for c in _config_variants(cfg):
+            if _fails(p, c, tag, timeout):
+                cfg, changed = c, True
+                break
+    q = _drop_unused(p)
+    if q is not p and _fails(q, cfg, tag, timeout):
+        p = q
+    p.features = set()       # the generator's record no longer describes what is left
+    return p, cfg
+
+
+def _failure_reruns(p: Program, cfg: Config, tag: str, n: int, timeout: float) -> int:
+    return sum(_fails(p, cfg, tag, timeout) for _ in range(n))
+
+
+# ---- reporting -----------------------------------------------------------------------------------
+def summarize(results: list[Result], out=print) -> None:
+    failed = [r for r in results if r.tag is not None]
+    by_kind = Counter(r.kind for r in results)
+    fail_kind = Counter(r.kind for r in failed)
+    out(f"\n{len(results)} programs, {len(failed)} failed "
+        f"({', '.join(f'{k}: {fail_kind[k]}/{by_kind[k]}' for k in KINDS if by_kind[k])}); "
+        f"{sum(r.seconds for r in results):.0f} s of program time")
+    if not failed:
+        return
+    out("\nfailures by tag:")
+    for tag, n in Counter(r.tag for r in failed).most_common():
+        out(f"  {tag:24s} {n}")
+    # features most over-represented among the failures (how to read: which feature to suspect)
+    present = Counter(f for r in results for f in r.features)
+    in_failed = Counter(f for r in failed for f in r.features)
+    base = len(failed) / len(results)
+    rows = []
+    for f, n in present.items():
+        if n >= 5:
+            rate = in_failed[f] / n
+            rows.append((rate, f, in_failed[f], n))
+    rows.sort(reverse=True)
+    out(f"\nfeatures by failure rate (overall {base:.0%}):")
+    for rate, f, k, n in rows[:25]:
+        out(f"  {rate:5.0%}  {k:4d}/{n:<5d} {f}")
+    out("\nfailing programs:")
+    for r in sorted(failed, key=lambda r: (r.tag, r.seed)):
+        first = r.message.splitlines()[0] if r.message else ""
+        out(f"  seed {r.seed} [{r.tag}] {r.kind} | {r.config.describe()}\n"
+            f"      features: {', '.join(r.features)}\n      {first[:300]}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--programs", type=int, default=200)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes")
+    ap.add_argument("--kind", choices=KINDS, default=None, help="only this program kind (default: a mix)")
+    ap.add_argument("--groups", default="all", help=f"optional feature groups: all, none, or from {GROUPS}")
+    ap.add_argument("--config", default=None, help="pin configuration fields, e.g. ranks=2,devices=1")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per program before it counts as hung")
+    ap.add_argument("--show", type=int, default=None, help="run one seed and print its listing and outcome")
+    ap.add_argument("--minimize", action="store_true", help="shrink the first failure of every tag")
+    args = ap.parse_args(argv)
+    quiet_runtime_logs()
+    groups = parse_groups(args.groups)
+    pinned = parse_config(args.config)
+
+    if args.show is not None:
+        r = run_one(args.show, args.kind, groups, pinned, args.timeout)
+        p = generate(random.Random(args.show), kind=args.kind, groups=groups)
+        print(f"seed {args.show} | {r.config.describe()}\n{p.describe()}\n")
+        print("matched the model" if r.tag is None else f"FAILED [{r.tag}]\n{r.message}")
+        if r.tag is not None and args.minimize:
+            _print_minimized(p, r.config, r.tag, args.timeout)
+        return 0 if r.tag is None else 1
+
+    seeds = range(args.first_seed, args.first_seed + args.programs)
+    work = [(s, args.kind, groups, pinned, args.timeout) for s in seeds]
+    results: list[Result] = []
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+            for r in pool.imap_unordered(_run_one_args, work, chunksize=4):
+                results.append(r)
+                _progress(results, args.programs, t0)
+    else:
+        for w in work:
+            results.append(run_one(*w))
+            _progress(results, args.programs, t0)
+    print(f"\r{len(results)} programs in {time.perf_counter() - t0:.0f} s" + " " * 20)
+    summarize(results)
+    if args.minimize:
+        firsts = {}
+        for r in sorted(results, key=lambda r: r.seed):
+            if r.tag is not None and r.tag not in firsts:
+                firsts[r.tag] = r
+        for tag, r in firsts.items():
+            p = generate(random.Random(r.seed), kind=args.kind, groups=groups)
+            print(f"\n=== minimising seed {r.seed} [{tag}] on {r.config.describe()}")
+            _print_minimized(p, r.config, tag, args.timeout)
+    return 1 if any(r.tag is not None for r in results) else 0
+
+
+def _print_minimized(p: Program, cfg: Config, tag: str, timeout: float) -> None:
+    mp, mcfg = minimize(p, cfg, tag, timeout=min(timeout, 60.0))
+    print(f"minimal [{tag}] on {mcfg.describe()} (fails {_failure_reruns(mp, mcfg, tag, 3, timeout)}/3 reruns):")
+    print(mp.describe())
+    try:
+        run_and_check(mp, mcfg, timeout=timeout)
+        print("(passed on the last rerun)")
+    except Mismatch as exc:
+        print(str(exc))
+
+
+def _progress(results: list[Result], total: int, t0: float) -> None:
+    if sys.stdout.isatty() or len(results) % 100 == 0 or len(results) == total:
+        nf = sum(r.tag is not None for r in results)
+        print(f"\r{len(results)}/{total} programs, {nf} failed, {time.perf_counter() - t0:.0f} s",
+              end="" if sys.stdout.isatty() else "\n", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
