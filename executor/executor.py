@@ -997,9 +997,11 @@ def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None
     s = src.reshape(-1)[:count]
     d = dst.reshape(-1)
     if count:
-        r = op.reduce(s)
+        # in the buffer's dtype: numpy reduces small integers in a wider accumulator, whose
+        # result then did not fit back (integer reductions wrap, as the partials did)
+        r = op.reduce(s, dtype=d.dtype)
         if include_dest:
-            r = op(d[0], r)
+            r = op(d[0], r, dtype=d.dtype)
     elif include_dest:
         return
     else:

@@ -91,6 +91,17 @@ def test_uint8_maximum_of_float_values_is_an_error():
         run_cluster(_cross_dtype(np.float64, np.uint8, op=cl.maximum, value=299.7), nodes=1, devices=1)
 
 
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 3), (2, 2), (4, 1)])
+@pytest.mark.parametrize("op,value", [(cl.multiplies, 3), (cl.plus, 2**30 + 7)])
+def test_int32_partials_combine_with_wrap_around_in_any_split(nodes, devices, op, value):
+    """Partial results gathered from chunks, devices and ranks are combined in the target's
+    dtype: numpy reduces int32 in an int64 accumulator, whose result did not fit back into
+    the buffer (an internal OverflowError on 2+ chunks)."""
+    got = run_cluster(_cross_dtype(np.int32, np.int32, op=op, value=value, n=64), nodes=nodes, devices=devices)
+    want = op.reduce(np.full(64, value, dtype=np.int32), dtype=np.int32)
+    assert [int(x) for x in got] == [int(want)] * nodes
+
+
 @pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (1, 4), (2, 2), (4, 1)])
 def test_allowed_cross_dtype_reductions_do_not_depend_on_the_split(nodes, devices):
     # int64 values into int32 wrap element-wise (same_kind), so the total is the same
