@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import itertools
 import random
+import re
 import threading
 import time
 import traceback
@@ -1641,8 +1642,15 @@ def check_fail(p: Program, result: dict) -> None:
     """No dependent ran; some rank raised a ``cl.KernelError`` naming the kernel; no other kind
     of error.  A rank that depends on nothing of the failed chunk may finish normally."""
     probs = []
-    if result["ran"]:
-        probs.append(("fail:dependent_ran", f"tasks depending on the failed one ran: {result['ran'][:4]}"))
+    # A dependent only through the host object's side effect (a master task with no reads)
+    # depends on the failed task's chunk on its own rank only: a chunk failing on another
+    # rank cannot stop it, since nothing travels between the ranks for it.
+    failed_on = {int(m) for o in result["ranks"] if o is not None and o["error"] is not None
+                 for m in re.findall(r"failed on rank (\d+)", str(o["error"]))}
+    ran = [e for e in result["ran"]
+           if not (e[0] == "master" and not p.tasks[e[1]].reads and failed_on and e[2] not in failed_on)]
+    if ran:
+        probs.append(("fail:dependent_ran", f"tasks depending on the failed one ran: {ran[:4]}"))
     errors = []
     for r, o in enumerate(result["ranks"]):
         if o is None:
