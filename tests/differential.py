@@ -1395,11 +1395,14 @@ class Config:
     transfers: str = "staged"
     backend: str = "host"           # host | opencl
     accessor_checks: bool = True
+    replay: str = "on"              # CELERITAS_REPLAY
+    memory: float | None = None     # host devices' capacity: this fraction of the program's bytes (see
+                                    # device_memory_for), so that buffers are evicted and chunks batched
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": "2",
                "CELERITAS_MPI_DEVICE_MEMORY": self.transfers,
-               "CELERITAS_DIAGNOSTICS": "error",
+               "CELERITAS_DIAGNOSTICS": "error", "CELERITAS_REPLAY": self.replay,
                "CELERITAS_ACCESSOR_CHECKS": "1" if self.accessor_checks else "0"}
         if self.backend == "opencl":
             env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
@@ -1409,13 +1412,46 @@ class Config:
 
     def describe(self) -> str:
         return (f"ranks={self.ranks} devices={self.backend}:{self.devices} lookahead={self.lookahead} "
-                f"oversubscribe={self.oversubscribe} transfers={self.transfers}")
+                f"oversubscribe={self.oversubscribe} transfers={self.transfers} replay={self.replay}"
+                + (f" memory={self.memory}" if self.memory is not None else ""))
+
+    def fields(self) -> str:
+        """The ``--config`` text of ``tests.fuzz`` that pins this configuration."""
+        return ",".join(f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__
+                        if k != "accessor_checks" and getattr(self, k) is not None)
+
+
+REPLAY_CHOICES = ("on", "on", "off")                # replay is the default: mostly on
+MEMORY_CHOICES = (None, None, None, 0.3, 0.6, 1.0)  # unbounded, or a fraction of the program's bytes
 
 
 def random_config(rng: random.Random) -> Config:
     return Config(ranks=rng.randint(1, 4), devices=rng.randint(1, 4),
                   lookahead=rng.choice(["none", "auto", "infinite"]), oversubscribe=rng.choice([1, 3]),
-                  transfers=rng.choice(["staged", "direct"]))
+                  transfers=rng.choice(["staged", "direct"]), replay=rng.choice(REPLAY_CHOICES),
+                  memory=rng.choice(MEMORY_CHOICES))
+
+
+def device_memory_for(p: Program, fraction: float) -> int:
+    """Bytes per host device: ``fraction`` of all the program's buffers together, but never
+    less than what any one task touches in full (plus its reductions' scratch), so that
+    every chunk fits in batches and a run never fails for lack of memory: what is tested
+    is that eviction and batching keep the results exact."""
+    def nbytes(space: str, idx: int) -> int:
+        if space == "target":
+            t = p.targets[idx]
+            return int(np.prod(t.shape, dtype=np.int64)) * np.dtype(t.dtype).itemsize
+        return int(np.prod(p.shapes[idx], dtype=np.int64)) * np.dtype(p.dtypes[idx]).itemsize
+    total = sum(nbytes("data", i) for i in range(len(p.shapes))) + \
+        sum(nbytes("target", i) for i in range(len(p.targets)))
+    need = 0
+    for t in p.tasks:
+        touched = {(r.space, r.buffer) for r in t.reads}
+        if t.write is not None:
+            touched.add((t.write.space, t.write.buffer))
+        touched |= {("target", r.target) for r in t.reds}
+        need = max(need, sum(nbytes(*b) for b in touched) + 16 * len(t.reds))
+    return max(need, int(total * fraction))
 
 
 def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
@@ -1446,8 +1482,11 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
         return None
 
     cluster_error = None
+    env = cfg.env()
+    if cfg.memory is not None and cfg.backend == "host":
+        env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_for(p, cfg.memory))
     try:
-        run_cluster(program, nodes=cfg.ranks, timeout=timeout, **cfg.env())
+        run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()
         cluster_error = exc
     return {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}

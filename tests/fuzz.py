@@ -61,7 +61,8 @@ def parse_config(text: str | None) -> dict | None:
         k = k.strip()
         if k not in Config.__dataclass_fields__:
             raise SystemExit(f"--config: unknown field {k!r}; use {', '.join(Config.__dataclass_fields__)}")
-        out[k] = int(v) if k in ("ranks", "devices", "oversubscribe") else (v == "1" if k == "accessor_checks" else v)
+        out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe") else v == "1" if k == "accessor_checks"
+                  else (None if v == "None" else float(v)) if k == "memory" else v)
     return out
 
 
@@ -96,7 +97,10 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
         tag, msg = exc.tag, str(exc)
     except Exception as exc:  # noqa: BLE001 - a crash of the harness itself is a result too
         tag, msg = "harness", f"{type(exc).__name__}: {exc}"
-    return Result(seed, p.kind, cfg, sorted(p.features), tag, msg, time.perf_counter() - t0)
+    # (the configuration's dimensions go into the per-feature table beside the program's)
+    dims = [f"config:replay:{cfg.replay}", f"config:memory:{cfg.memory if cfg.memory is not None else 'unbounded'}",
+            f"config:ranks:{cfg.ranks}", f"config:devices:{cfg.devices}", f"config:lookahead:{cfg.lookahead}"]
+    return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 
 
 def _run_one_args(args):
