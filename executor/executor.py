@@ -175,6 +175,21 @@ def _noop() -> None:
     pass
 
 
+class _LaneInfo:
+    """What issuing on one engine lane needs, looked up once per lane (cached in the
+    engine lane's ``handle``): the backend lane, whether its work may run inline, and
+    for device lanes the array module and native queue kernels get."""
+
+    __slots__ = ("lane", "name", "inline", "xp", "stream")
+
+    def __init__(self, lane: Lane, inline: bool, xp: Any, stream: Any):
+        self.lane = lane
+        self.name = lane.name
+        self.inline = inline
+        self.xp = xp
+        self.stream = stream
+
+
 class Executor:
     """Executes instruction batches on ``backend``; owns one thread.
 
@@ -206,18 +221,19 @@ class Executor:
         self._name = name
 
         self._allocs: dict[int, Any] = {}           # allocation id -> backend array
+        # allocation id -> {(box.lo, box.hi): view}: copies and sends of a repeating step
+        # take the same boxes of the same allocations every time (see _view)
+        self._views: dict[int, dict[tuple, Any]] = {}
         self._user_buffers: dict[int, Any] = {}     # buffer id -> host array, until its allocation id is known
         self._backend_allocs: dict[int, int] = {}   # allocation id -> memory (made by backend.allocate)
         self._host_objects: dict[int, Any] = {}
         self._groups: dict[int, Communicator] = {}
         self._group_handles: dict[int, Any] = {}
-        self._lanes: dict[tuple, Lane] = {}
-        # Inline execution (see _dispatch): lanes whose work the executor may run itself,
-        # and per kind of work (kernel name / copy size class) an estimate of its run time
+        # Inline execution (see _dispatch): whether lanes' work may run on this thread
+        # (per lane, in _LaneInfo), and per kind of work (kernel name / copy size class)
+        # an estimate of its run time
         self._inline_ns = int(inline_threshold * 1e9) if inline_threshold and inline_threshold > 0 else 0
         self._inline_bytes = inline_copy_bytes if self._inline_ns else -1
-        self._inline_lanes: set[Lane] = set()
-        self._kernel_lane_info: dict[Lane, tuple[Any, Any]] = {}
         self._has_global_range: dict[type, bool] = {}
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
@@ -280,6 +296,7 @@ class Executor:
         """Register a user-memory (M0) array as allocation ``aid``; call before any
         instruction uses ``aid``."""
         self._allocs[aid] = array
+        self._views.pop(aid, None)
 
     def track_user_buffer(self, bid: int, array: Any) -> None:
         """Register a host-initialized buffer's array (from the application thread, before
@@ -441,6 +458,7 @@ class Executor:
     def _accept(self, batch: InstructionBatch) -> None:
         for aid, bid in batch.user_allocations:
             self._allocs[aid] = self._user_buffers.pop(bid)
+            self._views.pop(aid, None)
         comm = self._comm
         for p in batch.pilots if not self._failed else ():
             try:
@@ -510,13 +528,8 @@ class Executor:
                 else:
                     still.append(a)
             self._sends = still
-        assign = self._engine.assign_one
-        while not self._stop:
-            a = assign()
-            if a is None:
-                break
+        if self._issue_ready():
             progress = True
-            self._issue(a)
         if self._unverified_epoch is not None and (self._failed or self._epoch_verified(self._unverified_epoch[0])):
             instr, t0 = self._unverified_epoch
             self._unverified_epoch = None
@@ -533,7 +546,31 @@ class Executor:
 
     # ------------------------------------------------------------------ issue / retire
 
+    def _issue_ready(self) -> bool:
+        """Issue every instruction the engine has ready (inline work completes right here
+        and may make more ready); True if there was any."""
+        assign = self._engine.assign_one
+        issuers = self._issuers
+        issued = False
+        while not self._stop:
+            a = assign()
+            if a is None:
+                return issued
+            issued = True
+            instr = a.instruction
+            if self._failed:
+                self._wind_down(instr)
+                continue
+            try:
+                issuer = issuers.get(type(instr)) or self._issuer_for_subclass(instr)
+                issuer(a)
+            except Exception as exc:  # noqa: BLE001 - policy: report, retire, keep going
+                self._report(exc, instr)
+                self._engine.complete(instr.id)
+        return issued
+
     def _issue(self, a: Assignment) -> None:
+        """Issue one assignment (the loop issues through ``_issue_ready``)."""
         instr = a.instruction
         if self._failed:
             self._wind_down(instr)
@@ -596,20 +633,26 @@ class Executor:
             self._report(error, instr)
         self._engine.complete(instr.id)
 
-    def _lane(self, a: Assignment) -> Lane:
-        key = (a.target, a.device, a.lane)
-        lane = self._lanes.get(key)
-        if lane is None:
-            if a.target is Target.DEVICE_LANE:
-                lane = Lane("device", a.device, a.lane)
-            elif a.target is Target.HOST_LANE:
-                lane = Lane("host", None, a.lane)
-            else:
-                raise ValueError(f"instruction I{a.instruction.id} on {a.target} has no lane")
-            self._lanes[key] = lane
-            if self._inline_ns and self._backend.runs_inline(lane):
-                self._inline_lanes.add(lane)
-        return lane
+    def _lane(self, a: Assignment) -> _LaneInfo:
+        info = a.lane_ref.handle if a.lane_ref is not None else None
+        if info is None:
+            info = self._lane_info(a)
+        return info
+
+    def _lane_info(self, a: Assignment) -> _LaneInfo:
+        if a.target is Target.DEVICE_LANE:
+            lane = Lane("device", a.device, a.lane)
+        elif a.target is Target.HOST_LANE:
+            lane = Lane("host", None, a.lane)
+        else:
+            raise ValueError(f"instruction I{a.instruction.id} on {a.target} has no lane")
+        backend = self._backend
+        device = lane.kind == "device"
+        info = _LaneInfo(lane, bool(self._inline_ns) and backend.runs_inline(lane),
+                         backend.xp_for_memory(device_memory(lane.device) if device else HOST_MEMORY),
+                         backend.lane_handle(lane))
+        a.lane_ref.handle = info
+        return info
 
     # ------------------------------------------------------------------ inline execution
     # Handing an instruction to a host lane costs a queue put, a worker wake-up, a GIL
@@ -636,16 +679,21 @@ class Executor:
         else:
             costs[key] = old + (ns - old) // 4
 
-    def _dispatch(self, a: Assignment, lane: Lane, fn: Callable[[], Any], key: Any) -> None:
-        """Run ``fn`` for ``a`` inline when that is allowed and cheap, else launch it on ``lane``."""
+    def _dispatch(self, a: Assignment, lane: _LaneInfo, fn: Callable[..., Any], key: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` for ``a`` inline when that is allowed and cheap, else launch it
+        on ``lane``.  ``key`` is a kernel's cost key (a tuple) or a size in bytes."""
         instr = a.instruction
-        if not a.eager and lane in self._inline_lanes:
-            est = self._costs.get(key) if type(key) is tuple else (0 if key <= self._inline_bytes else None)
-            if est is not None and est <= self._inline_ns:
+        if lane.inline and not a.eager:
+            if type(key) is tuple:
+                est = self._costs.get(key)
+                cheap = est is not None and est <= self._inline_ns
+            else:
+                cheap = key <= self._inline_bytes
+            if cheap:
                 t0 = _perf_ns()
                 error = None
                 try:
-                    fn()
+                    fn(*args)
                 except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
                     error = exc
                 t1 = _perf_ns()
@@ -657,7 +705,9 @@ class Executor:
                     self._report(error, instr)
                 self._engine.complete(instr.id)
                 return
-        active = self._track_backend(instr, lane, self._backend.launch(lane, fn, dependent=a.eager))
+        if args:
+            fn = functools.partial(fn, *args)
+        active = self._track_backend(instr, lane.lane, self._backend.launch(lane.lane, fn, dependent=a.eager))
         if type(key) is tuple:   # (completions are handled on this thread, so in time)
             active.cost_key = key
 
@@ -700,6 +750,7 @@ class Executor:
                                  ExecutorStopped("an earlier instruction failed before this fence"))
             elif isinstance(instr, FreeInstruction):
                 arr = self._allocs.pop(instr.allocation, None)    # absent if its alloc was skipped
+                self._views.pop(instr.allocation, None)
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 if arr is not None and memory is not None:
                     self._backend.free(memory, arr)
@@ -724,6 +775,7 @@ class Executor:
         t0 = _perf_ns()
         shape, dtype = _alloc_layout(instr)
         self._allocs[instr.allocation] = self._backend.allocate(instr.memory, shape, dtype)
+        self._views.pop(instr.allocation, None)
         self._backend_allocs[instr.allocation] = instr.memory
         self._complete_sync(instr, "alloc", t0)
 
@@ -731,6 +783,7 @@ class Executor:
         instr: FreeInstruction = a.instruction
         t0 = _perf_ns()
         arr = self._allocs.pop(instr.allocation, None)
+        self._views.pop(instr.allocation, None)
         memory = self._backend_allocs.pop(instr.allocation, None)
         if arr is None:
             log.warning("free of unknown allocation A%d (I%d)", instr.allocation, instr.id)
@@ -742,48 +795,57 @@ class Executor:
         instr: CopyInstruction = a.instruction
         lane = self._lane(a)
         allocs = self._allocs
-        if lane in self._inline_lanes:   # a plain host lane: the backend would run copy_box
-            self._dispatch(a, lane, functools.partial(
-                copy_box, allocs[instr.source], instr.source_box, allocs[instr.dest], instr.dest_box,
-                instr.box), instr.size_bytes)
+        if lane.inline:   # a plain host lane: the backend would run copy_box
+            box = instr.box
+            if box.empty:
+                self._dispatch(a, lane, _noop, 0)
+                return
+            dst = self._view(instr.dest, instr.dest_box, box)
+            src = self._view(instr.source, instr.source_box, box)
+            if src.shape != dst.shape:
+                src = src.reshape(dst.shape)
+            self._dispatch(a, lane, _assign, instr.size_bytes, dst, src)
             return
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
-                               instr.dest_box, instr.box, lane, dependent=a.eager)
-        self._track_backend(instr, lane, c)
+                               instr.dest_box, instr.box, lane.lane, dependent=a.eager)
+        self._track_backend(instr, lane.lane, c)
 
-    @staticmethod
-    def _launch_fn(instr: Instruction, ctx: LaunchContext | None) -> Callable[[], Any]:
-        launcher = instr.launcher
-        return _noop if launcher is None else functools.partial(launcher, ctx)
-
-    def _launch(self, a: Assignment, lane: Lane, ctx: LaunchContext | None) -> None:
-        self._track_backend(a.instruction, lane,
-                            self._backend.launch(lane, self._launch_fn(a.instruction, ctx), dependent=a.eager))
+    def _view(self, aid: int, extent: Any, box: Any) -> Any:
+        """``box_view`` of allocation ``aid``, cached until the allocation goes away."""
+        views = self._views.get(aid)
+        if views is None:
+            views = self._views[aid] = {}
+        key = (box.lo, box.hi)
+        v = views.get(key)
+        if v is None:
+            if len(views) >= _VIEWS_PER_ALLOCATION:    # growing boxes (lookahead off): start over
+                views.clear()
+            v = views[key] = box_view(self._allocs[aid], extent, box)
+        return v
 
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
         lane = self._lane(a)
         allocs = self._allocs
-        per_lane = self._kernel_lane_info.get(lane)
-        if per_lane is None:   # (xp, stream) of a device lane: constant for the lane's lifetime
-            backend = self._backend
-            per_lane = self._kernel_lane_info[lane] = (backend.xp_for_memory(device_memory(instr.device)),
-                                                       backend.lane_handle(lane))
         accesses = instr.accesses
         reductions = instr.reductions
         cls = type(instr)
         has_range = self._has_global_range.get(cls)
         if has_range is None:
             has_range = self._has_global_range[cls] = hasattr(cls, "global_range")
+        box = instr.box
         ctx = LaunchContext(
-            instr.box, instr.device,
+            box, instr.device,
             [allocs[acc.allocation] if acc.allocation >= 0 else None for acc in accesses] if accesses else [],
             [allocs[r.allocation] for r in reductions] if reductions else [],
-            per_lane[0], tuple(instr.global_range) if has_range else (), None, self._rank, per_lane[1],
+            lane.xp, tuple(instr.global_range) if has_range else (), None, self._rank, lane.stream,
             accesses, instr.task)
-        box = instr.box
-        self._dispatch(a, lane, self._launch_fn(instr, ctx),
-                       (instr.name, box.area.bit_length() if box is not None else 0))
+        launcher = instr.launcher
+        key = (instr.name, box.area.bit_length() if box is not None else 0)
+        if launcher is None:
+            self._dispatch(a, lane, _noop, key)
+        else:
+            self._dispatch(a, lane, launcher, key, ctx)
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction
@@ -796,11 +858,13 @@ class Executor:
             box=instr.box, device=None,
             arrays=[allocs[acc.allocation] if acc.allocation >= 0 else None for acc in instr.accesses],
             reduction_arrays=[],
-            xp=self._backend.xp_for_memory(HOST_MEMORY),
+            xp=lane.xp,
             global_range=tuple(instr.global_range), communicator=comm,
-            rank=self._comm.rank, stream=self._backend.lane_handle(lane),
+            rank=self._comm.rank, stream=lane.stream,
             accesses=instr.accesses, task=instr.task)
-        self._launch(a, lane, ctx)
+        launcher = instr.launcher
+        fn = _noop if launcher is None else functools.partial(launcher, ctx)
+        self._track_backend(instr, lane.lane, self._backend.launch(lane.lane, fn, dependent=a.eager))
 
     def _collective_handle(self, group: int) -> Any:
         h = self._group_handles.get(group)
@@ -816,7 +880,7 @@ class Executor:
 
     def _issue_send(self, a: Assignment) -> None:
         instr: SendInstruction = a.instruction
-        view = box_view(self._allocs[instr.source], instr.source_box, instr.box)
+        view = self._view(instr.source, instr.source_box, instr.box)
         comm = self._comm
         if not comm.accepts_strided and not view.flags.c_contiguous:
             view = np.ascontiguousarray(view)
@@ -846,16 +910,14 @@ class Executor:
         def fill() -> None:
             arr.reshape(-1)[:count] = identity
 
-        lane = self._lane(a)
-        self._dispatch(a, lane, fill, count * 8)
+        self._dispatch(a, self._lane(a), fill, count * 8)
 
     def _issue_reduce(self, a: Assignment) -> None:
         instr: ReduceInstruction = a.instruction
         src = self._allocs[instr.source]
         dst = self._allocs[instr.dest]
-        lane = self._lane(a)
-        self._dispatch(a, lane, functools.partial(_reduce, src, dst, instr.count, instr.op, instr.include_dest),
-                       instr.count * 8)
+        self._dispatch(a, self._lane(a), _reduce, instr.count * 8, src, dst, instr.count, instr.op,
+                       instr.include_dest)
 
     def _issue_fence(self, a: Assignment) -> None:
         instr: FenceInstruction = a.instruction
@@ -864,6 +926,7 @@ class Executor:
         try:
             if instr.allocation is not None:
                 arr = self._allocs.pop(instr.allocation)
+                self._views.pop(instr.allocation, None)
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 result = self._backend.hand_over(memory, arr) if memory is not None else arr
             elif instr.host_object is not None:
@@ -896,6 +959,7 @@ class Executor:
     def _collect_garbage(self, garbage: list[int]) -> None:
         for aid in garbage:
             arr = self._allocs.pop(aid, None)
+            self._views.pop(aid, None)
             memory = self._backend_allocs.pop(aid, None)
             if arr is not None and memory is not None:
                 self._backend.hand_over(memory, arr)
@@ -991,6 +1055,13 @@ def _alloc_layout(instr: AllocInstruction) -> tuple[tuple[int, ...], Any]:
         elif instr.box is None and instr.size_bytes:
             shape = (instr.size_bytes // np.dtype(dtype).itemsize,)
     return shape, dtype
+
+
+_VIEWS_PER_ALLOCATION = 64
+
+
+def _assign(dst: Any, src: Any) -> None:
+    dst[...] = src
 
 
 def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None:

@@ -1,0 +1,193 @@
+"""The executor alone: instruction batches recorded from real programs, replayed without a scheduler.
+
+    python -m benchmarks.bench_executor [--repeat N] [--iterations N] [--tasks N]
+
+A program runs once under the real runtime while every ``InstructionBatch`` the
+scheduler hands to the executor is recorded; the batches are then submitted, all
+at once, to a fresh ``Executor`` on a fresh ``HostBackend`` and timed from the
+first submit until the executor thread ended (the recording ends in the shutdown
+epoch).  This isolates what happens after the scheduler hands work over: the
+engine, issuing, inline execution and lane hand-offs, retiring.
+
+Reported per instruction: wall time, and the executor thread's own CPU time
+(``pthread_getcpuclockid``), which with no-op kernels is the executor's Python
+cost per instruction.  Programs:
+
+* ``stencil``: the 128² wave_sim step on ``host:4`` (wave_sim's kernel, or a
+  no-op kernel with the same accessors);
+* ``tiny``: independent ``parallel_for((4,))`` no-op tasks on ``host:4``.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+import celeritas as cl
+from apps import wave_sim
+from executor import executor as executor_module
+from executor.backends.host import HostBackend
+from celeritas.runtime import GC_THRESHOLDS
+from executor.communicator import SingleRankCommunicator
+
+
+@dataclass
+class Recording:
+    batches: list
+    user_buffers: dict[int, np.ndarray]
+    host_objects: dict[int, Any]
+    devices: int
+
+    @property
+    def num_instructions(self) -> int:
+        return sum(len(b.instructions) for b in self.batches)
+
+
+def record(program: Callable[[cl.Queue], None], devices: int) -> Recording:
+    """Run ``program`` on a fresh runtime with ``host:devices`` and keep what reached the executor."""
+    cls = executor_module.Executor
+    batches: list = []
+    buffers: dict[int, np.ndarray] = {}
+    objects: dict[int, Any] = {}
+    saved = cls.submit, cls.track_user_buffer, cls.track_host_object
+
+    def submit(self, batch):
+        batches.append(batch)
+        saved[0](self, batch)
+
+    def track_user_buffer(self, bid, array):
+        buffers[bid] = np.array(array, copy=True)
+        saved[1](self, bid, array)
+
+    def track_host_object(self, hoid, obj):
+        objects[hoid] = obj
+        saved[2](self, hoid, obj)
+
+    cls.submit, cls.track_user_buffer, cls.track_host_object = submit, track_user_buffer, track_host_object
+    try:
+        q = cl.Queue(devices=f"host:{devices}")
+        program(q)
+        q.shutdown()
+    finally:
+        cls.submit, cls.track_user_buffer, cls.track_host_object = saved
+    return Recording(batches, buffers, objects, devices)
+
+
+def replay(rec: Recording) -> tuple[float, float]:
+    """(wall seconds, executor-thread CPU seconds) to run every recorded batch.
+
+    The garbage collector is tuned as a running runtime tunes it (``CELERITAS_GC``)."""
+    saved_gc = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        return _replay(rec)
+    finally:
+        gc.set_threshold(*saved_gc)
+
+
+def _replay(rec: Recording) -> tuple[float, float]:
+    backend = HostBackend(rec.devices)
+    errors: list = []
+    ex = executor_module.Executor(backend, SingleRankCommunicator(), on_error=lambda e, i: errors.append(e),
+                                  name="celeritas-executor-replay")
+    for bid, arr in rec.user_buffers.items():
+        ex.track_user_buffer(bid, arr.copy())
+    for hoid, obj in rec.host_objects.items():
+        ex.track_host_object(hoid, obj)
+    cpu: list[float] = []
+    run = ex._run
+
+    def timed_run() -> None:       # the thread's CPU clock ends with it: read it from inside
+        c0 = time.thread_time()
+        try:
+            run()
+        finally:
+            cpu.append(time.thread_time() - c0)
+
+    ex._run = timed_run
+    t0 = time.perf_counter()
+    ex.start()
+    for b in rec.batches:
+        ex.submit(b)
+    ex.join()
+    wall = time.perf_counter() - t0
+    backend.close()
+    if errors:
+        raise RuntimeError(f"replay failed: {errors[0]!r}")
+    return wall, cpu[0]
+
+
+def stencil_program(n: int, iterations: int, noop: bool) -> Callable[[cl.Queue], None]:
+    def program(q: cl.Queue) -> None:
+        a = cl.Buffer(np.ones((n, n), np.float32))
+        b = cl.Buffer(np.ones((n, n), np.float32))
+        for _ in range(iterations):
+            if noop:
+                noop_step(q, a, b)
+            else:
+                wave_sim.submit_step(q, a, b, 1.0, 1.0, 0.1, n)
+            a, b = b, a
+        q.wait()
+    return program
+
+
+def noop_step(q: cl.Queue, up: cl.Buffer, u: cl.Buffer) -> None:
+    """wave_sim's step with the same accessors and split, and a kernel that does nothing."""
+    def cgf(cgh):
+        up.access(cgh, cl.one_to_one(), cl.read_write)
+        u.access(cgh, cl.neighborhood(1, 1, shape="along_axes"), cl.read)
+        cgh.parallel_for(up.shape, _noop, name="step")
+    q.submit(cgf)
+
+
+def _noop(chunk) -> None:
+    return None
+
+
+def tiny_program(n: int) -> Callable[[cl.Queue], None]:
+    def cgf(cgh):
+        cgh.parallel_for((4,), _noop, name="tiny")
+
+    def program(q: cl.Queue) -> None:
+        for _ in range(n):
+            q.submit(cgf)
+        q.wait()
+    return program
+
+
+def measure(rec: Recording, repeat: int) -> tuple[float, float]:
+    """Best (wall, cpu) µs per instruction over ``repeat`` replays."""
+    n = rec.num_instructions
+    runs = [replay(rec) for _ in range(repeat)]
+    return min(w for w, _ in runs) / n * 1e6, min(c for _, c in runs) / n * 1e6
+
+
+def main(argv=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=500)
+    p.add_argument("--tasks", type=int, default=2500)
+    args = p.parse_args(argv)
+    cases = [("128² stencil, no-op kernels, host:4", stencil_program(128, args.iterations, True), args.iterations),
+             ("128² stencil, wave_sim kernel, host:4", stencil_program(128, args.iterations, False),
+              args.iterations),
+             ("tiny no-op tasks, host:4", tiny_program(args.tasks), args.tasks)]
+    t = Table(title=f"executor alone: recorded batches replayed (best of {args.repeat})")
+    for col in ("program", "instructions", "wall µs/instr", "executor CPU µs/instr", "wall µs/step"):
+        t.add_column(col, justify="right" if col != "program" else "left")
+    for name, prog, steps in cases:
+        rec = record(prog, 4)
+        wall, cpu = measure(rec, args.repeat)
+        n = rec.num_instructions
+        t.add_row(name, f"{n}", f"{wall:.2f}", f"{cpu:.2f}", f"{wall * n / steps:.1f}")
+    Console().print(t)
+
+
+if __name__ == "__main__":
+    main()
