@@ -45,6 +45,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-wave", action="store_true")
     p.add_argument("--skip-pingpong", action="store_true")
     p.add_argument("--strided", action="store_true", help="also compare strided datatypes with staging copies")
+    p.add_argument("--idle", action="store_true", help="also: CPU use of a rank waiting at a fence")
     a = p.parse_args(argv)
     a.size = a.size or (4096 if a.full else 1024)
     a.steps = a.steps or (50 if a.full else 30)
@@ -295,6 +296,62 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
+# ---------------------------------------------------------------------------------- idle CPU
+
+
+def idle_cpu(q, comm, seconds: float) -> tuple[float, float]:
+    """CPU use (% of one core, whole process) of rank 0 while it waits at a fence.
+
+    The chunk of a 2-element kernel on rank ``owner`` sleeps ``seconds``; rank 0
+    then fences the buffer: (a) ``owner`` 1: rank 0 waits for rank 1's row (a
+    receive is outstanding the whole time), (b) ``owner`` 0: for its own kernel
+    (nothing outstanding in MPI).
+    """
+    import resource
+
+    import celeritas as cl
+    x = cl.Buffer(np.zeros((2, 8), np.float64), name="idle")
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def produce(owner: int):
+        def cgf(cgh):
+            x.access(cgh, lambda chunk, shape: cl.Subrange((chunk.offset[0], 0), (chunk.range[0], shape[1])),
+                     cl.write)
+            cgh.parallel_for((2,), _sleep_on(owner, seconds), name="produce")
+        return cgf
+
+    out = []
+    for owner in (1, 0):
+        q.wait(barrier=True)
+        c0, t0 = cpu(), time.perf_counter()
+        q.submit(produce(owner))
+        result = q.fence(x).result()          # rank 0 needs row ``owner``
+        dt = time.perf_counter() - t0
+        c1 = cpu()
+        assert result.shape == (2, 8)
+        out.append(100 * (c1 - c0) / dt)
+    q.wait(barrier=True)
+    return out[0], out[1]
+
+
+def _sleep_on(owner: int, seconds: float):
+    """A kernel of a (2,) range whose chunk ``owner`` (on rank ``owner``) sleeps."""
+    def kernel(chunk):
+        if chunk.offset[0] == owner:
+            time.sleep(seconds)
+    return kernel
+
+
+def bench_idle(q, comm, args, console) -> None:
+    a, b = idle_cpu(q, comm, 2.0)
+    if comm.Get_rank() == 0:
+        console.print(f"CPU use of rank 0 waiting 2 s at a fence: {a:.1f} % of a core while it waits for "
+                      f"a peer's data (a receive outstanding), {b:.1f} % while it waits for its own kernel")
+
+
 # ---------------------------------------------------------------------------------- strided
 
 
@@ -379,6 +436,8 @@ def main(argv=None) -> int:
         bench_wave(q, comm, args, console)
     if not args.skip_pingpong and comm.Get_size() >= 2:
         bench_pingpong(q, comm, args, console)
+    if args.idle and comm.Get_size() >= 2:
+        bench_idle(q, comm, args, console)
     if args.strided and comm.Get_size() >= 2:
         bench_strided(comm, args, console)
     q.shutdown()

@@ -695,6 +695,7 @@ def _default_communicator(config: cfg.Config):
         else:
             if launched_under_mpi():
                 return MpiCommunicator(strided=config.mpi_strided, poll_max=config.mpi_poll_max_us * 1e-6,
+                                       poll_spin=config.mpi_spin_us * 1e-6,
                                        divergence_timeout=config.divergence_timeout,
                                        divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT",
                                        cuda_aware=config.mpi_cuda_aware)
