@@ -84,6 +84,9 @@ class Config:
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
     gc: str = "tuned"     # CPython's cyclic GC thresholds while the runtime runs (see Runtime)
+    # CPython's GIL switch interval while the runtime runs, in µs (None: leave it alone;
+    # see Runtime._tune_switch_interval)
+    switch_interval_us: float | None = None
     # MPI tuning, handed to the MPI communicator (which reads no environment itself):
     # how strided boxes travel, the progress thread's longest sleep while payloads are
     # in flight, how long a shutdown/barrier epoch waits for the peers' matching epoch
@@ -206,6 +209,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
         gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),
+        switch_interval_us=_positive_float(env, "CELERITAS_SWITCH_INTERVAL_US", None, "microseconds", off=True),
         mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
         mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),
         mpi_spin_us=_nonnegative_float(env, "CELERITAS_MPI_SPIN_US", 100.0, "microseconds"),

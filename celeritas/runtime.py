@@ -45,6 +45,8 @@ class _ClusterContext(threading.local):
 
 _cluster = _ClusterContext()
 _process: dict[str, "Runtime | None"] = {"runtime": None}
+# interpreter settings a runtime of this process changed (restored by the runtime that did)
+_process_tuning: dict[str, Any] = {"switch_interval": None}
 _process_lock = threading.Lock()
 
 
@@ -314,6 +316,7 @@ class Runtime:
         if getattr(self.executor, "tracing", False):     # exact starvation in the summary (not in dry runs)
             self.scheduler.busy_intervals = []
         self._saved_gc_threshold = self._tune_gc(config.gc)
+        self._saved_switch_interval = self._tune_switch_interval(config.switch_interval_us)
         self.executor.start()
         self.scheduler.start()
         self.task_manager = tg.TaskManager(horizon_step=config.horizon_step,
@@ -656,10 +659,38 @@ class Runtime:
         gc.set_threshold(*GC_THRESHOLDS)
         return current
 
+    @staticmethod
+    def _tune_switch_interval(us: float | None) -> float | None:
+        """Shorten CPython's GIL switch interval while the runtime runs; the old one, to restore.
+
+        A rank runs several Python threads under one GIL: application, scheduler,
+        executor (and lane workers).  A thread that wakes up (the executor when a
+        payload or a lane's completion arrives) waits for a thread busy in Python to
+        give the GIL up, which it does only once the switch interval (5 ms by default)
+        has passed: a hop or a completion then waits milliseconds behind the
+        scheduler compiling later tasks.  ``CELERITAS_SWITCH_INTERVAL_US`` sets it
+        (``off`` leaves the interpreter's setting alone); like the GC thresholds it is
+        process-wide, so only the first runtime of a process changes and restores it.
+        """
+        if us is None:
+            return None
+        current = sys.getswitchinterval()
+        wanted = us * 1e-6
+        if _process_tuning["switch_interval"] is not None:   # another runtime of this process already did it
+            return None
+        sys.setswitchinterval(wanted)
+        _process_tuning["switch_interval"] = sys.getswitchinterval()    # as the interpreter rounded it
+        return current
+
     def _release_current(self) -> None:
         saved, self._saved_gc_threshold = getattr(self, "_saved_gc_threshold", None), None
         if saved is not None and gc.get_threshold() == GC_THRESHOLDS:
             gc.set_threshold(*saved)
+        saved_si, self._saved_switch_interval = getattr(self, "_saved_switch_interval", None), None
+        if saved_si is not None:
+            if sys.getswitchinterval() == _process_tuning["switch_interval"]:
+                sys.setswitchinterval(saved_si)
+            _process_tuning["switch_interval"] = None
         if _cluster.runtime is self:
             _cluster.runtime = None
         with _process_lock:

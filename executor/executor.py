@@ -207,14 +207,15 @@ class Executor:
                  max_host_lanes: int = 4, max_device_lanes: int = 4,
                  trace: bool = False, idle_timeout: float = 0.1,
                  poll_interval: float = 20e-6, inline_threshold: float = 100e-6,
-                 inline_copy_bytes: int = 128 * 1024, name: str = "celeritas-executor"):
+                 inline_copy_bytes: int = 128 * 1024, inline_alone_threshold: float = 2e-3,
+                 inline_alone_copy_bytes: int = 8 << 20, name: str = "celeritas-executor"):
         self._backend = backend
         self._comm = communicator
         self._on_horizon = on_horizon
         self._on_epoch = on_epoch
         self._on_error = on_error
         self._engine = OutOfOrderEngine(max_host_lanes=max_host_lanes,
-                                        max_device_lanes=max_device_lanes)
+                                        max_device_lanes=max_device_lanes, eager_filter=self._eager_ok)
         self._arbiter = ReceiveArbiter(communicator)
         self._inbox = _Inbox()
         self._idle_timeout = idle_timeout
@@ -224,6 +225,9 @@ class Executor:
         self._poll_min = getattr(communicator, "poll_min", poll_interval)
         self._poll_max = max(getattr(communicator, "poll_max", poll_interval), self._poll_min)
         self._poll_delay = 0.0
+        self._idle_start = 0            # when the current wait with nothing but MPI outstanding began
+        self._idle_estimate = 0         # how long such waits took lately (ns): spin only if short
+        self._next_epoch_poll = 0
         self._name = name
 
         self._allocs: dict[int, Any] = {}           # allocation id -> backend array
@@ -240,6 +244,8 @@ class Executor:
         # an estimate of its run time
         self._inline_ns = int(inline_threshold * 1e9) if inline_threshold and inline_threshold > 0 else 0
         self._inline_bytes = inline_copy_bytes if self._inline_ns else -1
+        self._alone_ns = max(int(inline_alone_threshold * 1e9), self._inline_ns) if self._inline_ns else 0
+        self._alone_bytes = max(inline_alone_copy_bytes, self._inline_bytes) if self._inline_ns else -1
         self._has_global_range: dict[type, bool] = {}
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
@@ -438,7 +444,8 @@ class Executor:
             if self._stop:
                 return
             if progress:
-                self._poll_delay = 0.0
+                if self._poll_delay:
+                    self._end_idle_wait()
                 continue
             self._wait()
 
@@ -446,14 +453,24 @@ class Executor:
     # With nothing to issue, the loop sleeps on its inbox, which the scheduler (batches),
     # lane workers (completions) and notifying communicators fill.  A polling
     # communicator (MPI) cannot notify: while sends or receives are outstanding the
-    # loop polls it itself.  When that is all the rank waits for (no lane work in
-    # flight), the peers' answer is the critical path: the loop polls without pause
-    # for the communicator's ``poll_spin`` seconds, since a sleep costs ~30-70 us
-    # before the thread runs again on this kind of machine; then it sleeps between
-    # polls, ``poll_min`` growing by a quarter per empty poll up to ``poll_max``, so a
-    # rank that waits long for a peer costs little CPU.  While lane work is in flight
-    # it skips the spin: the lane's completion wakes it, and polling would take CPU
-    # and the GIL from the work.  With nothing outstanding at all it sleeps until woken.
+    # loop polls it itself, and what that costs is CPU and GIL hand-offs (every MPI
+    # call releases the GIL; a lane thread that wants it takes it) taken from the
+    # work of this rank and, on a small machine, of the others.
+    #   * Nothing but the network left to wait for (no lane work in flight): the
+    #     peers' answer is the critical path.  If this rank's recent waits of that
+    #     kind ended within ``poll_spin`` (a ping-pong, a tight halo exchange), the
+    #     loop polls without pause for up to ``poll_spin``, since a sleep costs
+    #     30-70 us before the thread runs again on this kind of machine; when they
+    #     last longer (the peer is computing), spinning would only burn a core.
+    #     Then it sleeps between polls, ``poll_min`` growing by a quarter per empty
+    #     poll up to ``poll_max``, so a rank that waits long costs little CPU.
+    #   * Lane work in flight: the lane's completion wakes the loop, and what an
+    #     arrival lets it issue could rarely run much sooner than that (the next
+    #     step needs the running kernel too): it polls rarely, from a quarter of
+    #     ``poll_max`` up to ``poll_max``.
+    #   * Nothing outstanding: it sleeps until woken.
+    # (Measured, wave_sim 1024² on 2 ranks on 2 cores: polling from 20 us during
+    # every 1 ms kernel cost each executor 0.2-0.35 ms of CPU per step.)
 
     def _wait(self) -> None:
         inbox = self._inbox
@@ -463,8 +480,13 @@ class Executor:
         comm = self._comm
         if not comm.notifies and (self._sends or self._receives):
             delay = self._poll_delay
-            if delay == 0.0:            # the first wait since something happened
-                if not self._by_completion and self._spin_ns and self._spin():
+            if self._by_completion:     # lane work in flight
+                delay = min(max(delay * 1.25, self._poll_max / 4), self._poll_max)
+                self._idle_start = 0
+            elif delay == 0.0 or self._idle_start == 0:   # the first idle wait since something happened
+                self._idle_start = _perf_ns()
+                if self._spin_ns and self._idle_estimate <= self._spin_ns and self._spin():
+                    self._end_idle_wait()
                     return
                 delay = self._poll_min
             else:
@@ -476,6 +498,14 @@ class Executor:
             inbox.wait(min(self._idle_timeout, 1e-3))
             return
         inbox.wait(self._idle_timeout)
+
+    def _end_idle_wait(self) -> None:
+        """Something happened after the loop waited: learn how long idle waits last."""
+        start = self._idle_start
+        if start:
+            self._idle_estimate = (self._idle_estimate + (_perf_ns() - start)) // 2
+            self._idle_start = 0
+        self._poll_delay = 0.0
 
     def _spin(self) -> bool:
         """Poll the communicator without pause for up to ``poll_spin``; True once anything
@@ -539,7 +569,9 @@ class Executor:
     def _poll_comm(self) -> bool:
         """Take in arrived pilots and retire completed receives and sends; True if any."""
         progress = False
-        pilots = self._comm.poll_pilots()
+        # pilots matter only to active receives (one that is issued later finds the
+        # pilots taken in by then, and the next poll takes in the rest)
+        pilots = self._comm.poll_pilots() if self._receives or self._comm.notifies else None
         if pilots:
             progress = True
             on_pilot = self._arbiter.on_pilot
@@ -570,7 +602,9 @@ class Executor:
 
     def _step(self) -> bool:
         """Poll everything once and issue what is ready; True if anything happened."""
-        if self._epoch_check is not None:
+        if self._epoch_check is not None and (self._unverified_epoch is not None
+                                              or _perf_ns() >= self._next_epoch_poll):
+            self._next_epoch_poll = _perf_ns() + _EPOCH_POLL_NS
             self._poll_epoch_check()
         progress = self._poll_comm()
         if self._polled:
@@ -723,7 +757,38 @@ class Executor:
     #     from inline runs (wall time) and lane runs (the worker's CPU time, which unlike
     #     its wall time does not count waiting for the GIL); an estimate drops at once
     #     to a faster run and rises by a quarter of the difference to a slower one.
+    # When the executor has nothing else to do (no lane work in flight, no other
+    # instruction ready), running the work itself costs no concurrency, only
+    # responsiveness to whatever arrives meanwhile: then kernels estimated under
+    # ``inline_alone_threshold`` and copies up to ``inline_alone_copy_bytes`` run inline
+    # too.  That is the common case of one device per rank, where every step waits for
+    # the previous one: measured on wave_sim 256² (110 us kernels), the two hand-offs
+    # cost 30-40 us per step.
     # Host tasks always go to their lane: they may block (collectives, I/O, user waits).
+
+    def _eager_ok(self, instr: Instruction, lane: Any) -> bool:
+        """Queue ``instr`` on ``lane`` behind its running predecessors?  Not on a lane whose work
+        may run inline when ``instr`` is cheap enough to run inline once they completed: the
+        completion wakes this thread anyway, and a second thread running a few microseconds
+        of Python beside the lane's next kernel only fights it for the GIL (measured, wave_sim
+        1024² on 2 ranks: a 4 KiB halo copy queued behind the kernel took 250-850 us)."""
+        info = lane.handle
+        if info is None or not info.inline:
+            return True
+        t = type(instr)
+        if t is CopyInstruction:
+            return instr.size_bytes > self._inline_bytes
+        if t is DeviceKernelInstruction:
+            box = instr.box
+            est = self._costs.get((instr.name, box.area.bit_length() if box is not None else 0))
+            return est is None or est > self._inline_ns
+        if t is FillIdentityInstruction or t is ReduceInstruction:
+            return instr.count * 8 > self._inline_bytes
+        return True
+
+    def _alone(self) -> bool:
+        """Nothing but the instruction being issued could run now (see inline execution)."""
+        return not self._by_completion and not self._polled and not self._engine.has_ready()
 
     def _note_cost(self, key: Any, ns: int) -> None:
         costs = self._costs
@@ -740,9 +805,9 @@ class Executor:
         if lane.inline and not a.eager:
             if type(key) is tuple:
                 est = self._costs.get(key)
-                cheap = est is not None and est <= self._inline_ns
+                cheap = est is not None and (est <= self._inline_ns or (est <= self._alone_ns and self._alone()))
             else:
-                cheap = key <= self._inline_bytes
+                cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
             if cheap:
                 t0 = _perf_ns()
                 error = None
@@ -1112,6 +1177,7 @@ def _alloc_layout(instr: AllocInstruction) -> tuple[tuple[int, ...], Any]:
 
 
 _VIEWS_PER_ALLOCATION = 64
+_EPOCH_POLL_NS = 1_000_000      # the divergence check's messages are looked for once a millisecond
 
 
 def _reduce_timer_slack() -> None:

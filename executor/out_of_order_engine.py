@@ -171,16 +171,23 @@ class OutOfOrderEngine:
 
     ``max_lanes[target]`` bounds the lanes per target (per device for device
     lanes); when all are busy a ready instruction waits for one to go idle.
+    ``eager_filter(instruction, lane)``, where given, may decline an eager
+    assignment: the instruction then waits until its predecessors completed, as
+    if no lane could take it early (the executor declines work it would rather
+    run itself once it is ready).
     """
 
     def __init__(self, *, max_host_lanes: int = 4, max_device_lanes: int = 4,
-                 targets_of: Callable[[Instruction], tuple[TargetKey, ...]] = default_targets):
+                 targets_of: Callable[[Instruction], tuple[TargetKey, ...]] = default_targets,
+                 eager_filter: Callable[[Instruction, EngineLane], bool] | None = None):
         if max_host_lanes < 1 or max_device_lanes < 1:
             raise ValueError("lane limits must be at least 1")
         self._max = {Target.HOST_LANE: max_host_lanes, Target.DEVICE_LANE: max_device_lanes}
         self._targets_of = targets_of
+        self._eager_filter = eager_filter
         self._nodes: dict[int, Node] = {}
         self._heap: list[tuple[int, int, Node]] = []
+        self._ready = 0             # nodes in state _READY
         self._lanes: dict[TargetKey, list[EngineLane]] = {}
         # per target: heap of ready nodes waiting for a lane; one is released per lane
         # that goes idle (releasing all would make saturated targets quadratic)
@@ -201,6 +208,11 @@ class OutOfOrderEngine:
     def instruction(self, instr_id: int) -> Instruction | None:
         n = self._nodes.get(instr_id)
         return n.instruction if n is not None else None
+
+    def has_ready(self) -> bool:
+        """Whether an instruction whose predecessors all completed waits to be assigned
+        (eager candidates, which wait for work in flight, do not count)."""
+        return self._ready > 0
 
     def lane_count(self, target: Target, device: int | None = None) -> int:
         return len(self._lanes.get((target, device), ()))
@@ -243,6 +255,7 @@ class OutOfOrderEngine:
         nodes[iid] = node
         if not preds:
             node.state = _READY
+            self._ready += 1
             node.queued = True
             heapq.heappush(self._heap, (node.prio, iid, node))
         elif maybe_eager and self._eager_lane(node) is not None:
@@ -286,6 +299,7 @@ class OutOfOrderEngine:
                 continue
             if state == _READY:
                 if not node.on_lanes:                 # immediate / alloc: no lane
+                    self._ready -= 1
                     node.state = _ASSIGNED
                     node.target, node.device = node.targets[0]
                     node.lane = None
@@ -297,9 +311,10 @@ class OutOfOrderEngine:
                     for key in node.targets:
                         heapq.heappush(self._blocked.setdefault(key, []), entry)
                     continue
+                self._ready -= 1
                 return self._assign(node, lane, False)
             lane = self._eager_lane(node)
-            if lane is not None:
+            if lane is not None and (self._eager_filter is None or self._eager_filter(node.instruction, lane)):
                 return self._assign(node, lane, True)
         return None
 
@@ -348,6 +363,8 @@ class OutOfOrderEngine:
         node = self._nodes.pop(instr_id, None)
         if node is None:
             return
+        if node.state == _READY:            # retired without being assigned
+            self._ready -= 1
         lane = node.lane_ref
         if lane is not None:
             q = lane.queue
@@ -374,6 +391,7 @@ class OutOfOrderEngine:
                 continue
             if not preds:
                 s.state = _READY
+                self._ready += 1
                 if not s.queued:
                     s.queued = True
                     heapq.heappush(heap, (s.prio, s.iid, s))

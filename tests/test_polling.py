@@ -167,12 +167,12 @@ def test_spin_gives_way_to_sleeps_once_its_time_is_up():
     assert got and got[0] == 1e-3 and max(got) == 2e-3
 
 
-def test_no_spin_while_lane_work_is_in_flight():
+def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
     """A kernel on a device lane (first of its kind: its cost is unknown, so it is not run
-    inline) blocks until the pilot arrived: the loop must sleep between polls meanwhile,
-    not spin, even with an endless spin time."""
+    inline) blocks until the pilot arrived: meanwhile the loop sleeps between polls from a
+    quarter of ``poll_max`` up to ``poll_max``, and does not spin, even with an endless spin time."""
     arrived = threading.Event()
-    comm = ScriptedComm(spin=60.0, pmin=1e-3, pmax=1e-3, arrive_after=5, on_arrival=arrived)
+    comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=4e-3, arrive_after=12, on_arrival=arrived)
     ran = []
 
     def kernel(g, after):
@@ -187,7 +187,67 @@ def test_no_spin_while_lane_work_is_in_flight():
     _ex, waits, result = run(comm, kernel)
     np.testing.assert_array_equal(result, comm.payload)
     assert ran == [True]
-    assert 1e-3 in polling_waits(waits)
+    got = polling_waits(waits)
+    assert len(got) >= 8
+    np.testing.assert_allclose(got[:8], [min(1e-3 * 1.25 ** i, 4e-3) for i in range(8)])
+
+
+class CountingExecutor(Executor):
+    spins = 0
+
+    def _spin(self) -> bool:
+        self.spins += 1
+        return super()._spin()
+
+
+def test_spin_only_while_recent_idle_waits_were_short():
+    """Two receives in a row, each arriving after a few sleeps: the first idle wait spins
+    (nothing is known yet), the second does not, since the first lasted longer than the
+    (tiny) spin time."""
+    comm = ScriptedComm(spin=1e-9, pmin=1e-4, pmax=1e-4, arrive_after=6)
+    second = {"at": None}
+    real_poll = comm.poll_pilots
+
+    def poll_pilots():
+        got = real_poll()
+        if comm.polls == 40:                     # the second pilot, for transfer (2, 0, 0)
+            return [(1, Pilot(msg_id=8, to=0, transfer=(2, 0, 0), box=BOX))]
+        return got
+
+    comm.poll_pilots = poll_pilots
+    real_receive = comm.receive_payload
+
+    def receive_payload(from_rank, msg_id, out_array):
+        if msg_id == 8:
+            out_array[...] = -comm.payload
+            return _Done()
+        return real_receive(from_rank, msg_id, out_array)
+
+    comm.receive_payload = receive_payload
+    backend = HostBackend(1)
+    ex = CountingExecutor(backend, comm, idle_timeout=IDLE)
+    g = Graph()
+    init = g.add(EpochInstruction, task=0, action="init")
+    a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
+    r1 = g.add(ReceiveInstruction, a, transfer=(1, 0, 0), region=Region.from_box(BOX), dest=1, dest_box=BOX,
+               dtype=np.float64)
+    f1 = Future()
+    fence1 = g.add(FenceInstruction, r1, task=3, promise=f1, allocation=1)
+    b = g.add(AllocInstruction, fence1, allocation=2, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
+    r2 = g.add(ReceiveInstruction, b, transfer=(2, 0, 0), region=Region.from_box(BOX), dest=2, dest_box=BOX,
+               dtype=np.float64)
+    f2 = Future()
+    fence2 = g.add(FenceInstruction, r2, task=5, promise=f2, allocation=2)
+    g.add(EpochInstruction, fence2, task=6, action="shutdown")
+    try:
+        ex.start()
+        ex.submit(g.batch())
+        np.testing.assert_array_equal(f1.result(TIMEOUT), comm.payload)
+        np.testing.assert_array_equal(f2.result(TIMEOUT), -comm.payload)
+        assert ex.join(TIMEOUT)
+    finally:
+        backend.close()
+    assert ex.spins == 1
 
 
 def test_nothing_outstanding_means_no_polling_waits():

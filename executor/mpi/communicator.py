@@ -43,7 +43,7 @@ from .collective import collective_comm
 from .cuda_aware import mpi_cuda_support
 from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
 from .launch import import_mpi, library_version, thread_level_name
-from .progress import MpiRequest, PilotRing, SendList, set_mpi_byte
+from .progress import MpiRequest, PilotRing, SendList, handle_of, quick_test, set_mpi_byte
 from .wire import (PAYLOAD_TAG_BASE, PILOT_TAG, PILOT_WORDS, STRIDED_POLICIES, DatatypeCache, Spec,
                    buffer_spec, encode_pilot)
 
@@ -97,6 +97,7 @@ class MpiCommunicator(Communicator):
             raise ConfigError(f"divergence timeout {divergence_timeout!r} s must be > 0 (or None)")
         MPI = import_mpi()
         set_mpi_byte(MPI.BYTE)
+        quick_test(MPI)
         base = MPI.COMM_WORLD if comm is None else comm
         self._setup(MPI, base.Dup(), None, None, DatatypeCache(MPI), policy)
         if cuda_aware is not None:
@@ -212,7 +213,7 @@ class MpiCommunicator(Communicator):
             req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
-        self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}"))
+        self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}", handle=handle_of(self._mpi, req)))
 
     def poll_pilots(self) -> list[tuple[int, Pilot]]:
         if self._closed:
@@ -248,7 +249,7 @@ class MpiCommunicator(Communicator):
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: send of message {msg_id} to rank {to} failed: {exc}") \
                 from exc
-        r = MpiRequest(req, keep, what=f"send of message {msg_id} to rank {to}")
+        r = MpiRequest(req, keep, what=f"send of message {msg_id} to rank {to}", handle=handle_of(self._mpi, req))
         if len(self._payload_sends) > 64:       # keep the teardown list short
             self._payload_sends.pending()
         self._payload_sends.add(r)
@@ -264,7 +265,7 @@ class MpiCommunicator(Communicator):
             raise CommunicatorError(f"rank {self._rank}: receive of message {msg_id} from rank {from_rank} "
                                     f"failed: {exc}") from exc
         return MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
-                          what=f"receive of message {msg_id} from rank {from_rank}")
+                          what=f"receive of message {msg_id} from rank {from_rank}", handle=handle_of(self._mpi, req))
 
     # ---- groups, barrier, collectives
     def clone(self, key: Hashable | None = None) -> "MpiCommunicator":
