@@ -302,3 +302,36 @@ def test_many_tiny_tasks_end_to_end_with_inline_execution():
         q.submit(cgf)
     np.testing.assert_array_equal(q.fence(b).result(TIMEOUT), np.full(64, 200))
     q.shutdown()
+
+
+@pytest.mark.parametrize("nbytes,queued", [(64, False), (4096, True)])
+def test_only_work_too_big_to_run_inline_is_queued_behind_a_running_kernel(nbytes, queued):
+    """A copy that depends on a kernel running on its lane: a small one waits for the kernel
+    and then runs on the executor thread (no second thread beside the lane's next work); one
+    over ``inline_copy_bytes`` is queued on the lane right behind the kernel (eager)."""
+    h = Harness(inline_copy_bytes=1024)
+    launches = []
+    real_launch = h.backend.launch
+
+    def launch(lane, fn, *, dependent=False):
+        launches.append(dependent)
+        return real_launch(lane, fn, dependent=dependent)
+
+    h.backend.launch = launch
+    try:
+        n = nbytes // 8
+        box = Box((0,), (n,))
+        a = h.g.add(AllocInstruction, h.last, allocation=1, memory=device_memory(0), box=box, shape=(n,),
+                    dtype=np.float64)
+        b = h.g.add(AllocInstruction, h.last, allocation=2, memory=HOST_MEMORY, box=box, shape=(n,),
+                    dtype=np.float64)
+        k = h.kernel(lambda ctx: ctx.arrays[0].__setitem__(Ellipsis, 7.0), a, name="first-of-its-kind",
+                     box=box, accesses=[AccessAllocation(0, 1, box, box)])
+        h.last = h.g.add(CopyInstruction, k, b, source=1, dest=2, source_memory=device_memory(0),
+                         dest_memory=HOST_MEMORY, box=box, source_box=box, dest_box=box, size_bytes=nbytes)
+        h.run()
+        np.testing.assert_array_equal(h.ex._allocs[2], np.full(n, 7.0))
+        # the kernel (unknown cost) always goes to its lane; the copy only when queued eagerly
+        assert launches == ([False, True] if queued else [False])
+    finally:
+        h.close()
