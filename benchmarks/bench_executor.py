@@ -31,6 +31,7 @@ import celeritas as cl
 from apps import wave_sim
 from executor import executor as executor_module
 from executor.backends.host import HostBackend
+from benchmarks.bench_runtime import noop_step
 from celeritas.runtime import GC_THRESHOLDS
 from executor.communicator import SingleRankCommunicator
 
@@ -133,15 +134,6 @@ def stencil_program(n: int, iterations: int, noop: bool) -> Callable[[cl.Queue],
             a, b = b, a
         q.wait()
     return program
-
-
-def noop_step(q: cl.Queue, up: cl.Buffer, u: cl.Buffer) -> None:
-    """wave_sim's step with the same accessors and split, and a kernel that does nothing."""
-    def cgf(cgh):
-        up.access(cgh, cl.one_to_one(), cl.read_write)
-        u.access(cgh, cl.neighborhood(1, 1, shape="along_axes"), cl.read)
-        cgh.parallel_for(up.shape, _noop, name="step")
-    q.submit(cgf)
 
 
 def _noop(chunk) -> None:
