@@ -145,67 +145,18 @@ def wave_compiled(q, comm, n: int, steps: int) -> tuple[float, np.ndarray]:
     return t, result
 
 
-def _rows(n: int, nranks: int, rank: int) -> tuple[int, int]:
-    """celeritas' split_1d of n rows (equal chunks, the remainder spread from the front)."""
-    base, extra = divmod(n, nranks)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
-
-
 def wave_handwritten(comm, n: int, steps: int) -> tuple[float, np.ndarray]:
-    """Row-split wave_sim with one halo row per neighbour and step, same arithmetic as the kernel.
-
-    Written as an MPI expert would: the rows live in numpy arrays with a ghost row
-    per neighbour, and the halo exchange is a set of persistent requests (receives
-    into the ghost rows, sends straight from the boundary rows) per buffer, started
-    together and completed with one ``Waitall`` each step; no pickling, no copies.
-    """
-    from mpi4py import MPI
-
+    """Row-split wave_sim with one halo row per neighbour and step, same arithmetic as the kernel:
+    ``cluster.workloads.wave_mpi4py`` (persistent requests on the numpy rows), timed between
+    barriers; returns (seconds, the whole final field)."""
     from apps import wave_sim
-    rank, size = comm.Get_rank(), comm.Get_size()
-    y0, y1 = _rows(n, size, rank)
+    from cluster.workloads import wave_mpi4py
     init = wave_sim.initial_condition(n)
-    # rows y0-1 .. y1 (ghosts included where a neighbour exists)
-    g0, g1 = max(y0 - 1, 0), min(y1 + 1, n)
-    bufs = (init[g0:g1].copy(), init[g0:g1].copy())
-
-    def exchange(u: np.ndarray) -> list:
-        reqs = []
-        if rank > 0:                 # my first row up, the upper neighbour's last row into my top ghost
-            reqs += [comm.Recv_init(u[0], rank - 1, 2), comm.Send_init(u[y0 - g0], rank - 1, 1)]
-        if rank < size - 1:          # my last row down, the lower neighbour's first row into my bottom ghost
-            reqs += [comm.Recv_init(u[y1 - g0], rank + 1, 1), comm.Send_init(u[y1 - 1 - g0], rank + 1, 2)]
-        return reqs
-
-    halo = (exchange(bufs[0]), exchange(bufs[1]))
-    cur = 0                          # bufs[cur] is u, the other up
     comm.Barrier()
     t0 = time.perf_counter()
-    for s in range(steps):
-        a, b, c = (np.float32(v) for v in wave_sim.coefficients(s, 0.25, 1.0))
-        u, up = bufs[cur], bufs[1 - cur]
-        reqs = halo[cur]
-        if reqs:
-            MPI.Prequest.Startall(reqs)
-            MPI.Request.Waitall(reqs)
-
-        def get(ya, yb, xa, xb, _u=u):
-            return _u[ya - g0:yb - g0, xa:xb]
-
-        center = get(y0, y1, 0, n)
-        lap = (wave_sim._shift(np, get, y0, y1, 0, n, -1, 0, n) + wave_sim._shift(np, get, y0, y1, 0, n, 1, 0, n)
-               + wave_sim._shift(np, get, y0, y1, 0, n, 0, -1, n) + wave_sim._shift(np, get, y0, y1, 0, n, 0, 1, n)
-               - 4 * center)
-        rw = up[y0 - g0:y1 - g0]
-        rw[...] = a * 2 * center - b * rw + c * lap
-        cur = 1 - cur
+    rows, _y0, _y1 = wave_mpi4py(comm, init, n, steps)
     t = time.perf_counter() - t0
-    for reqs in halo:
-        for r in reqs:
-            r.Free()
-    u = bufs[cur]
-    parts = comm.allgather(u[y0 - g0:y1 - g0])
+    parts = comm.allgather(rows)
     return t, np.concatenate(parts, axis=0)
 
 

@@ -473,3 +473,15 @@ def test_mpi_communicator_rejects_bad_arguments_before_any_mpi_call(monkeypatch)
         MpiCommunicator(poll_spin=-1e-6)
     with pytest.raises(ConfigError, match="must be > 0"):
         MpiCommunicator(divergence_timeout=-1)
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_hand_written_baselines_compute_what_the_apps_compute(ranks):
+    """The mpi4py baselines the benchmarks and the scaling study compare celeritas with
+    (cluster/workloads.py) give the apps' reference results on every rank count."""
+    r = mpirun(ranks, "handwritten_baselines.py", timeout=120)
+    assert r.returncode == 0, _explain(r)
+    for k in range(ranks):
+        assert f"rank {k}: ok" in r.stdout, _explain(r)
