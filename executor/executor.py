@@ -231,9 +231,11 @@ class Executor:
         self._name = name
 
         self._allocs: dict[int, Any] = {}           # allocation id -> backend array
-        # allocation id -> {(box.lo, box.hi): view}: copies and sends of a repeating step
-        # take the same boxes of the same allocations every time (see _view)
-        self._views: dict[int, dict[tuple, Any]] = {}
+        # box views of allocations: copies and sends of a repeating step take the same boxes
+        # of the same allocations every time.  (source, dest, box.lo, box.hi) -> the two
+        # views of a copy, (allocation, box.lo, box.hi) -> a send's view; emptied whenever
+        # an allocation comes or goes, which lookahead makes rare (see _forget_views)
+        self._views: dict[tuple, Any] = {}
         self._user_buffers: dict[int, Any] = {}     # buffer id -> host array, until its allocation id is known
         self._backend_allocs: dict[int, int] = {}   # allocation id -> memory (made by backend.allocate)
         self._host_objects: dict[int, Any] = {}
@@ -308,7 +310,7 @@ class Executor:
         """Register a user-memory (M0) array as allocation ``aid``; call before any
         instruction uses ``aid``."""
         self._allocs[aid] = array
-        self._views.pop(aid, None)
+        self._forget_views()
 
     def track_user_buffer(self, bid: int, array: Any) -> None:
         """Register a host-initialized buffer's array (from the application thread, before
@@ -537,7 +539,7 @@ class Executor:
     def _accept(self, batch: InstructionBatch) -> None:
         for aid, bid in batch.user_allocations:
             self._allocs[aid] = self._user_buffers.pop(bid)
-            self._views.pop(aid, None)
+            self._forget_views()
         comm = self._comm
         for p in batch.pilots if not self._failed else ():
             try:
@@ -809,17 +811,19 @@ class Executor:
             else:
                 cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
             if cheap:
-                t0 = _perf_ns()
+                timed = type(key) is tuple or self._trace is not None
+                t0 = _perf_ns() if timed else 0
                 error = None
                 try:
                     fn(*args)
                 except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
                     error = exc
-                t1 = _perf_ns()
-                if type(key) is tuple:
-                    self._note_cost(key, t1 - t0)
-                if self._trace is not None:
-                    self._trace.append(_trace_event(instr, lane.name, t0, t1))
+                if timed:
+                    t1 = _perf_ns()
+                    if type(key) is tuple:
+                        self._note_cost(key, t1 - t0)
+                    if self._trace is not None:
+                        self._trace.append(_trace_event(instr, lane.name, t0, t1))
                 if error is not None:
                     self._report(error, instr)
                 self._engine.complete(instr.id)
@@ -869,7 +873,7 @@ class Executor:
                                  ExecutorStopped("an earlier instruction failed before this fence"))
             elif isinstance(instr, FreeInstruction):
                 arr = self._allocs.pop(instr.allocation, None)    # absent if its alloc was skipped
-                self._views.pop(instr.allocation, None)
+                self._forget_views()
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 if arr is not None and memory is not None:
                     self._backend.free(memory, arr)
@@ -894,7 +898,7 @@ class Executor:
         t0 = _perf_ns()
         shape, dtype = _alloc_layout(instr)
         self._allocs[instr.allocation] = self._backend.allocate(instr.memory, shape, dtype)
-        self._views.pop(instr.allocation, None)
+        self._forget_views()
         self._backend_allocs[instr.allocation] = instr.memory
         self._complete_sync(instr, "alloc", t0)
 
@@ -902,7 +906,7 @@ class Executor:
         instr: FreeInstruction = a.instruction
         t0 = _perf_ns()
         arr = self._allocs.pop(instr.allocation, None)
-        self._views.pop(instr.allocation, None)
+        self._forget_views()
         memory = self._backend_allocs.pop(instr.allocation, None)
         if arr is None:
             log.warning("free of unknown allocation A%d (I%d)", instr.allocation, instr.id)
@@ -916,28 +920,37 @@ class Executor:
         allocs = self._allocs
         if lane.inline:   # a plain host lane: the backend would run copy_box
             box = instr.box
-            if box.empty:
-                self._dispatch(a, lane, _noop, 0)
-                return
-            dst = self._view(instr.dest, instr.dest_box, box)
-            src = self._view(instr.source, instr.source_box, box)
-            if src.shape != dst.shape:
-                src = src.reshape(dst.shape)
-            self._dispatch(a, lane, _assign, instr.size_bytes, dst, src)
+            views = self._views
+            key = (instr.source, instr.dest, box.lo, box.hi)
+            pair = views.get(key)
+            if pair is None:
+                if box.empty:
+                    self._dispatch(a, lane, _noop, 0)
+                    return
+                dst = box_view(allocs[instr.dest], instr.dest_box, box)
+                src = box_view(allocs[instr.source], instr.source_box, box)
+                if src.shape != dst.shape:
+                    src = src.reshape(dst.shape)
+                if len(views) >= _VIEWS_CACHED:
+                    views.clear()
+                pair = views[key] = (dst, src)
+            self._dispatch(a, lane, _assign, instr.size_bytes, *pair)
             return
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
                                instr.dest_box, instr.box, lane.lane, dependent=a.eager)
         self._track_backend(instr, lane.lane, c)
 
+    def _forget_views(self) -> None:
+        if self._views:
+            self._views.clear()
+
     def _view(self, aid: int, extent: Any, box: Any) -> Any:
-        """``box_view`` of allocation ``aid``, cached until the allocation goes away."""
-        views = self._views.get(aid)
-        if views is None:
-            views = self._views[aid] = {}
-        key = (box.lo, box.hi)
+        """``box_view`` of allocation ``aid``, cached until an allocation comes or goes."""
+        key = (aid, box.lo, box.hi)
+        views = self._views
         v = views.get(key)
         if v is None:
-            if len(views) >= _VIEWS_PER_ALLOCATION:    # growing boxes (lookahead off): start over
+            if len(views) >= _VIEWS_CACHED:       # growing boxes (lookahead off): start over
                 views.clear()
             v = views[key] = box_view(self._allocs[aid], extent, box)
         return v
@@ -1045,7 +1058,7 @@ class Executor:
         try:
             if instr.allocation is not None:
                 arr = self._allocs.pop(instr.allocation)
-                self._views.pop(instr.allocation, None)
+                self._forget_views()
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 result = self._backend.hand_over(memory, arr) if memory is not None else arr
             elif instr.host_object is not None:
@@ -1078,7 +1091,7 @@ class Executor:
     def _collect_garbage(self, garbage: list[int]) -> None:
         for aid in garbage:
             arr = self._allocs.pop(aid, None)
-            self._views.pop(aid, None)
+            self._forget_views()
             memory = self._backend_allocs.pop(aid, None)
             if arr is not None and memory is not None:
                 self._backend.hand_over(memory, arr)
@@ -1176,7 +1189,7 @@ def _alloc_layout(instr: AllocInstruction) -> tuple[tuple[int, ...], Any]:
     return shape, dtype
 
 
-_VIEWS_PER_ALLOCATION = 64
+_VIEWS_CACHED = 4096
 _EPOCH_POLL_NS = 1_000_000      # the divergence check's messages are looked for once a millisecond
 
 
