@@ -1,11 +1,13 @@
 """The executor thread: runs one rank's instruction graph on a backend.
 
 Everything the scheduler hands over arrives through one inbox (an ``_Inbox``:
-a deque plus a wake-up event); lane workers and the communicator report completions and
-arrivals into the same inbox, so the loop blocks in exactly one place and no
-notification can be lost between a poll and the wait.  The loop only spins on a
-short timeout while something that cannot notify (CUDA/OpenCL events, MPI
-requests) is in flight.
+a deque plus a wake-up event); lane workers and notifying communicators report
+completions and arrivals into the same inbox, so the loop blocks in exactly one place
+and no notification can be lost between a poll and the wait.  What cannot notify is
+polled by this thread itself: CUDA/OpenCL events on a short timeout, and MPI (sends
+and receives are issued, tested and acted on here, with no progress thread between
+the network and the work that waits for it; see "waiting" below for when and how
+often it polls).
 
 Error policy: once an instruction fails (launcher, copy, allocation, receive…),
 nothing that depends on it may run, since it would read what the failed
