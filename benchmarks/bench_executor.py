@@ -3,19 +3,26 @@
     python -m benchmarks.bench_executor [--repeat N] [--iterations N] [--tasks N]
 
 A program runs once under the real runtime while every ``InstructionBatch`` the
-scheduler hands to the executor is recorded; the batches are then submitted, all
-at once, to a fresh ``Executor`` on a fresh ``HostBackend`` and timed from the
-first submit until the executor thread ended (the recording ends in the shutdown
+scheduler hands to the executor is recorded; the batches are then replayed into a
+fresh ``Executor`` on a fresh ``HostBackend`` (the recording ends in the shutdown
 epoch).  This isolates what happens after the scheduler hands work over: the
-engine, issuing, inline execution and lane hand-offs, retiring.
+engine, issuing, inline execution and lane hand-offs, retiring.  (The steady
+replay drives the body of the executor's loop itself, through its private
+methods: a benchmark of the executor's internals.)
 
-Reported per instruction: wall time, and the executor thread's own CPU time
-(``pthread_getcpuclockid``), which with no-op kernels is the executor's Python
-cost per instruction.  Programs:
+Reported per instruction: the executor's CPU time driven batch by batch on the
+calling thread ("steady", as batches arrive from a scheduler that keeps up; no
+thread wake-ups), and the executor thread's CPU time with every batch submitted at
+once ("burst").  With no-op kernels that is the executor's Python per instruction.
+Programs:
 
 * ``stencil``: the 128² wave_sim step on ``host:4`` (wave_sim's kernel, or a
   no-op kernel with the same accessors);
 * ``tiny``: independent ``parallel_for((4,))`` no-op tasks on ``host:4``.
+
+Each also with every launcher replaced by a function that does nothing ("trivial
+launchers"): without celeritas' kernel wrapper (chunk and accessor set-up) what is
+left is the executor's own work.
 """
 from __future__ import annotations
 
@@ -78,27 +85,64 @@ def record(program: Callable[[cl.Queue], None], devices: int) -> Recording:
     return Recording(batches, buffers, objects, devices)
 
 
-def replay(rec: Recording) -> tuple[float, float]:
-    """(wall seconds, executor-thread CPU seconds) to run every recorded batch.
+def replay(rec: Recording, steady: bool = True) -> tuple[float, float]:
+    """(wall seconds, executor CPU seconds) to run every recorded batch.
 
-    The garbage collector is tuned as a running runtime tunes it (``CELERITAS_GC``)."""
+    ``steady``: the executor's loop is driven on this thread, one batch at a time and
+    until the batch's work is done before the next, as the scheduler hands batches over
+    in a steady state (no executor thread, so no wake-ups: the executor's own CPU).
+    Otherwise every batch is submitted at once to a started executor ("burst": one
+    engine holding the whole program).  The garbage collector is tuned as a running
+    runtime tunes it (``CELERITAS_GC``)."""
     saved_gc = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        return _replay(rec)
+        return _replay_steady(rec) if steady else _replay(rec)
     finally:
         gc.set_threshold(*saved_gc)
 
 
-def _replay(rec: Recording) -> tuple[float, float]:
-    backend = HostBackend(rec.devices)
-    errors: list = []
+def _executor(rec: Recording, backend: HostBackend, errors: list) -> executor_module.Executor:
     ex = executor_module.Executor(backend, SingleRankCommunicator(), on_error=lambda e, i: errors.append(e),
                                   name="celeritas-executor-replay")
     for bid, arr in rec.user_buffers.items():
         ex.track_user_buffer(bid, arr.copy())
     for hoid, obj in rec.host_objects.items():
         ex.track_host_object(hoid, obj)
+    return ex
+
+
+def _replay_steady(rec: Recording) -> tuple[float, float]:
+    """The body of the executor's loop (``Executor._loop``), one batch at a time."""
+    backend = HostBackend(rec.devices)
+    errors: list = []
+    ex = _executor(rec, backend, errors)
+    inbox = ex._inbox
+    backend.set_notifier(inbox.put)          # lane completions, as start() registers them
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for b in rec.batches:
+        ex._handle_item(b)
+        while not ex._stop:
+            progress = ex._step()
+            while not inbox.empty():
+                ex._handle_item(inbox.get_nowait())
+                progress = True
+            if not progress:
+                if not (ex._by_completion or ex._polled):
+                    break
+                inbox.wait(0.01)             # work on a lane (a kernel's first run)
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    backend.set_notifier(None)
+    backend.close()
+    if errors:
+        raise RuntimeError(f"replay failed: {errors[0]!r}")
+    return wall, cpu
+
+
+def _replay(rec: Recording) -> tuple[float, float]:
+    backend = HostBackend(rec.devices)
+    errors: list = []
+    ex = _executor(rec, backend, errors)
     cpu: list[float] = []
     run = ex._run
 
@@ -151,10 +195,31 @@ def tiny_program(n: int) -> Callable[[cl.Queue], None]:
     return program
 
 
-def measure(rec: Recording, repeat: int) -> tuple[float, float]:
+def with_trivial_launchers(rec: Recording) -> Recording:
+    """The recording with every kernel and host task launcher replaced by a function that
+    does nothing: what is left is the executor's own work per instruction."""
+    import copy
+    batches = []
+    for b in rec.batches:
+        nb = copy.copy(b)
+        nb.instructions = []
+        for instr in b.instructions:
+            if getattr(instr, "launcher", None) is not None:
+                instr = copy.copy(instr)
+                instr.launcher = _trivial_launcher
+            nb.instructions.append(instr)
+        batches.append(nb)
+    return Recording(batches, rec.user_buffers, rec.host_objects, rec.devices)
+
+
+def _trivial_launcher(ctx) -> None:
+    return None
+
+
+def measure(rec: Recording, repeat: int, steady: bool = True) -> tuple[float, float]:
     """Best (wall, cpu) µs per instruction over ``repeat`` replays."""
     n = rec.num_instructions
-    runs = [replay(rec) for _ in range(repeat)]
+    runs = [replay(rec, steady) for _ in range(repeat)]
     return min(w for w, _ in runs) / n * 1e6, min(c for _, c in runs) / n * 1e6
 
 
@@ -170,14 +235,16 @@ def main(argv=None) -> None:
              ("128² stencil, wave_sim kernel, host:4", stencil_program(128, args.iterations, False),
               args.iterations),
              ("tiny no-op tasks, host:4", tiny_program(args.tasks), args.tasks)]
-    t = Table(title=f"executor alone: recorded batches replayed (best of {args.repeat})")
-    for col in ("program", "instructions", "wall µs/instr", "executor CPU µs/instr", "wall µs/step"):
+    t = Table(title=f"executor alone: recorded batches replayed (best of {args.repeat}); CPU µs per instruction")
+    for col in ("program", "instructions", "steady: CPU", "steady: wall µs/step", "burst: executor thread CPU"):
         t.add_column(col, justify="right" if col != "program" else "left")
     for name, prog, steps in cases:
         rec = record(prog, 4)
-        wall, cpu = measure(rec, args.repeat)
-        n = rec.num_instructions
-        t.add_row(name, f"{n}", f"{wall:.2f}", f"{cpu:.2f}", f"{wall * n / steps:.1f}")
+        for label, r in ((name, rec), (name + ", trivial launchers", with_trivial_launchers(rec))):
+            wall, cpu = measure(r, args.repeat)
+            _, burst = measure(r, args.repeat, steady=False)
+            n = r.num_instructions
+            t.add_row(label, f"{n}", f"{cpu:.2f}", f"{wall * n / steps:.1f}", f"{burst:.2f}")
     Console().print(t)
 
 

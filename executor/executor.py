@@ -918,7 +918,7 @@ class Executor:
 
     def _issue_copy(self, a: Assignment) -> None:
         instr: CopyInstruction = a.instruction
-        lane = self._lane(a)
+        lane = a.lane_ref.handle or self._lane_info(a)
         allocs = self._allocs
         if lane.inline:   # a plain host lane: the backend would run copy_box
             box = instr.box
@@ -936,6 +936,14 @@ class Executor:
                 if len(views) >= _VIEWS_CACHED:
                     views.clear()
                 pair = views[key] = (dst, src)
+            if (not a.eager and self._trace is None and instr.size_bytes <= self._inline_bytes):
+                # the common case, _dispatch's inline path without its generality
+                try:
+                    pair[0][...] = pair[1]
+                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+                    self._report(exc, instr)
+                self._engine.complete(instr.id)
+                return
             self._dispatch(a, lane, _assign, instr.size_bytes, *pair)
             return
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
@@ -959,7 +967,7 @@ class Executor:
 
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
-        lane = self._lane(a)
+        lane = a.lane_ref.handle or self._lane_info(a)
         allocs = self._allocs
         accesses = instr.accesses
         reductions = instr.reductions
@@ -976,6 +984,21 @@ class Executor:
             accesses, instr.task)
         launcher = instr.launcher
         key = (instr.name, box.area.bit_length() if box is not None else 0)
+        if lane.inline and not a.eager and self._trace is None:
+            costs = self._costs
+            est = costs.get(key)
+            if est is not None and est <= self._inline_ns:
+                # the common case, _dispatch's inline path without its generality
+                t0 = _perf_ns()
+                try:
+                    if launcher is not None:
+                        launcher(ctx)
+                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+                    self._report(exc, instr)
+                ns = _perf_ns() - t0
+                costs[key] = ns if ns <= est else est + (ns - est) // 4     # as _note_cost
+                self._engine.complete(instr.id)
+                return
         if launcher is None:
             self._dispatch(a, lane, _noop, key)
         else:
