@@ -255,3 +255,4 @@ def test_nothing_outstanding_means_no_polling_waits():
     _ex, waits, result = run(comm)
     np.testing.assert_array_equal(result, comm.payload)
     assert polling_waits(waits) == []
+
