@@ -1,20 +1,27 @@
 """celeritas over MPI against hand-written mpi4py, measured in the same run.
 
-    python benchmarks/bench_mpi.py                 # small defaults (about a minute on 2 cores)
-    python benchmarks/bench_mpi.py --full          # wave_sim 4096^2, more steps and repetitions
+    python benchmarks/bench_mpi.py                 # wave_sim 256^2 and 1024^2, ping-pong up to 4 MiB
+    python benchmarks/bench_mpi.py --full          # wave_sim 256^2, 1024^2 and 4096^2, 5 repetitions
+    python benchmarks/bench_mpi.py --idle          # also: CPU use of a rank waiting at a fence
     python benchmarks/bench_mpi.py --strided       # also: strided payloads, datatype vs staging copy
+    python benchmarks/bench_mpi.py --json out.json # every figure, for benchmarks/run_all.py
 
 Started without mpiexec, it relaunches itself on ``--ranks`` ranks (default 2).
+Every celeritas figure is taken alternately with its baseline, best of ``--reps``.
 Sections:
 
 * **wave_sim**: ``apps.wave_sim``'s step kernel under celeritas against a
-  hand-written mpi4py + numpy halo exchange that evaluates the very same
-  expressions (``wave_sim._shift``) on the same row split.  Reported: best time
-  per run, ratio = handwritten / celeritas (1.0 = no overhead; goal >= 0.97),
-  and whether both final fields are bitwise equal.
+  hand-written mpi4py + numpy halo exchange (persistent requests on the numpy
+  rows) that evaluates the very same expressions (``wave_sim._shift``) on the
+  same row split.  Reported: ms per step, ratio = handwritten / celeritas (1.0 =
+  no overhead), and whether both final fields are bitwise equal.
 * **ping-pong**: a row of a (2, bytes) buffer hops rank 0 -> rank 1 -> rank 0,
-  one push/await_push per hop (no-op kernels), against ``Send``/``Recv``
-  ping-pong of the same bytes: one-way latency and bandwidth.
+  one push/await_push per hop (no-op kernels), against the faster of a
+  ``Send``/``Recv`` and an ``Irecv``-preposted ping-pong of the same bytes:
+  one-way latency and bandwidth.  "compiled ahead": the same hops compiled
+  before the first one runs (see ``pingpong_compiled``), i.e. without the
+  scheduler on the critical path.
+* **idle** (optional): CPU use of a rank waiting at a fence.
 * **strided** (optional): one strided box through ``MpiCommunicator`` with an
   MPI ``hvector`` datatype versus a contiguous staging copy.
 """
@@ -36,19 +43,27 @@ import numpy as np  # noqa: E402
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2, help="ranks when relaunching under mpiexec")
-    p.add_argument("--full", action="store_true", help="full sizes: wave_sim 4096^2 x 50 steps, 5 repetitions")
-    p.add_argument("--size", type=int, default=None, help="wave_sim grid edge (default 1024, --full 4096)")
-    p.add_argument("--steps", type=int, default=None, help="wave_sim steps (default 30, --full 50)")
+    p.add_argument("--full", action="store_true", help="wave_sim 256^2, 1024^2 and 4096^2, 5 repetitions")
+    p.add_argument("--quick", action="store_true", help="a smoke run: few steps, small ping-pong boxes")
+    p.add_argument("--sizes", default=None, help="wave_sim grid edges, comma-separated (default 256,1024)")
+    p.add_argument("--size", type=int, default=None, help="one wave_sim grid edge (overrides --sizes)")
+    p.add_argument("--steps", type=int, default=None, help="wave_sim steps (default: by size, see wave_steps)")
     p.add_argument("--reps", type=int, default=None, help="repetitions per measurement (best is kept)")
     p.add_argument("--max-bytes", type=int, default=4 << 20, help="largest ping-pong box")
     p.add_argument("--hops", type=int, default=None, help="round trips per ping-pong size (default adaptive)")
     p.add_argument("--skip-wave", action="store_true")
     p.add_argument("--skip-pingpong", action="store_true")
     p.add_argument("--strided", action="store_true", help="also compare strided datatypes with staging copies")
+    p.add_argument("--idle", action="store_true", help="also: CPU use of a rank waiting at a fence")
+    p.add_argument("--json", default=None, help="rank 0 writes every figure to this file")
     a = p.parse_args(argv)
-    a.size = a.size or (4096 if a.full else 1024)
-    a.steps = a.steps or (50 if a.full else 30)
+    if a.size:
+        a.sizes = [a.size]
+    else:
+        a.sizes = [int(x) for x in (a.sizes or ("256,1024,4096" if a.full else "256,1024")).split(",") if x]
     a.reps = a.reps or (5 if a.full else 3)
+    if a.quick:
+        a.max_bytes = min(a.max_bytes, 64 << 10)
     return a
 
 
@@ -88,72 +103,103 @@ def wave_celeritas(q, n: int, steps: int) -> tuple[float, np.ndarray]:
     return t, result
 
 
-def _rows(n: int, nranks: int, rank: int) -> tuple[int, int]:
-    """celeritas' split_1d of n rows (equal chunks, the remainder spread from the front)."""
-    base, extra = divmod(n, nranks)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
+def wave_compiled(q, comm, n: int, steps: int) -> tuple[float, np.ndarray]:
+    """``wave_celeritas`` with every step compiled before the first one runs.
+
+    A host task over the whole grid (each rank runs its chunk) waits for a gate
+    while reading and writing ``u``, so step 0 depends on it; the steps are
+    submitted and compiled meanwhile (``flush``, then the scheduler is
+    synchronized) and the clock starts when the gates open, after a barrier.
+    What is left on the critical path is the executor, the communicator and MPI
+    of both ranks: the part after the scheduler hands the instructions over.
+    """
+    import threading
+
+    import celeritas as cl
+    from apps import wave_sim
+    from celeritas.runtime import Runtime
+    init = wave_sim.initial_condition(n)
+    u = cl.Buffer(init, name="u")
+    up = cl.Buffer(init, name="up")
+    gate = threading.Event()
+
+    def gated(cgh):
+        u.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.host_task(lambda part: gate.wait(120), range=(n, n), name="gate")
+
+    q.wait(barrier=True)
+    q.submit(gated)
+    for s in range(steps):
+        a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
+        wave_sim.submit_step(q, up, u, a, b, c, n)
+        up, u = u, up
+    q.flush()
+    Runtime.current().scheduler.sync()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    gate.set()
+    q.wait()
+    t = time.perf_counter() - t0
+    result = q.fence(u).result()
+    q.wait(barrier=True)
+    return t, result
 
 
 def wave_handwritten(comm, n: int, steps: int) -> tuple[float, np.ndarray]:
-    """Row-split wave_sim with one halo row per neighbour and step, same arithmetic as the kernel."""
+    """Row-split wave_sim with one halo row per neighbour and step, same arithmetic as the kernel:
+    ``cluster.workloads.wave_mpi4py`` (persistent requests on the numpy rows), timed between
+    barriers; returns (seconds, the whole final field)."""
     from apps import wave_sim
-    rank, size = comm.Get_rank(), comm.Get_size()
-    y0, y1 = _rows(n, size, rank)
+    from cluster.workloads import wave_mpi4py
     init = wave_sim.initial_condition(n)
-    # rows y0-1 .. y1 (ghosts included where a neighbour exists)
-    g0, g1 = max(y0 - 1, 0), min(y1 + 1, n)
-    u = init[g0:g1].copy()
-    up = init[g0:g1].copy()
-    up_rank, down_rank = rank - 1, rank + 1
     comm.Barrier()
     t0 = time.perf_counter()
-    for s in range(steps):
-        a, b, c = (np.float32(v) for v in wave_sim.coefficients(s, 0.25, 1.0))
-        # halo: my first/last owned rows to the neighbours, their rows into my ghosts
-        if up_rank >= 0 and down_rank < size:
-            comm.Sendrecv(u[y0 - g0], up_rank, 1, u[y1 - g0], down_rank, 1)
-            comm.Sendrecv(u[y1 - 1 - g0], down_rank, 2, u[0], up_rank, 2)
-        elif down_rank < size:
-            comm.Sendrecv(u[y1 - 1 - g0], down_rank, 2, u[y1 - g0], down_rank, 1)
-        elif up_rank >= 0:
-            comm.Sendrecv(u[y0 - g0], up_rank, 1, u[0], up_rank, 2)
-
-        def get(ya, yb, xa, xb, _u=u):
-            return _u[ya - g0:yb - g0, xa:xb]
-
-        center = get(y0, y1, 0, n)
-        lap = (wave_sim._shift(np, get, y0, y1, 0, n, -1, 0, n) + wave_sim._shift(np, get, y0, y1, 0, n, 1, 0, n)
-               + wave_sim._shift(np, get, y0, y1, 0, n, 0, -1, n) + wave_sim._shift(np, get, y0, y1, 0, n, 0, 1, n)
-               - 4 * center)
-        rw = up[y0 - g0:y1 - g0]
-        rw[...] = a * 2 * center - b * rw + c * lap
-        up, u = u, up
+    rows, _y0, _y1 = wave_mpi4py(comm, init, n, steps)
     t = time.perf_counter() - t0
-    parts = comm.allgather(u[y0 - g0:y1 - g0])
+    parts = comm.allgather(rows)
     return t, np.concatenate(parts, axis=0)
 
 
-def bench_wave(q, comm, args, console) -> None:
-    n, steps = args.size, args.steps
-    best_c, best_h = float("inf"), float("inf")
-    res_c = res_h = None
-    for _ in range(args.reps):
-        tc, res_c = wave_celeritas(q, n, steps)
-        best_c = min(best_c, _allmax(comm, tc))
-        th, res_h = wave_handwritten(comm, n, steps)
-        best_h = min(best_h, _allmax(comm, th))
-    equal = bool(comm.allreduce(int(np.array_equal(res_c, res_h))) == comm.Get_size())
+def wave_steps(n: int, args) -> int:
+    """Steps per run: about the same work for every size."""
+    if args.steps:
+        return args.steps
+    base = {256: 200, 512: 100, 1024: 50, 2048: 20, 4096: 20}.get(n, max(5, int(50 * (1024 / n) ** 2)))
+    return max(5, base // 5) if args.quick else (50 if args.full and n >= 4096 else base)
+
+
+def bench_wave(q, comm, args, console) -> list[dict]:
+    out = []
+    for n in args.sizes:
+        steps = wave_steps(n, args)
+        best_c = best_g = best_h = float("inf")
+        res_c = res_g = res_h = None
+        for _ in range(args.reps):          # alternating, best of each
+            tc, res_c = wave_celeritas(q, n, steps)
+            best_c = min(best_c, _allmax(comm, tc))
+            tg, res_g = wave_compiled(q, comm, n, steps)
+            best_g = min(best_g, _allmax(comm, tg))
+            th, res_h = wave_handwritten(comm, n, steps)
+            best_h = min(best_h, _allmax(comm, th))
+        equal = bool(comm.allreduce(int(np.array_equal(res_c, res_h) and np.array_equal(res_g, res_h)))
+                     == comm.Get_size())
+        out.append({"size": n, "steps": steps, "ranks": comm.Get_size(), "celeritas_s": best_c, "mpi4py_s": best_h,
+                    "compiled_s": best_g, "ratio": best_h / best_c, "compiled_ratio": best_h / best_g,
+                    "equal": equal})
     if comm.Get_rank() == 0:
         from rich.table import Table
-        t = Table(title=f"wave_sim {n}x{n}, {steps} steps, {comm.Get_size()} ranks (best of {args.reps})")
-        for col in ("implementation", "time [s]", "per step [ms]", "ratio handwritten/celeritas"):
+        t = Table(title=f"wave_sim on {comm.Get_size()} ranks: celeritas against hand-written mpi4py + numpy "
+                        f"(best of {args.reps}, alternating)")
+        for col in ("size", "steps", "hand-written [ms/step]", "celeritas [ms/step]", "ratio",
+                    "compiled ahead [ms/step]", "ratio", "bitwise equal"):
             t.add_column(col, justify="right")
-        t.add_row("hand-written mpi4py + numpy", f"{best_h:.3f}", f"{best_h / steps * 1e3:.2f}", "")
-        t.add_row("celeritas", f"{best_c:.3f}", f"{best_c / steps * 1e3:.2f}", f"{best_h / best_c:.3f}")
+        for r in out:
+            t.add_row(f"{r['size']}²", str(r["steps"]), f"{r['mpi4py_s'] / r['steps'] * 1e3:.3f}",
+                      f"{r['celeritas_s'] / r['steps'] * 1e3:.3f}", f"{r['ratio']:.3f}",
+                      f"{r['compiled_s'] / r['steps'] * 1e3:.3f}", f"{r['compiled_ratio']:.3f}",
+                      "yes" if r["equal"] else "NO")
         console.print(t)
-        console.print(f"results bitwise equal: {'yes' if equal else 'NO'}; goal ratio >= 0.97: "
-                      f"{'met' if best_h / best_c >= 0.97 else 'not met'}")
+    return out
 
 
 # ---------------------------------------------------------------------------------- ping-pong
@@ -196,6 +242,76 @@ def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
     return t
 
 
+def pingpong_compiled(q, comm, nbytes: int, hops: int) -> float:
+    """One-way seconds per hop with every hop compiled before the first one runs.
+
+    A master-node host task that waits for a gate writes the row the first hop
+    reads; the hops are submitted and compiled (``flush``, then the scheduler is
+    synchronized) while it waits, and the clock starts when the gate opens on
+    rank 0, after a barrier.  What is left on the critical path is the
+    executor, the communicator and MPI of both ranks: the part after the
+    scheduler hands the instructions over.
+    """
+    import threading
+
+    import celeritas as cl
+    from celeritas.runtime import Runtime
+    x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
+    gate = threading.Event()
+
+    def hop(src: int, dst: int):
+        def cgf(cgh):
+            x.access(cgh, _row_mapper(dst, src), cl.read)
+            x.access(cgh, _row_mapper(dst, dst), cl.write)
+            cgh.parallel_for((2,), lambda chunk: None, name=f"hop{src}{dst}")
+        return cgf
+
+    def gated(cgh):
+        x.access(cgh, cl.fixed(cl.Subrange((0, 0), (1, nbytes))), cl.write)
+        cgh.host_task(lambda part: gate.wait(60), on=cl.on_master_node, name="gate")
+
+    for _ in range(2):                      # warm-up: allocations, first transfers
+        q.submit(hop(0, 1))
+        q.submit(hop(1, 0))
+    q.wait(barrier=True)
+    q.submit(gated)
+    for _ in range(hops):
+        q.submit(hop(0, 1))
+        q.submit(hop(1, 0))
+    q.flush()
+    Runtime.current().scheduler.sync()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    gate.set()
+    q.wait()
+    t = (time.perf_counter() - t0) / (2 * hops)
+    q.wait(barrier=True)
+    return t
+
+
+def pingpong_mpi_preposted(comm, nbytes: int, hops: int) -> float:
+    """Ping-pong with the next receive posted before the send (``Irecv``, ``Send``, ``Wait``)."""
+    rank = comm.Get_rank()
+    out, inb = np.zeros(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    peer = 1 - rank
+    comm.Barrier()
+    t0 = time.perf_counter()
+    if rank == 1:
+        req = comm.Irecv(inb, 0, 8)
+    for _ in range(hops):
+        if rank == 0:
+            req = comm.Irecv(inb, 1, 8)
+            comm.Send(out, 1, 8)
+            req.Wait()
+        elif rank == 1:
+            req.Wait()
+            req = comm.Irecv(inb, 0, 8) if _ < hops - 1 else None
+            comm.Send(out, 0, 8)
+    t = (time.perf_counter() - t0) / (2 * hops)
+    del peer
+    return t
+
+
 def pingpong_mpi(comm, nbytes: int, hops: int) -> float:
     rank = comm.Get_rank()
     buf = np.zeros(nbytes, np.uint8)
@@ -211,7 +327,7 @@ def pingpong_mpi(comm, nbytes: int, hops: int) -> float:
     return (time.perf_counter() - t0) / (2 * hops)
 
 
-def bench_pingpong(q, comm, args, console) -> None:
+def bench_pingpong(q, comm, args, console) -> list[dict]:
     sizes = []
     s = 8
     while s <= args.max_bytes:
@@ -222,19 +338,25 @@ def bench_pingpong(q, comm, args, console) -> None:
     rows = []
     for nbytes in sizes:
         hops = args.hops or (60 if nbytes <= 65536 else 20)
-        tc = min(_allmax(comm, pingpong_celeritas(q, nbytes, hops)) for _ in range(args.reps))
-        tm = min(_allmax(comm, pingpong_mpi(comm, nbytes, hops * 10)) for _ in range(args.reps))
-        rows.append((nbytes, tc, tm))
+        tc = tg = tm = float("inf")
+        for _ in range(args.reps):              # alternating, best of each
+            tc = min(tc, _allmax(comm, pingpong_celeritas(q, nbytes, hops)))
+            tg = min(tg, _allmax(comm, pingpong_compiled(q, comm, nbytes, hops)))
+            tm = min(tm, _allmax(comm, pingpong_mpi(comm, nbytes, hops * 10)),
+                     _allmax(comm, pingpong_mpi_preposted(comm, nbytes, hops * 10)))
+        rows.append((nbytes, tc, tg, tm))
     if comm.Get_rank() == 0:
         from rich.table import Table
         t = Table(title=f"push/await_push vs mpi4py Send/Recv ping-pong (one-way, best of {args.reps})")
         for col in ("box", "celeritas latency", "mpi4py latency", "celeritas bandwidth", "mpi4py bandwidth",
-                    "ratio mpi4py/celeritas"):
+                    "ratio mpi4py/celeritas", "compiled ahead: latency", "bandwidth", "ratio"):
             t.add_column(col, justify="right")
-        for nbytes, tc, tm in rows:
+        for nbytes, tc, tg, tm in rows:
             t.add_row(_bytes(nbytes), f"{tc * 1e6:,.1f} us", f"{tm * 1e6:,.1f} us", f"{nbytes / tc / 1e6:,.1f} MB/s",
-                      f"{nbytes / tm / 1e6:,.1f} MB/s", f"{tm / tc:.3f}")
+                      f"{nbytes / tm / 1e6:,.1f} MB/s", f"{tm / tc:.3f}", f"{tg * 1e6:,.1f} us",
+                      f"{nbytes / tg / 1e6:,.1f} MB/s", f"{tm / tg:.3f}")
         console.print(t)
+    return [{"bytes": nb, "celeritas_s": tc, "compiled_s": tg, "mpi4py_s": tm} for nb, tc, tg, tm in rows]
 
 
 def _bytes(n: int) -> str:
@@ -242,6 +364,63 @@ def _bytes(n: int) -> str:
         if n >= f:
             return f"{n / f:g} {unit}"
     return f"{n} B"
+
+
+# ---------------------------------------------------------------------------------- idle CPU
+
+
+def idle_cpu(q, comm, seconds: float) -> tuple[float, float]:
+    """CPU use (% of one core, whole process) of rank 0 while it waits at a fence.
+
+    The chunk of a 2-element kernel on rank ``owner`` sleeps ``seconds``; rank 0
+    then fences the buffer: (a) ``owner`` 1: rank 0 waits for rank 1's row (a
+    receive is outstanding the whole time), (b) ``owner`` 0: for its own kernel
+    (nothing outstanding in MPI).
+    """
+    import resource
+
+    import celeritas as cl
+    x = cl.Buffer(np.zeros((2, 8), np.float64), name="idle")
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def produce(owner: int):
+        def cgf(cgh):
+            x.access(cgh, lambda chunk, shape: cl.Subrange((chunk.offset[0], 0), (chunk.range[0], shape[1])),
+                     cl.write)
+            cgh.parallel_for((2,), _sleep_on(owner, seconds), name="produce")
+        return cgf
+
+    out = []
+    for owner in (1, 0):
+        q.wait(barrier=True)
+        c0, t0 = cpu(), time.perf_counter()
+        q.submit(produce(owner))
+        result = q.fence(x).result()          # rank 0 needs row ``owner``
+        dt = time.perf_counter() - t0
+        c1 = cpu()
+        assert result.shape == (2, 8)
+        out.append(100 * (c1 - c0) / dt)
+    q.wait(barrier=True)
+    return out[0], out[1]
+
+
+def _sleep_on(owner: int, seconds: float):
+    """A kernel of a (2,) range whose chunk ``owner`` (on rank ``owner``) sleeps."""
+    def kernel(chunk):
+        if chunk.offset[0] == owner:
+            time.sleep(seconds)
+    return kernel
+
+
+def bench_idle(q, comm, args, console) -> dict:
+    a, b = idle_cpu(q, comm, 2.0)
+    if comm.Get_rank() == 0:
+        console.print(f"CPU use of rank 0 waiting 2 s at a fence: {a:.1f} % of a core while it waits for "
+                      f"a peer's data (a receive outstanding), {b:.1f} % while it waits for its own kernel")
+    return {"waiting_for_peer_percent": a, "waiting_for_own_kernel_percent": b}
 
 
 # ---------------------------------------------------------------------------------- strided
@@ -324,13 +503,20 @@ def main(argv=None) -> int:
         console.print(f"[bold]bench_mpi[/bold]: {comm.Get_size()} ranks, CELERITAS_DEVICES="
                       f"{os.environ.get('CELERITAS_DEVICES')}, {library_version(MPI)}, "
                       f"{os.cpu_count()} cores")
+    results: dict = {"ranks": comm.Get_size(), "devices": os.environ.get("CELERITAS_DEVICES"),
+                     "mpi": library_version(MPI), "load_average": os.getloadavg()[0]}
     if not args.skip_wave:
-        bench_wave(q, comm, args, console)
+        results["wave"] = bench_wave(q, comm, args, console)
     if not args.skip_pingpong and comm.Get_size() >= 2:
-        bench_pingpong(q, comm, args, console)
+        results["pingpong"] = bench_pingpong(q, comm, args, console)
+    if args.idle and comm.Get_size() >= 2:
+        results["idle"] = bench_idle(q, comm, args, console)
     if args.strided and comm.Get_size() >= 2:
         bench_strided(comm, args, console)
     q.shutdown()
+    if args.json and comm.Get_rank() == 0:
+        import json
+        Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 
 

@@ -151,18 +151,51 @@ def runtime_rows(quick: bool) -> list[Row]:
     dk = best(k, lambda: br.dask_tiny_tasks(n))
     rows.append(Row("runtime", f"{n} independent tiny tasks, host:4, µs/task", f"{us:.1f} µs",
                     f"{dk:.1f} µs (dask threads)" if dk else "dask not installed", _ratio(dk, us),
-                    "≤ 50 µs, ≥ 4× dask", {"celeritas_us": us, "dask_us": dk}))
+                    "≤ 40 µs, ≥ 6× dask", {"celeritas_us": us, "dask_us": dk}))
     it = 50 if quick else 500
     st = best(k, lambda: br.stencil(128, it))
     nst = best(k, lambda: br.numpy_stencil(128, it))
+    blk = best(k, lambda: br.numpy_blocks_stencil(128, it))
     rows.append(Row("runtime", f"128² stencil × {it}, host:4, µs/iteration", f"{st:.1f} µs",
-                    f"{nst:.1f} µs (numpy)",
-                    _ratio(nst, st), "≤ 120 µs", {"celeritas_us": st, "numpy_us": nst}))
+                    f"{blk:.1f} µs (numpy, the 4 row blocks host:4 computes, halos copied); "
+                    f"{nst:.1f} µs (numpy, whole array)",
+                    _ratio(blk, st), "≤ 150 µs", {"celeritas_us": st, "numpy_blocks_us": blk, "numpy_us": nst}))
+    nop = best(k, lambda: br.stencil(128, it, noop=True))
+    rows.append(Row("runtime", f"128² stencil × {it}, no-op kernels, host:4, µs/iteration", f"{nop:.1f} µs",
+                    "-", "-", "≤ 60 µs", {"celeritas_us": nop}))
     size, steps = (512, 5) if quick else (4096, 10)
     w = best(k, lambda: br.wave(size, steps))
     nw = best(k, lambda: br.numpy_wave(size, steps))
     rows.append(Row("runtime", f"wave_sim {size}² × {steps}, 1 rank, host:1", _secs(w), _secs(nw) + " (numpy)",
                     _ratio(nw, w), "≥ 0.97×", {"celeritas_s": w, "numpy_s": nw}))
+    return rows
+
+
+# ---- the executor alone (bench_executor) --------------------------------------------------------------
+def executor_rows(quick: bool) -> list[Row]:
+    """Instruction batches recorded from real programs, replayed through a bare executor:
+    the executor thread's CPU per instruction (its Python, and with real kernels theirs)."""
+    from benchmarks import bench_executor as be
+    k = REPS["quick" if quick else "full"]
+    it, tasks = (50, 300) if quick else (500, 2500)
+    rows = []
+    for name, prog, steps in (("128² stencil, no-op kernels", be.stencil_program(128, it, True), it),
+                              ("128² stencil, wave_sim kernels", be.stencil_program(128, it, False), it),
+                              ("tiny no-op tasks", be.tiny_program(tasks), tasks)):
+        rec = be.record(prog, 4)
+        wall, cpu = be.measure(rec, k)
+        _, burst = be.measure(rec, k, steady=False)
+        n = rec.num_instructions
+        extra = ""
+        if "no-op" in name:
+            _, bare = be.measure(be.with_trivial_launchers(rec), k)
+            extra = f"; {bare:.2f} µs with trivial launchers (the executor's own work)"
+        rows.append(Row("executor", f"{name}, host:4, executor CPU per instruction (recorded batches replayed "
+                                    f"one by one)", f"{cpu:.2f} µs",
+                        f"{n / steps:.1f} instructions per step, {wall * n / steps:.1f} µs/step{extra}; "
+                        f"{burst:.2f} µs with all batches at once", "-", "≤ 3 µs" if "no-op" in name else "",
+                        {"cpu_us_per_instruction": cpu, "wall_us_per_instruction": wall, "instructions": n,
+                         "burst_cpu_us_per_instruction": burst}))
     return rows
 
 
@@ -312,82 +345,101 @@ MPI_TIMEOUT_S = 300
 
 
 def mpi_rows(quick: bool) -> tuple[list[Row], str | None]:
-    """bench_mpi's figures as rows of this table.
-
-    ``bench_mpi.rows(quick)`` (a list of dicts with this table's columns) is used
-    when the module offers it; otherwise bench_mpi runs as its own program (it
-    relaunches itself under mpiexec) and its printed tables are parsed, with the
-    full output shown below this table whenever something could not be parsed.
-    """
+    """bench_mpi's figures as rows of this table: it runs as its own program (it relaunches
+    itself under mpiexec on 2 ranks) and writes them as JSON; its output is shown below the
+    table when it fails."""
+    import tempfile
     what = "halo exchange vs hand-written mpi4py"
     if importlib.util.find_spec("benchmarks.bench_mpi") is None:
         return [Row("mpi", what, "skipped", "benchmarks/bench_mpi.py not present")], None
-    try:
-        mod = importlib.import_module("benchmarks.bench_mpi")
-    except Exception as exc:  # noqa: BLE001 - someone else's module: report, don't fail the whole run
-        return [Row("mpi", what, "skipped", f"bench_mpi failed to import: {exc}")], None
-    rows_fn = getattr(mod, "rows", None)
-    if callable(rows_fn):
-        out = []
-        for r in rows_fn(quick):
-            r = dict(r)
-            out.append(Row("mpi", str(r.get("benchmark", "")), str(r.get("celeritas", "")),
-                           str(r.get("baseline", "")), str(r.get("ratio", "-")), str(r.get("goal", "")),
-                           {k: v for k, v in r.items() if isinstance(v, (int, float, str, bool))}))
-        return out, None
-    argv = [sys.executable, "-m", "benchmarks.bench_mpi"]
-    if quick:
-        argv += ["--reps", "2", "--steps", "10", "--max-bytes", str(64 << 10)]
-    else:
-        argv += ["--reps", str(REPS["full"] + 2)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.setdefault("CELERITAS_DEVICES", "host:1")
-    try:
-        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return [Row("mpi", what, "skipped", f"bench_mpi took over {MPI_TIMEOUT_S} s")], None
-    text = proc.stdout + ("\n" + proc.stderr if proc.returncode else "")
-    if proc.returncode != 0:
-        return [Row("mpi", what, f"bench_mpi exited {proc.returncode}", "see its output below")], text.strip()
-    rows = parse_bench_mpi(proc.stdout)
-    if not rows:
-        return [Row("mpi", what, "see its output below", "hand-written mpi4py (bench_mpi)")], text.strip()
-    return rows, None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench_mpi.json"
+        argv = [sys.executable, "-m", "benchmarks.bench_mpi", "--json", str(out), "--idle"]
+        argv += ["--quick", "--reps", "2"] if quick else ["--full", "--reps", str(REPS["full"])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        env.setdefault("CELERITAS_DEVICES", "host:1")
+        try:
+            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=MPI_TIMEOUT_S * (1 if quick else 3), start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return [Row("mpi", what, "skipped", "bench_mpi took too long")], None
+        text = (proc.stdout + "\n" + proc.stderr).strip()
+        if proc.returncode != 0 or not out.exists():
+            return [Row("mpi", what, f"bench_mpi exited {proc.returncode}", "see its output below")], text
+        data = json.loads(out.read_text())
+    return mpi_rows_from(data), None
 
 
-_NUM = r"([\d,]+(?:\.\d+)?)"
-
-
-def parse_bench_mpi(text: str) -> list[Row]:
-    """The wave_sim comparison and the smallest/largest ping-pong rows of bench_mpi's tables."""
-    import re
+def mpi_rows_from(data: dict) -> list[Row]:
+    """Rows from bench_mpi's JSON (see its ``--json``)."""
     rows: list[Row] = []
-    title = re.search(r"wave_sim (\d+)x\d+, (\d+) steps, (\d+) ranks", text)
-    hand = re.search(r"hand-written mpi4py \+ numpy\s*[│|]\s*" + _NUM, text)
-    ours = re.search(r"[│|]\s*celeritas\s*[│|]\s*" + _NUM + r"\s*[│|]\s*" + _NUM + r"\s*[│|]\s*" + _NUM, text)
-    if title and hand and ours:
-        th, tc = float(hand.group(1).replace(",", "")), float(ours.group(1).replace(",", ""))
-        equal = re.search(r"bitwise equal: (\w+)", text)
-        rows.append(Row("mpi", f"wave_sim {title.group(1)}² × {title.group(2)}, {title.group(3)} MPI ranks",
-                        _secs(tc), _secs(th) + " (hand-written mpi4py halo exchange)", _ratio(th, tc),
-                        "≥ 0.97×" + ("" if not equal or equal.group(1) == "yes" else " (RESULTS DIFFER)"),
-                        {"celeritas_s": tc, "mpi4py_s": th}))
-    ping = re.findall(r"[│|]\s*([\d.]+ (?:B|KiB|MiB|GiB))\s*[│|]\s*" + _NUM + r" us\s*[│|]\s*" + _NUM
-                      + r" us\s*[│|]\s*" + _NUM + r" MB/s\s*[│|]\s*" + _NUM + r" MB/s", text)
+    ranks = data.get("ranks", 2)
+    for w in data.get("wave", []):
+        n, steps = w["size"], w["steps"]
+        note = "≥ 0.95×" + ("" if w.get("equal", True) else " (RESULTS DIFFER)")
+        rows.append(Row("mpi", f"wave_sim {n}² × {steps}, {ranks} MPI ranks, ms/step",
+                        f"{w['celeritas_s'] / steps * 1e3:.3f} ms (compiled ahead: {w['compiled_s'] / steps * 1e3:.3f}, "
+                        f"{w['compiled_ratio']:.2f}×)",
+                        f"{w['mpi4py_s'] / steps * 1e3:.3f} ms (hand-written mpi4py, persistent requests)",
+                        _ratio(w["mpi4py_s"], w["celeritas_s"]), note, w))
+    ping = data.get("pingpong", [])
     if ping:
-        def num(x: str) -> float:
-            return float(x.replace(",", ""))
-        size, lc, lm, _, _ = ping[0]
-        rows.append(Row("mpi", f"push/await_push one-way latency, {size}", f"{num(lc):.1f} µs",
-                        f"{num(lm):.1f} µs (mpi4py Send/Recv)", _ratio(num(lm), num(lc)), "",
-                        {"celeritas_us": num(lc), "mpi4py_us": num(lm)}))
-        size, _, _, bc, bm = ping[-1]
-        rows.append(Row("mpi", f"push/await_push bandwidth, {size}", f"{num(bc):,.0f} MB/s",
-                        f"{num(bm):,.0f} MB/s (mpi4py Send/Recv)",
-                        _ratio(1 / num(bm), 1 / num(bc)) if num(bm) and num(bc) else "-", "",
-                        {"celeritas_mbs": num(bc), "mpi4py_mbs": num(bm)}))
+        p = ping[0]
+        rows.append(Row("mpi", f"push/await_push one-way latency, {p['bytes']} B",
+                        f"{p['celeritas_s'] * 1e6:.1f} µs (compiled ahead: {p['compiled_s'] * 1e6:.1f})",
+                        f"{p['mpi4py_s'] * 1e6:.1f} µs (mpi4py, blocking or preposted, the faster)",
+                        _ratio(p["mpi4py_s"], p["celeritas_s"]), "≤ 100 µs", p))
+        p = ping[-1]
+        mb = p["bytes"] / 2 ** 20
+
+        def bw(t: float) -> str:
+            return f"{p['bytes'] / t / 1e6:,.0f} MB/s"
+        rows.append(Row("mpi", f"push/await_push bandwidth, {mb:g} MiB" if mb >= 1 else
+                        f"push/await_push bandwidth, {p['bytes'] >> 10} KiB",
+                        f"{bw(p['celeritas_s'])} (compiled ahead: {bw(p['compiled_s'])}, "
+                        f"{p['mpi4py_s'] / p['compiled_s']:.2f}×)",
+                        f"{bw(p['mpi4py_s'])} (mpi4py)", _ratio(p["mpi4py_s"], p["celeritas_s"]), "≥ 0.8×", p))
+    idle = data.get("idle")
+    if idle:
+        rows.append(Row("mpi", "CPU use of a rank waiting 2 s at a fence",
+                        f"{idle['waiting_for_peer_percent']:.1f} % (receive outstanding), "
+                        f"{idle['waiting_for_own_kernel_percent']:.1f} % (own kernel)", "-", "-", "", idle))
     return rows
+
+
+# ---- the device path: OpenCL on two PoCL devices (bench_opencl) ------------------------------------------
+def device_rows(quick: bool) -> tuple[list[Row], str | None]:
+    """bench_opencl in a process of its own (it sets ``POCL_DEVICES`` before OpenCL starts)."""
+    import tempfile
+    try:
+        import pyopencl  # noqa: F401
+    except ImportError:
+        return [Row("device", "wave_sim on opencl vs hand-written pyopencl", "skipped", "pyopencl not installed")], None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench_opencl.json"
+        argv = [sys.executable, "-m", "benchmarks.bench_opencl", "--json", str(out)]
+        argv += ["--size", "256", "--steps", "10", "--reps", "1", "--launches", "200"] if quick else \
+            ["--reps", str(REPS["full"])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        try:
+            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return [Row("device", "wave_sim on opencl", "skipped", "bench_opencl took too long")], None
+        if proc.returncode != 0 or not out.exists():
+            return [Row("device", "wave_sim on opencl", f"bench_opencl exited {proc.returncode}",
+                        "see its output below")], (proc.stdout + "\n" + proc.stderr).strip()
+        r = json.loads(out.read_text())
+    s = r["steps"]
+    return [Row("device", f"wave_sim {r['size']}² × {s}, OpenCL C kernel, opencl on 2 PoCL devices, ms/step",
+                f"{r['celeritas_s'] / s * 1e3:.3f} ms (compiled ahead: {r['compiled_s'] / s * 1e3:.3f}, "
+                f"{r['compiled_ratio']:.2f}×)", f"{r['pyopencl_s'] / s * 1e3:.3f} ms (hand-written pyopencl)",
+                _ratio(r["pyopencl_s"], r["celeritas_s"]),
+                "≥ 0.9×" + ("" if r["close"] else " (RESULTS DIFFER)"), r),
+            Row("device", "one-item OpenCL source kernel, µs per launch",
+                f"{r['launch_celeritas_us']:.1f} µs (compiled ahead: {r['launch_compiled_us']:.1f})",
+                f"{r['launch_bare_us']:.1f} µs (bare enqueue_nd_range_kernel + wait)",
+                _ratio(r["launch_bare_us"], r["launch_celeritas_us"]), "", r)], None
 
 
 # ---- raw CuPy ------------------------------------------------------------------------------------------
@@ -447,7 +499,7 @@ def markdown(rows: list[Row], info: dict, quick: bool, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-SECTIONS = ("scheduler", "runtime", "stencil", "apps", "lookahead", "mpi", "gpu")
+SECTIONS = ("scheduler", "executor", "runtime", "stencil", "apps", "lookahead", "mpi", "device", "gpu")
 
 
 def main(argv=None) -> int:
@@ -474,13 +526,21 @@ def main(argv=None) -> int:
             mpi_output.append(text)
         return got
 
+    def device() -> list[Row]:
+        got, text = device_rows(args.quick)
+        if text:
+            mpi_output.append(text)
+        return got
+
     sections: dict[str, Callable[[], list[Row]]] = {
         "scheduler": lambda: scheduler_rows(args.quick),
+        "executor": lambda: executor_rows(args.quick),
         "runtime": lambda: runtime_rows(args.quick),
         "stencil": lambda: overlap_rows(args.quick, args.devices),
         "apps": lambda: app_rows(args.quick, args.devices),
         "lookahead": lambda: resize_rows(args.quick),
         "mpi": mpi,
+        "device": device,
         "gpu": lambda: cupy_rows(args.quick),
     }
     for name in SECTIONS:
@@ -490,7 +550,7 @@ def main(argv=None) -> int:
     seconds = time.perf_counter() - t0
     console.print(render(rows, info))
     for text in mpi_output:
-        console.print("[bold]bench_mpi output[/bold]")
+        console.print("[bold]bench_mpi / bench_opencl output[/bold]")
         console.print(text, markup=False, highlight=False)
     console.print(f"total {seconds:.1f} s")
     if args.markdown:

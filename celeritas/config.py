@@ -89,12 +89,18 @@ class Config:
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
     gc: str = "tuned"     # CPython's cyclic GC thresholds while the runtime runs (see Runtime)
+    # CPython's GIL switch interval while the runtime runs, in µs (None: leave it alone;
+    # see Runtime._tune_switch_interval)
+    switch_interval_us: float | None = None
     # MPI tuning, handed to the MPI communicator (which reads no environment itself):
     # how strided boxes travel, the progress thread's longest sleep while payloads are
     # in flight, how long a shutdown/barrier epoch waits for the peers' matching epoch
     # (None: forever), and whether MPI takes CUDA pointers (None: ask the library)
     mpi_strided: str = "auto"
     mpi_poll_max_us: float = 2000.0
+    # how long the executor polls MPI without pause once nothing but the network is
+    # left to wait for, before it sleeps between polls (0: never)
+    mpi_spin_us: float = 100.0
     divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT
     mpi_cuda_aware: bool | None = None
     # seconds a wait(), fence result or shutdown may block before the rank says what it
@@ -188,6 +194,20 @@ def _positive_float(env: Mapping[str, str], var: str, default: float | None, uni
     return x
 
 
+def _nonnegative_float(env: Mapping[str, str], var: str, default: float, unit: str) -> float:
+    """A finite number >= 0 (``unit`` names it in errors)."""
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        x = float(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a number of {unit}") from None
+    if not x >= 0 or x == float("inf"):
+        raise ConfigError(f"{var}={raw!r} must be a finite number >= 0")
+    return x
+
+
 def _tristate(env: Mapping[str, str], var: str) -> bool | None:
     """1 / 0, or None when unset."""
     raw = env.get(var)
@@ -218,8 +238,10 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
         gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),
+        switch_interval_us=_positive_float(env, "CELERITAS_SWITCH_INTERVAL_US", None, "microseconds", off=True),
         mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
         mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),
+        mpi_spin_us=_nonnegative_float(env, "CELERITAS_MPI_SPIN_US", 100.0, "microseconds"),
         divergence_timeout=_positive_float(env, "CELERITAS_DIVERGENCE_TIMEOUT", DEFAULT_DIVERGENCE_TIMEOUT,
                                            "seconds", off=True),
         mpi_cuda_aware=_tristate(env, "CELERITAS_MPI_CUDA_AWARE"),

@@ -27,6 +27,8 @@ class ClusterContext(threading.local):
 cluster = ClusterContext()
 _process: dict[str, Any] = {"runtime": None}
 _process_lock = threading.Lock()
+# interpreter settings a runtime of this process changed (restored by the runtime that did)
+process_tuning: dict[str, Any] = {"switch_interval": None}
 # (env overrides or None, Queue overrides, communicator or None) -> a new runtime
 _factory: Callable[..., Any] | None = None
 

@@ -256,6 +256,7 @@ class Runtime:
         if getattr(self.executor, "tracing", False):     # exact starvation in the summary (not in dry runs)
             self.scheduler.busy_intervals = []
         self._saved_gc_threshold = self._tune_gc(config.gc)
+        self._saved_switch_interval = self._tune_switch_interval(config.switch_interval_us)
         self.executor.start()
         self.scheduler.start()
         self.mappers = MapperWrappers()   # built-in mappers' wrappers, shared by this runtime's tasks
@@ -627,10 +628,38 @@ class Runtime:
         gc.set_threshold(*GC_THRESHOLDS)
         return current
 
+    @staticmethod
+    def _tune_switch_interval(us: float | None) -> float | None:
+        """Shorten CPython's GIL switch interval while the runtime runs; the old one, to restore.
+
+        A rank runs several Python threads under one GIL: application, scheduler,
+        executor (and lane workers).  A thread that wakes up (the executor when a
+        payload or a lane's completion arrives) waits for a thread busy in Python to
+        give the GIL up, which it does only once the switch interval (5 ms by default)
+        has passed: a hop or a completion then waits milliseconds behind the
+        scheduler compiling later tasks.  ``CELERITAS_SWITCH_INTERVAL_US`` sets it
+        (``off`` leaves the interpreter's setting alone); like the GC thresholds it is
+        process-wide, so only the first runtime of a process changes and restores it.
+        """
+        if us is None:
+            return None
+        current = sys.getswitchinterval()
+        wanted = us * 1e-6
+        if context.process_tuning["switch_interval"] is not None:   # another runtime of this process already did it
+            return None
+        sys.setswitchinterval(wanted)
+        context.process_tuning["switch_interval"] = sys.getswitchinterval()    # as the interpreter rounded it
+        return current
+
     def _release_current(self) -> None:
         saved, self._saved_gc_threshold = getattr(self, "_saved_gc_threshold", None), None
         if saved is not None and gc.get_threshold() == GC_THRESHOLDS:
             gc.set_threshold(*saved)
+        saved_si, self._saved_switch_interval = getattr(self, "_saved_switch_interval", None), None
+        if saved_si is not None:
+            if sys.getswitchinterval() == context.process_tuning["switch_interval"]:
+                sys.setswitchinterval(saved_si)
+            context.process_tuning["switch_interval"] = None
         context.release(self)
 
     def shutdown_at_exit(self) -> None:
@@ -662,6 +691,7 @@ def _default_communicator(config: cfg.Config):
         else:
             if launched_under_mpi():
                 return MpiCommunicator(strided=config.mpi_strided, poll_max=config.mpi_poll_max_us * 1e-6,
+                                       poll_spin=config.mpi_spin_us * 1e-6,
                                        divergence_timeout=config.divergence_timeout,
                                        divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT",
                                        cuda_aware=config.mpi_cuda_aware)

@@ -9,6 +9,13 @@ oversubscription flags where it needs them), or ``srun -n R ...`` inside a Slurm
 allocation (``SLURM_JOB_ID`` set, or ``--launcher srun``).  Rank 0 of every job
 prints one JSON timing line; the harness keeps the median over ``--repeats``.
 
+Apps with a hand-written mpi4py baseline (``workloads.Workload.handwritten``:
+wave_sim, nbody, jacobi3d) are also run that way at every point, alternating with
+the celeritas job (``--no-handwritten`` skips them): the CSV has one row per
+implementation (``impl``: celeritas or mpi4py), and the plot draws the baseline's
+speedup and efficiency dashed beside celeritas's, each against its own time on the
+smallest rank count.
+
 Strong scaling keeps the problem size; speedup is ``R0 * t(R0) / t(R)`` against the
 smallest rank count ``R0`` and efficiency is speedup / R.  Weak scaling grows the
 size with the rank count so that the work per rank stays constant (edge length
@@ -38,7 +45,7 @@ log = logging.getLogger("celeritas.apps")
 console = Console(stderr=True)
 ROOT = Path(__file__).resolve().parents[1]
 
-CSV_FIELDS = ["app", "mode", "ranks", "devices", "backend", "size", "steps", "seconds", "seconds_min", "runs",
+CSV_FIELDS = ["app", "impl", "mode", "ranks", "devices", "backend", "size", "steps", "seconds", "seconds_min", "runs",
               "speedup", "efficiency", "ideal_speedup", "launcher", "host"]
 
 
@@ -66,11 +73,13 @@ def _child_env(devices: str | None) -> dict[str, str]:
 
 
 def build_command(launcher: str, ranks: int, runner_args: Sequence[str], *, devices: str | None = None,
-                  mpiexec: str | None = None, extra: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """argv and environment of one job running ``cluster.run_app`` on ``ranks`` ranks."""
+                  mpiexec: str | None = None, extra: Sequence[str] = (),
+                  module: str = "cluster.run_app") -> tuple[list[str], dict[str, str]]:
+    """argv and environment of one job running ``module`` (``cluster.run_app``, or
+    ``cluster.workloads`` for a hand-written baseline) on ``ranks`` ranks."""
     env = _child_env(devices)
     if launcher == "srun":
-        argv = ["srun", "-n", str(ranks), *extra, sys.executable, "-m", "cluster.run_app", *runner_args]
+        argv = ["srun", "-n", str(ranks), *extra, sys.executable, "-m", module, *runner_args]
         return argv, env
     if launcher != "mpiexec":
         raise LaunchError(f"unknown launcher {launcher!r}; use mpiexec or srun")
@@ -78,10 +87,10 @@ def build_command(launcher: str, ranks: int, runner_args: Sequence[str], *, devi
     path = cl_launcher.find_mpiexec(mpiexec)
     if path is None:
         if ranks == 1:
-            return [sys.executable, "-m", "cluster.run_app", *runner_args], env
+            return [sys.executable, "-m", module, *runner_args], env
         raise LaunchError("no mpiexec found beside the Python interpreter or on PATH "
                           "(pip install 'celeritas[mpi]' installs MPICH's)")
-    cmd = cl_launcher.build_command(ranks, "cluster.run_app", runner_args, mpiexec=cl_launcher.detect(path),
+    cmd = cl_launcher.build_command(ranks, module, runner_args, mpiexec=cl_launcher.detect(path),
                                     devices=devices, module=True, extra=extra, env=env)
     return cmd.argv, cmd.env
 
@@ -104,14 +113,20 @@ def parse_timing(stdout: str) -> dict | None:
 
 def run_point(app: str, ranks: int, size: int, steps: int, *, launcher: str = "mpiexec", devices: str | None = None,
               lookahead: str | None = None, mpiexec: str | None = None, extra: Sequence[str] = (),
-              timeout: float = 600.0) -> dict:
-    """Launch one job and return rank 0's timing record."""
-    runner_args = ["--app", app, "--size", str(size), "--steps", str(steps)]
-    if devices:
-        runner_args += ["--devices", devices]
-    if lookahead:
-        runner_args += ["--lookahead", lookahead]
-    argv, env = build_command(launcher, ranks, runner_args, devices=devices, mpiexec=mpiexec, extra=extra)
+              timeout: float = 600.0, handwritten: bool = False) -> dict:
+    """Launch one job and return rank 0's timing record (``handwritten``: the app's mpi4py baseline)."""
+    if handwritten:
+        runner_args = ["--handwritten", app, "--size", str(size), "--steps", str(steps)]
+        module = "cluster.workloads"
+    else:
+        runner_args = ["--app", app, "--size", str(size), "--steps", str(steps)]
+        module = "cluster.run_app"
+        if devices:
+            runner_args += ["--devices", devices]
+        if lookahead:
+            runner_args += ["--lookahead", lookahead]
+    argv, env = build_command(launcher, ranks, runner_args, devices=devices, mpiexec=mpiexec, extra=extra,
+                              module=module)
     log.info("launching %s", " ".join(argv))
     # a session of its own, so that a timeout ends the launcher *and* every rank it started
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -145,39 +160,48 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def study(app: str, ranks: Sequence[int], *, size: int | None = None, steps: int | None = None, weak: bool = False,
           repeats: int = 1, launcher: str = "auto", devices: str | None = None, lookahead: str | None = None,
           mpiexec: str | None = None, extra: Sequence[str] = (), timeout: float = 600.0,
-          progress: bool = True) -> list[dict]:
-    """One row per rank count, with speedup and efficiency relative to the smallest rank count."""
+          progress: bool = True, handwritten: bool = True) -> list[dict]:
+    """One row per rank count and implementation, with speedup and efficiency relative to the
+    smallest rank count (``handwritten``: also the app's mpi4py baseline, where it has one,
+    each of its jobs right after the celeritas job of the same point)."""
     w = workloads.get(app)
     base = w.size if size is None else size
     steps = w.steps if steps is None else steps
     kind = choose_launcher(launcher)
+    impls = ["celeritas"] + (["mpi4py"] if handwritten and w.handwritten is not None else [])
     rows: list[dict] = []
     for r in ranks:
         n = w.weak_size(base, r / ranks[0]) if weak else base
-        times = []
-        last: dict = {}
+        times: dict[str, list[float]] = {i: [] for i in impls}
+        last: dict[str, dict] = {}
         for _ in range(repeats):
-            last = run_point(app, r, n, steps, launcher=kind, devices=devices, lookahead=lookahead, mpiexec=mpiexec,
-                             extra=extra, timeout=timeout)
-            if int(last.get("ranks", r)) != r:
-                raise LaunchError(f"{app}: asked for {r} ranks, the job ran on {last.get('ranks')} "
-                                  f"(is mpi4py built against this launcher's MPI?)")
-            times.append(float(last["seconds"]))
-        if progress:
-            console.print(f"  {app} on {r} rank(s), size {n}: {statistics.median(times):.3f} s", soft_wrap=True)
-        rows.append({"app": app, "mode": "weak" if weak else "strong", "ranks": r,
-                     "devices": last.get("devices", ""), "backend": last.get("backend", ""), "size": n,
-                     "steps": steps, "seconds": statistics.median(times), "seconds_min": min(times),
-                     "runs": len(times), "launcher": kind, "host": platform.node()})
+            for impl in impls:
+                got = run_point(app, r, n, steps, launcher=kind, devices=devices, lookahead=lookahead,
+                                mpiexec=mpiexec, extra=extra, timeout=timeout, handwritten=impl == "mpi4py")
+                if int(got.get("ranks", r)) != r:
+                    raise LaunchError(f"{app}: asked for {r} ranks, the job ran on {got.get('ranks')} "
+                                      f"(is mpi4py built against this launcher's MPI?)")
+                times[impl].append(float(got["seconds"]))
+                last[impl] = got
+        for impl in impls:
+            if progress:
+                console.print(f"  {app} ({impl}) on {r} rank(s), size {n}: {statistics.median(times[impl]):.3f} s",
+                              soft_wrap=True)
+            rows.append({"app": app, "impl": impl, "mode": "weak" if weak else "strong", "ranks": r,
+                         "devices": last[impl].get("devices", ""), "backend": last[impl].get("backend", ""),
+                         "size": n, "steps": steps, "seconds": statistics.median(times[impl]),
+                         "seconds_min": min(times[impl]), "runs": len(times[impl]), "launcher": kind,
+                         "host": platform.node()})
     add_speedup(rows)
     return rows
 
 
 def add_speedup(rows: list[dict]) -> None:
-    """Fill speedup, efficiency and the ideal speedup, per app, against its smallest rank count."""
-    by_app: dict[str, list[dict]] = {}
+    """Fill speedup, efficiency and the ideal speedup, per app and implementation, against its
+    smallest rank count."""
+    by_app: dict[tuple, list[dict]] = {}
     for row in rows:
-        by_app.setdefault(row["app"], []).append(row)
+        by_app.setdefault((row["app"], row.get("impl", "celeritas")), []).append(row)
     for group in by_app.values():
         ref = min(group, key=lambda r: r["ranks"])
         r0, t0 = ref["ranks"], ref["seconds"]
@@ -200,6 +224,7 @@ def read_csv(path: Path) -> list[dict]:
     with Path(path).open() as f:
         rows = list(csv.DictReader(f))
     for row in rows:
+        row["impl"] = row.get("impl") or "celeritas"      # (files written before there were baselines)
         for k in ("ranks", "size", "steps", "runs"):
             row[k] = int(row[k])
         for k in ("seconds", "seconds_min", "speedup", "efficiency", "ideal_speedup"):
@@ -218,12 +243,20 @@ def plot(rows: Sequence[dict], path: Path, title: str | None = None) -> Path:
     mode = rows[0]["mode"] if rows else "strong"
     fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(10, 4.2))
     all_ranks = sorted({r["ranks"] for r in rows})
-    for app in dict.fromkeys(r["app"] for r in rows):
-        group = sorted((r for r in rows if r["app"] == app), key=lambda r: r["ranks"])
-        xs = [r["ranks"] for r in group]
-        label = f"{app} ({group[0]['size']}" + ("→" + str(group[-1]["size"]) if mode == "weak" else "") + ")"
-        ax_s.plot(xs, [r["speedup"] for r in group], "o-", label=label)
-        ax_e.plot(xs, [r["efficiency"] for r in group], "o-", label=label)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, app in enumerate(dict.fromkeys(r["app"] for r in rows)):
+        for impl, style in (("celeritas", "o-"), ("mpi4py", "s--")):
+            group = sorted((r for r in rows if r["app"] == app and r.get("impl", "celeritas") == impl),
+                           key=lambda r: r["ranks"])
+            if not group:
+                continue
+            xs = [r["ranks"] for r in group]
+            label = f"{app} ({group[0]['size']}" + ("→" + str(group[-1]["size"]) if mode == "weak" else "") + ")"
+            if impl != "celeritas":
+                label += ", hand-written mpi4py"
+            color = colors[k % len(colors)]
+            ax_s.plot(xs, [r["speedup"] for r in group], style, color=color, label=label)
+            ax_e.plot(xs, [r["efficiency"] for r in group], style, color=color, label=label)
     r0 = all_ranks[0] if all_ranks else 1
     ax_s.plot(all_ranks, all_ranks, "k--", lw=1, label="ideal")
     ax_e.plot(all_ranks, [1.0] * len(all_ranks), "k--", lw=1, label="ideal")
@@ -261,11 +294,11 @@ def plot(rows: Sequence[dict], path: Path, title: str | None = None) -> Path:
 
 def print_table(rows: Sequence[dict]) -> None:
     t = Table(title="scaling")
-    for col in ("app", "mode", "ranks", "size", "seconds", "speedup", "efficiency"):
-        t.add_column(col, justify="left" if col in ("app", "mode") else "right")
+    for col in ("app", "impl", "mode", "ranks", "size", "seconds", "speedup", "efficiency"):
+        t.add_column(col, justify="left" if col in ("app", "impl", "mode") else "right")
     for r in rows:
-        t.add_row(r["app"], r["mode"], str(r["ranks"]), str(r["size"]), f"{r['seconds']:.3f}",
-                  f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}")
+        t.add_row(r["app"], r.get("impl", "celeritas"), r["mode"], str(r["ranks"]), str(r["size"]),
+                  f"{r['seconds']:.3f}", f"{r['speedup']:.2f}", f"{r['efficiency']:.2f}")
     console.print(t)
 
 
@@ -284,6 +317,8 @@ def main(argv=None) -> int:
     p.add_argument("--mpiexec", default=None, help="a specific mpiexec")
     p.add_argument("--launcher-args", default="", help="extra launcher arguments, e.g. '--gpus-per-task=1'")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    p.add_argument("--no-handwritten", action="store_true",
+                   help="skip the apps' hand-written mpi4py baselines (run beside celeritas by default)")
     p.add_argument("--out", default="scaling-results", help="folder for the CSV and the PNG")
     p.add_argument("--name", default=None, help="file name stem (default: APP_MODE)")
     args = p.parse_args(argv)
@@ -299,7 +334,8 @@ def main(argv=None) -> int:
         for a in apps:
             rows += study(a, args.ranks, size=args.size, steps=args.steps, weak=args.weak, repeats=args.repeats,
                           launcher=args.launcher, devices=args.devices, lookahead=args.lookahead,
-                          mpiexec=args.mpiexec, extra=args.launcher_args.split(), timeout=args.timeout)
+                          mpiexec=args.mpiexec, extra=args.launcher_args.split(), timeout=args.timeout,
+                          handwritten=not args.no_handwritten)
     except LaunchError as exc:
         console.print(f"[red]{exc}[/red]", soft_wrap=True)
         return 1

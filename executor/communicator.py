@@ -54,11 +54,21 @@ class Communicator(abc.ABC):
     contiguous arrays.
     ``cuda_aware``: payloads may live in CUDA device memory (True), may not
     (False), or nobody can tell (None); decides ``CELERITAS_MPI_DEVICE_MEMORY=auto``.
+
+    A communicator that does not notify is polled by the executor, on its own
+    thread, through ``poll_pilots`` and its requests' ``test``, while sends or
+    receives are outstanding: ``poll_spin`` (s) is how long the executor keeps
+    polling without pause once nothing else is left to do (the other ranks'
+    answer is then the critical path), after which it sleeps between polls,
+    from ``poll_min`` growing to ``poll_max`` (s) while nothing arrives.
     """
 
     notifies: bool = False
     accepts_strided: bool = False
     cuda_aware: bool | None = False
+    poll_spin: float = 0.0
+    poll_min: float = 20e-6
+    poll_max: float = 1e-3
 
     @property
     @abc.abstractmethod

@@ -1,11 +1,13 @@
 """The executor thread: runs one rank's instruction graph on a backend.
 
 Everything the scheduler hands over arrives through one inbox (an ``_Inbox``:
-a deque plus a wake-up event); lane workers and the communicator report completions and
-arrivals into the same inbox, so the loop blocks in exactly one place and no
-notification can be lost between a poll and the wait.  The loop only spins on a
-short timeout while something that cannot notify (CUDA/OpenCL events, MPI
-requests) is in flight.
+a deque plus a wake-up event); lane workers and notifying communicators report
+completions and arrivals into the same inbox, so the loop blocks in exactly one place
+and no notification can be lost between a poll and the wait.  What cannot notify is
+polled by this thread itself: CUDA/OpenCL events on a short timeout, and MPI (sends
+and receives are issued, tested and acted on here, with no progress thread between
+the network and the work that waits for it; see "waiting" below for when and how
+often it polls).
 
 Error policy: once an instruction fails (launcher, copy, allocation, receive…),
 nothing that depends on it may run, since it would read what the failed
@@ -27,6 +29,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -46,7 +49,7 @@ from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitRec
                                          LaunchContext, ReceiveInstruction, ReduceInstruction,
                                          SendInstruction, SplitReceiveInstruction, device_memory)
 
-from .backends.backend import Backend, Completion, Lane, LaneSkipped, box_view, copy_box
+from .backends.backend import Backend, Completion, Lane, LaneSkipped, box_view
 from .communicator import Communicator
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
@@ -175,6 +178,21 @@ def _noop() -> None:
     pass
 
 
+class _LaneInfo:
+    """What issuing on one engine lane needs, looked up once per lane (cached in the
+    engine lane's ``handle``): the backend lane, whether its work may run inline, and
+    for device lanes the array module and native queue kernels get."""
+
+    __slots__ = ("lane", "name", "inline", "xp", "stream")
+
+    def __init__(self, lane: Lane, inline: bool, xp: Any, stream: Any):
+        self.lane = lane
+        self.name = lane.name
+        self.inline = inline
+        self.xp = xp
+        self.stream = stream
+
+
 class Executor:
     """Executes instruction batches on ``backend``; owns one thread.
 
@@ -191,33 +209,47 @@ class Executor:
                  max_host_lanes: int = 4, max_device_lanes: int = 4,
                  trace: bool = False, idle_timeout: float = 0.1,
                  poll_interval: float = 20e-6, inline_threshold: float = 100e-6,
-                 inline_copy_bytes: int = 128 * 1024, name: str = "celeritas-executor"):
+                 inline_copy_bytes: int = 128 * 1024, inline_alone_threshold: float = 2e-3,
+                 inline_alone_copy_bytes: int = 8 << 20, name: str = "celeritas-executor"):
         self._backend = backend
         self._comm = communicator
         self._on_horizon = on_horizon
         self._on_epoch = on_epoch
         self._on_error = on_error
         self._engine = OutOfOrderEngine(max_host_lanes=max_host_lanes,
-                                        max_device_lanes=max_device_lanes)
+                                        max_device_lanes=max_device_lanes, eager_filter=self._eager_ok)
         self._arbiter = ReceiveArbiter(communicator)
         self._inbox = _Inbox()
         self._idle_timeout = idle_timeout
         self._poll_interval = poll_interval
+        # polling a communicator that cannot notify (see _wait)
+        self._spin_ns = int(getattr(communicator, "poll_spin", 0.0) * 1e9)
+        self._poll_min = getattr(communicator, "poll_min", poll_interval)
+        self._poll_max = max(getattr(communicator, "poll_max", poll_interval), self._poll_min)
+        self._poll_delay = 0.0
+        self._idle_start = 0            # when the current wait with nothing but MPI outstanding began
+        self._idle_estimate = 0         # how long such waits took lately (ns): spin only if short
+        self._next_epoch_poll = 0
         self._name = name
 
         self._allocs: dict[int, Any] = {}           # allocation id -> backend array
+        # box views of allocations: copies and sends of a repeating step take the same boxes
+        # of the same allocations every time.  (source, dest, box.lo, box.hi) -> the two
+        # views of a copy, (allocation, box.lo, box.hi) -> a send's view; emptied whenever
+        # an allocation comes or goes, which lookahead makes rare (see _forget_views)
+        self._views: dict[tuple, Any] = {}
         self._user_buffers: dict[int, Any] = {}     # buffer id -> host array, until its allocation id is known
         self._backend_allocs: dict[int, int] = {}   # allocation id -> memory (made by backend.allocate)
         self._host_objects: dict[int, Any] = {}
         self._groups: dict[int, Communicator] = {}
         self._group_handles: dict[int, Any] = {}
-        self._lanes: dict[tuple, Lane] = {}
-        # Inline execution (see _dispatch): lanes whose work the executor may run itself,
-        # and per kind of work (kernel name / copy size class) an estimate of its run time
+        # Inline execution (see _dispatch): whether lanes' work may run on this thread
+        # (per lane, in _LaneInfo), and per kind of work (kernel name / copy size class)
+        # an estimate of its run time
         self._inline_ns = int(inline_threshold * 1e9) if inline_threshold and inline_threshold > 0 else 0
         self._inline_bytes = inline_copy_bytes if self._inline_ns else -1
-        self._inline_lanes: set[Lane] = set()
-        self._kernel_lane_info: dict[Lane, tuple[Any, Any]] = {}
+        self._alone_ns = max(int(inline_alone_threshold * 1e9), self._inline_ns) if self._inline_ns else 0
+        self._alone_bytes = max(inline_alone_copy_bytes, self._inline_bytes) if self._inline_ns else -1
         self._has_global_range: dict[type, bool] = {}
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
@@ -280,6 +312,7 @@ class Executor:
         """Register a user-memory (M0) array as allocation ``aid``; call before any
         instruction uses ``aid``."""
         self._allocs[aid] = array
+        self._forget_views()
 
     def track_user_buffer(self, bid: int, array: Any) -> None:
         """Register a host-initialized buffer's array (from the application thread, before
@@ -404,6 +437,7 @@ class Executor:
         inbox = self._inbox
         handle = self._handle_item
         step = self._step
+        _reduce_timer_slack()
         while True:
             progress = False
             while not inbox.empty():
@@ -414,15 +448,81 @@ class Executor:
             if self._stop:
                 return
             if progress:
+                if self._poll_delay:
+                    self._end_idle_wait()
                 continue
-            inbox.wait(self._block_timeout())
+            self._wait()
 
-    def _block_timeout(self) -> float:
-        if self._polled or (not self._comm.notifies and (self._sends or self._receives)):
-            return self._poll_interval
+    # ------------------------------------------------------------------ waiting
+    # With nothing to issue, the loop sleeps on its inbox, which the scheduler (batches),
+    # lane workers (completions) and notifying communicators fill.  A polling
+    # communicator (MPI) cannot notify: while sends or receives are outstanding the
+    # loop polls it itself, and what that costs is CPU and GIL hand-offs (every MPI
+    # call releases the GIL; a lane thread that wants it takes it) taken from the
+    # work of this rank and, on a small machine, of the others.
+    #   * Nothing but the network left to wait for (no lane work in flight): the
+    #     peers' answer is the critical path.  If this rank's recent waits of that
+    #     kind ended within ``poll_spin`` (a ping-pong, a tight halo exchange), the
+    #     loop polls without pause for up to ``poll_spin``, since a sleep costs
+    #     30-70 us before the thread runs again on this kind of machine; when they
+    #     last longer (the peer is computing), spinning would only burn a core.
+    #     Then it sleeps between polls, ``poll_min`` growing by a quarter per empty
+    #     poll up to ``poll_max``, so a rank that waits long costs little CPU.
+    #   * Lane work in flight: the lane's completion wakes the loop, and what an
+    #     arrival lets it issue could rarely run much sooner than that (the next
+    #     step needs the running kernel too): it polls rarely, from a quarter of
+    #     ``poll_max`` up to ``poll_max``.
+    #   * Nothing outstanding: it sleeps until woken.
+    # (Measured, wave_sim 1024² on 2 ranks on 2 cores: polling from 20 us during
+    # every 1 ms kernel cost each executor 0.2-0.35 ms of CPU per step.)
+
+    def _wait(self) -> None:
+        inbox = self._inbox
+        if self._polled:                # backend completions that cannot notify
+            inbox.wait(self._poll_interval)
+            return
+        comm = self._comm
+        if not comm.notifies and (self._sends or self._receives):
+            delay = self._poll_delay
+            if self._by_completion:     # lane work in flight
+                delay = min(max(delay * 1.25, self._poll_max / 4), self._poll_max)
+                self._idle_start = 0
+            elif delay == 0.0 or self._idle_start == 0:   # the first idle wait since something happened
+                self._idle_start = _perf_ns()
+                if self._spin_ns and self._idle_estimate <= self._spin_ns and self._spin():
+                    self._end_idle_wait()
+                    return
+                delay = self._poll_min
+            else:
+                delay = min(delay * 1.25, self._poll_max)
+            self._poll_delay = delay
+            inbox.wait(delay)
+            return
         if self._unverified_epoch is not None:     # waiting for a peer's epoch (divergence check)
-            return min(self._idle_timeout, 1e-3)
-        return self._idle_timeout
+            inbox.wait(min(self._idle_timeout, 1e-3))
+            return
+        inbox.wait(self._idle_timeout)
+
+    def _end_idle_wait(self) -> None:
+        """Something happened after the loop waited: learn how long idle waits last."""
+        start = self._idle_start
+        if start:
+            self._idle_estimate = (self._idle_estimate + (_perf_ns() - start)) // 2
+            self._idle_start = 0
+        self._poll_delay = 0.0
+
+    def _spin(self) -> bool:
+        """Poll the communicator without pause for up to ``poll_spin``; True once anything
+        arrived (in the inbox too)."""
+        deadline = _perf_ns() + self._spin_ns
+        inbox = self._inbox
+        poll = self._poll_comm
+        while inbox.empty():
+            if poll():
+                return True
+            if _perf_ns() >= deadline:
+                return False
+        return True
 
     def _handle_item(self, item: Any) -> None:
         if type(item) is InstructionBatch:
@@ -441,6 +541,7 @@ class Executor:
     def _accept(self, batch: InstructionBatch) -> None:
         for aid, bid in batch.user_allocations:
             self._allocs[aid] = self._user_buffers.pop(bid)
+            self._forget_views()
         comm = self._comm
         for p in batch.pilots if not self._failed else ():
             try:
@@ -469,12 +570,12 @@ class Executor:
             out.append(d)
         return out
 
-    def _step(self) -> bool:
-        """Poll everything once and issue what is ready; True if anything happened."""
+    def _poll_comm(self) -> bool:
+        """Take in arrived pilots and retire completed receives and sends; True if any."""
         progress = False
-        if self._epoch_check is not None:
-            self._poll_epoch_check()
-        pilots = self._comm.poll_pilots()
+        # pilots matter only to active receives (one that is issued later finds the
+        # pilots taken in by then, and the next poll takes in the rest)
+        pilots = self._comm.poll_pilots() if self._receives or self._comm.notifies else None
         if pilots:
             progress = True
             on_pilot = self._arbiter.on_pilot
@@ -486,15 +587,6 @@ class Executor:
                 if active is not None:
                     progress = True
                     self._retire(active, active.completion.error())
-        if self._polled:
-            still = []
-            for a in self._polled:
-                if a.completion.is_done():
-                    progress = True
-                    self._retire(a, a.completion.error())
-                else:
-                    still.append(a)
-            self._polled = still
         if self._sends:
             still = []
             for a in self._sends:
@@ -510,13 +602,26 @@ class Executor:
                 else:
                     still.append(a)
             self._sends = still
-        assign = self._engine.assign_one
-        while not self._stop:
-            a = assign()
-            if a is None:
-                break
+        return progress
+
+    def _step(self) -> bool:
+        """Poll everything once and issue what is ready; True if anything happened."""
+        if self._epoch_check is not None and (self._unverified_epoch is not None
+                                              or _perf_ns() >= self._next_epoch_poll):
+            self._next_epoch_poll = _perf_ns() + _EPOCH_POLL_NS
+            self._poll_epoch_check()
+        progress = self._poll_comm()
+        if self._polled:
+            still = []
+            for a in self._polled:
+                if a.completion.is_done():
+                    progress = True
+                    self._retire(a, a.completion.error())
+                else:
+                    still.append(a)
+            self._polled = still
+        if self._issue_ready():
             progress = True
-            self._issue(a)
         if self._unverified_epoch is not None and (self._failed or self._epoch_verified(self._unverified_epoch[0])):
             instr, t0 = self._unverified_epoch
             self._unverified_epoch = None
@@ -533,7 +638,31 @@ class Executor:
 
     # ------------------------------------------------------------------ issue / retire
 
+    def _issue_ready(self) -> bool:
+        """Issue every instruction the engine has ready (inline work completes right here
+        and may make more ready); True if there was any."""
+        assign = self._engine.assign_one
+        issuers = self._issuers
+        issued = False
+        while not self._stop:
+            a = assign()
+            if a is None:
+                return issued
+            issued = True
+            instr = a.instruction
+            if self._failed:
+                self._wind_down(instr)
+                continue
+            try:
+                issuer = issuers.get(type(instr)) or self._issuer_for_subclass(instr)
+                issuer(a)
+            except Exception as exc:  # noqa: BLE001 - policy: report, retire, keep going
+                self._report(exc, instr)
+                self._engine.complete(instr.id)
+        return issued
+
     def _issue(self, a: Assignment) -> None:
+        """Issue one assignment (the loop issues through ``_issue_ready``)."""
         instr = a.instruction
         if self._failed:
             self._wind_down(instr)
@@ -596,20 +725,26 @@ class Executor:
             self._report(error, instr)
         self._engine.complete(instr.id)
 
-    def _lane(self, a: Assignment) -> Lane:
-        key = (a.target, a.device, a.lane)
-        lane = self._lanes.get(key)
-        if lane is None:
-            if a.target is Target.DEVICE_LANE:
-                lane = Lane("device", a.device, a.lane)
-            elif a.target is Target.HOST_LANE:
-                lane = Lane("host", None, a.lane)
-            else:
-                raise ValueError(f"instruction I{a.instruction.id} on {a.target} has no lane")
-            self._lanes[key] = lane
-            if self._inline_ns and self._backend.runs_inline(lane):
-                self._inline_lanes.add(lane)
-        return lane
+    def _lane(self, a: Assignment) -> _LaneInfo:
+        info = a.lane_ref.handle if a.lane_ref is not None else None
+        if info is None:
+            info = self._lane_info(a)
+        return info
+
+    def _lane_info(self, a: Assignment) -> _LaneInfo:
+        if a.target is Target.DEVICE_LANE:
+            lane = Lane("device", a.device, a.lane)
+        elif a.target is Target.HOST_LANE:
+            lane = Lane("host", None, a.lane)
+        else:
+            raise ValueError(f"instruction I{a.instruction.id} on {a.target} has no lane")
+        backend = self._backend
+        device = lane.kind == "device"
+        info = _LaneInfo(lane, bool(self._inline_ns) and backend.runs_inline(lane),
+                         backend.xp_for_memory(device_memory(lane.device) if device else HOST_MEMORY),
+                         backend.lane_handle(lane))
+        a.lane_ref.handle = info
+        return info
 
     # ------------------------------------------------------------------ inline execution
     # Handing an instruction to a host lane costs a queue put, a worker wake-up, a GIL
@@ -626,7 +761,38 @@ class Executor:
     #     from inline runs (wall time) and lane runs (the worker's CPU time, which unlike
     #     its wall time does not count waiting for the GIL); an estimate drops at once
     #     to a faster run and rises by a quarter of the difference to a slower one.
+    # When the executor has nothing else to do (no lane work in flight, no other
+    # instruction ready), running the work itself costs no concurrency, only
+    # responsiveness to whatever arrives meanwhile: then kernels estimated under
+    # ``inline_alone_threshold`` and copies up to ``inline_alone_copy_bytes`` run inline
+    # too.  That is the common case of one device per rank, where every step waits for
+    # the previous one: measured on wave_sim 256² (110 us kernels), the two hand-offs
+    # cost 30-40 us per step.
     # Host tasks always go to their lane: they may block (collectives, I/O, user waits).
+
+    def _eager_ok(self, instr: Instruction, lane: Any) -> bool:
+        """Queue ``instr`` on ``lane`` behind its running predecessors?  Not on a lane whose work
+        may run inline when ``instr`` is cheap enough to run inline once they completed: the
+        completion wakes this thread anyway, and a second thread running a few microseconds
+        of Python beside the lane's next kernel only fights it for the GIL (measured, wave_sim
+        1024² on 2 ranks: a 4 KiB halo copy queued behind the kernel took 250-850 us)."""
+        info = lane.handle
+        if info is None or not info.inline:
+            return True
+        t = type(instr)
+        if t is CopyInstruction:
+            return instr.size_bytes > self._inline_bytes
+        if t is DeviceKernelInstruction:
+            box = instr.box
+            est = self._costs.get((instr.name, box.area.bit_length() if box is not None else 0))
+            return est is None or est > self._inline_ns
+        if t is FillIdentityInstruction or t is ReduceInstruction:
+            return instr.count * 8 > self._inline_bytes
+        return True
+
+    def _alone(self) -> bool:
+        """Nothing but the instruction being issued could run now (see inline execution)."""
+        return not self._by_completion and not self._polled and not self._engine.has_ready()
 
     def _note_cost(self, key: Any, ns: int) -> None:
         costs = self._costs
@@ -636,28 +802,37 @@ class Executor:
         else:
             costs[key] = old + (ns - old) // 4
 
-    def _dispatch(self, a: Assignment, lane: Lane, fn: Callable[[], Any], key: Any) -> None:
-        """Run ``fn`` for ``a`` inline when that is allowed and cheap, else launch it on ``lane``."""
+    def _dispatch(self, a: Assignment, lane: _LaneInfo, fn: Callable[..., Any], key: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` for ``a`` inline when that is allowed and cheap, else launch it
+        on ``lane``.  ``key`` is a kernel's cost key (a tuple) or a size in bytes."""
         instr = a.instruction
-        if not a.eager and lane in self._inline_lanes:
-            est = self._costs.get(key) if type(key) is tuple else (0 if key <= self._inline_bytes else None)
-            if est is not None and est <= self._inline_ns:
-                t0 = _perf_ns()
+        if lane.inline and not a.eager:
+            if type(key) is tuple:
+                est = self._costs.get(key)
+                cheap = est is not None and (est <= self._inline_ns or (est <= self._alone_ns and self._alone()))
+            else:
+                cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
+            if cheap:
+                timed = type(key) is tuple or self._trace is not None
+                t0 = _perf_ns() if timed else 0
                 error = None
                 try:
-                    fn()
+                    fn(*args)
                 except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
                     error = exc
-                t1 = _perf_ns()
-                if type(key) is tuple:
-                    self._note_cost(key, t1 - t0)
-                if self._trace is not None:
-                    self._trace.append(_trace_event(instr, lane.name, t0, t1))
+                if timed:
+                    t1 = _perf_ns()
+                    if type(key) is tuple:
+                        self._note_cost(key, t1 - t0)
+                    if self._trace is not None:
+                        self._trace.append(_trace_event(instr, lane.name, t0, t1))
                 if error is not None:
                     self._report(error, instr)
                 self._engine.complete(instr.id)
                 return
-        active = self._track_backend(instr, lane, self._backend.launch(lane, fn, dependent=a.eager))
+        if args:
+            fn = functools.partial(fn, *args)
+        active = self._track_backend(instr, lane.lane, self._backend.launch(lane.lane, fn, dependent=a.eager))
         if type(key) is tuple:   # (completions are handled on this thread, so in time)
             active.cost_key = key
 
@@ -700,6 +875,7 @@ class Executor:
                                  ExecutorStopped("an earlier instruction failed before this fence"))
             elif isinstance(instr, FreeInstruction):
                 arr = self._allocs.pop(instr.allocation, None)    # absent if its alloc was skipped
+                self._forget_views()
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 if arr is not None and memory is not None:
                     self._backend.free(memory, arr)
@@ -724,6 +900,7 @@ class Executor:
         t0 = _perf_ns()
         shape, dtype = _alloc_layout(instr)
         self._allocs[instr.allocation] = self._backend.allocate(instr.memory, shape, dtype)
+        self._forget_views()
         self._backend_allocs[instr.allocation] = instr.memory
         self._complete_sync(instr, "alloc", t0)
 
@@ -731,6 +908,7 @@ class Executor:
         instr: FreeInstruction = a.instruction
         t0 = _perf_ns()
         arr = self._allocs.pop(instr.allocation, None)
+        self._forget_views()
         memory = self._backend_allocs.pop(instr.allocation, None)
         if arr is None:
             log.warning("free of unknown allocation A%d (I%d)", instr.allocation, instr.id)
@@ -740,50 +918,91 @@ class Executor:
 
     def _issue_copy(self, a: Assignment) -> None:
         instr: CopyInstruction = a.instruction
-        lane = self._lane(a)
+        lane = a.lane_ref.handle or self._lane_info(a)
         allocs = self._allocs
-        if lane in self._inline_lanes:   # a plain host lane: the backend would run copy_box
-            self._dispatch(a, lane, functools.partial(
-                copy_box, allocs[instr.source], instr.source_box, allocs[instr.dest], instr.dest_box,
-                instr.box), instr.size_bytes)
+        if lane.inline:   # a plain host lane: the backend would run copy_box
+            box = instr.box
+            views = self._views
+            key = (instr.source, instr.dest, box.lo, box.hi)
+            pair = views.get(key)
+            if pair is None:
+                if box.empty:
+                    self._dispatch(a, lane, _noop, 0)
+                    return
+                dst = box_view(allocs[instr.dest], instr.dest_box, box)
+                src = box_view(allocs[instr.source], instr.source_box, box)
+                if src.shape != dst.shape:
+                    src = src.reshape(dst.shape)
+                if len(views) >= _VIEWS_CACHED:
+                    views.clear()
+                pair = views[key] = (dst, src)
+            if (not a.eager and self._trace is None and instr.size_bytes <= self._inline_bytes):
+                # the common case, _dispatch's inline path without its generality
+                try:
+                    pair[0][...] = pair[1]
+                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+                    self._report(exc, instr)
+                self._engine.complete(instr.id)
+                return
+            self._dispatch(a, lane, _assign, instr.size_bytes, *pair)
             return
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
-                               instr.dest_box, instr.box, lane, dependent=a.eager)
-        self._track_backend(instr, lane, c)
+                               instr.dest_box, instr.box, lane.lane, dependent=a.eager)
+        self._track_backend(instr, lane.lane, c)
 
-    @staticmethod
-    def _launch_fn(instr: Instruction, ctx: LaunchContext | None) -> Callable[[], Any]:
-        launcher = instr.launcher
-        return _noop if launcher is None else functools.partial(launcher, ctx)
+    def _forget_views(self) -> None:
+        if self._views:
+            self._views.clear()
 
-    def _launch(self, a: Assignment, lane: Lane, ctx: LaunchContext | None) -> None:
-        self._track_backend(a.instruction, lane,
-                            self._backend.launch(lane, self._launch_fn(a.instruction, ctx), dependent=a.eager))
+    def _view(self, aid: int, extent: Any, box: Any) -> Any:
+        """``box_view`` of allocation ``aid``, cached until an allocation comes or goes."""
+        key = (aid, box.lo, box.hi)
+        views = self._views
+        v = views.get(key)
+        if v is None:
+            if len(views) >= _VIEWS_CACHED:       # growing boxes (lookahead off): start over
+                views.clear()
+            v = views[key] = box_view(self._allocs[aid], extent, box)
+        return v
 
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
-        lane = self._lane(a)
+        lane = a.lane_ref.handle or self._lane_info(a)
         allocs = self._allocs
-        per_lane = self._kernel_lane_info.get(lane)
-        if per_lane is None:   # (xp, stream) of a device lane: constant for the lane's lifetime
-            backend = self._backend
-            per_lane = self._kernel_lane_info[lane] = (backend.xp_for_memory(device_memory(instr.device)),
-                                                       backend.lane_handle(lane))
         accesses = instr.accesses
         reductions = instr.reductions
         cls = type(instr)
         has_range = self._has_global_range.get(cls)
         if has_range is None:
             has_range = self._has_global_range[cls] = hasattr(cls, "global_range")
+        box = instr.box
         ctx = LaunchContext(
-            instr.box, instr.device,
+            box, instr.device,
             [allocs[acc.allocation] if acc.allocation >= 0 else None for acc in accesses] if accesses else [],
             [allocs[r.allocation] for r in reductions] if reductions else [],
-            per_lane[0], tuple(instr.global_range) if has_range else (), None, self._rank, per_lane[1],
+            lane.xp, tuple(instr.global_range) if has_range else (), None, self._rank, lane.stream,
             accesses, instr.task)
-        box = instr.box
-        self._dispatch(a, lane, self._launch_fn(instr, ctx),
-                       (instr.name, box.area.bit_length() if box is not None else 0))
+        launcher = instr.launcher
+        key = (instr.name, box.area.bit_length() if box is not None else 0)
+        if lane.inline and not a.eager and self._trace is None:
+            costs = self._costs
+            est = costs.get(key)
+            if est is not None and est <= self._inline_ns:
+                # the common case, _dispatch's inline path without its generality
+                t0 = _perf_ns()
+                try:
+                    if launcher is not None:
+                        launcher(ctx)
+                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+                    self._report(exc, instr)
+                ns = _perf_ns() - t0
+                costs[key] = ns if ns <= est else est + (ns - est) // 4     # as _note_cost
+                self._engine.complete(instr.id)
+                return
+        if launcher is None:
+            self._dispatch(a, lane, _noop, key)
+        else:
+            self._dispatch(a, lane, launcher, key, ctx)
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction
@@ -796,11 +1015,13 @@ class Executor:
             box=instr.box, device=None,
             arrays=[allocs[acc.allocation] if acc.allocation >= 0 else None for acc in instr.accesses],
             reduction_arrays=[],
-            xp=self._backend.xp_for_memory(HOST_MEMORY),
+            xp=lane.xp,
             global_range=tuple(instr.global_range), communicator=comm,
-            rank=self._comm.rank, stream=self._backend.lane_handle(lane),
+            rank=self._comm.rank, stream=lane.stream,
             accesses=instr.accesses, task=instr.task)
-        self._launch(a, lane, ctx)
+        launcher = instr.launcher
+        fn = _noop if launcher is None else functools.partial(launcher, ctx)
+        self._track_backend(instr, lane.lane, self._backend.launch(lane.lane, fn, dependent=a.eager))
 
     def _collective_handle(self, group: int) -> Any:
         h = self._group_handles.get(group)
@@ -816,7 +1037,7 @@ class Executor:
 
     def _issue_send(self, a: Assignment) -> None:
         instr: SendInstruction = a.instruction
-        view = box_view(self._allocs[instr.source], instr.source_box, instr.box)
+        view = self._view(instr.source, instr.source_box, instr.box)
         comm = self._comm
         if not comm.accepts_strided and not view.flags.c_contiguous:
             view = np.ascontiguousarray(view)
@@ -846,16 +1067,14 @@ class Executor:
         def fill() -> None:
             arr.reshape(-1)[:count] = identity
 
-        lane = self._lane(a)
-        self._dispatch(a, lane, fill, count * 8)
+        self._dispatch(a, self._lane(a), fill, count * 8)
 
     def _issue_reduce(self, a: Assignment) -> None:
         instr: ReduceInstruction = a.instruction
         src = self._allocs[instr.source]
         dst = self._allocs[instr.dest]
-        lane = self._lane(a)
-        self._dispatch(a, lane, functools.partial(_reduce, src, dst, instr.count, instr.op, instr.include_dest),
-                       instr.count * 8)
+        self._dispatch(a, self._lane(a), _reduce, instr.count * 8, src, dst, instr.count, instr.op,
+                       instr.include_dest)
 
     def _issue_fence(self, a: Assignment) -> None:
         instr: FenceInstruction = a.instruction
@@ -864,6 +1083,7 @@ class Executor:
         try:
             if instr.allocation is not None:
                 arr = self._allocs.pop(instr.allocation)
+                self._forget_views()
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 result = self._backend.hand_over(memory, arr) if memory is not None else arr
             elif instr.host_object is not None:
@@ -896,6 +1116,7 @@ class Executor:
     def _collect_garbage(self, garbage: list[int]) -> None:
         for aid in garbage:
             arr = self._allocs.pop(aid, None)
+            self._forget_views()
             memory = self._backend_allocs.pop(aid, None)
             if arr is not None and memory is not None:
                 self._backend.hand_over(memory, arr)
@@ -991,6 +1212,35 @@ def _alloc_layout(instr: AllocInstruction) -> tuple[tuple[int, ...], Any]:
         elif instr.box is None and instr.size_bytes:
             shape = (instr.size_bytes // np.dtype(dtype).itemsize,)
     return shape, dtype
+
+
+_VIEWS_CACHED = 4096
+_EPOCH_POLL_NS = 1_000_000      # the divergence check's messages are looked for once a millisecond
+
+
+def _reduce_timer_slack() -> None:
+    """Let this thread's timed sleeps end close to when they should (Linux).
+
+    The kernel may extend a sleep by the thread's timer slack, 50 us by default,
+    to batch wake-ups: measured on a 2-core VM, a 20 us ``Event.wait`` took 85 us
+    with the default slack and 43 us with 1 us.  The executor's short sleeps
+    while it polls a communicator are on the critical path of a message hop.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)      # ns
+    except Exception:  # noqa: BLE001 - an optimization only
+        log.debug("could not reduce the executor's timer slack", exc_info=True)
+
+
+_PR_SET_TIMERSLACK = 29
+
+
+def _assign(dst: Any, src: Any) -> None:
+    dst[...] = src
 
 
 def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None:

@@ -34,9 +34,12 @@ def test_scaling_harness_writes_csv_and_png_through_mpiexec(tmp_path):
                        "--devices", "host:1", "--launcher", "mpiexec", "--timeout", "120", "--out", str(tmp_path)])
     assert rc == 0
     rows = list(csv.DictReader((tmp_path / "wave_sim_strong.csv").open()))
-    assert [int(r["ranks"]) for r in rows] == [1, 2]
+    # celeritas and, beside it, wave_sim's hand-written mpi4py baseline at every point
+    assert [(r["impl"], int(r["ranks"])) for r in rows] == [("celeritas", 1), ("mpi4py", 1),
+                                                              ("celeritas", 2), ("mpi4py", 2)]
     assert all(float(r["seconds"]) > 0 for r in rows)
-    assert float(rows[0]["speedup"]) == pytest.approx(1.0) and float(rows[0]["efficiency"]) == pytest.approx(1.0)
+    for first in rows[:2]:        # each implementation against its own time on one rank
+        assert float(first["speedup"]) == pytest.approx(1.0) and float(first["efficiency"]) == pytest.approx(1.0)
     assert _png(tmp_path / "wave_sim_strong.png")
 
 
@@ -49,6 +52,7 @@ def test_weak_scaling_of_a_new_app_grows_the_size(tmp_path):
     assert rc == 0
     rows = scaling.read_csv(tmp_path / "weak.csv")
     assert [r["size"] for r in rows] == [32, 45]               # 32 * sqrt(2): work per rank is constant
+    assert [r["impl"] for r in rows] == ["celeritas", "celeritas"]    # rsim has no hand-written baseline
     assert rows[1]["ranks"] == 2 and rows[1]["mode"] == "weak"
     assert _png(tmp_path / "weak.png")
 
@@ -58,6 +62,10 @@ def test_speedup_and_efficiency_arithmetic():
     scaling.add_speedup(strong)
     assert [r["speedup"] for r in strong] == [2.0, 4.0, 4.0]
     assert [r["efficiency"] for r in strong] == [1.0, 1.0, 0.5]
+    both = [{"app": "a", "impl": i, "mode": "strong", "ranks": r, "seconds": t}
+            for i, r, t in (("celeritas", 1, 8.0), ("mpi4py", 1, 4.0), ("celeritas", 2, 8.0), ("mpi4py", 2, 2.0))]
+    scaling.add_speedup(both)      # each implementation against its own one-rank time
+    assert [r["efficiency"] for r in both] == [1.0, 1.0, 0.5, 1.0]
     weak = [{"app": "a", "mode": "weak", "ranks": r, "seconds": t} for r, t in ((1, 2.0), (4, 4.0))]
     scaling.add_speedup(weak)
     assert weak[1]["efficiency"] == 0.5 and weak[1]["speedup"] == 2.0

@@ -255,10 +255,11 @@ def _random_graph(rng: random.Random, n: int):
     return instrs
 
 
-def _simulate(instrs, rng: random.Random, submit_stride: int, lanes: int):
+def _simulate(instrs, rng: random.Random, submit_stride: int, lanes: int, eager_filter=None):
     """Feed ``instrs`` in chunks, complete assigned work in random (lane-respecting) order,
-    and check the engine never lets an instruction run before its predecessors."""
-    e = OutOfOrderEngine(max_host_lanes=lanes, max_device_lanes=lanes)
+    and check the engine never lets an instruction run before its predecessors (and that
+    ``has_ready`` is True exactly when a non-eager assignment is possible)."""
+    e = OutOfOrderEngine(max_host_lanes=lanes, max_device_lanes=lanes, eager_filter=eager_filter)
     by_id = {x.id: x for x in instrs}
     completed: set[int] = set()
     assigned: dict[int, tuple] = {}
@@ -272,6 +273,7 @@ def _simulate(instrs, rng: random.Random, submit_stride: int, lanes: int):
             pos += submit_stride
         while (a := e.assign_one()) is not None:
             iid = a.instruction.id
+            assert a.eager or e_had_ready(e, iid, by_id, completed)
             assert iid not in assigned, "assigned twice"
             incomplete = [p for p in by_id[iid].dep_ids if p not in completed]
             key = (a.target, a.device, a.lane)
@@ -286,6 +288,9 @@ def _simulate(instrs, rng: random.Random, submit_stride: int, lanes: int):
                 running.append(iid)
             else:
                 lane_queues.setdefault(key, []).append(iid)
+        ready_left = [x.id for x in instrs[:pos] if x.id not in assigned
+                      and all(p in completed for p in x.dep_ids)]
+        assert e.has_ready() == bool(ready_left)      # (left over only when every lane is busy)
         # complete one random piece of work: any non-lane one or the head of a lane
         choices = list(running) + [q[0] for q in lane_queues.values() if q]
         if not choices:
@@ -303,9 +308,81 @@ def _simulate(instrs, rng: random.Random, submit_stride: int, lanes: int):
     assert set(assigned) == set(by_id)
 
 
+def e_had_ready(e, iid, by_id, completed) -> bool:
+    """A non-eager assignment is of an instruction whose predecessors all completed."""
+    return all(p in completed for p in by_id[iid].dep_ids)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 40), stride=st.integers(1, 8),
        lanes=st.integers(1, 3))
 def test_random_graphs_complete_in_any_order(seed, n, stride, lanes):
     rng = random.Random(seed)
     _simulate(_random_graph(rng, n), rng, stride, lanes)
+
+
+# ------------------------------------------------------------------ eager filter, ready count
+
+
+def test_declined_eager_assignment_waits_until_its_predecessor_completed():
+    seen = []
+
+    def decline(instr, lane):
+        seen.append((instr.id, lane.key, lane.index))
+        return False
+
+    e = OutOfOrderEngine(eager_filter=decline)
+    e.submit(kernel(1))
+    e.submit(kernel(2, 1))
+    assert drain(e) == [(1, Target.DEVICE_LANE, 0, 0, False)]
+    assert seen == [(2, (Target.DEVICE_LANE, 0), 0)]      # asked once, with the lane it would go to
+    assert drain(e) == []
+    e.complete(1)
+    assert drain(e) == [(2, Target.DEVICE_LANE, 0, 0, False)]
+    assert len(seen) == 1                                 # not asked again once ready
+    e.complete(2)
+    assert e.is_idle()
+
+
+def test_eager_filter_sees_only_eager_candidates_and_may_accept():
+    asked = []
+    e = OutOfOrderEngine(eager_filter=lambda instr, lane: asked.append(instr.id) or instr.id == 3)
+    e.submit(kernel(1))
+    e.submit(kernel(2, 1))          # declined
+    e.submit(kernel(3, 1))          # accepted: queued behind 1
+    e.submit(kernel(4))             # ready: never asked
+    got = drain(e)
+    assert (3, Target.DEVICE_LANE, 0, 0, True) in got and (4, Target.DEVICE_LANE, 0, 1, False) in got
+    assert sorted(asked) == [2, 3]
+
+
+@pytest.mark.parametrize("order", ["complete first", "assign first"])
+def test_has_ready_counts_instructions_whose_predecessors_completed(order):
+    e = OutOfOrderEngine()
+    assert not e.has_ready()
+    e.submit(kernel(1))
+    e.submit(kernel(2, 1))           # an eager candidate once 1 is assigned: not ready
+    e.submit(horizon(3, 1))
+    assert e.has_ready()             # 1
+    a = e.assign_one()
+    assert a.instruction.id == 1 and not e.has_ready()
+    assert e.assign_one().instruction.id == 2          # eager, behind 1
+    assert not e.has_ready()
+    e.complete(1)
+    assert e.has_ready()             # 3 (2 is assigned already)
+    if order == "complete first":
+        e.complete(2)
+        assert e.has_ready()
+    assert e.assign_one().instruction.id == 3 and not e.has_ready()
+    e.complete(3)
+    e.complete(2)
+    assert e.is_idle() and not e.has_ready()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 40), stride=st.integers(1, 8),
+       lanes=st.integers(1, 3))
+def test_random_graphs_complete_in_any_order_with_a_random_eager_filter(seed, n, stride, lanes):
+    rng = random.Random(seed)
+    _simulate(_random_graph(rng, n), rng, stride, lanes,
+              eager_filter=lambda instr, lane: rng.random() < 0.5)

@@ -217,3 +217,15 @@ def test_notifier_sees_every_completion(backend):
     assert done.wait(10)
     assert set(map(id, got)) == set(map(id, cs))
     assert all(c.notifying for c in cs)
+
+
+def test_lane_cost_counts_time_recorded_as_blocked_on_a_device(backend):
+    """A lane's cost estimate is the worker's CPU time plus what the work recorded as time
+    blocked on a device (an OpenCL event): waiting for the device is the work's cost, waiting
+    for the GIL is not."""
+    from executor.backends.backend import note_blocked
+    lane = Lane("device", 0, 0)
+    plain = backend.launch(lane, lambda: None)
+    blocked = backend.launch(lane, lambda: note_blocked(50_000_000))     # "50 ms on the device"
+    assert plain.wait(5) and blocked.wait(5)
+    assert plain.cpu_ns < 50_000_000 <= blocked.cpu_ns

@@ -32,8 +32,8 @@ TIMEOUT = 20
 class Harness:
     """An executor on a 1-device host backend; ``run`` submits a batch and waits for its fence."""
 
-    def __init__(self, **kw):
-        self.backend = HostBackend(1)
+    def __init__(self, devices: int = 1, **kw):
+        self.backend = HostBackend(devices)
         self.errors = []
         self.ex = Executor(self.backend, SingleRankCommunicator(), trace=True,
                            on_error=lambda exc, instr: self.errors.append((exc, instr)), **kw)
@@ -182,7 +182,7 @@ def test_inline_kernel_error_is_reported_and_dependents_never_run():
 
 
 def test_small_copies_run_inline_large_ones_on_the_lane():
-    h = Harness(inline_copy_bytes=1024)
+    h = Harness(inline_copy_bytes=1024, inline_alone_copy_bytes=0)
     try:
         small, large = Box((0,), (16,)), Box((0,), (1024,))
         a = h.g.add(AllocInstruction, h.last, allocation=1, memory=HOST_MEMORY, box=large, shape=(1024,),
@@ -206,6 +206,59 @@ def test_small_copies_run_inline_large_ones_on_the_lane():
         assert any(l.name == "D0.lane0" for l in h.backend.lanes)
         np.testing.assert_array_equal(h.ex._allocs[2], np.arange(1024.0))
         assert h.lanes_of([c_small, c_large]) == ["D0.lane0", "D0.lane0"]
+    finally:
+        h.close()
+
+
+def _burn(seconds: float):
+    def launcher(ctx):
+        t = time.thread_time()
+        while time.thread_time() - t < seconds:
+            pass
+    return launcher
+
+
+def test_a_longer_kernel_runs_inline_when_the_executor_has_nothing_else_to_do():
+    """Over ``inline_threshold`` but under ``inline_alone_threshold``: inline once its cost is
+    known, as long as no lane work is in flight and nothing else is ready."""
+    h = Harness(inline_threshold=1e-4, inline_alone_threshold=0.5)
+    try:
+        threads = []
+
+        def kernel(ctx):
+            threads.append(threading.current_thread().name)
+            _burn(2e-3)(ctx)                 # 2 ms of CPU: over 100 us, under 500 ms
+
+        for _ in range(3):
+            h.kernel(kernel, name="mid")
+            h.run()
+        assert threads[0].startswith("celeritas-D0.lane")      # unknown cost: on its lane
+        assert threads[1:] == [h.ex._thread.name] * 2
+    finally:
+        h.close()
+
+
+def test_a_longer_kernel_stays_on_its_lane_beside_other_work():
+    """Two such kernels on two devices, ready together: running one inline would hold the
+    other back, so both go to their lanes."""
+    h = Harness(devices=2, inline_threshold=1e-4, inline_alone_threshold=0.5)
+    try:
+        threads = []
+
+        def kernel(ctx):
+            threads.append(threading.current_thread().name)
+            _burn(2e-3)(ctx)
+
+        start = h.last
+        for d in (0, 1):                     # learn the cost on each device
+            h.kernel(kernel, start, name="mid", device=d)
+        h.run()
+        threads.clear()
+        start = h.last
+        for d in (0, 1):
+            h.kernel(kernel, start, name="mid", device=d)
+        h.run()
+        assert sorted(threads) == ["celeritas-D0.lane0", "celeritas-D1.lane0"], threads
     finally:
         h.close()
 
@@ -249,3 +302,36 @@ def test_many_tiny_tasks_end_to_end_with_inline_execution():
         q.submit(cgf)
     np.testing.assert_array_equal(q.fence(b).result(TIMEOUT), np.full(64, 200))
     q.shutdown()
+
+
+@pytest.mark.parametrize("nbytes,queued", [(64, False), (4096, True)])
+def test_only_work_too_big_to_run_inline_is_queued_behind_a_running_kernel(nbytes, queued):
+    """A copy that depends on a kernel running on its lane: a small one waits for the kernel
+    and then runs on the executor thread (no second thread beside the lane's next work); one
+    over ``inline_copy_bytes`` is queued on the lane right behind the kernel (eager)."""
+    h = Harness(inline_copy_bytes=1024)
+    launches = []
+    real_launch = h.backend.launch
+
+    def launch(lane, fn, *, dependent=False):
+        launches.append(dependent)
+        return real_launch(lane, fn, dependent=dependent)
+
+    h.backend.launch = launch
+    try:
+        n = nbytes // 8
+        box = Box((0,), (n,))
+        a = h.g.add(AllocInstruction, h.last, allocation=1, memory=device_memory(0), box=box, shape=(n,),
+                    dtype=np.float64)
+        b = h.g.add(AllocInstruction, h.last, allocation=2, memory=HOST_MEMORY, box=box, shape=(n,),
+                    dtype=np.float64)
+        k = h.kernel(lambda ctx: ctx.arrays[0].__setitem__(Ellipsis, 7.0), a, name="first-of-its-kind",
+                     box=box, accesses=[AccessAllocation(0, 1, box, box)])
+        h.last = h.g.add(CopyInstruction, k, b, source=1, dest=2, source_memory=device_memory(0),
+                         dest_memory=HOST_MEMORY, box=box, source_box=box, dest_box=box, size_bytes=nbytes)
+        h.run()
+        np.testing.assert_array_equal(h.ex._allocs[2], np.full(n, 7.0))
+        # the kernel (unknown cost) always goes to its lane; the copy only when queued eagerly
+        assert launches == ([False, True] if queued else [False])
+    finally:
+        h.close()

@@ -386,6 +386,8 @@ def test_less_than_thread_multiple_is_a_clear_config_error():
 @pytest.mark.parametrize("var,value,words", [
     ("CELERITAS_MPI_POLL_MAX_US", "fast", "not a number of microseconds"),
     ("CELERITAS_MPI_POLL_MAX_US", "-5", "must be > 0"),
+    ("CELERITAS_MPI_SPIN_US", "long", "not a number of microseconds"),
+    ("CELERITAS_MPI_SPIN_US", "-1", "must be a finite number >= 0"),
     ("CELERITAS_MPI_STRIDED", "sideways", "use one of auto, datatype, staging"),
     ("CELERITAS_DIVERGENCE_TIMEOUT", "soon", "not a number of seconds"),
     ("CELERITAS_DIVERGENCE_TIMEOUT", "-1", "must be > 0"),
@@ -423,6 +425,9 @@ def test_mpi_settings_are_parsed_once_by_the_configuration():
         ("staging", 50.0, None, True)
     assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5", "CELERITAS_MPI_CUDA_AWARE": "0"}).mpi_cuda_aware is False
     assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5"}).divergence_timeout == 2.5
+    assert from_env({}).mpi_spin_us == 100.0
+    assert from_env({"CELERITAS_MPI_SPIN_US": "0"}).mpi_spin_us == 0.0
+    assert from_env({"CELERITAS_MPI_SPIN_US": " 250 "}).mpi_spin_us == 250.0
 
 
 def test_mpi_code_reads_no_celeritas_variables():
@@ -460,5 +465,19 @@ def test_mpi_communicator_rejects_bad_arguments_before_any_mpi_call(monkeypatch)
         MpiCommunicator(strided="sideways")
     with pytest.raises(ConfigError, match="must be > 0"):
         MpiCommunicator(poll_max=0)
+    with pytest.raises(ConfigError, match="must be >= 0"):
+        MpiCommunicator(poll_spin=-1e-6)
     with pytest.raises(ConfigError, match="must be > 0"):
         MpiCommunicator(divergence_timeout=-1)
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_hand_written_baselines_compute_what_the_apps_compute(ranks):
+    """The mpi4py baselines the benchmarks and the scaling study compare celeritas with
+    (cluster/workloads.py) give the apps' reference results on every rank count."""
+    r = mpirun(ranks, "handwritten_baselines.py", timeout=120)
+    assert r.returncode == 0, _explain(r)
+    for k in range(ranks):
+        assert f"rank {k}: ok" in r.stdout, _explain(r)

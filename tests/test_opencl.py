@@ -151,3 +151,36 @@ def test_local_range_chunks_are_whole_work_groups_on_opencl(nodes, devices):
     i = np.arange(320)
     for res in run_cluster(program, nodes=nodes, CELERITAS_DEVICES=devices):
         np.testing.assert_array_equal(res, i * 3 + i % 32)
+
+
+def test_launches_alternating_between_buffers_get_their_own_arguments():
+    """The backend skips set_args when a queue's kernel object already holds a launch's
+    arguments; launches with the same chunk and scalars on other buffers must not be taken
+    for repeats.  Two pairs alternate; each destination is zeroed in between, so a launch
+    that wrote the other pair's destination would leave zeros behind."""
+    q = cl.Queue(devices="opencl")
+    pairs = [(cl.Buffer(np.arange(64, dtype=np.float32).reshape(8, 8) * s), cl.Buffer(shape=(8, 8), dtype=np.float32))
+             for s in (1.0, -1.0)]
+
+    def scale(x, y):
+        def cgf(cgh):
+            r = x.access(cgh, cl.one_to_one(), cl.read)
+            w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((8, 8), SCALE, args=(r, w, np.float32(2.0)))
+        q.submit(cgf)
+
+    def zero(y):
+        def cgf(cgh):
+            w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((8, 8), lambda chunk: w.__setitem__(chunk, 0.0), name="zero")
+        q.submit(cgf)
+
+    i, j = np.mgrid[0:8, 0:8]
+    for _ in range(3):
+        for s, (x, y) in zip((1.0, -1.0), pairs):
+            zero(y)
+            scale(x, y)
+        for s, (x, y) in zip((1.0, -1.0), pairs):
+            np.testing.assert_array_equal(q.fence(y).result(),
+                                          2 * s * np.arange(64, dtype=np.float32).reshape(8, 8) + i * 100 + j)
+    q.shutdown()

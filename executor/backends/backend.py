@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple
 
@@ -19,6 +20,22 @@ import numpy as np
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, AccessorArg, device_memory
 
 log = logging.getLogger("celeritas.executor")
+
+
+_blocked = threading.local()
+
+
+def note_blocked(ns: int) -> None:
+    """Record that the calling thread spent ``ns`` blocked on a device (an OpenCL event, a
+    stream) inside lane work.  A lane's cost estimate is the worker's CPU time, which leaves
+    out waiting for the GIL but would leave out waiting for the device too: work that blocks
+    on a device adds that time here (see ``blocked_ns``)."""
+    _blocked.ns = getattr(_blocked, "ns", 0) + ns
+
+
+def blocked_ns() -> int:
+    """Nanoseconds the calling thread recorded with ``note_blocked`` so far."""
+    return getattr(_blocked, "ns", 0)
 
 
 class BackendError(RuntimeError):

@@ -19,7 +19,7 @@ from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
 from .backend import (AllocationError, Backend, BackendError, Completion, Lane, LaneSkipped, BackendInfo,
-                      copy_box, default_copy_pairs)
+                      blocked_ns, copy_box, default_copy_pairs)
 
 log = logging.getLogger("celeritas.executor")
 
@@ -68,7 +68,8 @@ class HostCompletion(Completion):
 
     @property
     def cpu_ns(self) -> int | None:
-        """CPU time the worker thread spent in the work (excludes waiting for the GIL)."""
+        """CPU time the worker thread spent in the work, plus the time it recorded as blocked
+        on a device (``note_blocked``); unlike wall time it excludes waiting for the GIL."""
         return self._cpu_ns
 
 
@@ -101,7 +102,7 @@ class _LaneWorker:
                 return
             fn, c, dependent = item
             c._start_ns = _perf_ns()
-            cpu0 = _thread_ns()
+            cpu0 = _thread_ns() + blocked_ns()
             if not dependent or self.failed is None:
                 try:
                     fn()
@@ -110,7 +111,7 @@ class _LaneWorker:
             else:
                 c._error = LaneSkipped(f"not run: earlier work on {self.lane.name} failed "
                                        f"({type(self.failed).__name__})")
-            c._cpu_ns = _thread_ns() - cpu0
+            c._cpu_ns = _thread_ns() + blocked_ns() - cpu0
             c._end_ns = _perf_ns()
             c._done = True
             if self.waiters:

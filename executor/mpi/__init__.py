@@ -2,7 +2,8 @@
 
 ``launch``: was this process started under MPI, and importing mpi4py with the
 thread level celeritas needs; ``abort``: ending every rank when one fails;
-``progress``: the thread that tests MPI requests; ``wire``: pilot encoding,
+``progress``: MPI requests and the standing pilot receives, tested by the
+executor thread itself; ``wire``: pilot encoding,
 payload buffer specs and derived datatypes; ``divergence``: comparing the ranks'
 task streams; ``cuda_aware``: whether MPI takes CUDA pointers;
 ``collective``: collective groups' mpi4py communicators; ``communicator``: the

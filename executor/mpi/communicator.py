@@ -10,11 +10,15 @@ Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does o
 * **payloads** use ``Isend``/``Irecv`` on a per-message tag derived from the
   sender's ``msg_id`` (unique per sender), straight from / into the allocation
   (see ``wire``).
-* completion is polled with ``Test`` by one progress thread with adaptive
-  back-off, which wakes the executor (a notifying communicator), so neither
-  thread spins; the only blocking waits (``barrier``, a clone's ``Idup``) are
-  ``Test`` loops with short sleeps on the executor thread, so the GIL is never
-  held while waiting and divergence messages keep being checked meanwhile.
+* completion is tested (``MPI_Test``) by the executor thread itself, which
+  issues what depends on a payload the moment it sees it arrive: no progress
+  thread, no hand-off between threads on the critical path of a hop.  While
+  the executor has nothing but the network left to wait for, it polls for
+  ``poll_spin`` seconds, then sleeps between polls from ``poll_min`` up to
+  ``poll_max`` (see the executor's wait policy); with nothing outstanding it
+  does not poll at all.  The only blocking waits (``barrier``, a clone's
+  ``Idup``) are ``Test`` loops with short sleeps on the executor thread, so the
+  GIL is never held while waiting and divergence messages keep being checked.
 * collective groups are ``Idup`` clones: cloning never blocks, the first use of
   the clone's handle waits for the duplicate to complete.
 * **divergence check** (``EpochCheck``): ranks compare their task streams at
@@ -39,7 +43,7 @@ from .collective import collective_comm
 from .cuda_aware import mpi_cuda_support
 from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
 from .launch import import_mpi, library_version, thread_level_name
-from .progress import MpiRequest, PilotRing, Progress, set_mpi_byte
+from .progress import MpiRequest, PilotRing, SendList, handle_of, quick_test, set_mpi_byte
 from .wire import (PAYLOAD_TAG_BASE, PILOT_TAG, PILOT_WORDS, STRIDED_POLICIES, DatatypeCache, Spec,
                    buffer_spec, encode_pilot)
 
@@ -52,12 +56,15 @@ class MpiCommunicator(Communicator):
     """One rank's endpoint over MPI (see the module docstring for the protocol).
 
     ``MpiCommunicator()`` duplicates ``COMM_WORLD``; ``comm=`` duplicates another
-    mpi4py intracommunicator.  Notifying: a progress thread tests the requests
-    and wakes the executor, which therefore never polls MPI itself.
+    mpi4py intracommunicator.  Not notifying: the executor polls it (pilots and
+    its requests' ``test``) on its own thread.
     """
 
-    notifies = True
+    notifies = False
     accepts_strided = True
+    POLL_SPIN = 100e-6          # defaults of the executor's polling (see Communicator)
+    POLL_MIN = 20e-6
+    POLL_MAX = 2e-3
 
     @property
     def cuda_aware(self) -> bool | None:    # type: ignore[override]
@@ -66,12 +73,15 @@ class MpiCommunicator(Communicator):
         return self._cuda_aware
 
     def __init__(self, comm: Any = None, *, strided: str = "auto", poll_max: float | None = None,
+                 poll_spin: float | None = None,
                  divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT,
                  divergence_timeout_hint: str | None = None, cuda_aware: bool | None = None,
                  install_hooks: bool | None = None):
         """``strided``: how strided boxes travel (see ``wire.use_datatype``);
-        ``poll_max``: the progress thread's longest sleep (s) while payloads are in
-        flight; ``divergence_timeout``: how long (s, None: forever) a shutdown or
+        ``poll_max``: the executor's longest sleep (s) between polls while sends or
+        receives are outstanding; ``poll_spin``: how long (s) it polls without
+        pause first, once nothing but the network is left to wait for (0: never);
+        ``divergence_timeout``: how long (s, None: forever) a shutdown or
         barrier epoch waits for the neighbour's matching epoch, and
         ``divergence_timeout_hint`` where users set it (named in the error);
         ``cuda_aware``: the answer to "can MPI take CUDA pointers" when the user
@@ -81,17 +91,22 @@ class MpiCommunicator(Communicator):
             raise ConfigError(f"strided payload policy {strided!r}; use auto, datatype or staging")
         if poll_max is not None and not poll_max > 0:
             raise ConfigError(f"MPI poll interval {poll_max!r} s must be > 0")
+        if poll_spin is not None and not poll_spin >= 0:
+            raise ConfigError(f"MPI spin time {poll_spin!r} s must be >= 0")
         if divergence_timeout is not None and not divergence_timeout > 0:
             raise ConfigError(f"divergence timeout {divergence_timeout!r} s must be > 0 (or None)")
         MPI = import_mpi()
         set_mpi_byte(MPI.BYTE)
+        quick_test(MPI)
         base = MPI.COMM_WORLD if comm is None else comm
         self._setup(MPI, base.Dup(), None, None, DatatypeCache(MPI), policy)
         if cuda_aware is not None:
             self._cuda_aware = bool(cuda_aware)
         self.epoch_check = EpochCheck(self._comm.Dup(), self._rank, self._size, divergence_timeout,
                                       timeout_hint=divergence_timeout_hint) if self._size > 1 else None
-        self._progress = Progress(self._rank, poll_max)
+        self.poll_spin = self.POLL_SPIN if poll_spin is None else float(poll_spin)
+        self.poll_min = self.POLL_MIN
+        self.poll_max = self.POLL_MAX if poll_max is None else float(poll_max)
         self._start_ring()
         if install_hooks is None:
             install_hooks = comm is None and self._size > 1
@@ -119,9 +134,10 @@ class MpiCommunicator(Communicator):
             # a duplicate has the original's rank and size; the new handle must not
             # be touched before its Idup completes
             self._rank, self._size, self._tag_span = root._rank, root._size, root._tag_span
-            self._progress = root._progress
         self._ring: PilotRing | None = None
         self._pilot_inbox: deque = deque()
+        self._pilot_sends = SendList()
+        self._payload_sends = SendList()       # for close(): let them finish before MPI_Finalize
         self._handle: Any = None
         self._closed = False
 
@@ -152,11 +168,6 @@ class MpiCommunicator(Communicator):
 
     def _payload_tag(self, msg_id: int) -> int:
         return PAYLOAD_TAG_BASE + msg_id % self._tag_span
-
-    def _check_progress(self) -> None:
-        err = self._progress.error
-        if err is not None:
-            raise CommunicatorError(f"rank {self._rank}: MPI progress failed: {err}")
 
     # ---- waiting (never holds the GIL)
     def _divergence_poll(self) -> None:
@@ -190,7 +201,6 @@ class MpiCommunicator(Communicator):
     # ---- pilots
     def _start_ring(self) -> None:
         self._ring = PilotRing(self._mpi, self._comm, self._pilot_inbox)
-        self._progress.add_ring(self._ring)
 
     def send_pilot(self, to: int, pilot: Pilot) -> None:
         self._check_rank(to)
@@ -203,15 +213,20 @@ class MpiCommunicator(Communicator):
             req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
-        self._progress.add(MpiRequest(req, buf, what=f"pilot to rank {to}", notify=False))
+        self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}", handle=handle_of(self._mpi, req)))
 
     def poll_pilots(self) -> list[tuple[int, Pilot]]:
         if self._closed:
             return []
-        self._check_progress()
-        if self._ring is None:
+        ring = self._ring
+        if ring is None:
             self._ensure_ready()
             self._start_ring()
+            ring = self._ring
+        try:
+            ring.poll()
+        except Exception as exc:  # noqa: BLE001 - MPI failures are final
+            raise CommunicatorError(f"rank {self._rank}: receiving pilots failed: {exc}") from exc
         inbox = self._pilot_inbox
         if not inbox:
             return []
@@ -227,7 +242,6 @@ class MpiCommunicator(Communicator):
 
     def send_payload(self, to: int, msg_id: int, array: Any) -> Request:
         self._check_rank(to)
-        self._check_progress()
         self._ensure_ready()
         spec, keep, _finish, _n = self._spec(array, receive=False)
         try:
@@ -235,13 +249,14 @@ class MpiCommunicator(Communicator):
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: send of message {msg_id} to rank {to} failed: {exc}") \
                 from exc
-        r = MpiRequest(req, keep, what=f"send of message {msg_id} to rank {to}")
-        self._progress.add(r)
+        r = MpiRequest(req, keep, what=f"send of message {msg_id} to rank {to}", handle=handle_of(self._mpi, req))
+        if len(self._payload_sends) > 64:       # keep the teardown list short
+            self._payload_sends.pending()
+        self._payload_sends.add(r)
         return r
 
     def receive_payload(self, from_rank: int, msg_id: int, out_array: Any) -> Request:
         self._check_rank(from_rank)
-        self._check_progress()
         self._ensure_ready()
         spec, keep, finish, nbytes = self._spec(out_array, receive=True)
         try:
@@ -249,10 +264,8 @@ class MpiCommunicator(Communicator):
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: receive of message {msg_id} from rank {from_rank} "
                                     f"failed: {exc}") from exc
-        r = MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
-                       what=f"receive of message {msg_id} from rank {from_rank}")
-        self._progress.add(r)
-        return r
+        return MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
+                          what=f"receive of message {msg_id} from rank {from_rank}", handle=handle_of(self._mpi, req))
 
     # ---- groups, barrier, collectives
     def clone(self, key: Hashable | None = None) -> "MpiCommunicator":
@@ -283,12 +296,6 @@ class MpiCommunicator(Communicator):
             h = self._handle = collective_comm(self._mpi, self._comm)
         return h
 
-    def set_notifier(self, notifier: Callable[[], None] | None) -> None:
-        """Called by the progress thread whenever a payload completes or a pilot
-        arrives, and every ``Progress.KEEPALIVE`` s (see ``Progress``)."""
-        if self._root is None:
-            self._progress.notifier = notifier
-
     # ---- failure and teardown
     def fatal_abort(self, message: str, error: BaseException | None = None) -> None:
         """Report ``message`` on stderr (and where ``error`` came from in the user's code:
@@ -303,8 +310,9 @@ class MpiCommunicator(Communicator):
         abort_world(message, 1)
 
     def close(self) -> None:
-        """Stop the progress thread, cancel the standing pilot receives and finish
-        outstanding small sends, so ``MPI_Finalize`` finds nothing posted."""
+        """Cancel the standing pilot receives and let outstanding sends finish, so
+        ``MPI_Finalize`` finds nothing posted (call it once the executor stopped:
+        it tests the requests the executor tested)."""
         if self._closed:
             return
         self._closed = True
@@ -313,16 +321,13 @@ class MpiCommunicator(Communicator):
                 return
             if self._root is not None:       # a clone: only its own ring
                 if self._ring is not None:
-                    self._progress.remove_ring(self._ring)
                     self._ring.cancel()
                 return
-            self._progress.notifier = None
             if self.epoch_check is not None:
                 self.epoch_check.close()
             deadline = time.monotonic() + 2.0
-            while self._progress.pending_sends() and time.monotonic() < deadline:
+            while (self._pilot_sends.pending() or self._payload_sends.pending()) and time.monotonic() < deadline:
                 time.sleep(1e-4)
-            self._progress.stop()
             if self._ring is not None:
                 self._ring.cancel()
             self._types.free()

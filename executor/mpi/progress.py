@@ -1,14 +1,30 @@
-"""The one thread that tests MPI requests, so neither the executor nor a lane spins on MPI.
+"""MPI requests and standing pilot receives, tested by the thread that waits for them.
 
-Completion is polled with ``Test`` by one progress thread with adaptive
-back-off, which wakes the executor (a notifying communicator).  A ring of
-standing ``Irecv(ANY_SOURCE)`` pilot receives is always posted, so a pilot never
-waits for the receiver to ask for it.
+There is no progress thread: the executor thread tests its own requests (every
+``MpiRequest.test`` is one ``MPI_Test``) and the pilot ring (``PilotRing.poll``)
+whenever it looks for work, and while it waits for the network it polls them
+itself (see the executor's wait policy), so a completed payload is acted on
+by the very thread that issues what depends on it, without a hand-off between
+threads.  A ring of standing ``Irecv(ANY_SOURCE)`` pilot receives is always
+posted, so a pilot never waits for the receiver to ask for it.
+
+Measured (2 ranks, 2 cores, MPICH 5 shared memory): a receive completes
+without the sender making any further MPI call once it posted its send (up to
+4 MiB), so only the receiving side has to poll for a transfer to finish.
+
+Polling without giving the GIL away: mpi4py releases the GIL around every MPI
+call, and a lane thread running a kernel's Python takes it at once, so each
+unsuccessful test cost the executor a GIL hand-off and back (15 us of wall time
+per test of the pilot ring, measured during wave_sim's 1 ms kernels on 2 ranks).
+Where the MPI library can be reached through ctypes, a request is first looked
+at with ``MPI_Request_get_status`` called through ``ctypes.PyDLL`` (which keeps
+the GIL; 0.5 us) and handed to mpi4py's ``Test`` only once it completed.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
-import threading
+import sys
 import time
 from collections import deque
 from typing import Any, Callable
@@ -27,21 +43,92 @@ def set_mpi_byte(byte: Any) -> None:
     _MPI_BYTE[0] = byte
 
 
-class MpiRequest(FlagRequest):
-    """A payload (or pilot) send or receive, completed by the progress thread.
+class QuickTest:
+    """``MPI_Request_get_status`` through ``ctypes.PyDLL``: tests a request without freeing it
+    and without releasing the GIL.  ``done(handle)`` is True once the request completed (or
+    the call failed: mpi4py's ``Test`` then reports the error)."""
 
-    ``test`` only reads flags: the progress thread is the single thread that
-    calls ``MPI_Test`` on it (MPI forbids completing one request from two
-    threads).  ``keep`` holds whatever MPI reads or writes (the array, a
-    staging copy, the raw buffer object) until completion; ``finish`` runs on
-    completion, before ``test`` reports it (the staging copy-back).
+    def __init__(self, fn: Any, handle_type: Any):
+        self._fn = fn
+        self._handle_type = handle_type
+        self._flag = ctypes.c_int(0)
+        self._flag_ref = ctypes.byref(self._flag)
+        self._status = ctypes.create_string_buffer(256)     # larger than any MPI_Status
+
+    def done(self, handle: int) -> bool:
+        if self._fn(handle, self._flag_ref, self._status) != 0:
+            return True
+        return self._flag.value != 0
+
+
+_QUICK: list = [None, False]    # the QuickTest, and whether finding it was tried
+
+
+def quick_test(mpi: Any) -> QuickTest | None:
+    """The process's ``QuickTest``, or None where the MPI library cannot be found (not Linux,
+    a static build, an unusual handle type): requests are then tested through mpi4py alone."""
+    if _QUICK[1]:
+        return _QUICK[0]
+    _QUICK[1] = True
+    try:
+        size = mpi._sizeof(mpi.Request)
+        handle_type = {4: ctypes.c_int, 8: ctypes.c_uint64}.get(size)
+        if handle_type is None or not sys.platform.startswith("linux"):
+            return None
+        for path in _mapped_mpi_libraries():
+            try:
+                fn = ctypes.PyDLL(path).MPI_Request_get_status
+            except (OSError, AttributeError):
+                continue
+            fn.argtypes = [handle_type, ctypes.POINTER(ctypes.c_int), ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            _QUICK[0] = QuickTest(fn, handle_type)
+            log.debug("testing MPI requests through %s without releasing the GIL", path)
+            break
+    except Exception:  # noqa: BLE001 - an optimization only
+        log.debug("MPI requests are tested through mpi4py only", exc_info=True)
+    return _QUICK[0]
+
+
+def _mapped_mpi_libraries() -> list[str]:
+    """Shared libraries of this process whose name says MPI (``libmpi.so.12``, ``libmpi.so.40``)."""
+    out: list[str] = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.rsplit(None, 1)[-1]
+            name = path.rsplit("/", 1)[-1]
+            if path.startswith("/") and name.startswith("libmpi") and ".so" in name and path not in out:
+                out.append(path)
+    return out
+
+
+def handle_of(mpi: Any, req: Any) -> int | None:
+    """The C handle of an mpi4py request, for ``QuickTest`` (None without one)."""
+    if _QUICK[0] is None:
+        return None
+    try:
+        return mpi._handleof(req)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class MpiRequest(FlagRequest):
+    """A payload (or pilot) send or receive.
+
+    ``test`` calls ``MPI_Test`` until the request completed, then only reads
+    flags; one thread tests a request (MPI forbids completing one request from
+    two threads at once): the executor thread for the executor's requests.
+    ``keep`` holds whatever MPI reads or writes (the array, a staging copy, the
+    raw buffer object) until completion; ``finish`` runs on completion, before
+    ``test`` reports it (the staging copy-back).
     """
 
-    __slots__ = ("_req", "_keep", "_status", "_expect", "_finish", "_what", "notify")
+    __slots__ = ("_req", "_keep", "_status", "_expect", "_finish", "_what", "_handle")
 
     def __init__(self, req: Any, keep: Any, *, status: Any = None, expect: int = -1,
-                 finish: Callable[[], None] | None = None, what: str = "", notify: bool = True):
+                 finish: Callable[[], None] | None = None, what: str = "", handle: int | None = None):
         self._req = req
+        self._handle = handle           # for QuickTest
         self._keep = keep
         self._done = False
         self._error: BaseException | None = None
@@ -49,10 +136,19 @@ class MpiRequest(FlagRequest):
         self._expect = expect
         self._finish = finish
         self._what = what
-        self.notify = notify          # the executor waits for it: wake it on completion
+
+    def test(self) -> bool:
+        if not self._done and not self._progress():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
 
     def _progress(self) -> bool:
-        """Progress-thread side: one MPI_Test; True once complete (or failed)."""
+        """One MPI_Test (preceded by a QuickTest where there is one); True once complete (or failed)."""
+        handle = self._handle
+        if handle is not None and not _QUICK[0].done(handle):
+            return False
         try:
             flag = self._req.Test(self._status) if self._status is not None else self._req.Test()
         except Exception as exc:  # noqa: BLE001 - mpi4py raises MPI.Exception
@@ -75,6 +171,11 @@ class MpiRequest(FlagRequest):
             self._finish = None
             self._done = True
         return flag
+
+    @property
+    def done(self) -> bool:
+        """Completed (successfully or not) as of the last test; tests nothing."""
+        return self._done
 
     def wait(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -99,162 +200,70 @@ class PilotRing:
         self._comm = comm
         self.inbox = inbox
         self._status = mpi.Status()
+        self._quick = quick_test(mpi)
         self.slots: deque = deque()
         for _ in range(PILOT_RING):
-            buf = np.zeros(PILOT_WORDS, dtype=np.int64)
-            self.slots.append((comm.Irecv([buf, mpi.INT64_T], mpi.ANY_SOURCE, PILOT_TAG), buf))
+            self.slots.append(self._post(np.zeros(PILOT_WORDS, dtype=np.int64)))
+
+    def _post(self, buf: np.ndarray) -> tuple:
+        mpi = self._mpi
+        req = self._comm.Irecv([buf, mpi.INT64_T], mpi.ANY_SOURCE, PILOT_TAG)
+        return req, buf, handle_of(mpi, req)
 
     def poll(self) -> bool:
         got = False
-        slots, status, mpi = self.slots, self._status, self._mpi
+        slots, status, quick = self.slots, self._status, self._quick
         while slots:
-            req, buf = slots[0]
+            req, buf, handle = slots[0]
+            if handle is not None and not quick.done(handle):
+                break
             if not req.Test(status):
                 break
             self.inbox.append((status.Get_source(), decode_pilot(buf)))
             slots.popleft()
-            slots.append((self._comm.Irecv([buf, mpi.INT64_T], mpi.ANY_SOURCE, PILOT_TAG), buf))
+            slots.append(self._post(buf))
             got = True
         return got
 
     def cancel(self, timeout: float = 2.0) -> None:
         slots, self.slots = self.slots, deque()
-        for req, _buf in slots:
+        for req, _buf, _handle in slots:
             try:
                 req.Cancel()
             except Exception:  # noqa: BLE001
                 pass
         deadline = time.monotonic() + timeout
-        for req, _buf in slots:
+        for req, _buf, _handle in slots:
             while time.monotonic() < deadline and not req.Test():
                 time.sleep(1e-4)
 
 
-class Progress:
-    """The one thread that tests MPI requests, so the executor never spins.
+class SendList:
+    """Outstanding sends whose completion nobody else waits for (pilots), or that
+    teardown must let finish: tested head first whenever one is added, so the
+    list stays as short as the sends actually in flight."""
 
-    Polling backs off while nothing happens: from ``POLL_MIN`` after any event
-    up to ``POLL_BUSY_MAX`` while payloads are in flight (bounds the latency a
-    halo exchange adds to the critical path) and ``POLL_IDLE_MAX`` while only
-    pilot receives are posted.  Measured on 2 cores with 2 ranks (wave_sim
-    4096^2): the executor's own 20 us polling cost 20-30 % of the step time in
-    CPU and GIL contention with the kernels.  A halo receive is posted a whole
-    step before its data arrives, so the busy cap decides how often the thread
-    polls during every kernel: a 200 us cap (400 polls in an 80 ms step) gave
-    0.81-0.88 of the hand-written version, a 2 ms cap 0.84-1.18 (same runs,
-    alternating), with no loss at 1024^2 or in ping-pong latency, since the
-    back-off only reaches the cap after a wait ~10x longer.  Events (a completed payload, an arrived pilot) wake the
-    executor through its notifier; a keep-alive wake every ``KEEPALIVE`` s lets
-    it poll what it checks itself (divergence messages) and recovers it from a
-    CPython 3.11 ``SimpleQueue.get(timeout)`` bug that can turn a passed
-    deadline into an infinite wait (seen with gdb on an oversubscribed run).
-    """
+    __slots__ = ("_reqs",)
 
-    POLL_MIN = 20e-6
-    POLL_BUSY_MAX = 2e-3       # the communicator's poll_max overrides it (CELERITAS_MPI_POLL_MAX_US)
-    POLL_IDLE_MAX = 1e-3
-    KEEPALIVE = 0.05
-
-    def __init__(self, rank: int, poll_max: float | None = None):
-        self._lock = threading.Lock()
-        self._new: list[MpiRequest] = []
-        self._new_rings: list[PilotRing] = []
-        self._requests: list[MpiRequest] = []
-        self._rings: list[PilotRing] = []
-        self._kick = threading.Event()
-        self._drop: PilotRing | None = None
-        self._stop = False
-        self.error: BaseException | None = None
-        self.notifier: Callable[[], None] | None = None
-        if poll_max is not None:
-            self.POLL_BUSY_MAX = poll_max
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"celeritas-mpi-progress-{rank}")
-        self._thread.start()
+    def __init__(self) -> None:
+        self._reqs: deque[MpiRequest] = deque()
 
     def add(self, req: MpiRequest) -> None:
-        with self._lock:
-            self._new.append(req)
-        self._kick.set()
+        reqs = self._reqs
+        while reqs and _finished(reqs[0]):
+            reqs.popleft()
+        reqs.append(req)
 
-    def add_ring(self, ring: PilotRing) -> None:
-        with self._lock:
-            self._new_rings.append(ring)
-        self._kick.set()
+    def pending(self) -> list[MpiRequest]:
+        self._reqs = deque(r for r in self._reqs if not _finished(r))
+        return list(self._reqs)
 
-    def remove_ring(self, ring: PilotRing) -> None:
-        """Stop testing ``ring`` (returns once the progress thread cannot touch it)."""
-        with self._lock:
-            if ring in self._new_rings:
-                self._new_rings.remove(ring)
-            self._drop = ring
-        self._kick.set()
-        deadline = time.monotonic() + 2.0
-        while self._drop is ring and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(1e-4)
+    def __len__(self) -> int:
+        return len(self._reqs)
 
-    def _notify(self) -> None:
-        n = self.notifier
-        if n is not None:
-            try:
-                n()
-            except Exception:  # noqa: BLE001 - the executor is gone
-                log.debug("notifier failed", exc_info=True)
 
-    def _run(self) -> None:
-        delay = self.POLL_MIN
-        last_notify = time.monotonic()
-        kick = self._kick
-        while not self._stop:
-            with self._lock:
-                if self._new:
-                    self._requests.extend(self._new)
-                    self._new = []
-                if self._new_rings:
-                    self._rings.extend(self._new_rings)
-                    self._new_rings = []
-                drop = self._drop
-                if drop is not None:
-                    if drop in self._rings:
-                        self._rings.remove(drop)
-                    self._drop = None
-            event = False
-            try:
-                for ring in self._rings:
-                    if ring.poll():
-                        event = True
-                if self._requests:
-                    still = []
-                    for r in self._requests:
-                        if r._progress():
-                            event = event or r.notify
-                        else:
-                            still.append(r)
-                    self._requests = still
-            except Exception as exc:  # noqa: BLE001 - MPI failures are final
-                log.debug("MPI progress failed: %s", exc)    # surfaces through the communicator
-                self.error = exc
-                self._notify()
-                return
-            now = time.monotonic()
-            if event:
-                delay = self.POLL_MIN
-                last_notify = now
-                self._notify()
-            else:
-                busy = any(r.notify for r in self._requests)
-                delay = min(delay * 1.25, self.POLL_BUSY_MAX if busy else self.POLL_IDLE_MAX)
-                if now - last_notify >= self.KEEPALIVE:
-                    last_notify = now
-                    self._notify()
-            kick.wait(delay)
-            kick.clear()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stop = True
-        self._kick.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    def pending_sends(self) -> list[MpiRequest]:
-        with self._lock:
-            return [r for r in self._requests + self._new if not r._done]
+def _finished(req: MpiRequest) -> bool:
+    try:
+        return req.test()
+    except CommunicatorError:       # failed: reported through whoever holds the request
+        return True

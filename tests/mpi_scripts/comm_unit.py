@@ -17,6 +17,13 @@ rank, size = world.Get_rank(), world.Get_size()
 assert size == 3, "run on 3 ranks"
 comm = MpiCommunicator(install_hooks=False)
 problems = []
+# the executor polls this communicator itself, testing requests without releasing the GIL
+# where the MPI library can be reached through ctypes (Linux, the mpich wheel: always here)
+from executor.mpi.progress import quick_test  # noqa: E402
+if not (comm.notifies is False and comm.poll_spin >= 0 and comm.poll_min <= comm.poll_max):
+    problems.append("polling attributes")
+if sys.platform.startswith("linux") and quick_test(MPI) is None:
+    problems.append("MPI_Request_get_status not found through ctypes")
 
 
 def expect(cond, what):

@@ -1,0 +1,37 @@
+"""The hand-written baselines of the benchmarks compute what the celeritas runs compute.
+
+(Their speed is measured by the benchmarks; here only their results: a baseline that
+skipped work would make every ratio look worse than it is.)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import celeritas as cl
+from apps import wave_sim
+from benchmarks import bench_runtime
+
+
+@pytest.mark.parametrize("n,blocks", [(16, 4), (19, 4), (12, 3), (10, 1)])
+def test_block_stencil_floor_equals_the_sequential_reference(n, blocks):
+    steps = 7
+    got = bench_runtime.blocks_stencil_field(wave_sim.initial_condition(n), steps,
+                                             lambda s: wave_sim.coefficients(s, 0.25, 1.0), blocks)
+    np.testing.assert_array_equal(got, wave_sim.reference(n, steps))
+
+
+def test_block_rows_are_split_1d_chunks():
+    assert bench_runtime.block_rows(128, 4) == [(0, 32), (32, 64), (64, 96), (96, 128)]
+    assert bench_runtime.block_rows(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+def test_noop_stencil_reads_and_writes_like_the_stencil_and_computes_nothing():
+    q = cl.Queue(devices="host:4", record=True)
+    init = wave_sim.initial_condition(16)
+    a, b = cl.Buffer(init), cl.Buffer(init)
+    bench_runtime.noop_step(q, a, b)
+    np.testing.assert_array_equal(q.fence(a).result(), init)
+    kernels = [i for i in q.graphs()["instructions"] if i["kind"] == "device_kernel"]
+    assert len(kernels) == 4 and {k["device"] for k in kernels} == {0, 1, 2, 3}
+    q.shutdown()

@@ -1,0 +1,258 @@
+"""The executor's wait policy with a communicator that cannot notify (MPI).
+
+The executor polls such a communicator itself, on its own thread, only while
+sends or receives are outstanding: without pause for ``poll_spin`` once nothing
+else is in flight, else sleeping between polls from ``poll_min`` growing by a
+quarter up to ``poll_max``; with nothing outstanding it sleeps until woken.
+A scripted communicator delivers its pilot after a given number of polls, so
+every assertion is about counts and the timeouts the loop asked for, never
+about measured times.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pytest
+
+from executor.backends import HostBackend
+from executor.communicator import Communicator, CommunicatorError, FlagRequest, InProcessCollective
+from executor.communicator import _CollectiveGroup
+from executor.executor import Executor, _Inbox
+from scheduler.geometry import Box, Region
+from scheduler.instruction_graph import (HOST_MEMORY, AccessAllocation, AllocInstruction,
+                                         DeviceKernelInstruction, EpochInstruction, FenceInstruction,
+                                         FreeInstruction, Pilot, ReceiveInstruction, device_memory)
+
+from instruction_builder import Graph  # tests/ is on sys.path (conftest)
+
+pytestmark = pytest.mark.timeout(60)
+TIMEOUT = 20
+BOX = Box((0,), (4,))
+IDLE = 7.0          # the executor's idle timeout: a wait with it is not a poll
+
+
+class RecordingInbox(_Inbox):
+    """The executor's inbox, recording the timeout of every wait."""
+
+    __slots__ = ("waits",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float) -> None:
+        self.waits.append(timeout)
+        super().wait(timeout)
+
+
+class _Done(FlagRequest):
+    def __init__(self) -> None:
+        self._done = True
+        self._error = None
+
+
+class ScriptedComm(Communicator):
+    """Rank 0 of two; rank 1's pilot for transfer (1, 0, 0) arrives at poll ``arrive_after``
+    (counting ``poll_pilots`` calls), its payload at once after that."""
+
+    notifies = False
+    accepts_strided = True
+
+    def __init__(self, *, spin: float, pmin: float, pmax: float, arrive_after: int,
+                 on_arrival: threading.Event | None = None):
+        self.poll_spin, self.poll_min, self.poll_max = spin, pmin, pmax
+        self.arrive_after = arrive_after
+        self.on_arrival = on_arrival
+        self.polls = 0
+        self.payload = np.arange(4.0) + 10
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def num_ranks(self) -> int:
+        return 2
+
+    def send_pilot(self, to: int, pilot: Pilot) -> None:
+        raise CommunicatorError("not scripted")
+
+    def poll_pilots(self) -> list[tuple[int, Pilot]]:
+        self.polls += 1
+        if self.polls != self.arrive_after:
+            return []
+        if self.on_arrival is not None:
+            self.on_arrival.set()
+        return [(1, Pilot(msg_id=7, to=0, transfer=(1, 0, 0), box=BOX))]
+
+    def send_payload(self, to: int, msg_id: int, array: Any) -> FlagRequest:
+        raise CommunicatorError("not scripted")
+
+    def receive_payload(self, from_rank: int, msg_id: int, out_array: Any) -> FlagRequest:
+        assert (from_rank, msg_id) == (1, 7)
+        out_array[...] = self.payload
+        return _Done()
+
+    def clone(self, key=None) -> "ScriptedComm":
+        return self
+
+    def barrier(self) -> None:
+        pass
+
+    def collective_handle(self) -> InProcessCollective:
+        return InProcessCollective(_CollectiveGroup(1), 0, 1, None)
+
+
+def run(comm: ScriptedComm, extra=None) -> tuple[Executor, list[float], np.ndarray]:
+    """Receive rank 1's box into host memory and fence it; ``extra(g, alloc)`` adds work.
+
+    Returns the executor (joined), the timeouts of every inbox wait, the fence result."""
+    backend = HostBackend(1)
+    errors = []
+    ex = Executor(backend, comm, idle_timeout=IDLE, on_error=lambda e, i: errors.append(e))
+    inbox = ex._inbox = RecordingInbox()
+    waits = inbox.waits
+    g = Graph()
+    init = g.add(EpochInstruction, task=0, action="init")
+    a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
+    last = [g.add(ReceiveInstruction, a, transfer=(1, 0, 0), region=Region.from_box(BOX), dest=1, dest_box=BOX,
+                  dtype=np.float64)]
+    if extra is not None:
+        last.append(extra(g, init))
+    fut = Future()
+    fence = g.add(FenceInstruction, *last, task=3, promise=fut, allocation=1)
+    g.add(EpochInstruction, fence, task=4, action="shutdown")
+    try:
+        ex.start()
+        ex.submit(g.batch())
+        result = fut.result(TIMEOUT)
+        assert ex.join(TIMEOUT)
+    finally:
+        backend.close()
+    assert errors == []
+    return ex, waits, result
+
+
+def polling_waits(waits: list[float]) -> list[float]:
+    return [w for w in waits if w != IDLE]
+
+
+def test_idle_rank_polls_without_pause_while_it_spins():
+    comm = ScriptedComm(spin=60.0, pmin=1e-3, pmax=4e-3, arrive_after=300)
+    _ex, waits, result = run(comm)
+    np.testing.assert_array_equal(result, comm.payload)
+    assert comm.polls >= 300
+    assert polling_waits(waits) == []           # 300 polls, not one sleep between them
+
+
+def test_without_spin_the_sleeps_between_polls_grow_by_a_quarter_up_to_the_cap():
+    comm = ScriptedComm(spin=0.0, pmin=1e-3, pmax=4e-3, arrive_after=20)
+    _ex, waits, result = run(comm)
+    np.testing.assert_array_equal(result, comm.payload)
+    got = polling_waits(waits)
+    assert len(got) >= 10
+    expected = [min(1e-3 * 1.25 ** i, 4e-3) for i in range(len(got))]
+    np.testing.assert_allclose(got, expected)
+    assert max(got) == 4e-3
+
+
+def test_spin_gives_way_to_sleeps_once_its_time_is_up():
+    comm = ScriptedComm(spin=1e-9, pmin=1e-3, pmax=2e-3, arrive_after=40)
+    _ex, waits, result = run(comm)
+    np.testing.assert_array_equal(result, comm.payload)
+    got = polling_waits(waits)
+    assert got and got[0] == 1e-3 and max(got) == 2e-3
+
+
+def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
+    """A kernel on a device lane (first of its kind: its cost is unknown, so it is not run
+    inline) blocks until the pilot arrived: meanwhile the loop sleeps between polls from a
+    quarter of ``poll_max`` up to ``poll_max``, and does not spin, even with an endless spin time."""
+    arrived = threading.Event()
+    comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=4e-3, arrive_after=12, on_arrival=arrived)
+    ran = []
+
+    def kernel(g, after):
+        box = Box((0,), (1,))
+        k_alloc = g.add(AllocInstruction, after, allocation=2, memory=device_memory(0), box=box, shape=(1,),
+                        dtype=np.float64)
+        k = g.add(DeviceKernelInstruction, k_alloc, device=0, task=2, box=box,
+                  accesses=[AccessAllocation(buffer=1, allocation=2, allocation_box=box, box=box)],
+                  launcher=lambda ctx: ran.append(arrived.wait(TIMEOUT)), name="blocks")
+        return g.add(FreeInstruction, k, allocation=2, memory=device_memory(0))
+
+    _ex, waits, result = run(comm, kernel)
+    np.testing.assert_array_equal(result, comm.payload)
+    assert ran == [True]
+    got = polling_waits(waits)
+    assert len(got) >= 8
+    np.testing.assert_allclose(got[:8], [min(1e-3 * 1.25 ** i, 4e-3) for i in range(8)])
+
+
+class CountingExecutor(Executor):
+    spins = 0
+
+    def _spin(self) -> bool:
+        self.spins += 1
+        return super()._spin()
+
+
+def test_spin_only_while_recent_idle_waits_were_short():
+    """Two receives in a row, each arriving after a few sleeps: the first idle wait spins
+    (nothing is known yet), the second does not, since the first lasted longer than the
+    (tiny) spin time."""
+    comm = ScriptedComm(spin=1e-9, pmin=1e-4, pmax=1e-4, arrive_after=6)
+    second = {"at": None}
+    real_poll = comm.poll_pilots
+
+    def poll_pilots():
+        got = real_poll()
+        if comm.polls == 40:                     # the second pilot, for transfer (2, 0, 0)
+            return [(1, Pilot(msg_id=8, to=0, transfer=(2, 0, 0), box=BOX))]
+        return got
+
+    comm.poll_pilots = poll_pilots
+    real_receive = comm.receive_payload
+
+    def receive_payload(from_rank, msg_id, out_array):
+        if msg_id == 8:
+            out_array[...] = -comm.payload
+            return _Done()
+        return real_receive(from_rank, msg_id, out_array)
+
+    comm.receive_payload = receive_payload
+    backend = HostBackend(1)
+    ex = CountingExecutor(backend, comm, idle_timeout=IDLE)
+    g = Graph()
+    init = g.add(EpochInstruction, task=0, action="init")
+    a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
+    r1 = g.add(ReceiveInstruction, a, transfer=(1, 0, 0), region=Region.from_box(BOX), dest=1, dest_box=BOX,
+               dtype=np.float64)
+    f1 = Future()
+    fence1 = g.add(FenceInstruction, r1, task=3, promise=f1, allocation=1)
+    b = g.add(AllocInstruction, fence1, allocation=2, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
+    r2 = g.add(ReceiveInstruction, b, transfer=(2, 0, 0), region=Region.from_box(BOX), dest=2, dest_box=BOX,
+               dtype=np.float64)
+    f2 = Future()
+    fence2 = g.add(FenceInstruction, r2, task=5, promise=f2, allocation=2)
+    g.add(EpochInstruction, fence2, task=6, action="shutdown")
+    try:
+        ex.start()
+        ex.submit(g.batch())
+        np.testing.assert_array_equal(f1.result(TIMEOUT), comm.payload)
+        np.testing.assert_array_equal(f2.result(TIMEOUT), -comm.payload)
+        assert ex.join(TIMEOUT)
+    finally:
+        backend.close()
+    assert ex.spins == 1
+
+
+def test_nothing_outstanding_means_no_polling_waits():
+    comm = ScriptedComm(spin=60.0, pmin=1e-3, pmax=4e-3, arrive_after=1)   # the pilot is there at once
+    _ex, waits, result = run(comm)
+    np.testing.assert_array_equal(result, comm.payload)
+    assert polling_waits(waits) == []
+
