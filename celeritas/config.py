@@ -93,7 +93,7 @@ class Config:
     # see Runtime._tune_switch_interval)
     switch_interval_us: float | None = None
     # MPI tuning, handed to the MPI communicator (which reads no environment itself):
-    # how strided boxes travel, the progress thread's longest sleep while payloads are
+    # how strided boxes travel, the executor's longest pause between polls while payloads are
     # in flight, how long a shutdown/barrier epoch waits for the peers' matching epoch
     # (None: forever), and whether MPI takes CUDA pointers (None: ask the library)
     mpi_strided: str = "auto"

@@ -401,6 +401,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             parts: list[Region] = []
             covered = Region.empty_region(p.region.dims)
             consumer = None
+            whole = None
             for i, reg in enumerate(touched):
                 part = (reg & p.region) - covered
                 if part:
@@ -408,10 +409,11 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     covered = covered | part
                     if memories is not None:
                         consumer = memories[i] if len(parts) == 1 and part == p.region else None
+                        whole = reg.bounding_box if consumer is not None else None
             if not parts:
                 keep.append(p)
                 continue
-            self._receive(b, p, parts, consumer)
+            self._receive(b, p, parts, consumer, whole)
         b.pending = keep
 
     def _materialize_all(self, b: _Buffer) -> None:
@@ -419,11 +421,18 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             self._receive(b, p, [p.region])
         b.pending = []
 
-    def _receive(self, b: _Buffer, p: _PendingReceive, parts: list[Region], consumer: int | None = None) -> None:
+    def _receive(self, b: _Buffer, p: _PendingReceive, parts: list[Region], consumer: int | None = None,
+                 consumer_box: Box | None = None) -> None:
+        """``consumer_box``: all the consuming chunk reads of the buffer; a receive straight
+        into a device allocates that whole box, the allocation the kernel then uses (a
+        receive-sized one would be grown right after, and under a capacity the two together
+        may not fit)."""
         region = p.region
-        dst_mem = consumer if consumer is not None and consumer >= 2 and self.system.comm_capable(consumer) \
-            else HOST_MEMORY
+        direct = consumer is not None and consumer >= 2 and self.system.comm_capable(consumer)
+        dst_mem = consumer if direct else HOST_MEMORY
         bbox = region.bounding_box
+        if direct and consumer_box is not None:
+            bbox = consumer_box if consumer_box.contains(bbox) else consumer_box.bounding(bbox)
         dst = self._allocate(b, dst_mem, bbox)
         common = dict(transfer=p.transfer, region=region, dest=dst.id, dest_box=dst.box, dtype=b.dtype,
                       size_bytes=region.area * b.itemsize, priority=PRIORITY_COMM)

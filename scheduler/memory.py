@@ -234,10 +234,12 @@ class MemoryManagement:
             task = self._compiling_task
             what = f"{task.label}" if task is not None else "the scheduler"
             names = ", ".join(x.info.label for x in buffers) or "scratch space"
+            held = [f"{x.info.label} {a.box} ({a.nbytes} B)" for x in self._buffers.values()
+                    for a in x.allocs.get(memory, ()) if a.id in self._pinned]
             raise OutOfMemoryError(
                 f"{what} needs {nbytes} bytes on memory M{memory} (device {memory - 2}) for {names}, but the "
                 f"device's capacity is {cap} bytes and {self._used[memory]} are held by allocations this task "
-                f"itself uses; split the work into smaller chunks (more ranks or devices, cl.oversubscribe) or "
+                f"itself uses{' (' + ', '.join(held) + ')' if held else ''}; split the work into smaller chunks (more ranks or devices, cl.oversubscribe) or "
                 f"raise CELERITAS_DEVICE_MEMORY_LIMIT / CELERITAS_HOST_DEVICE_MEMORY")
 
     @staticmethod

@@ -20,6 +20,7 @@ import celeritas as cl
 from celeritas import range_mappers as rm
 from celeritas.testing import run_cluster
 from scheduler import task_graph as tg
+from scheduler.geometry import Box
 from scheduler.errors import ConfigError, OutOfMemoryError
 
 from graph_context import GraphContext
@@ -276,3 +277,25 @@ def test_dot_labels_name_evicting_copies_and_batches():
                       instructions=ctx.iggs[0].recorder.instructions, pilots=ctx.iggs[0].recorder.pilots)
     dot = rec.to_dot_instructions()
     assert "evicting copy" in dot and "batch 1 of " in dot
+
+
+def test_a_receive_into_a_device_lands_in_the_allocation_the_kernel_uses():
+    """A kernel reading a whole buffer of which another rank produced a part, with data sent
+    straight into device memory: the receive allocates the kernel's whole box. Receiving into
+    a part-sized allocation and growing it afterwards needs both at once, which on a device
+    with room for the buffer (76 bytes, 72 needed) was an OutOfMemoryError."""
+    ctx = GraphContext(2, devices=1, capacity=76, comm_memories=frozenset((1, 2)))
+    b0 = ctx.buffer((9,), np.int64)
+    b1 = ctx.buffer((1, 1, 2), np.uint8)
+    ctx.task((9,), [(b0, rm.one_to_one(), tg.DISCARD_WRITE)], kind=tg.HOST_COMPUTE)
+    ctx.task((1, 1, 2), [(b0, rm.all(), tg.READ), (b1, rm.one_to_one(), tg.DISCARD_WRITE)])
+    ctx.finish()
+    check_capacity(ctx, 76, 0)   # (rank 0 runs the whole kernel: its range splits into one chunk)
+    ins = ctx.instructions[0]
+    recv = [i for i in ins if i.kind == "receive"]
+    allocs = {i.allocation: i for i in ins if i.kind == "alloc"}
+    assert len(recv) == 1 and recv[0].region == cl.Region([Box((5,), (9,))])
+    dest = allocs[recv[0].dest]
+    assert dest.memory == 2 and dest.box == Box((0,), (9,))
+    # one device allocation of b0: nothing was grown
+    assert sum(1 for a in allocs.values() if a.buffer == b0 and a.memory == 2) == 1
