@@ -429,10 +429,18 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         may not fit)."""
         region = p.region
         direct = consumer is not None and consumer >= 2 and self.system.comm_capable(consumer)
-        dst_mem = consumer if direct else HOST_MEMORY
         bbox = region.bounding_box
         if direct and consumer_box is not None:
             bbox = consumer_box if consumer_box.contains(bbox) else consumer_box.bounding(bbox)
+        if direct and consumer in self._capacity and self._find_alloc(b, consumer, bbox) is None:
+            # On a memory with a capacity a new allocation waits for the frees that made its
+            # room, and a free waits for the sends reading what it frees, which complete when
+            # the peer receives: a receive waiting for an allocation there can close a cycle
+            # between ranks (each rank's receive behind its own send).  It lands in host
+            # memory instead, which needs no room.
+            direct = False
+            bbox = region.bounding_box
+        dst_mem = consumer if direct else HOST_MEMORY
         dst = self._allocate(b, dst_mem, bbox)
         common = dict(transfer=p.transfer, region=region, dest=dst.id, dest_box=dst.box, dtype=b.dtype,
                       size_bytes=region.area * b.itemsize, priority=PRIORITY_COMM)

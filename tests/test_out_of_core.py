@@ -279,11 +279,13 @@ def test_dot_labels_name_evicting_copies_and_batches():
     assert "evicting copy" in dot and "batch 1 of " in dot
 
 
-def test_a_receive_into_a_device_lands_in_the_allocation_the_kernel_uses():
-    """A kernel reading a whole buffer of which another rank produced a part, with data sent
-    straight into device memory: the receive allocates the kernel's whole box. Receiving into
-    a part-sized allocation and growing it afterwards needs both at once, which on a device
-    with room for the buffer (76 bytes, 72 needed) was an OutOfMemoryError."""
+def test_receives_under_a_capacity_never_wait_for_room():
+    """A kernel reading a whole buffer of which another rank produced a part, with transfers
+    allowed straight into device memory.  A new device allocation under a capacity waits for
+    the frees that made its room, which wait for sends, which wait for the peer's receive: a
+    receive behind such an allocation could deadlock the ranks, so it lands in host memory
+    (and a part-sized receive allocation grown afterwards needed both at once: 32 + 72 bytes
+    on a device of 76, an OutOfMemoryError for a buffer that fits)."""
     ctx = GraphContext(2, devices=1, capacity=76, comm_memories=frozenset((1, 2)))
     b0 = ctx.buffer((9,), np.int64)
     b1 = ctx.buffer((1, 1, 2), np.uint8)
@@ -295,7 +297,23 @@ def test_a_receive_into_a_device_lands_in_the_allocation_the_kernel_uses():
     recv = [i for i in ins if i.kind == "receive"]
     allocs = {i.allocation: i for i in ins if i.kind == "alloc"}
     assert len(recv) == 1 and recv[0].region == cl.Region([Box((5,), (9,))])
+    assert allocs[recv[0].dest].memory == 1
+    # one device allocation of b0 (the whole buffer, filled by copies): nothing was grown
+    dev = [a for a in allocs.values() if a.buffer == b0 and a.memory == 2]
+    assert len(dev) == 1 and dev[0].box == Box((0,), (9,))
+
+
+def test_an_unbounded_device_receives_into_the_allocation_the_kernel_uses():
+    ctx = GraphContext(2, devices=1, comm_memories=frozenset((1, 2)))
+    b0 = ctx.buffer((9,), np.int64)
+    b1 = ctx.buffer((1, 1, 2), np.uint8)
+    ctx.task((9,), [(b0, rm.one_to_one(), tg.DISCARD_WRITE)], kind=tg.HOST_COMPUTE)
+    ctx.task((1, 1, 2), [(b0, rm.all(), tg.READ), (b1, rm.one_to_one(), tg.DISCARD_WRITE)])
+    ctx.finish()
+    ins = ctx.instructions[0]
+    recv = [i for i in ins if i.kind == "receive"]
+    allocs = {i.allocation: i for i in ins if i.kind == "alloc"}
+    assert len(recv) == 1
     dest = allocs[recv[0].dest]
-    assert dest.memory == 2 and dest.box == Box((0,), (9,))
-    # one device allocation of b0: nothing was grown
+    assert dest.memory == 2 and dest.box == Box((0,), (9,))   # the kernel's whole box, not [5, 9)
     assert sum(1 for a in allocs.values() if a.buffer == b0 and a.memory == 2) == 1
