@@ -84,7 +84,7 @@ def _event(t: Sequence) -> dict:
 def _slice_name(e: Mapping, buffers: Mapping[int, str]) -> str:
     if e["kind"] in ("device_kernel", "host_task") and e.get("name"):
         return e["name"]
-    name = e["kind"]
+    name = e["name"] if e["kind"] == "copy" and e.get("name") else e["kind"]   # ("evicting copy")
     bufs = e.get("buffers") or ()
     if bufs:
         name += " " + ", ".join(f"B{b}" + (f" {buffers[b]}" if buffers.get(b) else "") for b in bufs)

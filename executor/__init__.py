@@ -5,7 +5,8 @@ scheduler; never ``celeritas``.
 """
 from .communicator import (Communicator, CommunicatorError, InProcessCluster, InProcessCommunicator,
                            Request, SingleRankCommunicator)
-from .executor import Executor, ExecutorStopped, TraceEvent
+from .executor import Executor, ExecutorStopped
+from .tracing import TraceEvent
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
 

@@ -317,3 +317,17 @@ def test_an_unbounded_device_receives_into_the_allocation_the_kernel_uses():
     dest = allocs[recv[0].dest]
     assert dest.memory == 2 and dest.box == Box((0,), (9,))   # the kernel's whole box, not [5, 9)
     assert sum(1 for a in allocs.values() if a.buffer == b0 and a.memory == 2) == 1
+
+
+def test_trace_names_evicting_copies_and_batches(tmp_path):
+    """The execution trace names out-of-core work as the graph dumps do."""
+    import json
+    from apps import wave_sim
+    path = tmp_path / "trace.json"
+    got = run_cluster(_wave, nodes=1, devices=1, CELERITAS_HOST_DEVICE_MEMORY=str(2 * 64 * 64 * 4 // 3),
+                      CELERITAS_TRACE=str(path))
+    np.testing.assert_allclose(got[0], wave_sim.reference(64, 6), rtol=1e-5, atol=1e-6)
+    names = [e["name"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    assert any(n.startswith("evicting copy") for n in names)
+    batches = [n for n in names if "(batch " in n]
+    assert batches and all(" of " in n for n in batches)

@@ -1,0 +1,372 @@
+"""How the executor runs each kind of instruction (a mixin of ``Executor``).
+
+One ``_issue_<kind>`` per instruction class: allocations and frees go to the
+backend; copies and kernels run inline on the executor thread when they are cheap
+and nothing else waits (see "inline execution" in ``executor.py``), else on their
+lane; sends and receives go to the communicator and the receive arbiter; reductions,
+fences, host objects, collective groups, horizons and epochs are bookkeeping that
+completes at once (epochs may wait for the divergence check or a barrier).  The
+engine, lanes, inbox and error policy live in ``executor.py``.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from scheduler.errors import CeleritasError
+from scheduler.instruction_graph import (AllocInstruction, AwaitReceiveInstruction, CloneCollectiveGroupInstruction,
+                                         CopyInstruction, DestroyHostObjectInstruction, DeviceKernelInstruction,
+                                         EpochInstruction, FenceInstruction, FillIdentityInstruction,
+                                         FreeInstruction, GatherReceiveInstruction, HorizonInstruction,
+                                         HostTaskInstruction, LaunchContext, ReceiveInstruction, ReduceInstruction,
+                                         SendInstruction)
+
+from .backends.backend import box_view
+from .out_of_order_engine import Assignment
+
+log = logging.getLogger("celeritas.executor")
+
+_perf_ns = time.perf_counter_ns
+_VIEWS_CACHED = 4096
+
+
+def _noop() -> None:
+    pass
+
+
+class InstructionHandlers:
+    """The ``_issue_*`` methods of ``Executor`` (they use its state: allocations, lanes,
+    engine, communicator)."""
+
+    def _issue_alloc(self, a: Assignment) -> None:
+        instr: AllocInstruction = a.instruction
+        t0 = _perf_ns()
+        shape, dtype = _alloc_layout(instr)
+        self._allocs[instr.allocation] = self._backend.allocate(instr.memory, shape, dtype)
+        self._forget_views()
+        self._backend_allocs[instr.allocation] = instr.memory
+        self._complete_sync(instr, "alloc", t0)
+
+    def _issue_free(self, a: Assignment) -> None:
+        instr: FreeInstruction = a.instruction
+        t0 = _perf_ns()
+        arr = self._allocs.pop(instr.allocation, None)
+        self._forget_views()
+        memory = self._backend_allocs.pop(instr.allocation, None)
+        if arr is None:
+            log.warning("free of unknown allocation A%d (I%d)", instr.allocation, instr.id)
+        elif memory is not None:
+            self._backend.free(memory, arr)
+        self._complete_sync(instr, "alloc", t0)
+
+    def _issue_copy(self, a: Assignment) -> None:
+        instr: CopyInstruction = a.instruction
+        lane = a.lane_ref.handle or self._lane_info(a)
+        allocs = self._allocs
+        if lane.inline:   # a plain host lane: the backend would run copy_box
+            box = instr.box
+            views = self._views
+            key = (instr.source, instr.dest, box.lo, box.hi)
+            pair = views.get(key)
+            if pair is None:
+                if box.empty:
+                    self._dispatch(a, lane, _noop, 0)
+                    return
+                dst = box_view(allocs[instr.dest], instr.dest_box, box)
+                src = box_view(allocs[instr.source], instr.source_box, box)
+                if src.shape != dst.shape:
+                    src = src.reshape(dst.shape)
+                if len(views) >= _VIEWS_CACHED:
+                    views.clear()
+                pair = views[key] = (dst, src)
+            if (not a.eager and self._trace is None and instr.size_bytes <= self._inline_bytes):
+                # the common case, _dispatch's inline path without its generality
+                try:
+                    pair[0][...] = pair[1]
+                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+                    self._report(exc, instr)
+                self._engine.complete(instr.id)
+                return
+            self._dispatch(a, lane, _assign, instr.size_bytes, *pair)
+            return
+        c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
+                               instr.dest_box, instr.box, lane.lane, dependent=a.eager)
+        self._track_backend(instr, lane.lane, c)
+
+    def _forget_views(self) -> None:
+        if self._views:
+            self._views.clear()
+
+    def _view(self, aid: int, extent: Any, box: Any) -> Any:
+        """``box_view`` of allocation ``aid``, cached until an allocation comes or goes."""
+        key = (aid, box.lo, box.hi)
+        views = self._views
+        v = views.get(key)
+        if v is None:
+            if len(views) >= _VIEWS_CACHED:       # growing boxes (lookahead off): start over
+                views.clear()
+            v = views[key] = box_view(self._allocs[aid], extent, box)
+        return v
+
+    def _issue_kernel(self, a: Assignment) -> None:
+        instr: DeviceKernelInstruction = a.instruction
+        lane = a.lane_ref.handle or self._lane_info(a)
+        allocs = self._allocs
+        accesses = instr.accesses
+        reductions = instr.reductions
+        cls = type(instr)
+        has_range = self._has_global_range.get(cls)
+        if has_range is None:
+            has_range = self._has_global_range[cls] = hasattr(cls, "global_range")
+        box = instr.box
+        ctx = LaunchContext(
+            box, instr.device,
+            [allocs[acc.allocation] if acc.allocation >= 0 else None for acc in accesses] if accesses else [],
+            [allocs[r.allocation] for r in reductions] if reductions else [],
+            lane.xp, tuple(instr.global_range) if has_range else (), None, self._rank, lane.stream,
+            accesses, instr.task)
+        launcher = instr.launcher
+        key = (instr.name, box.area.bit_length() if box is not None else 0)
+        if lane.inline and not a.eager and self._trace is None:
+            costs = self._costs
+            est = costs.get(key)
+            if est is not None and est <= self._inline_ns:
+                # the common case, _dispatch's inline path without its generality
+                t0 = _perf_ns()
+                try:
+                    if launcher is not None:
+                        launcher(ctx)
+                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+                    self._report(exc, instr)
+                ns = _perf_ns() - t0
+                costs[key] = ns if ns <= est else est + (ns - est) // 4     # as _note_cost
+                self._engine.complete(instr.id)
+                return
+        if launcher is None:
+            self._dispatch(a, lane, _noop, key)
+        else:
+            self._dispatch(a, lane, launcher, key, ctx)
+
+    def _issue_host_task(self, a: Assignment) -> None:
+        instr: HostTaskInstruction = a.instruction
+        lane = self._lane(a)
+        allocs = self._allocs
+        comm = None
+        if instr.collective_group is not None:
+            comm = self._collective_handle(instr.collective_group)
+        ctx = LaunchContext(
+            box=instr.box, device=None,
+            arrays=[allocs[acc.allocation] if acc.allocation >= 0 else None for acc in instr.accesses],
+            reduction_arrays=[],
+            xp=lane.xp,
+            global_range=tuple(instr.global_range), communicator=comm,
+            rank=self._comm.rank, stream=lane.stream,
+            accesses=instr.accesses, task=instr.task)
+        launcher = instr.launcher
+        fn = _noop if launcher is None else functools.partial(launcher, ctx)
+        self._track_backend(instr, lane.lane, self._backend.launch(lane.lane, fn, dependent=a.eager))
+
+    def _collective_handle(self, group: int) -> Any:
+        h = self._group_handles.get(group)
+        if h is None:
+            comm = self._groups.get(group)
+            if comm is None:
+                # no clone instruction seen for this group: clone from the root, keyed by
+                # the group id so ranks agree regardless of the order they get here
+                log.debug("collective group %d used before being cloned; cloning now", group)
+                comm = self._groups[group] = self._comm.clone(key=group)
+            h = self._group_handles[group] = comm.collective_handle()
+        return h
+
+    def _issue_send(self, a: Assignment) -> None:
+        instr: SendInstruction = a.instruction
+        view = self._view(instr.source, instr.source_box, instr.box)
+        comm = self._comm
+        if not comm.accepts_strided and not view.flags.c_contiguous:
+            view = np.ascontiguousarray(view)
+        req = comm.send_payload(instr.to, instr.msg_id, view)
+        self._sends.append(self._start_async(instr, "comm", req))
+
+    def _issue_receive(self, a: Assignment) -> None:
+        instr: ReceiveInstruction = a.instruction
+        handle = self._arbiter.begin_receive(instr, self._allocs[instr.dest])
+        self._receives[instr.id] = self._start_async(instr, "comm", handle)
+
+    def _issue_await_receive(self, a: Assignment) -> None:
+        instr: AwaitReceiveInstruction = a.instruction
+        handle = self._arbiter.await_receive(instr)
+        self._receives[instr.id] = self._start_async(instr, "comm", handle)
+
+    def _issue_gather_receive(self, a: Assignment) -> None:
+        instr: GatherReceiveInstruction = a.instruction
+        handle = self._arbiter.begin_gather(instr, self._allocs[instr.dest])
+        self._receives[instr.id] = self._start_async(instr, "comm", handle)
+
+    def _issue_fill_identity(self, a: Assignment) -> None:
+        instr: FillIdentityInstruction = a.instruction
+        arr = self._allocs[instr.allocation]
+        count, identity = instr.count, instr.identity
+
+        def fill() -> None:
+            arr.reshape(-1)[:count] = identity
+
+        self._dispatch(a, self._lane(a), fill, count * 8)
+
+    def _issue_reduce(self, a: Assignment) -> None:
+        instr: ReduceInstruction = a.instruction
+        src = self._allocs[instr.source]
+        dst = self._allocs[instr.dest]
+        self._dispatch(a, self._lane(a), _reduce, instr.count * 8, src, dst, instr.count, instr.op,
+                       instr.include_dest)
+
+    def _issue_fence(self, a: Assignment) -> None:
+        instr: FenceInstruction = a.instruction
+        t0 = _perf_ns()
+        result = None
+        try:
+            if instr.allocation is not None:
+                arr = self._allocs.pop(instr.allocation)
+                self._forget_views()
+                memory = self._backend_allocs.pop(instr.allocation, None)
+                result = self._backend.hand_over(memory, arr) if memory is not None else arr
+            elif instr.host_object is not None:
+                result = _snapshot(self._host_objects[instr.host_object], instr)
+        except Exception as exc:
+            if instr.promise is not None:   # never leave the user waiting on it
+                _set_promise(instr.promise, error=exc)
+            raise
+        if instr.promise is not None:
+            if self._fence_error is not None:
+                _set_promise(instr.promise, error=self._fence_error)
+            else:
+                _set_promise(instr.promise, result=result)
+        self._complete_sync(instr, "immediate", t0)
+
+    def _issue_destroy_host_object(self, a: Assignment) -> None:
+        instr: DestroyHostObjectInstruction = a.instruction
+        t0 = _perf_ns()
+        self._host_objects.pop(instr.host_object, None)
+        self._complete_sync(instr, "immediate", t0)
+
+    def _issue_clone_collective_group(self, a: Assignment) -> None:
+        instr: CloneCollectiveGroupInstruction = a.instruction
+        t0 = _perf_ns()
+        original = self._groups.get(instr.original, self._comm)
+        self._groups[instr.new] = original.clone(key=instr.new)
+        self._group_handles.pop(instr.new, None)
+        self._complete_sync(instr, "immediate", t0)
+
+    def _collect_garbage(self, garbage: list[int]) -> None:
+        for aid in garbage:
+            arr = self._allocs.pop(aid, None)
+            self._forget_views()
+            memory = self._backend_allocs.pop(aid, None)
+            if arr is not None and memory is not None:
+                self._backend.hand_over(memory, arr)
+
+    def _issue_horizon(self, a: Assignment) -> None:
+        instr: HorizonInstruction = a.instruction
+        t0 = _perf_ns()
+        self._collect_garbage(instr.garbage)
+        self._arbiter.prune(instr.task)
+        self._complete_sync(instr, "immediate", t0)
+        if self._on_horizon is not None:
+            self._callback(self._on_horizon, instr)
+
+    def _issue_epoch(self, a: Assignment) -> None:
+        instr: EpochInstruction = a.instruction
+        t0 = _perf_ns()
+        if self._epoch_check is not None and not self._epoch_verified(instr):
+            self._unverified_epoch = (instr, t0)   # completes once the peers' streams matched
+            return
+        self._run_epoch(instr, t0)
+
+    def _run_epoch(self, instr: EpochInstruction, t0: int) -> None:
+        if instr.action == "barrier" and self._inflight > 0 and not self._failed:
+            # everything the epoch depends on is complete, but unrelated sends/receives
+            # may still be in flight: block in the barrier only once they are done
+            self._deferred_barrier = (instr, t0)
+            return
+        self._finish_epoch(instr, t0)
+
+    def _finish_epoch(self, instr: EpochInstruction, t0: int) -> None:
+        self._collect_garbage(instr.garbage)
+        self._arbiter.prune(instr.task)
+        if instr.action == "barrier" and not self._failed:   # peers may never come: no barrier
+            self._blocked_in = f"in the barrier of epoch T{instr.task}, until every rank reaches it"
+            try:
+                self._comm.barrier()
+            except Exception as exc:  # noqa: BLE001 - e.g. the cluster was aborted
+                self._report(exc, instr)
+            finally:
+                self._blocked_in = None
+        self._complete_sync(instr, "immediate", t0)
+        if self._on_epoch is not None:
+            self._callback(self._on_epoch, instr)
+        if instr.action == "shutdown":
+            self._stop = True
+
+
+# ---------------------------------------------------------------------- helpers
+
+def _alloc_layout(instr: AllocInstruction) -> tuple[tuple[int, ...], Any]:
+    """Shape and dtype of an allocation: explicit shape, else the box, else raw bytes."""
+    dtype = instr.dtype if instr.dtype is not None else np.uint8
+    shape = tuple(instr.shape)
+    if not shape:
+        if instr.box is not None and instr.box.dims > 0:
+            shape = instr.box.range
+        elif instr.box is None and instr.size_bytes:
+            shape = (instr.size_bytes // np.dtype(dtype).itemsize,)
+    return shape, dtype
+
+
+def _assign(dst: Any, src: Any) -> None:
+    dst[...] = src
+
+
+def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None:
+    s = src.reshape(-1)[:count]
+    d = dst.reshape(-1)
+    if count:
+        # in the buffer's dtype: numpy reduces small integers in a wider accumulator, whose
+        # result then did not fit back (integer reductions wrap, as the partials did)
+        r = op.reduce(s, dtype=d.dtype)
+        if include_dest:
+            r = op(d[0], r, dtype=d.dtype)
+    elif include_dest:
+        return
+    else:
+        r = getattr(op, "identity", None)
+        if r is None:
+            raise ValueError(f"reduction of zero values with {op!r}, which has no identity")
+    d[0] = r
+
+
+def _snapshot(obj: Any, instr: FenceInstruction) -> Any:
+    """A fence's view of a host object: a deep copy taken now, so host tasks that run
+    after the fence do not change what the fence's result shows."""
+    try:
+        return copy.deepcopy(obj)
+    except Exception as exc:  # noqa: BLE001 - e.g. an object holding a lock or an open file
+        raise CeleritasError(f"fence of host object H{instr.host_object} (task T{instr.task}): its "
+                             f"{type(obj).__name__} cannot be copied for the fence's snapshot "
+                             f"(copy.deepcopy: {type(exc).__name__}: {exc}); give the class a "
+                             f"__deepcopy__ that copies what the fence should show") from exc
+
+
+def _set_promise(promise: Any, *, result: Any = None, error: BaseException | None = None) -> None:
+    try:
+        if promise.done():
+            return
+        if error is not None:
+            promise.set_exception(error)
+        else:
+            promise.set_result(result)
+    except Exception:  # noqa: BLE001 - cancelled / already resolved by someone else
+        log.debug("fence promise could not be resolved", exc_info=True)
