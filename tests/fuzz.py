@@ -290,13 +290,19 @@ def summarize(results: list[Result], out=print) -> None:
     out(f"\n{len(results)} programs, {len(failed)} failed "
         f"({', '.join(f'{k}: {fail_kind[k]}/{by_kind[k]}' for k in KINDS if by_kind[k])}); "
         f"{sum(r.seconds for r in results):.0f} s of program time")
+    present = Counter(f for r in results for f in r.features)
+    # what the run reached (a clean run only counts for the features it exercised)
+    families = Counter(fam for r in results
+                       for fam in {f.split(":")[0] for f in r.features if not f.startswith("config:")})
+    out("\nprograms per feature family: " + ", ".join(f"{g} {n}" for g, n in sorted(families.items())))
+    out("configurations: " + ", ".join(f"{f[7:]} {n}" for f, n in sorted(present.items())
+                                      if f.startswith("config:")))
     if not failed:
         return
     out("\nfailures by tag:")
     for tag, n in Counter(r.tag for r in failed).most_common():
         out(f"  {tag:24s} {n}")
     # features most over-represented among the failures (how to read: which feature to suspect)
-    present = Counter(f for r in results for f in r.features)
     in_failed = Counter(f for r in failed for f in r.features)
     base = len(failed) / len(results)
     rows = []
