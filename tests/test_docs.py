@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/api.md", "docs/graphs.md")
@@ -40,15 +41,7 @@ def _env(tmp_path: Path) -> dict:
 
 
 def _run(argv: list[str], cwd: Path, env: dict, timeout: float = 180) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(argv)} did not finish within {timeout} s\n{out}\n{err}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_job(argv, env, timeout, cwd=cwd)
 
 
 def test_the_docs_have_examples():

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import jobs
 
 from scheduler.errors import ConfigError
 
@@ -44,19 +44,8 @@ def _env(devices: str, extra: dict | None = None) -> dict:
 
 
 def run_job(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """Run ``argv`` in its own session; on timeout kill the whole group (mpiexec and its ranks)."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(argv)} did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
-    res = subprocess.CompletedProcess(argv, proc.returncode, out, err)
-    res.seconds = time.monotonic() - t0  # type: ignore[attr-defined]
-    return res
+    """Run ``argv`` from the repository root in its own session (see ``jobs.run_job``)."""
+    return jobs.run_job(argv, env, timeout, cwd=ROOT)
 
 
 def mpirun(n: int, script: str, *args: str, devices: str = "host:1", env: dict | None = None,
@@ -133,7 +122,7 @@ def test_every_app_verifies_through_its_cli_under_mpiexec(app, ranks, tmp_path):
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks,devices,first,count", [(2, "host:2", 0, 80), (4, "host:1", 1000, 80)])
 def test_random_programs_match_numpy(ranks, devices, first, count):
-    r = mpirun(ranks, "random_programs.py", str(first), str(count), devices=devices,
+    r = mpirun(ranks, "fuzz_programs.py", str(first), str(count), devices=devices,
                env={"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"})
     assert r.returncode == 0, _explain(r)
     for k in range(ranks):

@@ -9,14 +9,14 @@ import gzip
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from jobs import run_job
 
 import celeritas as cl
 from celeritas import timeline
@@ -132,15 +132,9 @@ def mpi_trace(tmp_path_factory) -> Path:
     trace = tmp / "trace.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
     env.update(CELERITAS_DEVICES="host:2", CELERITAS_TRACE=str(trace), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([str(MPIEXEC), "-n", "2", sys.executable, str(script)], cwd=tmp, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"mpiexec -n 2 did not finish within 180 s\n{out}\n{err}")
-    assert proc.returncode == 0, out + err
+    r = run_job([MPIEXEC, "-n", "2", sys.executable, script], env, 180, cwd=tmp)
+    out = r.stdout
+    assert r.returncode == 0, r.stdout + r.stderr
     assert out.count("checksum") == 1
     return trace
 
