@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import gc
 import logging
+import os
 import sys
 import threading
 import time
@@ -672,11 +673,15 @@ class Runtime:
                     sys.stderr.write("celeritas: work this program submitted failed; the error surfaced at "
                                      "the shutdown at exit:\n")
                     traceback.print_exception(exc)
+                    # an atexit handler cannot change the exit status, and a failed program
+                    # must not exit 0 (a job script or mpiexec would take it for success)
+                    logging.shutdown()
+                    sys.stdout.flush()
                     sys.stderr.flush()
+                    os._exit(1)
 
 
 def _config(env: dict | None, overrides: dict) -> cfg.Config:
-    import os
     base = cfg.from_env({**os.environ, **env} if env else None)
     return base.with_overrides(**{k: v for k, v in overrides.items() if k in ("devices", "lookahead", "record")})
 
