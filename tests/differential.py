@@ -465,9 +465,10 @@ def make_read_mapper(rd: Read):
 class _Gen:
     """State while generating one program: what is defined, which features were used."""
 
-    def __init__(self, rng: random.Random, groups: frozenset[str]):
+    def __init__(self, rng: random.Random, groups: frozenset[str], repeat: int = 1):
         self.rng = rng
         self.groups = groups
+        self.repeat = repeat    # loops and stencil loops this many times longer (replay's exactness)
         self.features: set[str] = set()
 
     def on(self, group: str) -> bool:
@@ -491,9 +492,10 @@ def _init_data(rng: random.Random, shape, dtype) -> np.ndarray:
     return store(vals.astype(np.int64), dtype)
 
 
-def generate(rng: random.Random, kind: str | None = None, groups=GROUPS) -> Program:
-    """A random program; ``kind`` None picks one (mostly ``main``), ``groups`` limits the optional features."""
-    g = _Gen(rng, frozenset(groups))
+def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat: int = 1) -> Program:
+    """A random program; ``kind`` None picks one (mostly ``main``), ``groups`` limits the optional
+    features; ``repeat`` makes loops that many times longer (steps that replay can hit)."""
+    g = _Gen(rng, frozenset(groups), repeat)
     if kind is None:
         r = rng.random()
         kind = "main" if r < 0.8 else "fail" if r < 0.88 else "bad_reduction" if r < 0.94 else "overlap"
@@ -677,7 +679,7 @@ def _gen_main(g: _Gen) -> Program:
             block: list[Task] = []
             for _ in range(rng.randint(1, 3)):
                 _gen_step(g, st, block)
-            reps = rng.randint(2, 4)
+            reps = rng.randint(2, 4) * g.repeat
             for _ in range(reps):
                 tasks += copy.deepcopy(block)
             g.feat("loop")
@@ -757,7 +759,7 @@ def _gen_stencil_loop(g: _Gen, st: _State) -> list[Task]:
     split2d = rng.random() < 0.8
     wait_every = rng.choice([0, 0, 1, 2])
     out = []
-    for step in range(rng.randint(2, 6)):
+    for step in range(rng.randint(2, 6) * g.repeat):
         src, dst = (0, 1) if step % 2 == 0 else (1, 0)
         t = Task("kernel", shape, [Read("data", src, "neighborhood", extent=extent, shape=nbh)],
                  Write("data", dst, "one_to_one", rng.choice(["discard_write", "discard_write", "read_write"])),
