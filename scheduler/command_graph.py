@@ -13,6 +13,7 @@ does not grow with the number of ranks.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -343,7 +344,7 @@ class CommandGraphGenerator(CommandReplayMixin):
             collapse_map(d, eid, epoch, key=_command_id)
         # commands older than the epoch are no longer needed for dependency lookups
         live = self._live
-        for cid in [k for k in live if k < eid]:
+        for cid in list(itertools.takewhile(lambda k: k < eid, live)):   # (registered in id order)
             del live[cid]
 
     def _chunk_regions(self, mapper, shape: tuple, chunks: list) -> list[Region]:

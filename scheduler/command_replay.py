@@ -9,6 +9,8 @@ Horizons have templates of their own, keyed on every buffer's shape and the fron
 """
 from __future__ import annotations
 
+import itertools
+
 from . import task_graph as tg
 from .replay import absolute, relative
 
@@ -217,7 +219,8 @@ class CommandReplayMixin:
             horizons.epoch = None if ep is None else base + ep
             if horizons.epoch != old_epoch and horizons.epoch is not None:
                 eid = horizons.epoch
-                for cid in [k for k in live if k < eid]:   # (as _set_epoch forgets them)
+                # (as _set_epoch forgets them; ids were registered in increasing order)
+                for cid in list(itertools.takewhile(lambda k: k < eid, live)):
                     del live[cid]
         else:
             se, coll = effects

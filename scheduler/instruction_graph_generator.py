@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+
 
 import numpy as np
 
@@ -462,10 +462,13 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
 
     # ---- lookahead --------------------------------------------------------------
     def anticipate(self, cmd: cg.Command) -> bool:
-        """Record the boxes ``cmd`` will need; True if any is not allocated yet."""
+        """Record the boxes ``cmd`` will need; True if any is not allocated yet.  (Called
+        for every command under lookahead: the requirements of an execution command are
+        kept on its plan, and a transfer's are a box or two.)"""
         new_need = False
+        buffers = self._buffers
         for bid, memory, box in self._requirements(cmd):
-            b = self._buffers.get(bid)
+            b = buffers.get(bid)
             if b is None or box.empty:
                 continue
             if not self._allocated(bid, memory, box):
@@ -484,23 +487,23 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 b.anticipated.clear()
                 self._shapes.pop(bid, None)
 
-    def _requirements(self, cmd: cg.Command) -> Iterable[tuple[int, int, Box]]:
-        if isinstance(cmd, cg.ExecutionCommand):
+    def _requirements(self, cmd: cg.Command) -> tuple:
+        kind = cmd.kind
+        if kind == cg.EXECUTION:
             plans = self._plan_chunks(cmd)
             req = plans.requirements
             if req is None:
                 req = plans.requirements = tuple([(bid, plan.memory, box) for plan in plans
                                                   for bid, box in plan.bbox.items()])
-            yield from req
-        elif isinstance(cmd, cg.AwaitPushCommand) and cmd.transfer[2] == 0 and not self._direct_receives:
-            yield cmd.transfer[1], HOST_MEMORY, cmd.region.bounding_box
-        elif isinstance(cmd, cg.PushCommand) and cmd.transfer[2] == 0 and not self._direct_receives:
+            return req
+        if kind == cg.AWAIT_PUSH and cmd.transfer[2] == 0 and not self._direct_receives:
+            return ((cmd.transfer[1], HOST_MEMORY, cmd.region.bounding_box),)
+        if kind == cg.PUSH and cmd.transfer[2] == 0 and not self._direct_receives:
             # data produced on a device is staged through host memory to be sent: one
             # host allocation for every box the window pushes, not one per step (RSim)
             bid = cmd.transfer[1]
-            for _rank, reg in cmd.targets:
-                if reg:
-                    yield bid, HOST_MEMORY, reg.bounding_box
+            return tuple([(bid, HOST_MEMORY, reg.bounding_box) for _rank, reg in cmd.targets if reg])
+        return ()
 
     # ---- compile -------------------------------------------------------------------
     def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot]]:

@@ -246,49 +246,33 @@ class InstructionReplayMixin:
                        _rel(self._horizons.current_horizon, ib), _rel(self._horizons.epoch, ib))
         memory = self._memory_state(env.ibase) if self._capacity else None
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
-                self._next_msg - env.mbase, tuple(post), effects, memory)
+                self._next_msg - env.mbase, tuple(post), effects, memory, [None])
 
     # ---- instantiation -----------------------------------------------------------------
     def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> None:
-        instrs, pilots, n_instr, n_alloc, n_msg, post, effects, memory = tpl
+        instrs, pilots, n_instr, n_alloc, n_msg, post, effects, memory, builder = tpl
         ibase, abase, mbase = self._next_instr, self._next_alloc, self._next_msg
         task = cmd.task
         tid = task.id
         slots = [sh.allocations for sh in shapes]
         ctx = (ibase, abase, mbase, tid, slots, cmd)
+        build = builder[0]
+        if build is None:
+            build = builder[0] = _builder(instrs, post)
+        made, kinds, post_ids = build(ibase, abase, mbase, tid, slots, ctx, task)
         front = self._horizons.front
         out = self._out
-        counts = self.counts
         recorder = self.recorder
-        for cls, proto, patches in instrs:
-            args = list(proto)
-            for pos, code, val in patches:
-                if code == _IID:
-                    args[pos] = ibase + val
-                elif code == _DEPS:
-                    args[pos] = [(ibase + d, o) for d, o in val]
-                elif code == _NEW_AID:
-                    args[pos] = abase + val
-                elif code == _SLOT_AID:
-                    args[pos] = slots[val[0]][val[1]]
-                elif code == _TID:
-                    args[pos] = tid + val
-                elif code == _MID:
-                    args[pos] = mbase + val
-                elif code == _LAUNCHER:
-                    args[pos] = task.launcher
-                elif code == _NAME:
-                    args[pos] = task.name
-                else:
-                    args[pos] = _DECODE[val[0]](val[1], ctx, args)
-            ins = cls(*args)
+        for ins in made:
             for d, _o in ins.deps:
                 front.pop(d, None)
             front[ins.id] = None
             out.append(ins)
-            counts[ins.kind] = counts.get(ins.kind, 0) + 1
             if recorder is not None:
                 recorder.record_instruction(ins)
+        counts = self.counts
+        for kind, n in kinds:
+            counts[kind] = counts.get(kind, 0) + n
         if pilots:
             for mrel, to, transfer, box in pilots:
                 p = Pilot(mbase + mrel, to, _dec_transfer(transfer, ctx, None), box)
@@ -306,8 +290,7 @@ class InstructionReplayMixin:
                 self._frees_since[m] = [ibase + f for f in frees]
         shapes = self._shapes
         stale = self._stale
-        for bid, (sid, shape, alloc_enc) in zip(bids, post):
-            ids = tuple([_dec_aid(a, ctx, None) for a in alloc_enc])
+        for bid, (sid, shape, _enc), ids in zip(bids, post, post_ids):
             shapes[bid] = stale[bid] = _BufferShape(sid, ibase, tid, ids, shape)
         if cmd.kind == cg.HORIZON:
             hos, colls, cur, ep = effects
@@ -508,6 +491,57 @@ def _compact(encoded: tuple) -> tuple:
         else:
             patches.append((pos, _OTHER, (role, val)))
     return cls, tuple(proto), tuple(patches)
+
+
+def _builder(instrs: tuple, post: tuple):
+    """A function that makes a template's instructions with fresh ids: the prototypes and
+    patches written out as one expression per instruction (compiled once per template, at
+    its first replay), instead of copying each prototype and interpreting its patches."""
+    ns: dict = {"_DECODE": _DECODE}
+    exprs = []
+    kinds: dict = {}
+
+    def const(v) -> str:
+        if v is None or type(v) in (int, bool):
+            return repr(v)
+        name = f"k{len(ns)}"
+        ns[name] = v
+        return name
+
+    for i, (cls, proto, patches) in enumerate(instrs):
+        args = [const(v) for v in proto]
+        for pos, code, val in patches:
+            if code == _IID:
+                args[pos] = f"ib + {val}"
+            elif code == _DEPS:
+                args[pos] = "[" + ", ".join(f"(ib + {d}, {const(o)})" for d, o in val) + "]"
+            elif code == _NEW_AID:
+                args[pos] = f"ab + {val}"
+            elif code == _SLOT_AID:
+                args[pos] = f"slots[{val[0]}][{val[1]}]"
+            elif code == _TID:
+                args[pos] = f"tid + {val}"
+            elif code == _MID:
+                args[pos] = f"mb + {val}"
+            elif code == _LAUNCHER:
+                args[pos] = "task.launcher"
+            elif code == _NAME:
+                args[pos] = "task.name"
+            else:
+                args[pos] = f"_DECODE[{val[0]!r}]({const(val[1])}, ctx, None)"
+        ns[f"C{i}"] = cls
+        exprs.append(f"C{i}({', '.join(args)})")
+        kinds[cls.kind] = kinds.get(cls.kind, 0) + 1
+    ns["KINDS"] = tuple(kinds.items())
+
+    def aid(a) -> str:
+        return f"ab + {a[1]}" if a[0] == "n" else f"slots[{a[1]}][{a[2]}]"
+    # the touched buffers' allocation ids after the lowering (``_BufferShape.allocations``)
+    ids = "".join("(" + "".join(aid(a) + ", " for a in enc) + "), " for _sid, _shape, enc in post)
+    src = ("def build(ib, ab, mb, tid, slots, ctx, task):\n"
+           f"    return ({''.join(e + ', ' for e in exprs)}), KINDS, ({ids})\n")
+    exec(compile(src, "<replay template>", "exec"), ns)   # noqa: S102 - source built above from ints and names
+    return ns["build"]
 
 
 def _reduction_of(ins, env: _Env):

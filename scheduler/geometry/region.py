@@ -362,7 +362,7 @@ class Region:
     # caches: _boxes (Box objects), _sf (step function), _bb (bounds), _fl (for
     # regions whose boxes all share their dims-1/2 extent, as in every 1-D region:
     # (lo1, lo2, hi1, hi2, flat dim-0 boundaries), else False)
-    __slots__ = ("_pairs", "dims", "_boxes", "_sf", "_bb", "_fl")
+    __slots__ = ("_pairs", "dims", "_boxes", "_sf", "_bb", "_fl", "_h")
 
     def __init__(self, boxes: Iterable[Box] = (), dims: int | None = None):
         pairs: list = []
@@ -582,13 +582,21 @@ class Region:
         return NotImplemented
 
     def __hash__(self) -> int:
-        # consistent with Box.__hash__, since a one-box region equals its box
+        # consistent with Box.__hash__, since a one-box region equals its box; cached (in
+        # a slot set on first use: regions are immutable, and replay keys hash them often)
+        try:
+            return self._h
+        except AttributeError:
+            pass
         p = self._pairs
         if len(p) == 1:
-            return hash(p[0])
-        if not p:
-            return hash((_EMPTY_LO, _EMPTY_HI))
-        return hash(p)
+            h = hash(p[0])
+        elif not p:
+            h = hash((_EMPTY_LO, _EMPTY_HI))
+        else:
+            h = hash(p)
+        self._h = h
+        return h
 
     def __repr__(self) -> str:
         return "Region(" + ", ".join(f"[{list(b.min)}, {list(b.max)}]" for b in self.boxes) + ")"
