@@ -38,6 +38,7 @@ class RankOutputs:
     num_devices: int = 0
     replay: dict[str, dict] = field(default_factory=dict)   # level -> replay counters
     memory: dict[str, int] = field(default_factory=dict)    # out-of-core counters
+    throttled: int = 0                     # times the application thread waited for the executor
     gather: Callable[[Any], list | None] = lambda obj: [obj]   # collective: all ranks' obj on rank 0
 
 

@@ -117,6 +117,7 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
 
 
 GC_THRESHOLDS = (50_000, 50, 100)   # see Runtime._tune_gc
+MAX_TASKS_AHEAD = 4096   # tasks the application thread may run ahead of the executor (Runtime._throttle)
 
 
 class _WaitWatch:
@@ -209,6 +210,8 @@ class Runtime:
         self._error_shown = False     # raised to the user once already: not printed again at exit
         self._epoch_reached = -1
         self._horizon_reached = -1
+        self._throttled = False       # the application thread waits in _throttle
+        self.throttled_count = 0      # how often it did (the summary reports it)
         self._pruned_before = -1
         self._fences: list[concurrent.futures.Future] = []
         self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -297,6 +300,9 @@ class Runtime:
     def _on_horizon(self, tid: int) -> None:
         if tid > self._horizon_reached:
             self._horizon_reached = tid
+            if self._throttled:
+                with self._cond:
+                    self._cond.notify_all()
 
     def _on_epoch(self, tid: int) -> None:
         with self._cond:
@@ -414,7 +420,58 @@ class Runtime:
         with self._lock:
             self._check_alive()
             self._prune()
-            self.task_manager.submit(cgh._kind, **spec)
+            tid = self.task_manager.submit(cgh._kind, **spec).id
+        if tid - max(self._horizon_reached, self._epoch_reached) > MAX_TASKS_AHEAD:
+            self._throttle(tid)
+
+    @property
+    def tasks_ahead(self) -> int:
+        """Tasks submitted past the newest horizon or epoch the executor has reached."""
+        return self.task_manager.next_task_id - 1 - max(self._horizon_reached, self._epoch_reached)
+
+    def _throttle(self, tid: int) -> None:
+        """Hold the application thread until the executor has caught up to about half of
+        ``MAX_TASKS_AHEAD`` behind ``tid``.
+
+        Without it a loop that submits faster than the scheduler and executor work queues
+        tasks, commands and instructions without bound (a million-step loop grows by
+        gigabytes).  Commands held for lookahead are flushed first: they would otherwise
+        keep the horizons the wait counts on from executing.  Waiting cannot deadlock
+        across ranks: the oldest unfinished task has been submitted on every rank.
+        """
+        tasks = self.task_manager.tasks
+        reached = max(self._horizon_reached, self._epoch_reached)
+        target = None
+        for t in range(tid - MAX_TASKS_AHEAD // 2, reached, -1):   # the newest horizon or epoch there
+            task = tasks.get(t)
+            if task is not None and task.kind in (tg.HORIZON, tg.EPOCH):
+                target = t
+                break
+        if target is None:   # (no horizon in that window: the newest one submitted, if any)
+            for t in range(tid, reached, -1):
+                task = tasks.get(t)
+                if task is not None and task.kind in (tg.HORIZON, tg.EPOCH):
+                    target = t
+                    break
+            if target is None:
+                return
+        self.scheduler.flush()
+        self.throttled_count += 1
+        watch = _WaitWatch(self, f"q.submit (more than {MAX_TASKS_AHEAD} tasks ahead of the executor)",
+                           f"T{target} (horizon)")
+        with self._cond:
+            self._throttled = True
+            try:
+                while max(self._horizon_reached, self._epoch_reached) < target and self._error is None:
+                    self._cond.wait(min(0.05, watch.slice))
+                    watch.tick()
+                    if not self.dry_run and not self.executor.is_running and self._error is None \
+                            and max(self._horizon_reached, self._epoch_reached) < target:
+                        self._error = CeleritasError(f"rank {self.rank}: the executor stopped before horizon "
+                                                     f"T{target}")
+            finally:
+                self._throttled = False
+        self._check_alive()
 
     def fence(self, obj, subrange=None) -> concurrent.futures.Future:
         fut = _FenceFuture(self, obj.label if isinstance(obj, Buffer) else
@@ -571,7 +628,7 @@ class Runtime:
             instruction_counts=dict(igg.counts), scheduler_busy_ns=sched.busy_ns,
             scheduler_busy_intervals=sched.busy_intervals, num_tasks=sched.num_tasks,
             backend=self.backend_name, num_devices=self.num_devices, replay=replay,
-            memory=dict(igg.memory_stats), gather=self.gather_to_root)
+            memory=dict(igg.memory_stats), throttled=self.throttled_count, gather=self.gather_to_root)
 
     def _summary_enabled(self) -> bool:
         from .summary import enabled

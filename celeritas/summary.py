@@ -139,6 +139,7 @@ def rank_numbers(outputs) -> dict:
         "traced": bool(events),
         "replay": {level: dict(v) for level, v in outputs.replay.items()},
         "memory": dict(outputs.memory),
+        "throttled": outputs.throttled,
     }
 
 
@@ -174,6 +175,7 @@ def combine(per_rank: Iterable[Mapping | None]) -> dict:
         "starvation_warning": bool(worst and worst["traced"] and worst["starvation"] > STARVATION_WARNING),
         "replay": {level: dict(v) for level, v in replay.items()},
         "memory": dict(memory),
+        "throttled": max((r.get("throttled", 0) for r in ranks), default=0),
         "per_rank": ranks,
     }
 
@@ -229,6 +231,9 @@ def render(numbers: Mapping, console=None) -> None:
         over.add_row("out of core", f"{mem.get('evictions', 0)} evictions ({b(mem.get('bytes_evicted'))}, "
                                     f"{b(mem.get('bytes_written_back'))} saved to host), "
                                     f"{mem.get('batches', 0)} batch kernels")
+    if numbers.get("throttled"):
+        over.add_row("application thread", f"waited {numbers['throttled']}× for the executor to catch up "
+                                           f"(max on one rank)")
     con.print(over)
 
     kinds = _table("instructions by kind")

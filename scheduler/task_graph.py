@@ -273,6 +273,10 @@ class TaskManager:
         return rid
 
     # ---- tasks -----------------------------------------------------------------
+    @property
+    def next_task_id(self) -> int:
+        return self._next_id
+
     def _new_task(self, kind: str, **kw) -> Task:
         t = Task(self._next_id, kind, **kw)
         self._next_id += 1

@@ -1,0 +1,93 @@
+"""The application thread never runs more than ``MAX_TASKS_AHEAD`` tasks ahead of the executor.
+
+Without the bound a loop that submits faster than kernels run queues tasks, commands and
+instructions without limit.  The bound is made small here so that a short program hits it.
+"""
+import time
+
+import numpy as np
+import pytest
+
+import celeritas as cl
+from celeritas import runtime as runtime_module
+from celeritas.testing import run_cluster
+
+pytestmark = pytest.mark.timeout(120)
+
+AHEAD = 16
+
+
+@pytest.fixture
+def small_bound(monkeypatch):
+    monkeypatch.setattr(runtime_module, "MAX_TASKS_AHEAD", AHEAD)
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (2, 2)])
+def test_slow_kernels_hold_the_application_thread_within_the_bound(small_bound, capfd, nodes, devices):
+    def program(rank):
+        q = cl.Queue()
+        rt = q.runtime
+        buf = cl.Buffer(np.zeros(8, np.int64))
+        lags = []
+
+        def cgf(cgh):
+            a = buf.access(cgh, cl.one_to_one(), "read_write")
+
+            @cgh.parallel_for((8,))
+            def step(chunk):
+                time.sleep(0.002)
+                a[chunk] += 1
+
+        for _ in range(120):
+            q.submit(cgf)
+            lags.append(rt.tasks_ahead)
+        values = q.fence(buf).result()
+        return values.tolist(), max(lags), rt.throttled_count
+
+    results = run_cluster(program, nodes=nodes, devices=devices, CELERITAS_SUMMARY="1")
+    for values, max_lag, throttled in results:
+        assert values == [120] * 8
+        assert throttled > 0
+        assert max_lag <= AHEAD
+    most = max(r[2] for r in results)
+    assert f"waited {most}× for the executor to catch up" in capfd.readouterr().err
+
+
+def test_held_lookahead_is_flushed_before_waiting(small_bound):
+    """With lookahead ``infinite`` and a growing access, commands are held until an epoch;
+    the throttle must flush them, or the horizons it waits for never execute."""
+    n = 100
+
+    def program(rank):
+        q = cl.Queue(lookahead="infinite")
+        buf = cl.Buffer(np.zeros(n, np.int64))
+        for i in range(1, n + 1):
+            def cgf(cgh, i=i):
+                a = buf.access(cgh, cl.one_to_one(), "read_write")
+
+                @cgh.parallel_for((i,))
+                def grow(chunk):
+                    a[chunk] += 1
+            q.submit(cgf)
+        return q.fence(buf).result().tolist(), q.runtime.throttled_count
+
+    for values, throttled in run_cluster(program, nodes=2, devices=2):
+        assert values == [n - k for k in range(n)]
+        assert throttled > 0
+
+
+def test_no_throttle_below_the_bound():
+    def program(rank):
+        q = cl.Queue()
+        buf = cl.Buffer(np.zeros(4, np.int64))
+        for _ in range(50):
+            def cgf(cgh):
+                a = buf.access(cgh, cl.one_to_one(), "read_write")
+
+                @cgh.parallel_for((4,))
+                def inc(chunk):
+                    a[chunk] += 1
+            q.submit(cgf)
+        return q.fence(buf).result().tolist(), q.runtime.throttled_count
+
+    assert run_cluster(program, nodes=1, devices=1) == [([50] * 4, 0)]
