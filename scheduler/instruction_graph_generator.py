@@ -474,7 +474,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             if not self._allocated(bid, memory, box):
                 self._sync_buffers((bid,))
                 lst = b.anticipated.setdefault(memory, [])
-                if not any(x.contains(box) for x in lst):
+                if not any(x.contains_box(box) for x in lst):
                     lst.append(box)
                     new_need = True
                     self._shapes.pop(bid, None)

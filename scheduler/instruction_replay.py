@@ -116,7 +116,7 @@ class InstructionReplayMixin:
             for mem, lst in sh.shape[0]:
                 if mem == memory:
                     for abox, _snap in lst:
-                        if abox.contains(box):
+                        if abox.contains_box(box):
                             hit = True
                             break
                     break

@@ -71,7 +71,7 @@ class MemoryManagement:
         if not allocs:
             return None
         for a in allocs:
-            if a.box.contains(box):
+            if a.box.contains_box(box):
                 return a
         return None
 

@@ -507,6 +507,8 @@ def test_public_fast_paths_match_mask(d, data):
     # a box contains a region exactly when it holds the region's points
     box = data.draw(boxes(d))
     assert box.contains(r) == (not (m & ~box_mask(box, d)).any())
+    box2 = data.draw(boxes(d))
+    assert box.contains_box(box2) == box.contains(box2) == (not (box_mask(box2, d) & ~box_mask(box, d)).any())
     assert Box.from_bounds(box.lo, box.hi, d) == box if not box.empty else True
 
 

@@ -30,6 +30,9 @@ def _pad(values: Sequence[int], fill: int) -> tuple[int, int, int]:
     raise ValueError(f"at most 3 dimensions are supported, got {n}")
 
 
+_new_object = object.__new__
+
+
 class Box:
     """A half-open box ``[min, max)``; every empty box is the same box."""
 
@@ -48,11 +51,12 @@ class Box:
         self.hi = hi
         self.dims = dims
 
-    @classmethod
-    def from_bounds(cls, lo: tuple[int, int, int], hi: tuple[int, int, int], dims: int) -> "Box":
+    @staticmethod
+    def from_bounds(lo: tuple[int, int, int], hi: tuple[int, int, int], dims: int) -> "Box":
         """A box from padded, non-empty 3-tuples, as ``lo``/``hi`` hold them.  No checks:
-        the generators build boxes from bounds they computed themselves, thousands per task."""
-        b = object.__new__(cls)
+        the generators build boxes from bounds they computed themselves, thousands per task
+        (a static method: no bound classmethod made per call)."""
+        b = _new_object(Box)
         b.lo = lo
         b.hi = hi
         b.dims = dims
@@ -162,6 +166,16 @@ class Box:
             from .region import Region
             return Region.from_box(self).difference(other)
         return NotImplemented
+
+    def contains_box(self, other: "Box") -> bool:
+        """``contains`` for a box argument without the type dispatch: the allocation
+        lookups ask it for every access of every command."""
+        o0, o1 = other.lo, other.hi
+        if o1[0] <= o0[0]:   # the empty box
+            return True
+        lo, hi = self.lo, self.hi
+        return (lo[0] <= o0[0] and o1[0] <= hi[0] and lo[1] <= o0[1] and o1[1] <= hi[1]
+                and lo[2] <= o0[2] and o1[2] <= hi[2])
 
     def contains(self, other: "Box | Region | Sequence[int]") -> bool:
         """Whether a box, a region (exactly: a region lies in a box iff its bounding box
