@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from scheduler.errors import RangeMapperError
 from scheduler.geometry import Box, Region, Subrange
 
@@ -258,13 +260,17 @@ _CHUNK_CACHE_LIMIT = 4096    # chunks remembered per wrapped mapper (128 ranks x
 
 
 def _cache_key(mapper: Callable) -> tuple | None:
-    """A hashable key that determines a built-in mapper's results, or None for anything else.
+    """A hashable key that determines a mapper's results, or None when nothing does.
 
-    Only the exact built-in classes qualify (a user subclass may override ``__call__``); a
-    user callable may depend on state that changes between submissions, so it is never
-    shared across tasks.
+    The exact built-in classes qualify by their parameters (a user subclass may override
+    ``__call__``).  A plain user function qualifies by its code and every value it can
+    read besides its arguments (see ``_function_key``).  Anything else (callable objects,
+    bound methods, functions that see a list, a dict or an array) may depend on state
+    that changes between submissions, so it is never shared across tasks.
     """
     cls = type(mapper)
+    if cls is _FunctionType:
+        return _function_key(mapper)
     if cls is one_to_one or cls is all or cls is transposed:
         return (cls,)
     if cls is neighborhood:
@@ -280,6 +286,103 @@ def _cache_key(mapper: Callable) -> tuple | None:
         if isinstance(sr, Box):
             return (cls, Box, sr.lo, sr.hi, sr.dims)
         return (cls, Region, sr.corners, sr.dims)
+    return None
+
+
+_FunctionType = type(_cache_key)
+_SCALARS = frozenset([type(None), bool, int, float, complex, str, bytes, range])
+_ModuleType = type(sys)
+_BuiltinType = type(len)
+_BY_IDENTITY = (type, _ModuleType, _BuiltinType)   # classes, modules, built-in functions
+_KEY_DEPTH = 4
+
+
+def _function_key(fn) -> tuple | None:
+    """A user function mapper's key: its code, defaults, closure cells and the globals its
+    code names, each an immutable value (or a module, class or function, by identity).
+
+    Celerity's contract for range mappers is that they are deterministic functions of the
+    chunk and of what they capture (every rank evaluates them, at any time); under it two
+    such functions with equal keys map every chunk alike, so the wrapper is shared and
+    steps that use one replay like steps with built-in mappers (``scheduler/replay.py``).
+    A mapper built anew per submit from the same values (a closure in a loop) keys alike.
+    """
+    code = fn.__code__
+    parts = [code]
+    for v in (fn.__defaults__, fn.__kwdefaults__ and tuple(sorted(fn.__kwdefaults__.items()))):
+        if v is not None:
+            k = _value_key(v, 0)
+            if k is None:
+                return None
+            parts.append(k)
+    for cell in fn.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:   # (a cell not filled yet)
+            return None
+        k = _value_key(v, 0)
+        if k is None:
+            return None
+        parts.append(k)
+    glob = fn.__globals__
+    for name in _global_names(code):
+        if name in glob:
+            k = _value_key(glob[name], 0)
+            if k is None:
+                return None
+            parts.append((name, k))
+    return (_FunctionType, tuple(parts))
+
+
+def _global_names(code) -> tuple:
+    """Names the code (and code nested in it) may look up as globals; attribute names are
+    among them, which only adds unneeded (but harmless) parts to a key."""
+    names = list(code.co_names)
+    for c in code.co_consts:
+        if type(c) is type(code):
+            names.extend(_global_names(c))
+    return tuple(names)
+
+
+def _value_key(v, depth: int):
+    """A hashable stand-in for an immutable value (types kept apart: 1, 1.0 and True
+    differ to a mapper that formats or divides), or None."""
+    t = type(v)
+    if t in _SCALARS:
+        return (t, v)
+    if depth > _KEY_DEPTH:
+        return None
+    if t is tuple or t is frozenset:
+        items = []
+        for x in (v if t is tuple else sorted(v, key=repr)):
+            k = _value_key(x, depth + 1)
+            if k is None:
+                return None
+            items.append(k)
+        return (t, tuple(items))
+    if t is _FunctionType:
+        return v   # (by identity: a helper it calls; the object itself keeps the id unique)
+    if isinstance(v, _BY_IDENTITY):
+        owner = getattr(v, "__self__", None) if t is _BuiltinType else None
+        if owner is None or type(owner) is _ModuleType:   # (not a bound method of a list or dict)
+            return v
+        return None
+    if t is Box or t is Region or t is Subrange:
+        return (t, v)
+    if isinstance(v, np.generic):
+        return (t, v.item())
+    key = _cache_key(v)
+    if key is not None:   # a built-in mapper it delegates to
+        return key
+    params = getattr(t, "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        items = []
+        for name in t.__dataclass_fields__:
+            k = _value_key(getattr(v, name), depth + 1)
+            if k is None:
+                return None
+            items.append(k)
+        return (t, tuple(items))
     return None
 
 

@@ -91,6 +91,7 @@ class Read:
     extent: tuple = ()          # neighborhood
     shape: str = "bounding_box"  # neighborhood
     shift: int = 0
+    opaque: bool = False        # custom mappers: close over this record (never keyed) instead of values
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Write:
     point: tuple = ()           # the kernel index whose chunk writes (point)
     dest: tuple = ()            # the element it writes (point)
     fixed_box: tuple = ()
+    opaque: bool = False        # custom mappers: close over this record (never keyed) instead of values
 
 
 @dataclass
@@ -421,6 +423,33 @@ def make_write_mapper(w: Write, shape):
         return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
     if w.mapper == "neighborhood":
         return cl.neighborhood(*(1,) * len(shape))
+    if w.opaque:
+        return _opaque_write_mapper(w)
+    # closures over plain values: the runtime keys them (and replays their steps)
+    kind, dim, shift, point, dest = w.mapper, w.dim, w.shift, tuple(w.point), tuple(w.dest)
+    if kind == "point":
+        dims = len(dest)
+
+        def point_mapper(chunk, buffer_shape):
+            box = Box.from_subrange(chunk.offset, chunk.range)
+            if box.contains(point):
+                return cl.Subrange(dest, (1,) * dims)
+            return cl.Region([])
+        return point_mapper
+
+    def perm_mapper(chunk, buffer_shape):
+        lo = tuple(chunk.offset)
+        hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
+        boxes = [_with_dim(lo, hi, dim, ba, bb)
+                 for _ka, _kb, ba, bb, _f in perm_pieces(kind, lo[dim], hi[dim], buffer_shape[dim], shift)]
+        if kind == "mirror":     # a Subrange result; shift answers with a Region
+            return cl.Subrange(boxes[0].offset, boxes[0].range)
+        return cl.Region(boxes)
+    return perm_mapper
+
+
+def _opaque_write_mapper(w: Write):
+    """The same mappers closing over the (mutable) record: never keyed, lowered every time."""
     if w.mapper == "point":
         dims = len(w.dest)
 
@@ -436,7 +465,7 @@ def make_write_mapper(w: Write, shape):
         hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
         boxes = [_with_dim(lo, hi, w.dim, ba, bb)
                  for _ka, _kb, ba, bb, _f in perm_pieces(w.mapper, lo[w.dim], hi[w.dim], buffer_shape[w.dim], w.shift)]
-        if w.mapper == "mirror":     # a Subrange result; shift answers with a Region
+        if w.mapper == "mirror":
             return cl.Subrange(boxes[0].offset, boxes[0].range)
         return cl.Region(boxes)
     return perm_mapper
@@ -450,13 +479,23 @@ def make_read_mapper(rd: Read):
         return cl.slice(rd.dim)
     if rd.mapper == "neighborhood":
         return cl.neighborhood(rd.extent, shape=rd.shape)
-    if rd.mapper in ("mirror", "shift"):
-        def perm_read(chunk, buffer_shape):
+    if rd.mapper in ("mirror", "shift") and rd.opaque:
+        def opaque_read(chunk, buffer_shape):
             lo = tuple(chunk.offset)
             hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
             return cl.Region([_with_dim(lo, hi, rd.dim, ba, bb)
                               for _ka, _kb, ba, bb, _f in perm_pieces(rd.mapper, lo[rd.dim], hi[rd.dim],
                                                                       buffer_shape[rd.dim], rd.shift)])
+        return opaque_read
+    if rd.mapper in ("mirror", "shift"):
+        kind, dim, shift = rd.mapper, rd.dim, rd.shift
+
+        def perm_read(chunk, buffer_shape):
+            lo = tuple(chunk.offset)
+            hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
+            return cl.Region([_with_dim(lo, hi, dim, ba, bb)
+                              for _ka, _kb, ba, bb, _f in perm_pieces(kind, lo[dim], hi[dim],
+                                                                      buffer_shape[dim], shift)])
         return perm_read
     return {"one_to_one": cl.one_to_one, "all": cl.all, "transposed": cl.transposed}[rd.mapper]()
 
@@ -600,7 +639,9 @@ def _pick_reads(g: _Gen, st: _State, range_shape, *, avoid_data: set, own: int |
         elif m in ("mirror", "shift"):
             rd.dim = rng.randrange(dims)
             rd.shift = rng.randrange(shape[rd.dim]) if m == "shift" else 0
+            rd.opaque = rng.random() < 0.3
             g.feat(f"read:custom_{m}")
+            g.feat("mapper:opaque" if rd.opaque else "mapper:keyed")
         g.feat(f"read:{m}")
         reads.append(rd)
     return reads
@@ -792,7 +833,9 @@ def _gen_kernel(g: _Gen, st: _State) -> Task:
         wr.point = _far_point(rng, range_shape)
         wr.dest = tuple(rng.randrange(s) for s in shape)
     if mapper != "one_to_one":
+        wr.opaque = rng.random() < 0.3
         g.feat(f"write:custom_{mapper}")
+        g.feat("mapper:opaque" if wr.opaque else "mapper:keyed")
     g.feat(f"mode:{mode}")
     reads = _pick_reads(g, st, range_shape, avoid_data=set() if mapper == "one_to_one" else {w},
                         own=w if mapper == "one_to_one" else None, avoid_targets=set())
