@@ -78,8 +78,8 @@ class ChunkPlanning:
         """Device chunks of a command with their accesses; computed once per command, and
         shared between commands with the same box and the same accesses (a stencil plans
         the same chunks every step).  A plan depends only on the key below: the mappers are
-        pure per chunk (built-in ones are shared across tasks, user ones are new objects per
-        task and never hit), buffer shapes are fixed per buffer id (the cache is dropped when
+        pure per chunk (keyed ones are shared across tasks, opaque user ones are new objects
+        per task and never hit), buffer shapes are fixed per buffer id (the cache is dropped when
         a buffer is created), and plans are never modified once made."""
         plans = cmd.plans
         if plans is None:

@@ -12,8 +12,9 @@ it:
   Node ids only ever grow and the per-point state is collapsed onto the latest epoch
   at every horizon, so in a periodic program the relative states repeat exactly.
 * **Key.**  The task's (or command's) signature: kind, geometry, split, hints, per
-  access the buffer, mode and mapper (built-in mappers are pure and shared across
-  tasks, so the mapper object stands for the mapped regions of every chunk), the
+  access the buffer, mode and mapper (built-in mappers, and user functions that read
+  only immutable values, are keyed by their parameters and shared across tasks, so the
+  mapper object stands for the mapped regions of every chunk), the
   reductions, side effects and collective group; plus, per touched buffer, its
   shape and how far its base lies behind the current one; plus the ids (again
   relative) of the epoch and of the last side effect or collective task in play.
@@ -27,8 +28,8 @@ Exactness: ids are compared only for equality and order by the generators, and a
 relative encoding preserves both; everything else that a lowering reads is in the
 key.  ``tests/test_replay.py`` compiles the golden and differential programs with
 replay on and off and asserts identical graphs.  A task whose lowering would warn
-(uninitialized reads, diagnostics) or uses a user-defined mapper (which may depend on
-anything) is lowered normally every time.
+(uninitialized reads, diagnostics) or uses a user mapper that sees mutable state (which
+may change between submits) is lowered normally every time.
 
 The memo is a ``BoundedCache`` of ``DEFAULT_TEMPLATES`` templates per generator and
 rank (a stencil needs a handful: a template per step of the buffers' period, per
