@@ -414,6 +414,11 @@ def write_pieces(w: Write, chunk: Box, shape) -> list[tuple[Box, Box, bool]]:
 
 # ---- range mappers for the custom features ------------------------------------------------
 def make_write_mapper(w: Write, shape):
+    m = _make_write_mapper(w, shape)
+    return _opaque(m, w) if w.opaque else m
+
+
+def _make_write_mapper(w: Write, shape):
     if w.mapper == "one_to_one":
         return cl.one_to_one()
     if w.mapper == "all":
@@ -423,8 +428,6 @@ def make_write_mapper(w: Write, shape):
         return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
     if w.mapper == "neighborhood":
         return cl.neighborhood(*(1,) * len(shape))
-    if w.opaque:
-        return _opaque_write_mapper(w)
     # closures over plain values: the runtime keys them (and replays their steps)
     kind, dim, shift, point, dest = w.mapper, w.dim, w.shift, tuple(w.point), tuple(w.dest)
     if kind == "point":
@@ -448,30 +451,21 @@ def make_write_mapper(w: Write, shape):
     return perm_mapper
 
 
-def _opaque_write_mapper(w: Write):
-    """The same mappers closing over the (mutable) record: never keyed, lowered every time."""
-    if w.mapper == "point":
-        dims = len(w.dest)
-
-        def point_mapper(chunk, buffer_shape):
-            box = Box.from_subrange(chunk.offset, chunk.range)
-            if box.contains(w.point):
-                return cl.Subrange(w.dest, (1,) * dims)
-            return cl.Region([])
-        return point_mapper
-
-    def perm_mapper(chunk, buffer_shape):
-        lo = tuple(chunk.offset)
-        hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
-        boxes = [_with_dim(lo, hi, w.dim, ba, bb)
-                 for _ka, _kb, ba, bb, _f in perm_pieces(w.mapper, lo[w.dim], hi[w.dim], buffer_shape[w.dim], w.shift)]
-        if w.mapper == "mirror":
-            return cl.Subrange(boxes[0].offset, boxes[0].range)
-        return cl.Region(boxes)
-    return perm_mapper
+def _opaque(mapper, record):
+    """``mapper`` seen through a mutable record: the runtime cannot key it (the record may
+    change between submits), so every task using it is lowered afresh."""
+    def opaque(chunk, buffer_shape):
+        _ = record
+        return mapper(chunk, buffer_shape)
+    return opaque
 
 
 def make_read_mapper(rd: Read):
+    m = _make_read_mapper(rd)
+    return _opaque(m, rd) if rd.opaque else m
+
+
+def _make_read_mapper(rd: Read):
     if rd.mapper == "fixed":
         lo, hi = rd.fixed_box
         return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
@@ -479,14 +473,6 @@ def make_read_mapper(rd: Read):
         return cl.slice(rd.dim)
     if rd.mapper == "neighborhood":
         return cl.neighborhood(rd.extent, shape=rd.shape)
-    if rd.mapper in ("mirror", "shift") and rd.opaque:
-        def opaque_read(chunk, buffer_shape):
-            lo = tuple(chunk.offset)
-            hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
-            return cl.Region([_with_dim(lo, hi, rd.dim, ba, bb)
-                              for _ka, _kb, ba, bb, _f in perm_pieces(rd.mapper, lo[rd.dim], hi[rd.dim],
-                                                                      buffer_shape[rd.dim], rd.shift)])
-        return opaque_read
     if rd.mapper in ("mirror", "shift"):
         kind, dim, shift = rd.mapper, rd.dim, rd.shift
 
