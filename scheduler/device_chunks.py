@@ -157,7 +157,15 @@ class ChunkPlanning:
         geom = task.geometry
         gran = (geom.granularity or (1,) * geom.dims)[0] if geom.dims else 1
         rows = plan.box.range[0] // gran if plan.box.dims else 1
+        # The batch holding the first granule needs at least that granule's working set
+        # (a mapper's result for a chunk covers its results for the parts), so a budget
+        # below it cannot be met by any split: skip it instead of trying ever finer ones
+        # (matmul's whole-B read made that search evaluate thousands of plans).
+        one = split_1d(plan.box, (gran,) + (1,) * (plan.box.dims - 1), max(rows, 1))[0]
+        need = self._fill_plan(ChunkPlan(one, plan.memory, plan.device), task).working_set(itemsize) + extra
         for budget in (cap // 2, cap):
+            if need > budget:
+                continue
             k = 2
             while k <= max(rows, 1):
                 boxes = split_1d(plan.box, (gran,) + (1,) * (plan.box.dims - 1), k)
@@ -172,8 +180,6 @@ class ChunkPlanning:
                     break   # as fine as the granularity allows
                 # (grow towards the number of batches the worst one suggests)
                 k = max(k + 1, -(-k * worst // budget))
-        one = split_1d(plan.box, (gran,) + (1,) * (plan.box.dims - 1), max(rows, 1))[0]
-        need = self._fill_plan(ChunkPlan(one, plan.memory, plan.device), task).working_set(itemsize) + extra
         names = ", ".join(self._buffers[bid].info.label for bid in sorted(plan.bbox))
         raise OutOfMemoryError(
             f"{task.label}: one row of its chunk {plan.box} on device {plan.device} (memory M{plan.memory}) "
