@@ -113,6 +113,31 @@ def test_batch_records_and_evict_labels_are_in_graph_records():
     assert any(r.get("evict") for r in recs if r["kind"] == "copy")
 
 
+def test_whole_buffer_reads_plan_batches_without_searching(monkeypatch):
+    """A matmul-shaped chunk (rows of A and C, B whole) whose B fills more than half the
+    device: no split meets the half-memory budget, so the planner goes to the full budget
+    at once instead of evaluating ever finer splits (it used to evaluate thousands)."""
+    from scheduler.device_chunks import ChunkPlanning
+    calls = Counter()
+    fill = ChunkPlanning._fill_plan
+
+    def counting(self, plan, task):
+        calls["plans"] += 1
+        return fill(self, plan, task)
+    monkeypatch.setattr(ChunkPlanning, "_fill_plan", counting)
+    n = 256
+    cap = 3 * n * n * 4 // 2                      # A, B, C are twice the device memory
+    ctx = GraphContext(1, devices=1, capacity=cap)
+    a, b = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)
+    c = ctx.buffer((n, n))
+    ctx.task((n, n), [(a, rm.slice(1), R), (b, rm.slice(0), R), (c, rm.one_to_one(), DW)], name="mm")
+    ctx.finish()
+    kernels = [i for i in ctx.instructions[0] if i.kind == "device_kernel"]
+    assert len(kernels) == 4                        # B plus a quarter of A and C fit
+    assert calls["plans"] < 20, calls
+    check_capacity(ctx, cap)
+
+
 def test_a_chunk_no_batch_can_fit_is_an_error_naming_everything():
     ctx = GraphContext(1, devices=1, capacity=1000)
     big = ctx.buffer((1024,), host_init=True, name="big")
