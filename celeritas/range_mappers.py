@@ -259,7 +259,7 @@ _WRAPPED_LIMIT = 4096        # distinct (mapper, buffer, kernel geometry) combin
 _CHUNK_CACHE_LIMIT = 4096    # chunks remembered per wrapped mapper (128 ranks x 4 devices fit)
 
 
-def _cache_key(mapper: Callable) -> tuple | None:
+def _cache_key(mapper: Callable, names_memo: dict | None = None) -> tuple | None:
     """A hashable key that determines a mapper's results, or None when nothing does.
 
     The exact built-in classes qualify by their parameters (a user subclass may override
@@ -270,7 +270,7 @@ def _cache_key(mapper: Callable) -> tuple | None:
     """
     cls = type(mapper)
     if cls is _FunctionType:
-        return _function_key(mapper)
+        return _function_key(mapper, names_memo)
     if cls is one_to_one or cls is all or cls is transposed:
         return (cls,)
     if cls is neighborhood:
@@ -297,7 +297,7 @@ _BY_IDENTITY = (type, _ModuleType, _BuiltinType)   # classes, modules, built-in 
 _KEY_DEPTH = 4
 
 
-def _function_key(fn) -> tuple | None:
+def _function_key(fn, names_memo: dict | None = None) -> tuple | None:
     """A user function mapper's key: its code, defaults, closure cells and the globals its
     code names, each an immutable value (or a module, class or function, by identity).
 
@@ -325,7 +325,14 @@ def _function_key(fn) -> tuple | None:
             return None
         parts.append(k)
     glob = fn.__globals__
-    for name in _global_names(code):
+    names = None if names_memo is None else names_memo.get(code)
+    if names is None:
+        names = _global_names(code)
+        if names_memo is not None:
+            if len(names_memo) >= _WRAPPED_LIMIT:
+                names_memo.clear()
+            names_memo[code] = names
+    for name in names:
         if name in glob:
             k = _value_key(glob[name], 0)
             if k is None:
@@ -400,16 +407,17 @@ class MapperWrappers:
     buffer, kernel geometry, task) combinations are held.
     """
 
-    __slots__ = ("wrapped", "arity")
+    __slots__ = ("wrapped", "arity", "names")
 
     def __init__(self) -> None:
         self.wrapped: dict = {}
         self.arity: dict = {}
+        self.names: dict = {}    # code object -> the global names it may read (_function_key)
 
     def wrap(self, mapper: Callable, *, buffer_label: str, buffer_dims: int, kernel_dims: int | None = None,
              global_box: Box | None = None, task_label: str = "a task") -> tuple[Callable[[Box, tuple], Region], bool]:
         """``(to_scheduler_mapper(...), is_pure(mapper))`` with the wrapper shared across tasks."""
-        mkey = _cache_key(mapper)
+        mkey = _cache_key(mapper, self.names)
         if mkey is not None:
             wkey = (mkey, buffer_label, buffer_dims, kernel_dims,
                     None if global_box is None else (global_box.lo, global_box.hi, global_box.dims), task_label)

@@ -117,6 +117,9 @@ class ReceiveArbiter:
         self._comm = communicator
         self._strided_ok = communicator.accepts_strided
         self._transfers: dict[TransferId, _Transfer] = {}
+        # transfers kept for their split-receive history once idle (prune() drops them);
+        # every other transfer leaves ``_transfers`` as soon as it is idle (_cleanup)
+        self._split_history: dict[TransferId, _Transfer] = {}
         self._inflight: list[_Fragment] = []
         self._completed: list[int] = []
         self._num_active = 0
@@ -205,6 +208,7 @@ class ReceiveArbiter:
         t = self._transfer(tuple(instr.transfer))
         if split and t.split_received is None:
             t.split_received = Region.empty_region(region.dims)
+            self._split_history[t.tid] = t
         if region.empty:
             self._finish(handle)
         else:
@@ -344,9 +348,13 @@ class ReceiveArbiter:
         Called when a horizon/epoch for ``before_task`` completed: every await of
         an older transfer has completed by then.
         """
-        for tid in [tid for tid, t in self._transfers.items()
-                    if tid[0] < before_task and t.idle()]:
-            del self._transfers[tid]
+        history = self._split_history
+        if not history:
+            return
+        transfers = self._transfers
+        for tid in [tid for tid, t in history.items() if tid[0] < before_task and t.idle()]:
+            del history[tid]
+            transfers.pop(tid, None)
 
     def describe(self, instruction_id: int, label: Callable[[int], str]) -> str | None:
         """What receive-like instruction ``instruction_id`` still waits for, and from which

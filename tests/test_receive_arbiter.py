@@ -273,7 +273,7 @@ def test_empty_receive_and_late_await():
                                                      region=Region.from_box(Box((1,), (3,)))))
     assert late.is_done() and arb.poll() == [3]
     arb.prune(before_task=9)
-    assert arb._transfers == {}
+    assert arb._transfers == {} and arb._split_history == {}
 
 
 def test_payload_error_fails_the_receive():
