@@ -287,3 +287,19 @@ def test_function_mapper_keys():
     assert _cache_key(Mapper()) is None
     inner = cl.neighborhood(1)
     assert _cache_key(lambda chunk, shape: inner(chunk, shape)) is not None              # a built-in inside
+    # a global the mapper names is part of its key: changing it makes another mapper
+    global _MAPPER_ROW
+    before = _cache_key(_global_row_mapper)
+    _MAPPER_ROW = 5
+    try:
+        assert before is not None and _cache_key(_global_row_mapper) != before
+    finally:
+        _MAPPER_ROW = 0
+
+
+_MAPPER_ROW = 0
+
+
+def _global_row_mapper(chunk, shape):
+    import celeritas as cl
+    return cl.Subrange((_MAPPER_ROW, 0), (1, shape[1]))
