@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from collections import deque
 from typing import Any, Callable
+from _thread import allocate_lock as _allocate_lock
 
 from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitReceiveInstruction,
                                          CloneCollectiveGroupInstruction, CopyInstruction,
@@ -82,22 +83,32 @@ class _Inbox:
     non-blocking drains provoke) and, once the deadline has passed, waits with a
     negative timeout, i.e. forever.  Not ``queue.Queue`` either: its lock and
     condition cost microseconds per ``put`` on the completion path.  Producers
-    append to a deque (atomic under the GIL) and set the event only while the
-    consumer is about to sleep; the consumer announces that before its last
-    emptiness check, so a put either is seen by that check or sets the event.
+    append to a deque (atomic under the GIL) and signal only while the consumer is
+    about to sleep; the consumer announces that before its last emptiness check,
+    so a put either is seen by that check or signals.
+
+    The signal is a bare lock used as a binary semaphore (locked: no signal
+    pending; any thread may release it), not a ``threading.Event``: an Event's
+    wait and set run a Condition in Python (a new waiter lock per wait), which
+    cost the executor several microseconds per batch it woke up for.
     """
 
-    __slots__ = ("_items", "_event", "_sleeping")
+    __slots__ = ("_items", "_signal", "_sleeping")
 
     def __init__(self) -> None:
         self._items: deque = deque()
-        self._event = threading.Event()
+        self._signal = _allocate_lock()
+        self._signal.acquire()
         self._sleeping = False
 
     def put(self, item: Any) -> None:
         self._items.append(item)
         if self._sleeping:
-            self._event.set()
+            self._sleeping = False          # (one signal per sleep is enough)
+            try:
+                self._signal.release()
+            except RuntimeError:            # a signal is pending already
+                pass
 
     def empty(self) -> bool:
         return not self._items
@@ -108,12 +119,10 @@ class _Inbox:
     def wait(self, timeout: float) -> None:
         """Sleep until an item arrives or ``timeout`` seconds pass."""
         self._sleeping = True
-        try:
-            if not self._items:
-                self._event.wait(timeout)
-        finally:
-            self._sleeping = False
-            self._event.clear()
+        if not self._items:
+            self._signal.acquire(True, max(timeout, 0.0))
+        self._sleeping = False
+        self._signal.acquire(False)         # a signal left pending is consumed: locked again
 
 
 class ExecutorStopped(RuntimeError):

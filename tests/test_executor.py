@@ -577,3 +577,33 @@ def test_cluster_abort_stops_a_rank_waiting_for_data():
         assert rec.errors and "abort" in str(rec.errors[-1][0])
     finally:
         b.close()
+
+
+def test_inbox_wakes_on_put_and_times_out_without_one():
+    """The executor's inbox: a put from another thread ends a wait at once, a wait with
+    nothing put ends at its timeout, and a signal left over from a put made while the
+    consumer was not yet blocked never makes a later wait on an empty inbox spin."""
+    import threading
+    import time
+
+    from executor.executor import _Inbox
+    box = _Inbox()
+    t0 = time.monotonic()
+    box.wait(0.05)
+    assert 0.04 <= time.monotonic() - t0 < 2.0 and box.empty()
+
+    def later():
+        time.sleep(0.05)
+        box.put("item")
+    threading.Thread(target=later).start()
+    t0 = time.monotonic()
+    box.wait(10.0)
+    assert time.monotonic() - t0 < 5.0 and box.get_nowait() == "item"
+    # a put racing with the announcement: the signal is consumed, the next wait blocks
+    box._sleeping = True
+    box.put("x")
+    box.wait(10.0)                       # returns at once: the item is there
+    assert box.get_nowait() == "x" and box.empty()
+    t0 = time.monotonic()
+    box.wait(0.05)
+    assert time.monotonic() - t0 >= 0.04
