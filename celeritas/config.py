@@ -70,6 +70,8 @@ class Config:
     lookahead: str = "auto"
     horizon_step: int = 4
     horizon_max_parallelism: int = 64
+    # tasks the application thread may run ahead of the executor before submit waits
+    max_tasks_ahead: int = 4096
     dry_run_nodes: int | None = None
     print_graphs: str | None = None
     trace: str | None = None
@@ -227,6 +229,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         lookahead=_choice(env, "CELERITAS_LOOKAHEAD", LOOKAHEAD_MODES, "auto"),
         horizon_step=_int(env, "CELERITAS_HORIZON_STEP", 4),
         horizon_max_parallelism=_int(env, "CELERITAS_HORIZON_MAX_PARALLELISM", 64),
+        max_tasks_ahead=_int(env, "CELERITAS_MAX_TASKS_AHEAD", 4096, minimum=2),
         dry_run_nodes=_int(env, "CELERITAS_DRY_RUN_NODES", None),
         print_graphs=env.get("CELERITAS_PRINT_GRAPHS") or None,
         trace=env.get("CELERITAS_TRACE") or None,

@@ -117,7 +117,6 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
 
 
 GC_THRESHOLDS = (50_000, 50, 100)   # see Runtime._tune_gc
-MAX_TASKS_AHEAD = 4096   # tasks the application thread may run ahead of the executor (Runtime._throttle)
 
 
 class _WaitWatch:
@@ -212,6 +211,7 @@ class Runtime:
         self._horizon_reached = -1
         self._throttled = False       # the application thread waits in _throttle
         self.throttled_count = 0      # how often it did (the summary reports it)
+        self._max_ahead = config.max_tasks_ahead
         self._pruned_before = -1
         self._fences: list[concurrent.futures.Future] = []
         self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -421,7 +421,7 @@ class Runtime:
             self._check_alive()
             self._prune()
             tid = self.task_manager.submit(cgh._kind, **spec).id
-        if tid - max(self._horizon_reached, self._epoch_reached) > MAX_TASKS_AHEAD:
+        if tid - max(self._horizon_reached, self._epoch_reached) > self._max_ahead:
             self._throttle(tid)
 
     @property
@@ -431,7 +431,7 @@ class Runtime:
 
     def _throttle(self, tid: int) -> None:
         """Hold the application thread until the executor has caught up to about half of
-        ``MAX_TASKS_AHEAD`` behind ``tid``.
+        ``CELERITAS_MAX_TASKS_AHEAD`` behind ``tid``.
 
         Without it a loop that submits faster than the scheduler and executor work queues
         tasks, commands and instructions without bound (a million-step loop grows by
@@ -442,7 +442,7 @@ class Runtime:
         tasks = self.task_manager.tasks
         reached = max(self._horizon_reached, self._epoch_reached)
         target = None
-        for t in range(tid - MAX_TASKS_AHEAD // 2, reached, -1):   # the newest horizon or epoch there
+        for t in range(tid - self._max_ahead // 2, reached, -1):   # the newest horizon or epoch there
             task = tasks.get(t)
             if task is not None and task.kind in (tg.HORIZON, tg.EPOCH):
                 target = t
@@ -457,7 +457,7 @@ class Runtime:
                 return
         self.scheduler.flush()
         self.throttled_count += 1
-        watch = _WaitWatch(self, f"q.submit (more than {MAX_TASKS_AHEAD} tasks ahead of the executor)",
+        watch = _WaitWatch(self, f"q.submit (more than {self._max_ahead} tasks ahead of the executor)",
                            f"T{target} (horizon)")
         with self._cond:
             self._throttled = True

@@ -1429,12 +1429,15 @@ class Config:
     replay: str = "on"              # CELERITAS_REPLAY
     memory: float | None = None     # host devices' capacity: this fraction of the program's bytes (see
                                     # device_memory_for), so that buffers are evicted and chunks batched
+    ahead: int | None = None        # CELERITAS_MAX_TASKS_AHEAD: small, so that submit waits for the executor
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": "2",
                "CELERITAS_MPI_DEVICE_MEMORY": self.transfers,
                "CELERITAS_DIAGNOSTICS": "error", "CELERITAS_REPLAY": self.replay,
                "CELERITAS_ACCESSOR_CHECKS": "1" if self.accessor_checks else "0"}
+        if self.ahead is not None:
+            env["CELERITAS_MAX_TASKS_AHEAD"] = str(self.ahead)
         if self.backend == "opencl":
             env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
         else:
@@ -1444,7 +1447,8 @@ class Config:
     def describe(self) -> str:
         return (f"ranks={self.ranks} devices={self.backend}:{self.devices} lookahead={self.lookahead} "
                 f"oversubscribe={self.oversubscribe} transfers={self.transfers} replay={self.replay}"
-                + (f" memory={self.memory}" if self.memory is not None else ""))
+                + (f" memory={self.memory}" if self.memory is not None else "")
+                + (f" ahead={self.ahead}" if self.ahead is not None else ""))
 
     def fields(self) -> str:
         """The ``--config`` text of ``tests.fuzz`` that pins this configuration."""
@@ -1454,13 +1458,14 @@ class Config:
 
 REPLAY_CHOICES = ("on", "on", "off")                # replay is the default: mostly on
 MEMORY_CHOICES = (None, None, None, 0.3, 0.6, 1.0)  # unbounded, or a fraction of the program's bytes
+AHEAD_CHOICES = (None, None, None, 2, 4, 8)        # the default bound, or one the programs reach
 
 
 def random_config(rng: random.Random) -> Config:
     return Config(ranks=rng.randint(1, 4), devices=rng.randint(1, 4),
                   lookahead=rng.choice(["none", "auto", "infinite"]), oversubscribe=rng.choice([1, 3]),
                   transfers=rng.choice(["staged", "direct"]), replay=rng.choice(REPLAY_CHOICES),
-                  memory=rng.choice(MEMORY_CHOICES))
+                  memory=rng.choice(MEMORY_CHOICES), ahead=rng.choice(AHEAD_CHOICES))
 
 
 def device_memory_for(p: Program, fraction: float) -> int:

@@ -62,6 +62,7 @@ def parse_config(text: str | None) -> dict | None:
         if k not in Config.__dataclass_fields__:
             raise SystemExit(f"--config: unknown field {k!r}; use {', '.join(Config.__dataclass_fields__)}")
         out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe") else v == "1" if k == "accessor_checks"
+                  else (None if v == "None" else int(v)) if k == "ahead"
                   else (None if v == "None" else float(v)) if k == "memory" else v)
     return out
 
@@ -99,7 +100,8 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
         tag, msg = "harness", f"{type(exc).__name__}: {exc}"
     # (the configuration's dimensions go into the per-feature table beside the program's)
     dims = [f"config:replay:{cfg.replay}", f"config:memory:{cfg.memory if cfg.memory is not None else 'unbounded'}",
-            f"config:ranks:{cfg.ranks}", f"config:devices:{cfg.devices}", f"config:lookahead:{cfg.lookahead}"]
+            f"config:ranks:{cfg.ranks}", f"config:devices:{cfg.devices}", f"config:lookahead:{cfg.lookahead}",
+            f"config:ahead:{cfg.ahead if cfg.ahead is not None else 'default'}"]
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 
 

@@ -1,4 +1,4 @@
-"""The application thread never runs more than ``MAX_TASKS_AHEAD`` tasks ahead of the executor.
+"""The application thread never runs more than ``CELERITAS_MAX_TASKS_AHEAD`` tasks ahead of the executor.
 
 Without the bound a loop that submits faster than kernels run queues tasks, commands and
 instructions without limit.  The bound is made small here so that a short program hits it.
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import celeritas as cl
-from celeritas import runtime as runtime_module
 from celeritas.testing import run_cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -17,13 +16,8 @@ pytestmark = pytest.mark.timeout(120)
 AHEAD = 16
 
 
-@pytest.fixture
-def small_bound(monkeypatch):
-    monkeypatch.setattr(runtime_module, "MAX_TASKS_AHEAD", AHEAD)
-
-
 @pytest.mark.parametrize("nodes,devices", [(1, 1), (2, 2)])
-def test_slow_kernels_hold_the_application_thread_within_the_bound(small_bound, capfd, nodes, devices):
+def test_slow_kernels_hold_the_application_thread_within_the_bound(capfd, nodes, devices):
     def program(rank):
         q = cl.Queue()
         rt = q.runtime
@@ -44,7 +38,8 @@ def test_slow_kernels_hold_the_application_thread_within_the_bound(small_bound, 
         values = q.fence(buf).result()
         return values.tolist(), max(lags), rt.throttled_count
 
-    results = run_cluster(program, nodes=nodes, devices=devices, CELERITAS_SUMMARY="1")
+    results = run_cluster(program, nodes=nodes, devices=devices, CELERITAS_SUMMARY="1",
+                          CELERITAS_MAX_TASKS_AHEAD=str(AHEAD))
     for values, max_lag, throttled in results:
         assert values == [120] * 8
         assert throttled > 0
@@ -53,7 +48,7 @@ def test_slow_kernels_hold_the_application_thread_within_the_bound(small_bound, 
     assert f"waited {most}× for the executor to catch up" in capfd.readouterr().err
 
 
-def test_held_lookahead_is_flushed_before_waiting(small_bound):
+def test_held_lookahead_is_flushed_before_waiting():
     """With lookahead ``infinite`` and a growing access, commands are held until an epoch;
     the throttle must flush them, or the horizons it waits for never execute."""
     n = 100
@@ -71,7 +66,7 @@ def test_held_lookahead_is_flushed_before_waiting(small_bound):
             q.submit(cgf)
         return q.fence(buf).result().tolist(), q.runtime.throttled_count
 
-    for values, throttled in run_cluster(program, nodes=2, devices=2):
+    for values, throttled in run_cluster(program, nodes=2, devices=2, CELERITAS_MAX_TASKS_AHEAD=str(AHEAD)):
         assert values == [n - k for k in range(n)]
         assert throttled > 0
 
@@ -91,3 +86,12 @@ def test_no_throttle_below_the_bound():
         return q.fence(buf).result().tolist(), q.runtime.throttled_count
 
     assert run_cluster(program, nodes=1, devices=1) == [([50] * 4, 0)]
+
+
+def test_the_bound_is_configured_and_checked():
+    from celeritas import config as cfg
+    from scheduler.errors import ConfigError
+    assert cfg.from_env({}).max_tasks_ahead == 4096
+    assert cfg.from_env({"CELERITAS_MAX_TASKS_AHEAD": "64"}).max_tasks_ahead == 64
+    with pytest.raises(ConfigError, match="CELERITAS_MAX_TASKS_AHEAD"):
+        cfg.from_env({"CELERITAS_MAX_TASKS_AHEAD": "1"})
