@@ -501,6 +501,9 @@ def _builder(instrs: tuple, post: tuple):
     exprs = []
     kinds: dict = {}
 
+    def aid(a) -> str:   # (as _dec_aid decodes it)
+        return f"ab + {a[1]}" if a[0] == "n" else f"slots[{a[1]}][{a[2]}]"
+
     def const(v) -> str:
         if v is None or type(v) in (int, bool):
             return repr(v)
@@ -527,15 +530,19 @@ def _builder(instrs: tuple, post: tuple):
                 args[pos] = "task.launcher"
             elif code == _NAME:
                 args[pos] = "task.name"
+            elif val[0] == "accesses":   # (written out: a kernel's accesses are most of its fields)
+                ns["AA"] = AccessAllocation
+                args[pos] = "[" + "".join(
+                    f"AA({buf}, {-1 if a is None else aid(a)}, {const(abox)}, {const(box)}, {const(region)}, "
+                    f"{const(mode)}), " for buf, a, abox, box, region, mode in val[1]) + "]"
+            elif val[0] == "redallocs" and not val[1]:
+                args[pos] = "[]"
             else:
                 args[pos] = f"_DECODE[{val[0]!r}]({const(val[1])}, ctx, None)"
         ns[f"C{i}"] = cls
         exprs.append(f"C{i}({', '.join(args)})")
         kinds[cls.kind] = kinds.get(cls.kind, 0) + 1
     ns["KINDS"] = tuple(kinds.items())
-
-    def aid(a) -> str:
-        return f"ab + {a[1]}" if a[0] == "n" else f"slots[{a[1]}][{a[2]}]"
     # the touched buffers' allocation ids after the lowering (``_BufferShape.allocations``)
     ids = "".join("(" + "".join(aid(a) + ", " for a in enc) + "), " for _sid, _shape, enc in post)
     src = ("def build(ib, ab, mb, tid, slots, ctx, task):\n"
