@@ -467,11 +467,17 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         kept on its plan, and a transfer's are a box or two.)"""
         new_need = False
         buffers = self._buffers
+        shapes = self._shapes
+        memo = self._allocated_memo
         for bid, memory, box in self._requirements(cmd):
             b = buffers.get(bid)
             if b is None or box.empty:
                 continue
-            if not self._allocated(bid, memory, box):
+            sh = shapes.get(bid)   # (the memo lookup of ``_allocated``, inlined: every command asks)
+            hit = None if sh is None else memo.get((sh.sid, memory, box))
+            if hit is None:
+                hit = self._allocated(bid, memory, box)
+            if not hit:
                 self._sync_buffers((bid,))
                 lst = b.anticipated.setdefault(memory, [])
                 if not any(x.contains_box(box) for x in lst):

@@ -36,7 +36,7 @@ _new_object = object.__new__
 class Box:
     """A half-open box ``[min, max)``; every empty box is the same box."""
 
-    __slots__ = ("lo", "hi", "dims")
+    __slots__ = ("lo", "hi", "dims", "_h")   # (_h: the hash, set at first use)
 
     def __init__(self, min: Sequence[int] = (), max: Sequence[int] = (), dims: int | None = None):
         if dims is None:
@@ -130,7 +130,11 @@ class Box:
         return self.lo == other.lo and self.hi == other.hi
 
     def __hash__(self) -> int:
-        return hash((self.lo, self.hi))
+        try:
+            return self._h
+        except AttributeError:   # (the first time: boxes key the generators' memos)
+            h = self._h = hash((self.lo, self.hi))
+            return h
 
     def __repr__(self) -> str:
         if self.empty:
