@@ -386,6 +386,8 @@ class CommandGroupHandler:
     def _split_granularity(self, geom: tg.TaskGeometry) -> tuple[int, ...]:
         """Chunks on ranks and devices are cut at multiples of this: whole work groups
         (``local_range``) and whatever ``constrain_split`` asked for, so their lcm."""
+        if self._granularity is None and self._local_range is None and geom.granularity:
+            return geom.granularity   # (the common case: nothing to combine)
         gran = list(geom.granularity) if geom.granularity else [1] * geom.dims
         if self._granularity is not None:
             g = self._granularity + (1,) * (geom.dims - len(self._granularity))
@@ -429,7 +431,7 @@ class CommandGroupHandler:
         rt = self._runtime
         geom = self._geometry
         gran = self._split_granularity(geom)
-        if gran != geom.granularity:
+        if gran is not geom.granularity and gran != geom.granularity:
             geom = tg.TaskGeometry(geom.dims, geom.global_range, geom.offset, gran)
         full = geom.box
         accesses = []

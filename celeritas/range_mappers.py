@@ -98,11 +98,15 @@ class neighborhood(RangeMapper):
     def __init__(self, *extent: int | Sequence[int], shape: str = "bounding_box"):
         if len(extent) == 1 and isinstance(extent[0], (tuple, list)):
             extent = tuple(extent[0])
-        if not extent or any(int(e) < 0 for e in extent):
-            raise RangeMapperError(f"cl.neighborhood needs non-negative extents, got {extent}")
         if shape not in ("bounding_box", "along_axes"):
             raise RangeMapperError(f"cl.neighborhood shape must be 'bounding_box' or 'along_axes', got {shape!r}")
-        self.extent = tuple(int(e) for e in extent)
+        for e in extent:   # (made at every submit of a stencil: plain ints take the short way)
+            if type(e) is not int:
+                extent = tuple([int(x) for x in extent])
+                break
+        if not extent or min(extent) < 0:
+            raise RangeMapperError(f"cl.neighborhood needs non-negative extents, got {extent}")
+        self.extent = extent
         self.shape = shape
 
     def __call__(self, chunk, shape):
