@@ -259,16 +259,16 @@ class InstructionReplayMixin:
         build = builder[0]
         if build is None:
             build = builder[0] = _builder(instrs, post)
-        made, kinds, post_ids = build(ibase, abase, mbase, tid, slots, ctx, task)
+        made, kinds, post_ids, ext, sinks = build(ibase, abase, mbase, tid, slots, ctx, task)
         front = self._horizons.front
-        out = self._out
+        for d in ext:
+            front.pop(ibase + d, None)
+        for r in sinks:
+            front[ibase + r] = None
+        self._out.extend(made)
         recorder = self.recorder
-        for ins in made:
-            for d, _o in ins.deps:
-                front.pop(d, None)
-            front[ins.id] = None
-            out.append(ins)
-            if recorder is not None:
+        if recorder is not None:
+            for ins in made:
                 recorder.record_instruction(ins)
         counts = self.counts
         for kind, n in kinds:
@@ -543,10 +543,22 @@ def _builder(instrs: tuple, post: tuple):
         exprs.append(f"C{i}({', '.join(args)})")
         kinds[cls.kind] = kinds.get(cls.kind, 0) + 1
     ns["KINDS"] = tuple(kinds.items())
+    # the execution front's net change (see ``EpochTracker.add``, applied per instruction by
+    # a lowering): the dependencies outside the template leave it, and the template's
+    # instructions no later one of them depends on join it
+    own, needed = [], set()
+    for _cls, _proto, patches in instrs:
+        for _pos, code, val in patches:
+            if code == _IID:
+                own.append(val)
+            elif code == _DEPS:
+                needed.update(d for d, _o in val)
+    ns["EXT"] = tuple(sorted(needed.difference(own)))
+    ns["SINKS"] = tuple(r for r in own if r not in needed)
     # the touched buffers' allocation ids after the lowering (``_BufferShape.allocations``)
     ids = "".join("(" + "".join(aid(a) + ", " for a in enc) + "), " for _sid, _shape, enc in post)
     src = ("def build(ib, ab, mb, tid, slots, ctx, task):\n"
-           f"    return ({''.join(e + ', ' for e in exprs)}), KINDS, ({ids})\n")
+           f"    return ({''.join(e + ', ' for e in exprs)}), KINDS, ({ids}), EXT, SINKS\n")
     exec(compile(src, "<replay template>", "exec"), ns)   # noqa: S102 - source built above from ints and names
     return ns["build"]
 
