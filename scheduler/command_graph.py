@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 
 from . import task_graph as tg
 from .errors import DiagnosticError
@@ -338,7 +339,7 @@ class CommandGraphGenerator(CommandReplayMixin):
         eid = epoch.id
         self._sync_buffers(None)
         for st in self._buffers.values():
-            st.access.apply_all(lambda v: collapse_access(v, eid))
+            st.access.apply_all(partial(collapse_access, eid=eid))
         self._shapes.clear()
         for d in (self._last_side_effect, self._last_collective):
             collapse_map(d, eid, epoch, key=_command_id)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-
+from functools import partial
 
 import numpy as np
 
@@ -312,7 +312,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             if src is None:
                 continue
             sb = src.box
-            if not box.empty and sb.contains(box) and sb.dims == box.dims:
+            if not box.empty and sb.contains_box(box) and sb.dims == box.dims:
                 part = box   # (the common case: one source allocation holds all of it)
             else:
                 part = sb & box
@@ -431,7 +431,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         direct = consumer is not None and consumer >= 2 and self.system.comm_capable(consumer)
         bbox = region.bounding_box
         if direct and consumer_box is not None:
-            bbox = consumer_box if consumer_box.contains(bbox) else consumer_box.bounding(bbox)
+            bbox = consumer_box if consumer_box.contains_box(bbox) else consumer_box.bounding(bbox)
         if direct and consumer in self._capacity and self._find_alloc(b, consumer, bbox) is None:
             # On a memory with a capacity a new allocation waits for the frees that made its
             # room, and a free waits for the sends reading what it frees, which complete when
@@ -474,9 +474,12 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             if b is None or box.empty:
                 continue
             sh = shapes.get(bid)   # (the memo lookup of ``_allocated``, inlined: every command asks)
-            hit = None if sh is None else memo.get((sh.sid, memory, box))
-            if hit is None:
-                hit = self._allocated(bid, memory, box)
+            if sh is None:
+                hit = self._find_alloc(b, memory, box) is not None
+            else:
+                hit = memo.get((sh.sid, memory, box))
+                if hit is None:
+                    hit = self._allocated(bid, memory, box)
             if not hit:
                 self._sync_buffers((bid,))
                 lst = b.anticipated.setdefault(memory, [])
@@ -902,7 +905,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             if b.user is not None:
                 allocs.append(b.user)
             for a in allocs:
-                a.access.apply_all(lambda v: collapse_access(v, eid))
+                a.access.apply_all(partial(collapse_access, eid=eid))
         for d in (self._host_objects, self._collective):
             collapse_map(d, eid)
 

@@ -70,8 +70,14 @@ class MemoryManagement:
         allocs = b.allocs.get(memory)
         if not allocs:
             return None
+        # (Box.contains_box inlined: every access of every command asks, several times)
+        lo, hi = box.lo, box.hi
+        if hi[0] <= lo[0]:   # the empty box
+            return allocs[0]
         for a in allocs:
-            if a.box.contains_box(box):
+            al, ah = a.box.lo, a.box.hi
+            if (al[0] <= lo[0] and hi[0] <= ah[0] and al[1] <= lo[1] and hi[1] <= ah[1]
+                    and al[2] <= lo[2] and hi[2] <= ah[2]):
                 return a
         return None
 
@@ -95,13 +101,13 @@ class MemoryManagement:
             while changed:
                 changed = False
                 for ab in antic:
-                    if not target.contains(ab) and target.touches(ab):
+                    if not target.contains_box(ab) and target.touches(ab):
                         target = target.bounding(ab)
                         changed = True
                 for a in allocs:
                     if a not in merge and a.box.intersects(target):
                         merge.append(a)
-                        if not target.contains(a.box):
+                        if not target.contains_box(a.box):
                             target = target.bounding(a.box)
                         changed = True
         target = target & b.info.box if not b.info.box.empty else target
@@ -198,14 +204,14 @@ class MemoryManagement:
             changed = False
             for a in allocs:
                 if a not in merge and a.box.intersects(target):
-                    grown = target if target.contains(a.box) else target.bounding(a.box)
+                    grown = target if target.contains_box(a.box) else target.bounding(a.box)
                     if a.id not in self._pinned and grown.area * itemsize > free:
                         continue   # evicted below instead of merged
                     merge.append(a)
                     target = grown
                     changed = True
         for ab in b.anticipated.get(memory, ()) if anticipate else ():
-            if not target.contains(ab) and target.touches(ab):
+            if not target.contains_box(ab) and target.touches(ab):
                 grown = target.bounding(ab)
                 if grown.area * itemsize <= free:
                     target = grown

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Sequence
 
 from .errors import DiagnosticError, RangeMapperError
@@ -587,7 +588,7 @@ class TaskManager:
         for bid, acc in self._access.items():
             rec = shapes.get(bid)
             if rec is None:
-                acc.apply_all(lambda v: _collapse_task_access(v, eid))
+                acc.apply_all(partial(_collapse_task_access, eid=eid))
                 continue
             # a buffer known by its shape collapses shape to shape, memoized (no map is rebuilt)
             sid, base, snap = rec
@@ -596,7 +597,7 @@ class TaskManager:
             if hit is None:
                 if bid in self._stale:
                     self._sync(bid)
-                acc.apply_all(lambda v: _collapse_task_access(v, eid))
+                acc.apply_all(partial(_collapse_task_access, eid=eid))
                 snap = acc.snapshot(relative(base))
                 hit = (self.replay.intern(snap), snap)
                 if len(self._collapsed) >= 4096:
