@@ -297,13 +297,17 @@ _FunctionType = type(_cache_key)
 _SCALARS = frozenset([type(None), bool, int, float, complex, str, bytes, range])
 _ModuleType = type(sys)
 _BuiltinType = type(len)
-_BY_IDENTITY = (type, _ModuleType, _BuiltinType)   # classes, modules, built-in functions
+# packages whose classes a mapper may name and still be keyed (their classes hold no state a
+# mapper reads); a user class is opaque
+_KNOWN_MODULES = frozenset({"builtins", "numpy", "math", "celeritas", "scheduler", "executor", "typing",
+                            "collections", "itertools", "functools", "operator"})
 _KEY_DEPTH = 4
 
 
-def _function_key(fn, names_memo: dict | None = None) -> tuple | None:
+def _function_key(fn, names_memo: dict | None = None, depth: int = 0) -> tuple | None:
     """A user function mapper's key: its code, defaults, closure cells and the globals its
-    code names, each an immutable value (or a module, class or function, by identity).
+    code names, each an immutable value, a function keyed the same way (a helper it calls),
+    a module, or a class of Python, numpy or celeritas (by identity).
 
     Celerity's contract for range mappers is that they are deterministic functions of the
     chunk and of what they capture (every rank evaluates them, at any time); under it two
@@ -315,7 +319,7 @@ def _function_key(fn, names_memo: dict | None = None) -> tuple | None:
     parts = [code]
     for v in (fn.__defaults__, fn.__kwdefaults__ and tuple(sorted(fn.__kwdefaults__.items()))):
         if v is not None:
-            k = _value_key(v, 0)
+            k = _value_key(v, depth, names_memo)
             if k is None:
                 return None
             parts.append(k)
@@ -324,7 +328,7 @@ def _function_key(fn, names_memo: dict | None = None) -> tuple | None:
             v = cell.cell_contents
         except ValueError:   # (a cell not filled yet)
             return None
-        k = _value_key(v, 0)
+        k = _value_key(v, depth, names_memo)
         if k is None:
             return None
         parts.append(k)
@@ -338,7 +342,8 @@ def _function_key(fn, names_memo: dict | None = None) -> tuple | None:
             names_memo[code] = names
     for name in names:
         if name in glob:
-            k = _value_key(glob[name], 0)
+            v = glob[name]
+            k = ("self",) if v is fn else _value_key(v, depth, names_memo)
             if k is None:
                 return None
             parts.append((name, k))
@@ -355,7 +360,7 @@ def _global_names(code) -> tuple:
     return tuple(names)
 
 
-def _value_key(v, depth: int):
+def _value_key(v, depth: int, names_memo: dict | None = None):
     """A hashable stand-in for an immutable value (types kept apart: 1, 1.0 and True
     differ to a mapper that formats or divides), or None."""
     t = type(v)
@@ -366,18 +371,21 @@ def _value_key(v, depth: int):
     if t is tuple or t is frozenset:
         items = []
         for x in (v if t is tuple else sorted(v, key=repr)):
-            k = _value_key(x, depth + 1)
+            k = _value_key(x, depth + 1, names_memo)
             if k is None:
                 return None
             items.append(k)
         return (t, tuple(items))
-    if t is _FunctionType:
-        return v   # (by identity: a helper it calls; the object itself keeps the id unique)
-    if isinstance(v, _BY_IDENTITY):
-        owner = getattr(v, "__self__", None) if t is _BuiltinType else None
-        if owner is None or type(owner) is _ModuleType:   # (not a bound method of a list or dict)
-            return v
-        return None
+    if t is _FunctionType:   # a helper it calls: what that one reads counts too
+        return _function_key(v, names_memo, depth + 1)
+    if t is _ModuleType:
+        return v
+    if t is _BuiltinType:
+        owner = getattr(v, "__self__", None)
+        return v if owner is None or type(owner) is _ModuleType else None   # (not a list's or dict's method)
+    if isinstance(v, type):
+        # (by identity; a user class may carry state in class attributes a mapper reads)
+        return v if v.__module__.split(".")[0] in _KNOWN_MODULES else None
     if t is Box or t is Region or t is Subrange:
         return (t, v)
     if isinstance(v, np.generic):
@@ -389,7 +397,7 @@ def _value_key(v, depth: int):
     if params is not None and params.frozen:
         items = []
         for name in t.__dataclass_fields__:
-            k = _value_key(getattr(v, name), depth + 1)
+            k = _value_key(getattr(v, name), depth + 1, names_memo)
             if k is None:
                 return None
             items.append(k)

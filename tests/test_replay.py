@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from celeritas import range_mappers as rm
 from scheduler import task_graph as tg
+from scheduler.geometry import Box
 
 from graph_context import GraphContext
 from test_scheduler_perf_golden import SCENARIOS, _canonical
@@ -296,8 +297,43 @@ def test_function_mapper_keys():
     finally:
         _MAPPER_ROW = 0
 
+    # a helper it calls is keyed the same way: one that reads a list makes it opaque
+    assert _cache_key(_mapper_with_pure_helper) is not None
+    assert _cache_key(_mapper_with_stateful_helper) is None
+    # a user class it names may hold state in class attributes: opaque; celeritas' own are fine
+    assert _cache_key(_mapper_naming_user_class) is None
+    assert _cache_key(lambda chunk, shape: Box((0,), (1,))) is not None
+
 
 _MAPPER_ROW = 0
+_STATE = [0]
+
+
+def _pure_helper(chunk):
+    return chunk.offset[0] // 2
+
+
+def _stateful_helper(chunk):
+    return _STATE[0]
+
+
+def _mapper_with_pure_helper(chunk, shape):
+    import celeritas as cl
+    return cl.Subrange((_pure_helper(chunk),), (1,))
+
+
+def _mapper_with_stateful_helper(chunk, shape):
+    import celeritas as cl
+    return cl.Subrange((_stateful_helper(chunk),), (1,))
+
+
+class _RowConfig:
+    row = 0
+
+
+def _mapper_naming_user_class(chunk, shape):
+    import celeritas as cl
+    return cl.Subrange((_RowConfig.row,), (1,))
 
 
 def _global_row_mapper(chunk, shape):
