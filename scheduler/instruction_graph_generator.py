@@ -516,15 +516,20 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
 
     # ---- compile -------------------------------------------------------------------
     def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot]]:
-        self._begin()
+        out = self._out = []     # (_begin/_end inlined: once per command)
+        pilots = self._pilots = []
         self._compiling_task = cmd.task
-        self._pinned.clear()
-        self._coming.clear()
+        if self._pinned:
+            self._pinned.clear()
+        if self._coming:
+            self._coming.clear()
         if self.replay is not None:
             self._compile_replayed(cmd)
         else:
             self._compile_now(cmd)
-        return self._end()
+        self._out = []
+        self._pilots = []
+        return out, pilots
 
     def _compile_now(self, cmd: cg.Command) -> None:
         if self._stale:
