@@ -113,31 +113,19 @@ def wave_compiled(q, comm, n: int, steps: int) -> tuple[float, np.ndarray]:
     What is left on the critical path is the executor, the communicator and MPI
     of both ranks: the part after the scheduler hands the instructions over.
     """
-    import threading
-
     import celeritas as cl
     from apps import wave_sim
-    from celeritas.runtime import Runtime
+    from benchmarks.gate import hold, release
     init = wave_sim.initial_condition(n)
     u = cl.Buffer(init, name="u")
     up = cl.Buffer(init, name="up")
-    gate = threading.Event()
-
-    def gated(cgh):
-        u.access(cgh, cl.one_to_one(), cl.read_write)
-        cgh.host_task(lambda part: gate.wait(120), range=(n, n), name="gate")
-
     q.wait(barrier=True)
-    q.submit(gated)
+    gate = hold(q, steps, lambda cgh: u.access(cgh, cl.one_to_one(), cl.read_write), range=(n, n))
     for s in range(steps):
         a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
         wave_sim.submit_step(q, up, u, a, b, c, n)
         up, u = u, up
-    q.flush()
-    Runtime.current().scheduler.sync()
-    comm.Barrier()
-    t0 = time.perf_counter()
-    gate.set()
+    t0 = release(q, gate, comm)
     q.wait()
     t = time.perf_counter() - t0
     result = q.fence(u).result()
@@ -216,10 +204,10 @@ def _row_mapper(item: int, row: int):
     return mapper
 
 
-def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
-    """One-way seconds per hop: row src -> row dst, executed by chunk dst (on rank dst)."""
+def _hop(x):
+    """``hop(src, dst)``: the command group moving row src of ``x`` to row dst, executed by
+    chunk dst (on rank dst)."""
     import celeritas as cl
-    x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
 
     def hop(src: int, dst: int):
         def cgf(cgh):
@@ -227,6 +215,14 @@ def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
             x.access(cgh, _row_mapper(dst, dst), cl.write)
             cgh.parallel_for((2,), lambda chunk: None, name=f"hop{src}{dst}")
         return cgf
+    return hop
+
+
+def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
+    """One-way seconds per hop: row src -> row dst, executed by chunk dst (on rank dst)."""
+    import celeritas as cl
+    x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
+    hop = _hop(x)
 
     for _ in range(2):                      # warm-up: allocations, first transfers
         q.submit(hop(0, 1))
@@ -252,37 +248,20 @@ def pingpong_compiled(q, comm, nbytes: int, hops: int) -> float:
     executor, the communicator and MPI of both ranks: the part after the
     scheduler hands the instructions over.
     """
-    import threading
-
     import celeritas as cl
-    from celeritas.runtime import Runtime
+    from benchmarks.gate import hold, release
     x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
-    gate = threading.Event()
-
-    def hop(src: int, dst: int):
-        def cgf(cgh):
-            x.access(cgh, _row_mapper(dst, src), cl.read)
-            x.access(cgh, _row_mapper(dst, dst), cl.write)
-            cgh.parallel_for((2,), lambda chunk: None, name=f"hop{src}{dst}")
-        return cgf
-
-    def gated(cgh):
-        x.access(cgh, cl.fixed(cl.Subrange((0, 0), (1, nbytes))), cl.write)
-        cgh.host_task(lambda part: gate.wait(60), on=cl.on_master_node, name="gate")
-
+    hop = _hop(x)
     for _ in range(2):                      # warm-up: allocations, first transfers
         q.submit(hop(0, 1))
         q.submit(hop(1, 0))
     q.wait(barrier=True)
-    q.submit(gated)
+    gate = hold(q, 2 * hops, lambda cgh: x.access(cgh, cl.fixed(cl.Subrange((0, 0), (1, nbytes))), cl.write),
+                on=cl.on_master_node)
     for _ in range(hops):
         q.submit(hop(0, 1))
         q.submit(hop(1, 0))
-    q.flush()
-    Runtime.current().scheduler.sync()
-    comm.Barrier()
-    t0 = time.perf_counter()
-    gate.set()
+    t0 = release(q, gate, comm)
     q.wait()
     t = (time.perf_counter() - t0) / (2 * hops)
     q.wait(barrier=True)

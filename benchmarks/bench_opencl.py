@@ -25,7 +25,6 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import numpy as np  # noqa: E402
 
 import celeritas as cl  # noqa: E402
 from apps import wave_sim  # noqa: E402
+from benchmarks.gate import hold, release  # noqa: E402
 
 WAVE_SOURCE = """
 __kernel void wave(CHUNK_PARAMS, ACCESSOR(float, up), ACCESSOR(float, u), float a, float b, float c, long n) {
@@ -75,26 +75,18 @@ def submit_wave_step(q: cl.Queue, up: cl.Buffer, u: cl.Buffer, s: int, n: int) -
 def wave_celeritas(q: cl.Queue, n: int, steps: int, compiled: bool = False) -> tuple[float, np.ndarray]:
     """Seconds for ``steps`` steps and the final field; ``compiled``: every step compiled first,
     behind a gate (a host task over the grid waiting for an event), the clock starting at the gate."""
-    from celeritas.runtime import Runtime
     init = wave_sim.initial_condition(n)
     u = cl.Buffer(init, name="u")
     up = cl.Buffer(init, name="up")
-    gate = threading.Event()
     q.wait()
     if compiled:
-        def gated(cgh):
-            u.access(cgh, cl.one_to_one(), cl.read_write)
-            cgh.host_task(lambda part: gate.wait(120), range=(n, n), name="gate")
-        q.submit(gated)
+        gate = hold(q, steps, lambda cgh: u.access(cgh, cl.one_to_one(), cl.read_write), range=(n, n))
     t0 = time.perf_counter()
     for s in range(steps):
         submit_wave_step(q, up, u, s, n)
         up, u = u, up
     if compiled:
-        q.flush()
-        Runtime.current().scheduler.sync()
-        t0 = time.perf_counter()
-        gate.set()
+        t0 = release(q, gate)
     result = q.fence(u).result()
     return time.perf_counter() - t0, result
 
@@ -169,9 +161,7 @@ class HandWritten:
 
 def launches_celeritas(q: cl.Queue, count: int, compiled: bool = False) -> float:
     """µs per launch of the one-item kernel through celeritas (one task per launch)."""
-    from celeritas.runtime import Runtime
     x = cl.Buffer(np.zeros(1, np.float32), name="x")
-    gate = threading.Event()
 
     def cgf(cgh):
         w = x.access(cgh, cl.one_to_one(), cl.read_write)
@@ -181,18 +171,12 @@ def launches_celeritas(q: cl.Queue, count: int, compiled: bool = False) -> float
         q.submit(cgf)
     q.wait()
     if compiled:
-        def gated(cgh):
-            x.access(cgh, cl.all(), cl.read_write)
-            cgh.host_task(lambda part: gate.wait(120), name="gate")
-        q.submit(gated)
+        gate = hold(q, count, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
     t0 = time.perf_counter()
     for _ in range(count):
         q.submit(cgf)
     if compiled:
-        q.flush()
-        Runtime.current().scheduler.sync()
-        t0 = time.perf_counter()
-        gate.set()
+        t0 = release(q, gate)
     got = q.fence(x).result()
     t = time.perf_counter() - t0
     assert got[0] == count + 10, got

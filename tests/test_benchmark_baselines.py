@@ -35,3 +35,31 @@ def test_noop_stencil_reads_and_writes_like_the_stencil_and_computes_nothing():
     kernels = [i for i in q.graphs()["instructions"] if i["kind"] == "device_kernel"]
     assert len(kernels) == 4 and {k["device"] for k in kernels} == {0, 1, 2, 3}
     q.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_compiled_ahead_gate_holds_work_and_refuses_more_than_the_submit_bound():
+    """benchmarks.gate: the work behind the gate runs only once released, and more work
+    than CELERITAS_MAX_TASKS_AHEAD lets the application submit ahead is refused up front
+    (it would otherwise stall at submit until the gate timed out)."""
+    from benchmarks.gate import hold, release
+    from celeritas.testing import run_cluster
+
+    def program(rank):
+        q = cl.Queue()
+        x = cl.Buffer(np.zeros(4, np.int64), name="x")
+
+        def inc(cgh):
+            a = x.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for((4,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
+
+        with pytest.raises(ValueError, match="CELERITAS_MAX_TASKS_AHEAD=16"):
+            hold(q, 8, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
+        gate = hold(q, 7, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
+        for _ in range(7):
+            q.submit(inc)
+        assert not gate.is_set()
+        release(q, gate)
+        return q.fence(x).result().tolist()
+
+    assert run_cluster(program, nodes=1, devices=2, CELERITAS_MAX_TASKS_AHEAD="16") == [[7] * 4]

@@ -1,0 +1,50 @@
+"""The "compiled ahead" figures: work submitted behind a gate, compiled, then released.
+
+A host task waits for a ``threading.Event`` while the measured work is submitted behind
+it and the scheduler compiles all of it; the clock starts when the gate opens, so what
+is timed is the executor (and communicator) alone.  One helper for every benchmark that
+reports such a figure, because the work behind the gate must stay within
+``CELERITAS_MAX_TASKS_AHEAD``: past it ``submit`` waits for the executor, which waits
+for the gate, which the submitting thread has not opened yet.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import celeritas as cl
+from celeritas.runtime import Runtime
+
+GATE_TIMEOUT_S = 120.0
+
+
+def hold(q: cl.Queue, tasks: int, access: Callable, **host_task: object) -> threading.Event:
+    """Submit a host task that runs ``access(cgh)`` and waits for the returned gate;
+    ``tasks`` is how many tasks the caller submits behind it (host_task's keywords as
+    ``cgh.host_task`` takes them)."""
+    limit = q.runtime.config.max_tasks_ahead
+    if 2 * tasks + 2 > limit:   # (horizons come between the tasks: at most one per task)
+        raise ValueError(f"{tasks} tasks behind a gate exceed what CELERITAS_MAX_TASKS_AHEAD={limit} lets "
+                         f"the application run ahead of the executor: submit would wait for the gate; "
+                         f"raise CELERITAS_MAX_TASKS_AHEAD to at least {2 * tasks + 2} or measure fewer")
+    gate = threading.Event()
+
+    def gated(cgh):
+        access(cgh)
+        cgh.host_task(lambda part: gate.wait(GATE_TIMEOUT_S), name="gate", **host_task)
+
+    q.submit(gated)
+    return gate
+
+
+def release(q: cl.Queue, gate: threading.Event, comm=None) -> float:
+    """Compile everything submitted, synchronize the ranks (``comm``), open the gate;
+    returns the ``perf_counter`` time the gate opened."""
+    q.flush()
+    Runtime.current().scheduler.sync()
+    if comm is not None:
+        comm.Barrier()
+    t0 = time.perf_counter()
+    gate.set()
+    return t0
