@@ -76,17 +76,10 @@ class CommandReplayMixin:
             bids = tuple(sorted(self._buffers))
             sig = (kind,)
         else:
-            accesses = task.accesses
-            for a in accesses:
-                if not a.pure:
-                    return None
+            sig = tg.replay_signature(task)
+            if sig is None:
+                return None
             bids = _touched(task)
-            geom = task.geometry
-            reductions = task.reductions
-            sig = (kind, geom.global_range, geom.offset, geom.granularity, task.split,
-                   tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
-                   tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
-                   tuple(task.side_effects), task.collective_group)
         sig_id = self.replay.signature(sig)
         if sig_id is None:
             return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded

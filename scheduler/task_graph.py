@@ -456,17 +456,10 @@ class TaskManager:
         lowering must run every time (user mappers, fences, uninitialized data to report)."""
         if t.kind not in _REPLAYABLE:
             return None
-        accesses = t.accesses
-        for a in accesses:
-            if not a.pure:
-                return None
-        reductions = t.reductions
+        sig = replay_signature(t)
+        if sig is None:
+            return None
         bids = t.buffer_ids
-        geom = t.geometry
-        sig = (t.kind, geom.global_range, geom.offset, geom.granularity,
-               tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
-               tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
-               tuple(t.side_effects), t.collective_group)
         sig_id = self.replay.signature(sig)
         if sig_id is None:
             return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
@@ -641,6 +634,23 @@ def _task_id(t: Task) -> int:
 
 
 _NO_READERS: frozenset = frozenset()
+
+
+def replay_signature(t: Task) -> tuple | None:
+    """What of a compute task itself (not of its buffers' state) the task and command
+    graphs' lowerings read: kind, geometry, split, per access the buffer, mode and mapper
+    (a pure one stands for its results), reductions, side effects and collective group.
+    None when a mapper is opaque: the task is lowered anew every time."""
+    accesses = t.accesses
+    for a in accesses:
+        if not a.pure:
+            return None
+    geom = t.geometry
+    reductions = t.reductions
+    return (t.kind, geom.global_range, geom.offset, geom.granularity, t.split,
+            tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
+            tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
+            tuple(t.side_effects), t.collective_group)
 
 
 def _collapse_task_access(value: tuple, eid: int) -> tuple:
