@@ -1190,13 +1190,7 @@ class _Run:
 
             def fn(part):
                 box = part.box
-                if t.delay and box.contains((0,) * box.dims):
-                    time.sleep(t.delay)
-                if t.fail_at is not None and box.contains(t.fail_at):
-                    raise ValueError(f"injected failure in the partition holding {t.fail_at}")
-                run.executed.append((idx, box.area))
-                if t.marker:
-                    run.ran.append(("host", idx, run.rank, box))
+                run._enter("host", idx, t, box)
                 if not t.side_effect:
                     run.partitions.append((idx, box))
                 vals = element_values(t, box, run._shape_of, getters)
@@ -1235,13 +1229,7 @@ class _Run:
 
             def kernel(chunk, *reducers):
                 box = chunk.box
-                if t.delay and box.contains((0,) * box.dims):
-                    time.sleep(t.delay)
-                if t.fail_at is not None and box.contains(t.fail_at):
-                    raise ValueError(f"injected failure in the chunk holding {t.fail_at}")
-                run.executed.append((idx, box.area))
-                if t.marker:
-                    run.ran.append(("kernel", idx, run.rank, box))
+                run._enter("kernel", idx, t, box)
                 if t.local_range is not None:
                     run._check_local_range(idx, t, box)
                 vals = element_values(t, box, run._shape_of, getters)
@@ -1253,6 +1241,18 @@ class _Run:
             name = FAIL_KERNEL if t.fail_at is not None else f"kernel_T{idx}"
             cgh.parallel_for(t.range_shape, kernel, name=name, reductions=reds, local_range=t.local_range)
         return cgf
+
+    def _enter(self, what: str, idx: int, t: Task, box: Box) -> None:
+        """What every chunk of a host task or kernel does first: its injected delay and
+        failure, then the bookkeeping the checks read (what ran, where)."""
+        if t.delay and box.contains((0,) * box.dims):
+            time.sleep(t.delay)
+        if t.fail_at is not None and box.contains(t.fail_at):
+            where = "partition" if what == "host" else "chunk"
+            raise ValueError(f"injected failure in the {where} holding {t.fail_at}")
+        self.executed.append((idx, box.area))
+        if t.marker:
+            self.ran.append((what, idx, self.rank, box))
 
     def _write(self, t: Task, w: Write, wacc, box: Box, vals: np.ndarray) -> None:
         p = self.p
