@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.child import run_child
 
 _CHILD = r"""
 import json, sys, time
@@ -54,17 +50,10 @@ print("RESULT " + json.dumps({"seconds": t, "check": check, "memory": stats}))
 
 
 def run(app: str, n: int, steps: int, capacity: int | None, overlap: bool) -> dict:
-    env = {**os.environ, "CELERITAS_DEVICES": "host:2", "PYTHONPATH": str(ROOT),
-           "CELERITAS_OUT_OF_CORE_OVERLAP": "on" if overlap else "off"}
-    env.pop("CELERITAS_HOST_DEVICE_MEMORY", None)
-    if capacity is not None:
-        env["CELERITAS_HOST_DEVICE_MEMORY"] = str(capacity)
-    p = subprocess.run([sys.executable, "-c", _CHILD, app, str(n), str(steps)], env=env, capture_output=True,
-                       text=True, cwd=ROOT, timeout=3600)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"{app} n={n} capacity={capacity} failed:\n{p.stderr[-2000:]}")
+    return run_child(_CHILD, [app, n, steps],
+                     {"CELERITAS_DEVICES": "host:2", "CELERITAS_OUT_OF_CORE_OVERLAP": "on" if overlap else "off",
+                      "CELERITAS_HOST_DEVICE_MEMORY": None if capacity is None else str(capacity)},
+                     f"{app} n={n} capacity={capacity}")
 
 
 def main(argv=None) -> None:

@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.child import run_child
 
 _CHILD = r"""
 import json, os, resource, sys, time
@@ -86,14 +82,10 @@ print("RESULT " + json.dumps(out))
 
 
 def run(mode: str, ranks: int, devices: int, replay: bool, *, n: int, steps: int, warm: int = 40) -> dict:
-    env = {**os.environ, "CELERITAS_DRY_RUN_NODES": str(ranks), "CELERITAS_DEVICES": f"host:{devices}",
-           "CELERITAS_REPLAY": "on" if replay else "off", "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-c", _CHILD, mode, str(n), str(steps), str(warm)], env=env,
-                       capture_output=True, text=True, cwd=ROOT, timeout=3600)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"benchmark child failed ({mode} {ranks}x{devices} replay={replay}):\n{p.stderr[-2000:]}")
+    return run_child(_CHILD, [mode, n, steps, warm],
+                     {"CELERITAS_DRY_RUN_NODES": str(ranks), "CELERITAS_DEVICES": f"host:{devices}",
+                      "CELERITAS_REPLAY": "on" if replay else "off"},
+                     f"{mode} {ranks}x{devices} replay={replay}")
 
 
 def main(argv=None) -> None:
