@@ -456,7 +456,7 @@ def _encode(ins, env: _Env) -> tuple:
     return (type(ins), tuple(fields))
 
 
-# patch codes of the common roles (the rest go through ``_DECODE``)
+# patch codes of the common roles (the rest, but a kernel's accesses, go through ``_DECODE``)
 _IID, _DEPS, _NEW_AID, _SLOT_AID, _TID, _MID, _LAUNCHER, _NAME, _OTHER = range(9)
 
 
@@ -602,11 +602,6 @@ def _dec_transfer(t, ctx, _kw):
     return (ctx[3] + t[0], t[1], _dec_rid(t[2], ctx, None))
 
 
-def _dec_accesses(v, ctx, _kw):
-    return [AccessAllocation(buf, -1 if a is None else _dec_aid(a, ctx, None), abox, box, region, mode)
-            for buf, a, abox, box, region, mode in v]
-
-
 def _dec_redallocs(v, ctx, _kw):
     return [ReductionAllocation(_dec_rid(r, ctx, None), buf, _dec_aid(a, ctx, None), inc) for r, buf, a, inc in v]
 
@@ -618,18 +613,12 @@ def _dec_red_attr(attr):
     return dec
 
 
+# the roles ``_builder`` does not write out itself (ids, dependencies, allocations, the task's
+# launcher and name, and a kernel's accesses are)
 _DECODE = {
-    "iid": lambda v, ctx, _kw: ctx[0] + v,
-    "deps": lambda v, ctx, _kw: [(ctx[0] + d, o) for d, o in v],
-    "aid": _dec_aid,
-    "tid": lambda v, ctx, _kw: ctx[3] + v,
     "transfer": _dec_transfer,
-    "mid": lambda v, ctx, _kw: ctx[2] + v,
     "rid": _dec_rid,
-    "accesses": _dec_accesses,
     "redallocs": _dec_redallocs,
-    "launcher": lambda _v, ctx, _kw: ctx[5].task.launcher,
-    "name": lambda _v, ctx, _kw: ctx[5].task.name,
     "global_range": lambda _v, ctx, _kw: ctx[5].task.geometry.global_range if ctx[5].task.geometry else (),
     "identity": _dec_red_attr("identity"),
     "op": _dec_red_attr("op"),
