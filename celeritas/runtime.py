@@ -434,27 +434,25 @@ class Runtime:
         ``CELERITAS_MAX_TASKS_AHEAD`` behind ``tid``.
 
         Without it a loop that submits faster than the scheduler and executor work queues
-        tasks, commands and instructions without bound (a million-step loop grows by
-        gigabytes).  Commands held for lookahead are flushed first: they would otherwise
-        keep the horizons the wait counts on from executing.  Waiting cannot deadlock
-        across ranks: the oldest unfinished task has been submitted on every rank.
+        tasks, commands and instructions without bound (a million-task dry run grew by
+        73 MB).  Commands held for lookahead are flushed first: they would otherwise keep
+        the horizons the wait counts on from executing.  Waiting cannot deadlock across
+        ranks (the oldest unfinished task has been submitted on every rank); it does wait
+        for a host task that itself waits for something this thread does only later.
         """
         tasks = self.task_manager.tasks
         reached = max(self._horizon_reached, self._epoch_reached)
-        target = None
-        for t in range(tid - self._max_ahead // 2, reached, -1):   # the newest horizon or epoch there
+        half = tid - self._max_ahead // 2
+        target = None   # the newest horizon or epoch at or before ``half``, else the newest one
+        for t in range(tid, reached, -1):
             task = tasks.get(t)
             if task is not None and task.kind in (tg.HORIZON, tg.EPOCH):
-                target = t
-                break
-        if target is None:   # (no horizon in that window: the newest one submitted, if any)
-            for t in range(tid, reached, -1):
-                task = tasks.get(t)
-                if task is not None and task.kind in (tg.HORIZON, tg.EPOCH):
+                if target is None or t <= half:
                     target = t
+                if t <= half:
                     break
-            if target is None:
-                return
+        if target is None:
+            return
         self.scheduler.flush()
         self.throttled_count += 1
         watch = _WaitWatch(self, f"q.submit (more than {self._max_ahead} tasks ahead of the executor)",
