@@ -93,8 +93,10 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
     ``mode`` is ``CELERITAS_MPI_DEVICE_MEMORY``: ``direct`` lets sends and receives
     use device allocations (no staging copy through host memory; needs CUDA-aware
     MPI for CUDA memory), ``staged`` keeps them in host memory, ``auto`` is direct
-    only where the device memory needs CUDA awareness and the communicator has it,
-    so host and OpenCL runs keep the staged graphs.
+    wherever the communicator can touch the device memory: always for the host
+    backend (its device memories are ordinary host memory, so staging would only add
+    two copies of every message), and for CUDA memory where MPI is CUDA-aware.
+    OpenCL memory is never direct.
     """
     info = backend.backend_info()
     peers = frozenset((s, d) for s, d in info.copy_pairs if s >= 2 and d >= 2 and s != d)
@@ -110,7 +112,7 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
                               f"(MPIX_Query_cuda_support: {aware}); set CELERITAS_MPI_CUDA_AWARE=1 if it has it, "
                               "or use staged")
         comm_memories |= info.direct_memories
-    elif mode == "auto" and info.direct_needs == "cuda" and aware is True:
+    elif mode == "auto" and (info.direct_needs is None or (info.direct_needs == "cuda" and aware is True)):
         comm_memories |= info.direct_memories
     return SystemInfo(num_devices=backend.num_devices, peers=peers, comm_memories=comm_memories,
                       capacities=capacities or None)

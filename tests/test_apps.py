@@ -59,7 +59,9 @@ def test_rsim_result_and_resizes_per_lookahead_mode(mode):
         return (r, sum(1 for i in ins if i["kind"] == "copy" and i["source_memory"] == i["dest_memory"]),
                 sum(1 for i in ins if i["kind"] == "alloc" and i["memory"] == 1))
 
-    results = run_cluster(program, nodes=2, devices=2, CELERITAS_DIAGNOSTICS="off")
+    # staged transfers: the host allocations counted below are the staging buffers
+    results = run_cluster(program, nodes=2, devices=2, CELERITAS_DIAGNOSTICS="off",
+                          CELERITAS_MPI_DEVICE_MEMORY="staged")
     for r, _, _ in results:
         np.testing.assert_array_equal(r, RSIM_REF)
     resizes = sum(n for _, n, _ in results)

@@ -76,10 +76,15 @@ def test_direct_sends_skip_the_host_staging_copies(reference):
                 assert not (producer["kind"] == "copy" and producer["dest_memory"] == 1), (send, producer)
 
 
-def test_auto_keeps_host_runs_staged():
+def test_auto_sends_host_device_memory_directly():
+    """The host backend's device memories are ordinary host memory: auto hands them to the
+    communicator (no staging copies), exactly as direct does."""
     auto = run_cluster(_wave, nodes=2, devices=1)
+    direct = run_cluster(_wave, nodes=2, devices=1, CELERITAS_MPI_DEVICE_MEMORY="direct")
     staged = run_cluster(_wave, nodes=2, devices=1, CELERITAS_MPI_DEVICE_MEMORY="staged")
-    assert _copies(auto[0][1]["instructions"]) == _copies(staged[0][1]["instructions"])
+    assert _copies(auto[0][1]["instructions"]) == _copies(direct[0][1]["instructions"])
+    assert sum(_copies(auto[0][1]["instructions"]).values()) < sum(_copies(staged[0][1]["instructions"]).values())
+    np.testing.assert_array_equal(auto[0][0], staged[0][0])
 
 
 class _FakeBackend:
@@ -124,6 +129,15 @@ def test_host_backend_device_memories_are_direct_capable():
     assert info.direct_memories == frozenset({2, 3, 4}) and info.direct_needs is None
     assert scheduler_system(HostBackend(3), "direct", SimpleNamespace(cuda_aware=False)).comm_memories == \
         frozenset({0, 1, 2, 3, 4})
+    # auto needs no CUDA awareness for them; staged keeps MPI on host memory
+    assert scheduler_system(HostBackend(3), "auto", None).comm_memories == frozenset({0, 1, 2, 3, 4})
+    assert scheduler_system(HostBackend(3), "staged", None).comm_memories == frozenset({0, 1})
+
+
+def test_auto_keeps_memory_the_communicator_cannot_touch_staged():
+    """A backend without direct-capable memories (OpenCL) stays staged under auto."""
+    system = scheduler_system(_cuda_like(direct=False), "auto", SimpleNamespace(cuda_aware=True))
+    assert system.comm_memories == frozenset({0, 1})
 
 
 def test_cuda_awareness_override():
