@@ -18,7 +18,10 @@ Sections:
 * **ping-pong**: a row of a (2, bytes) buffer hops rank 0 -> rank 1 -> rank 0,
   one push/await_push per hop (no-op kernels), against the faster of a
   ``Send``/``Recv`` and an ``Irecv``-preposted ping-pong of the same bytes:
-  one-way latency and bandwidth.  "compiled ahead": the same hops compiled
+  one-way latency and bandwidth, measured the way the OSU micro-benchmarks do:
+  ``WARMUP`` untimed round trips first (allocations, replay templates, the first
+  transfers), then many timed ones (500 up to 64 KiB, 100 above; ``--hops``).
+  "compiled ahead": the same hops compiled
   before the first one runs (see ``pingpong_compiled``), i.e. without the
   scheduler on the critical path.
 * **idle** (optional): CPU use of a rank waiting at a fence.
@@ -218,13 +221,16 @@ def _hop(x):
     return hop
 
 
+WARMUP = 20     # untimed round trips before each ping-pong measurement
+
+
 def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
     """One-way seconds per hop: row src -> row dst, executed by chunk dst (on rank dst)."""
     import celeritas as cl
     x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
     hop = _hop(x)
 
-    for _ in range(2):                      # warm-up: allocations, first transfers
+    for _ in range(WARMUP):                 # allocations, replay templates, first transfers
         q.submit(hop(0, 1))
         q.submit(hop(1, 0))
     q.wait(barrier=True)
@@ -252,7 +258,7 @@ def pingpong_compiled(q, comm, nbytes: int, hops: int) -> float:
     from benchmarks.gate import hold, release
     x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
     hop = _hop(x)
-    for _ in range(2):                      # warm-up: allocations, first transfers
+    for _ in range(WARMUP):                 # allocations, replay templates, first transfers
         q.submit(hop(0, 1))
         q.submit(hop(1, 0))
     q.wait(barrier=True)
@@ -316,7 +322,7 @@ def bench_pingpong(q, comm, args, console) -> list[dict]:
         sizes.append(args.max_bytes)
     rows = []
     for nbytes in sizes:
-        hops = args.hops or (60 if nbytes <= 65536 else 20)
+        hops = args.hops or (500 if nbytes <= 65536 else 100)
         tc = tg = tm = float("inf")
         for _ in range(args.reps):              # alternating, best of each
             tc = min(tc, _allmax(comm, pingpong_celeritas(q, nbytes, hops)))
