@@ -200,11 +200,16 @@ DIGEST_LIMIT = 4096
 DIGEST_MORE = "more"
 
 
-def _stable_str_id(s: str) -> int:
-    """A number for a string that is equal on every rank (Python's str hash is salted per
-    process); the task manager memoizes it per string."""
-    import zlib
-    return zlib.crc32(s.encode())
+class _StableStrIds(dict):
+    """string -> a number equal on every rank (Python's str hash is salted per process),
+    computed on the first lookup of each string and kept."""
+
+    __slots__ = ()
+
+    def __missing__(self, s: str) -> int:
+        import zlib
+        v = self[s] = zlib.crc32(s.encode())
+        return v
 
 
 class TaskManager:
@@ -245,7 +250,7 @@ class TaskManager:
         self._digest: list = []
         self._digest_more: tuple | None = None   # the first task past DIGEST_LIMIT since the epoch
         self._stream: list = []   # tasks not yet folded into stream_hash, as tuples of ints
-        self._str_ids: dict[str, int] = {}   # kind, name, mode -> _stable_str_id
+        self._str_ids = _StableStrIds()   # kind, name, mode -> their stream-hash ids
         init = self._new_task(EPOCH, name="init")
         init.epoch_action = EPOCH_INIT
         self._commit(init, reduce_front=False)
@@ -534,16 +539,7 @@ class TaskManager:
         rng = t.geometry.global_range if t.geometry else ()
         stream = self._stream
         sid = self._str_ids
-        try:
-            entry = (sid[t.kind], sid[t.name], t.id, rng,
-                     tuple([(a.buffer, sid[a.mode]) for a in t.accesses]))
-        except KeyError:
-            for s in (t.kind, t.name, *(a.mode for a in t.accesses)):
-                if s not in sid:
-                    sid[s] = _stable_str_id(s)
-            entry = (sid[t.kind], sid[t.name], t.id, rng,
-                     tuple([(a.buffer, sid[a.mode]) for a in t.accesses]))
-        stream.append(entry)
+        stream.append((sid[t.kind], sid[t.name], t.id, rng, tuple([(a.buffer, sid[a.mode]) for a in t.accesses])))
         digest = self._digest
         if t.kind == EPOCH:
             self._fold_stream()
@@ -568,9 +564,9 @@ class TaskManager:
     def _fold_stream(self) -> None:
         """Fold the tasks committed since the last fold into ``stream_hash`` (in batches: a
         hash per task cost more than the rest of a replayed task's bookkeeping).  The
-        entries hold only ints (strings were mapped by ``_stable_str_id``), whose tuple
-        hash CPython computes the same way in every process; the repr-and-CRC it replaced
-        cost 7 % of a replayed submit."""
+        entries hold only ints (strings were mapped by ``_StableStrIds``), whose tuple
+        hash CPython computes the same way in every process (masked to a non-negative
+        48-bit number); the repr-and-CRC it replaced cost 7 % of a replayed submit."""
         if self._stream:
             self.stream_hash = hash((self.stream_hash, tuple(self._stream))) & 0xFFFF_FFFF_FFFF
             self._stream = []
