@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from executor.backends import AllocationError, BackendError, HostBackend, Lane, box_view, copy_box
+from executor.backends.host import HUGE_PAGE, host_empty
 from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
@@ -58,6 +59,42 @@ def test_allocation_failures_are_clear():
             b.allocate(HOST_MEMORY, (1,), "not-a-dtype")
     finally:
         b.close()
+
+
+def _mapped(addr: int) -> bool:
+    """Whether ``addr`` lies in a mapping of this process."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
+            if lo <= addr < hi:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("shape,dtype", [((1024, 1024), np.float32), ((3, 700_001), np.float64),
+                                         ((HUGE_PAGE,), np.uint8)])
+def test_large_allocations_are_huge_page_aligned_and_unmapped_when_freed(backend, shape, dtype):
+    a = backend.allocate(device_memory(1), shape, dtype)
+    addr = a.ctypes.data
+    assert addr % HUGE_PAGE == 0 and a.shape == shape and a.dtype == dtype
+    assert a.flags.c_contiguous and a.flags.writeable
+    a[...] = 7
+    a.flat[-1] = 3                       # the last element is inside the mapping
+    assert a.sum() == 7 * (a.size - 1) + 3
+    view = a[1:]                         # a view keeps the mapping alive
+    backend.free(device_memory(1), a)
+    del a
+    assert _mapped(addr) and view.flat[0] == 7
+    del view
+    import sys
+    if sys.platform.startswith("linux"):
+        assert not _mapped(addr)         # the last view gone: unmapped, not kept by malloc
+
+
+def test_small_allocations_are_plain_numpy_arrays():
+    a = host_empty((HUGE_PAGE // 8 - 1,), np.float64)
+    assert a.base is None and a.shape == (HUGE_PAGE // 8 - 1,)
+    assert host_empty((0, 5), np.int32).shape == (0, 5)
 
 
 def test_backend_info():

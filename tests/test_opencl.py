@@ -184,3 +184,17 @@ def test_launches_alternating_between_buffers_get_their_own_arguments():
             np.testing.assert_array_equal(q.fence(y).result(),
                                           2 * s * np.arange(64, dtype=np.float32).reshape(8, 8) + i * 100 + j)
     q.shutdown()
+
+
+def test_device_arrays_are_page_aligned_and_large_ones_huge_page_aligned():
+    """USE_HOST_PTR wants page-aligned host memory; from 2 MiB up it is on huge-page boundaries
+    (``host_empty``), and either way it is an ``OclArray`` that can carry its cl buffer."""
+    from executor.backends.host import HUGE_PAGE
+    from executor.backends.opencl import OclArray, _aligned_empty
+    small = _aligned_empty((3, 5), np.float32)
+    large = _aligned_empty((1024, 1024), np.float32)
+    assert isinstance(small, OclArray) and isinstance(large, OclArray)
+    assert small.ctypes.data % 4096 == 0 and large.ctypes.data % HUGE_PAGE == 0
+    assert small.shape == (3, 5) and large.shape == (1024, 1024) and large.dtype == np.float32
+    large[...] = 2
+    assert large.sum() == 2 * 1024 * 1024

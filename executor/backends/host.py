@@ -8,6 +8,7 @@ so lanes do overlap).  This is the default backend when no GPU is present.
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 import time
 from queue import SimpleQueue
@@ -25,6 +26,37 @@ log = logging.getLogger("celeritas.executor")
 
 _perf_ns = time.perf_counter_ns
 _thread_ns = time.thread_time_ns
+
+
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised array; from 2 MiB up, on its own 2 MiB-aligned mapping advised for huge pages.
+
+    With transparent huge pages in ``madvise`` mode (the usual default), a plain
+    ``np.empty`` of 4 MiB gets at most one huge page, and how many it gets
+    depends on where malloc happens to place it.  Every copy into, out of and
+    between such arrays walks 4 KiB pages: a 4 MiB MPI message between two
+    ranks took 280 us on 4 KiB pages, 140-180 us on a plain ``np.empty`` and
+    80 us fully on huge pages on this machine.  The mapping is private and
+    anonymous (fresh zero pages, no malloc arena), and is unmapped when the last
+    view of the array goes; only touched pages take memory.
+    """
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if n < HUGE_PAGE or _MADV_HUGEPAGE is None:
+        return np.empty(shape, dtype=dt)
+    size = -(-n // HUGE_PAGE) * HUGE_PAGE
+    m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    raw = np.frombuffer(m, dtype=np.uint8)
+    off = (-raw.ctypes.data) % HUGE_PAGE
+    try:
+        m.madvise(_MADV_HUGEPAGE, off, size)
+    except OSError:   # kernels without transparent huge pages: 4 KiB pages, still aligned
+        pass
+    return raw[off:off + n].view(dt).reshape(shape)
 
 
 class HostCompletion(Completion):
@@ -201,7 +233,7 @@ class HostBackend(Backend):
 
     def _new_array(self, memory: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The array behind an allocation (backends with special memories override this)."""
-        return np.empty(shape, dtype=dtype)
+        return host_empty(shape, dtype)
 
     def _oom_message(self, memory: int, nbytes: int) -> str:
         lines = [f"cannot allocate {nbytes} bytes in M{memory}"

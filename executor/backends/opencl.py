@@ -22,7 +22,7 @@ import numpy as np
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, AccessorArg, device_memory
 
 from .backend import BackendError, Lane, BackendInfo, default_copy_pairs, note_blocked, source_kernel_arguments
-from .host import HostBackend
+from .host import HUGE_PAGE, HostBackend, host_empty
 
 log = logging.getLogger("celeritas.executor")
 
@@ -59,6 +59,8 @@ class OclArray(np.ndarray):
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 4096) -> OclArray:
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if n >= HUGE_PAGE:   # 2 MiB-aligned, advised for huge pages (see host_empty)
+        return host_empty(shape, dtype).view(OclArray)
     raw = np.empty(n + align, dtype=np.uint8)
     off = (-raw.ctypes.data) % align
     arr = raw[off:off + n].view(dtype)
