@@ -317,17 +317,38 @@ class Runtime:
             first = self._error is None
             if first:
                 self._error = exc
+            fences = list(self._fences)    # under _cond: see _register_fence
             self._cond.notify_all()
         if first and self.num_ranks > 1 and hasattr(self.communicator, "fatal_abort"):
             # a real multi-rank job: report, then end every rank instead of letting peers hang
             err = self._surface(exc)
             self.communicator.fatal_abort(f"celeritas rank {self.rank}: {type(err).__name__}: {err}", exc)
-        for f in self._fences:
-            if not f.done():
-                try:
-                    f.set_exception(self._surface(exc))
-                except concurrent.futures.InvalidStateError:
-                    pass
+        for f in fences:
+            self._fail_fence(f, exc)
+
+    def _fail_fence(self, fut: concurrent.futures.Future, exc: BaseException) -> None:
+        if not fut.done():
+            try:
+                fut.set_exception(self._surface(exc))
+            except concurrent.futures.InvalidStateError:    # resolved meanwhile
+                pass
+
+    def _register_fence(self, fut: concurrent.futures.Future) -> None:
+        """Track a fence's future so that a failure resolves it.
+
+        The scheduler or executor thread may fail between ``fence``'s liveness check
+        and this call; the fence's task is then never lowered, and a future that
+        ``_fail`` did not see would block its ``result()`` forever (found by the
+        differential fuzzer: one rank of an overlapping-write program waited out its
+        120 s timeout).  Registering and failing both hold ``_cond``: either ``_fail``
+        sees the future, or the future sees ``_error``."""
+        with self._cond:
+            self._fences = [f for f in self._fences if not f.done()]
+            err = self._error
+            if err is None:
+                self._fences.append(fut)
+        if err is not None:
+            self._fail_fence(fut, err)
 
     def _on_executor_error(self, exc: BaseException, instr=None) -> BaseException:
         from executor.backends.backend import AllocationError
@@ -497,8 +518,7 @@ class Runtime:
                 fut.task = self.task_manager.fence(host_object=obj.id, promise=fut).id
             else:
                 raise CeleritasError(f"fence takes a cl.Buffer or cl.HostObject, got {type(obj).__name__}")
-            self._fences = [f for f in self._fences if not f.done()]
-            self._fences.append(fut)
+            self._register_fence(fut)
         return fut
 
     def epoch(self, action: str = tg.EPOCH_NONE) -> None:
@@ -654,6 +674,12 @@ class Runtime:
         except Exception:  # noqa: BLE001 - best effort while failing
             log.debug("executor shutdown failed", exc_info=True)
         self.scheduler.stop(timeout=10)
+        with self._cond:                # nothing resolves a fence from here on: its result() must not block
+            fences, self._fences = self._fences, []
+            err = self._error
+        for f in fences:
+            self._fail_fence(f, err if err is not None else CeleritasError(
+                f"rank {self.rank}: the runtime was stopped before fence T{getattr(f, 'task', '?')} completed"))
         self._close_backend()
         self._release_current()
 

@@ -55,6 +55,53 @@ def test_kernel_error_surfaces_at_fence_result():
         q.shutdown()
 
 
+@pytest.mark.parametrize("target", ["buffer", "host_object"])
+def test_a_failure_while_a_fence_is_being_submitted_resolves_its_future(target):
+    """The scheduler thread may fail (an overlapping write under ``error``) after ``fence``
+    checked the runtime is alive and before its future is tracked: the future must still
+    get the error, or ``result()`` blocks forever (a fuzzer-found hang)."""
+    q = cl.Queue()
+    rt = q._rt
+    obj = cl.Buffer(np.zeros(4, np.float32)) if target == "buffer" else cl.HostObject({"n": 1})
+    submit_fence = rt.task_manager.fence
+
+    def fence_then_fail(**kwargs):
+        task = submit_fence(**kwargs)
+        rt._fail(cl.CeleritasError("injected: the scheduler failed right now"))
+        return task
+
+    rt.task_manager.fence = fence_then_fail
+    fut = q.fence(obj)
+    with pytest.raises(cl.CeleritasError, match="injected"):
+        fut.result(timeout=30)
+    with pytest.raises(cl.CeleritasError, match="injected"):
+        q.fence(obj)                    # and a later fence raises at once
+    q.shutdown()                        # the error was shown: not raised a third time
+    assert _no_runtime_threads_left()
+
+
+def test_a_fence_outstanding_when_the_queue_is_left_by_an_exception_gets_an_error():
+    """Leaving ``with cl.Queue()`` by an exception aborts the runtime; a fence still
+    waiting for its task then resolves with an error instead of blocking forever."""
+    gate = threading.Event()
+    b = None
+    with pytest.raises(KeyError):
+        with cl.Queue() as q:
+            b = cl.Buffer(np.zeros(4, np.float32))
+
+            def slow(cgh):
+                b.access(cgh, cl.all(), cl.discard_write)
+                cgh.host_task(lambda part: gate.wait(30), name="slow")
+
+            q.submit(slow)
+            fut = q.fence(b)
+            raise KeyError("the application failed")
+    gate.set()
+    with pytest.raises(cl.CeleritasError, match="stopped before fence"):
+        fut.result(timeout=30)
+    assert _no_runtime_threads_left()
+
+
 def test_kernel_error_on_one_simulated_rank_ends_all_ranks():
     def program(rank):
         q = cl.Queue()
