@@ -19,6 +19,7 @@ GC_POLICIES = ("tuned", "default")
 MPI_STRIDED = ("auto", "datatype", "staging")
 DEFAULT_DIVERGENCE_TIMEOUT = 300.0
 REPLAY_MODES = ("on", "off")
+HUGE_PAGES_DEFAULT = 2 << 20     # one x86-64 / arm64 transparent huge page
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -81,6 +82,9 @@ class Config:
     log_level: str = "warning"
     summary: bool = False
     host_device_memory: int | None = None   # bytes per simulated device memory (host:N)
+    # host allocations of at least this many bytes get their own 2 MiB-aligned mapping
+    # advised for transparent huge pages (executor.backends.host.host_empty); None: never
+    huge_pages: int | None = HUGE_PAGES_DEFAULT
     replay: bool = True                     # reuse the lowering of repeating steps (scheduler/replay.py)
     # cap on every device memory the runtime plans with: bytes (int) or a fraction (float in (0, 1])
     # of what the backend reports (CUDA: free memory at start-up, OpenCL: global memory)
@@ -210,6 +214,25 @@ def _nonnegative_float(env: Mapping[str, str], var: str, default: float, unit: s
     return x
 
 
+def _huge_pages(env: Mapping[str, str], var: str) -> int | None:
+    """``on`` (2 MiB and up), ``off``, or the smallest allocation in bytes (0: every one)."""
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return HUGE_PAGES_DEFAULT
+    v = raw.strip().lower()
+    if v in ("on", "auto"):
+        return HUGE_PAGES_DEFAULT
+    if v in ("off", "none", "never"):
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r}; use on, off or a size in bytes") from None
+    if n < 0:
+        raise ConfigError(f"{var}={raw!r}: a size in bytes must be >= 0")
+    return n
+
+
 def _tristate(env: Mapping[str, str], var: str) -> bool | None:
     """1 / 0, or None when unset."""
     raw = env.get(var)
@@ -239,6 +262,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         log_level=_choice(env, "CELERITAS_LOG_LEVEL", tuple(LOG_LEVELS), "warning"),
         summary=_flag(env, "CELERITAS_SUMMARY"),
         host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
+        huge_pages=_huge_pages(env, "CELERITAS_HUGE_PAGES"),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
         gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),
         switch_interval_us=_positive_float(env, "CELERITAS_SWITCH_INTERVAL_US", None, "microseconds", off=True),

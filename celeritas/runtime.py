@@ -36,8 +36,10 @@ from .range_mappers import MapperWrappers
 log = logging.getLogger("celeritas.runtime")
 
 
-def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None):
-    """The backend for a device spec; ``default`` means every CUDA GPU, else one host device."""
+def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
+                 huge_pages: int | None = cfg.HUGE_PAGES_DEFAULT):
+    """The backend for a device spec; ``default`` means every CUDA GPU, else one host device.
+    ``huge_pages``: the smallest host allocation put on huge pages (``CELERITAS_HUGE_PAGES``)."""
     if spec.backend in ("default", "cuda"):
         try:
             from executor.backends.cuda import CudaBackend, cuda_device_count
@@ -54,15 +56,15 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None):
             if n > 0:
                 return CudaBackend(list(range(n)))
         from executor.backends.host import HostBackend
-        return HostBackend(1)
+        return HostBackend(1, huge_pages=huge_pages)
     if spec.backend == "host":
         from executor.backends.host import HostBackend
-        return HostBackend(spec.count, memory_capacity=host_device_memory)
+        return HostBackend(spec.count, memory_capacity=host_device_memory, huge_pages=huge_pages)
     if spec.backend == "opencl":
         from executor.backends.backend import BackendError
         from executor.backends.opencl import OpenCLBackend
         try:
-            return OpenCLBackend(list(spec.ids))
+            return OpenCLBackend(list(spec.ids), huge_pages=huge_pages)
         except BackendError as exc:
             raise ConfigError(f"CELERITAS_DEVICES={spec}: {exc}") from None
     raise ConfigError(f"unknown backend {spec.backend!r}")
@@ -233,7 +235,7 @@ class Runtime:
         self.dry_run = dry is not None
         self.rank = 0 if self.dry_run else communicator.rank
         self.num_ranks = dry if self.dry_run else communicator.num_ranks
-        self.backend = make_backend(config.devices, config.host_device_memory)
+        self.backend = make_backend(config.devices, config.host_device_memory, config.huge_pages)
         self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
         self.num_devices = self.backend.num_devices
         system = scheduler_system(self.backend, config.mpi_device_memory, None if dry else communicator,

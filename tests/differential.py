@@ -1430,6 +1430,8 @@ class Config:
     memory: float | None = None     # host devices' capacity: this fraction of the program's bytes (see
                                     # device_memory_for), so that buffers are evicted and chunks batched
     ahead: int | None = None        # CELERITAS_MAX_TASKS_AHEAD: small, so that submit waits for the executor
+    huge: str | None = None         # CELERITAS_HUGE_PAGES: "0" puts every host allocation on its own
+                                    # 2 MiB-aligned huge-page mapping (the fuzzer's buffers are all small)
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": "2",
@@ -1438,6 +1440,8 @@ class Config:
                "CELERITAS_ACCESSOR_CHECKS": "1" if self.accessor_checks else "0"}
         if self.ahead is not None:
             env["CELERITAS_MAX_TASKS_AHEAD"] = str(self.ahead)
+        if self.huge is not None:
+            env["CELERITAS_HUGE_PAGES"] = self.huge
         if self.backend == "opencl":
             env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
         else:
@@ -1448,7 +1452,8 @@ class Config:
         return (f"ranks={self.ranks} devices={self.backend}:{self.devices} lookahead={self.lookahead} "
                 f"oversubscribe={self.oversubscribe} transfers={self.transfers} replay={self.replay}"
                 + (f" memory={self.memory}" if self.memory is not None else "")
-                + (f" ahead={self.ahead}" if self.ahead is not None else ""))
+                + (f" ahead={self.ahead}" if self.ahead is not None else "")
+                + (f" huge={self.huge}" if self.huge is not None else ""))
 
     def fields(self) -> str:
         """The ``--config`` text of ``tests.fuzz`` that pins this configuration."""
@@ -1459,13 +1464,15 @@ class Config:
 REPLAY_CHOICES = ("on", "on", "off")                # replay is the default: mostly on
 MEMORY_CHOICES = (None, None, None, 0.3, 0.6, 1.0)  # unbounded, or a fraction of the program's bytes
 AHEAD_CHOICES = (None, None, None, 2, 4, 8)        # the default bound, or one the programs reach
+HUGE_CHOICES = (None, None, None, None, "0", "off")  # the default (2 MiB up), every allocation, none
 
 
 def random_config(rng: random.Random) -> Config:
     return Config(ranks=rng.randint(1, 4), devices=rng.randint(1, 4),
                   lookahead=rng.choice(["none", "auto", "infinite"]), oversubscribe=rng.choice([1, 3]),
                   transfers=rng.choice(["staged", "direct"]), replay=rng.choice(REPLAY_CHOICES),
-                  memory=rng.choice(MEMORY_CHOICES), ahead=rng.choice(AHEAD_CHOICES))
+                  memory=rng.choice(MEMORY_CHOICES), ahead=rng.choice(AHEAD_CHOICES),
+                  huge=rng.choice(HUGE_CHOICES))
 
 
 def device_memory_for(p: Program, fraction: float) -> int:

@@ -91,6 +91,38 @@ def test_large_allocations_are_huge_page_aligned_and_unmapped_when_freed(backend
         assert not _mapped(addr)         # the last view gone: unmapped, not kept by malloc
 
 
+def test_huge_pages_setting_is_parsed_and_reaches_the_backend(monkeypatch):
+    import celeritas as cl
+    from celeritas.config import from_env
+    assert from_env({}).huge_pages == HUGE_PAGE
+    assert from_env({"CELERITAS_HUGE_PAGES": "on"}).huge_pages == HUGE_PAGE
+    assert from_env({"CELERITAS_HUGE_PAGES": "Off"}).huge_pages is None
+    assert from_env({"CELERITAS_HUGE_PAGES": "0"}).huge_pages == 0
+    assert from_env({"CELERITAS_HUGE_PAGES": "8388608"}).huge_pages == 8 << 20
+    for setting, aligned in (("0", True), ("off", False)):
+        monkeypatch.setenv("CELERITAS_HUGE_PAGES", setting)
+        q = cl.Queue(devices="host:2")
+        try:
+            rt = q._rt
+            assert rt.backend.huge_pages == (0 if aligned else None)
+            a = rt.backend.allocate(device_memory(1), (4,), np.float32)   # 16 bytes
+            if aligned:
+                assert a.ctypes.data % HUGE_PAGE == 0
+            rt.backend.free(device_memory(1), a)
+            b = cl.Buffer(np.arange(12, dtype=np.int64).reshape(3, 4))
+
+            def cgf(cgh, b=b):
+                acc = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+                @cgh.parallel_for((3, 4), name="double")
+                def k(chunk):
+                    acc[chunk] = acc[chunk] * 2
+            q.submit(cgf)
+            np.testing.assert_array_equal(q.fence(b).result(timeout=30), np.arange(12).reshape(3, 4) * 2)
+        finally:
+            q.shutdown()
+
+
 def test_small_allocations_are_plain_numpy_arrays():
     a = host_empty((HUGE_PAGE // 8 - 1,), np.float64)
     assert a.base is None and a.shape == (HUGE_PAGE // 8 - 1,)

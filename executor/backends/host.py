@@ -32,8 +32,9 @@ HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
-def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An uninitialised array; from 2 MiB up, on its own 2 MiB-aligned mapping advised for huge pages.
+def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_PAGE) -> np.ndarray:
+    """An uninitialised array; from ``min_bytes`` up (None: never), on its own 2 MiB-aligned
+    mapping advised for huge pages (``CELERITAS_HUGE_PAGES``).
 
     With transparent huge pages in ``madvise`` mode (the usual default), a plain
     ``np.empty`` of 4 MiB gets at most one huge page, and how many it gets
@@ -46,7 +47,7 @@ def host_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """
     dt = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    if n < HUGE_PAGE or _MADV_HUGEPAGE is None:
+    if min_bytes is None or n < min_bytes or n == 0 or _MADV_HUGEPAGE is None:
         return np.empty(shape, dtype=dt)
     size = -(-n // HUGE_PAGE) * HUGE_PAGE
     m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -166,12 +167,13 @@ class HostBackend(Backend):
     """
 
     def __init__(self, num_devices: int = 1, *, peer_to_peer: bool = True,
-                 memory_capacity: int | None = None):
+                 memory_capacity: int | None = None, huge_pages: int | None = HUGE_PAGE):
         if num_devices < 1:
             raise ValueError(f"HostBackend needs at least one device, got {num_devices}")
         self._num_devices = num_devices
         self._peer_to_peer = peer_to_peer
         self._capacity = memory_capacity
+        self.huge_pages = huge_pages        # smallest allocation put on huge pages (None: none)
         self._memories = (USER_MEMORY, HOST_MEMORY) + tuple(device_memory(d) for d in range(num_devices))
         # live allocations per memory: id(array) -> nbytes (for capacity and OOM messages)
         self._live: dict[int, dict[int, int]] = {m: {} for m in self._memories}
@@ -233,7 +235,7 @@ class HostBackend(Backend):
 
     def _new_array(self, memory: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The array behind an allocation (backends with special memories override this)."""
-        return host_empty(shape, dtype)
+        return host_empty(shape, dtype, self.huge_pages)
 
     def _oom_message(self, memory: int, nbytes: int) -> str:
         lines = [f"cannot allocate {nbytes} bytes in M{memory}"

@@ -56,11 +56,12 @@ class OclArray(np.ndarray):
     cl_buffer: Any = None
 
 
-def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 4096) -> OclArray:
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 4096,
+                   huge_pages: int | None = HUGE_PAGE) -> OclArray:
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if n >= HUGE_PAGE:   # 2 MiB-aligned, advised for huge pages (see host_empty)
-        return host_empty(shape, dtype).view(OclArray)
+    if huge_pages is not None and n >= max(huge_pages, 1):   # 2 MiB-aligned, advised for huge pages
+        return host_empty(shape, dtype, huge_pages).view(OclArray)
     raw = np.empty(n + align, dtype=np.uint8)
     off = (-raw.ctypes.data) % align
     arr = raw[off:off + n].view(dtype)
@@ -152,9 +153,10 @@ def _arguments_key(ctx: Any, args: tuple) -> tuple | None:
 class OpenCLBackend(HostBackend):
     """Logical devices = the listed OpenCL devices (one physical device may appear several times)."""
 
-    def __init__(self, ids: list[tuple[int, int]] | tuple = (), *, devices: list | None = None):
+    def __init__(self, ids: list[tuple[int, int]] | tuple = (), *, devices: list | None = None,
+                 huge_pages: int | None = HUGE_PAGE):
         devs = devices if devices is not None else opencl_devices(list(ids))
-        super().__init__(len(devs))
+        super().__init__(len(devs), huge_pages=huge_pages)
         self.devices = devs
         self._contexts: dict[int, Any] = {}
         for d in devs:
@@ -182,7 +184,7 @@ class OpenCLBackend(HostBackend):
     def _new_array(self, memory: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if memory < 2:
             return np.empty(shape, dtype=dtype)
-        return _aligned_empty(tuple(shape), dtype)   # page-aligned: usable as USE_HOST_PTR
+        return _aligned_empty(tuple(shape), dtype, huge_pages=self.huge_pages)   # page-aligned: USE_HOST_PTR
 
     def lane_handle(self, lane: Lane) -> Any:
         if lane.kind != "device":
