@@ -1430,8 +1430,8 @@ class Config:
     memory: float | None = None     # host devices' capacity: this fraction of the program's bytes (see
                                     # device_memory_for), so that buffers are evicted and chunks batched
     ahead: int | None = None        # CELERITAS_MAX_TASKS_AHEAD: small, so that submit waits for the executor
-    huge: str | None = None         # CELERITAS_HUGE_PAGES: "0" puts every host allocation on its own
-                                    # 2 MiB-aligned huge-page mapping (the fuzzer's buffers are all small)
+    huge: str | None = None         # CELERITAS_HUGE_PAGES: "0" gives every host allocation its own
+                                    # 2 MiB-aligned mapping (the fuzzer's buffers are all small)
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": "2",

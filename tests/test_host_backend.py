@@ -123,6 +123,20 @@ def test_huge_pages_setting_is_parsed_and_reaches_the_backend(monkeypatch):
             q.shutdown()
 
 
+def test_only_whole_huge_pages_are_advised():
+    """A tail shorter than a huge page stays on small pages: an array never takes more
+    resident memory than its bytes (plus less than one small page)."""
+    def rss_kb() -> int:
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Rss:"))
+    before = rss_kb()
+    a = host_empty((HUGE_PAGE + 100_000,), np.uint8)
+    a[:] = 1
+    grew = rss_kb() - before
+    assert grew * 1024 < 2 * HUGE_PAGE - 100_000      # not rounded up to two huge pages
+    assert a.ctypes.data % HUGE_PAGE == 0 and int(a.sum()) == a.size
+
+
 def test_small_allocations_are_plain_numpy_arrays():
     a = host_empty((HUGE_PAGE // 8 - 1,), np.float64)
     assert a.base is None and a.shape == (HUGE_PAGE // 8 - 1,)

@@ -43,20 +43,24 @@ def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_
     ranks took 280 us on 4 KiB pages, 140-180 us on a plain ``np.empty`` and
     80 us fully on huge pages on this machine.  The mapping is private and
     anonymous (fresh zero pages, no malloc arena), and is unmapped when the last
-    view of the array goes; only touched pages take memory.
+    view of the array goes; only touched pages take memory.  Only the whole huge
+    pages inside the array are advised: a tail shorter than 2 MiB stays on 4 KiB
+    pages, so an array never takes more memory than its bytes (a 2.1 MiB array
+    rounded up to two huge pages would take 4 MiB).
     """
     dt = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if min_bytes is None or n < min_bytes or n == 0 or _MADV_HUGEPAGE is None:
         return np.empty(shape, dtype=dt)
-    size = -(-n // HUGE_PAGE) * HUGE_PAGE
-    m = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     raw = np.frombuffer(m, dtype=np.uint8)
     off = (-raw.ctypes.data) % HUGE_PAGE
-    try:
-        m.madvise(_MADV_HUGEPAGE, off, size)
-    except OSError:   # kernels without transparent huge pages: 4 KiB pages, still aligned
-        pass
+    whole = n // HUGE_PAGE * HUGE_PAGE
+    if whole:
+        try:
+            m.madvise(_MADV_HUGEPAGE, off, whole)
+        except OSError:   # kernels without transparent huge pages: 4 KiB pages, still aligned
+            pass
     return raw[off:off + n].view(dt).reshape(shape)
 
 
