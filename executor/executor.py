@@ -46,6 +46,8 @@ from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitRec
                                          ReceiveInstruction, ReduceInstruction,
                                          SendInstruction, SplitReceiveInstruction, device_memory)
 
+from scheduler.errors import CeleritasError
+
 from .backends.backend import Backend, Completion, Lane, LaneSkipped
 from .communicator import Communicator
 from .instruction_handlers import InstructionHandlers, _set_promise
@@ -125,8 +127,9 @@ class _Inbox:
         self._signal.acquire(False)         # a signal left pending is consumed: locked again
 
 
-class ExecutorStopped(RuntimeError):
-    """The executor stopped before an instruction (e.g. a fence) was reached."""
+class ExecutorStopped(CeleritasError, RuntimeError):
+    """The executor stopped before an instruction (e.g. a fence) was reached: a
+    ``cl.CeleritasError`` for whoever holds the fence's future."""
 
 
 @dataclass(slots=True, eq=False)
@@ -816,7 +819,6 @@ class Executor(InstructionHandlers):
             self._fence_error = returned if isinstance(returned, BaseException) else exc
 
     def _fail_pending_fences(self) -> None:
-        err = self._fence_error or ExecutorStopped("the executor stopped before this fence was reached")
         pending = self._engine.pending_instructions()
         while not self._inbox.empty():
             item = self._inbox.get_nowait()
@@ -824,7 +826,8 @@ class Executor(InstructionHandlers):
                 pending.extend(item.instructions)
         for instr in pending:
             if isinstance(instr, FenceInstruction) and instr.promise is not None:
-                _set_promise(instr.promise, error=err)
+                _set_promise(instr.promise, error=self._fence_error or ExecutorStopped(
+                    f"rank {self._rank}: the executor stopped before fence T{instr.task} was reached"))
 
     def _wind_down(self, instr: Instruction) -> None:
         """After a failure: retire ``instr`` without executing it, doing only the
@@ -833,8 +836,8 @@ class Executor(InstructionHandlers):
         try:
             if isinstance(instr, FenceInstruction):
                 if instr.promise is not None:
-                    _set_promise(instr.promise, error=self._fence_error or
-                                 ExecutorStopped("an earlier instruction failed before this fence"))
+                    _set_promise(instr.promise, error=self._fence_error or ExecutorStopped(
+                        f"rank {self._rank}: an earlier instruction failed before fence T{instr.task}"))
             elif isinstance(instr, FreeInstruction):
                 arr = self._allocs.pop(instr.allocation, None)    # absent if its alloc was skipped
                 self._forget_views()

@@ -97,7 +97,8 @@ def test_a_fence_outstanding_when_the_queue_is_left_by_an_exception_gets_an_erro
             fut = q.fence(b)
             raise KeyError("the application failed")
     gate.set()
-    with pytest.raises(cl.CeleritasError, match="stopped before fence"):
+    # (the executor fails the fences it holds; the runtime those not yet handed over)
+    with pytest.raises(cl.CeleritasError, match=r"rank 0: the (executor|runtime was) stopped before fence T\d+"):
         fut.result(timeout=30)
     assert _no_runtime_threads_left()
 
