@@ -18,10 +18,11 @@ from scheduler.task_graph import (DISCARD_READ_WRITE, DISCARD_WRITE, READ, READ_
 
 
 class Hydration(threading.local):
-    """Per-thread binding of a command group's accessors to the arrays of one chunk."""
+    """Per-thread binding of a command group's accessors to the chunk being run: its
+    ``LaunchContext`` (accessor ``index`` indexes ``ctx.arrays`` and ``ctx.accesses``)."""
 
     def __init__(self) -> None:
-        self.slots: list[tuple[Any, Box, Region | None]] | None = None
+        self.ctx: Any = None
         self.label: str = ""
 
 
@@ -48,10 +49,12 @@ class Accessor:
 
     # ---- binding ---------------------------------------------------------------------
     def _slot(self) -> tuple[Any, Box, Region | None]:
-        slots = self._hydration.slots
-        if slots is None:
+        ctx = self._hydration.ctx
+        if ctx is None:
             raise AccessError(f"accessor of buffer {self.buffer_name} used outside its kernel or host task")
-        return slots[self.index]
+        i = self.index
+        acc = ctx.accesses[i]
+        return ctx.arrays[i], acc.allocation_box, acc.region
 
     @property
     def array(self) -> Any:
@@ -74,10 +77,13 @@ class Accessor:
 
     # ---- indexing ---------------------------------------------------------------------
     def _local(self, key) -> tuple[Any, Any]:
-        slots = self._hydration.slots
-        if slots is None:
+        ctx = self._hydration.ctx
+        if ctx is None:
             raise AccessError(f"accessor of buffer {self.buffer_name} used outside its kernel or host task")
-        arr, abox, granted = slots[self.index]
+        i = self.index
+        arr = ctx.arrays[i]
+        acc = ctx.accesses[i]
+        abox = acc.allocation_box
         d = self.dims
         lo = abox.lo
         if type(key) is tuple and not self._checks and len(key) == d:
@@ -107,7 +113,7 @@ class Accessor:
             if box.dims != d and not (box.empty and d == 0):
                 raise AccessError(f"a {box.dims}-D box indexes the {d}-D buffer {self.buffer_name}")
             if self._checks:
-                self._check(box, granted)
+                self._check(box, acc.region)
             return arr, box.slices_in(abox)
         if key is Ellipsis:
             return arr, Ellipsis
@@ -140,7 +146,7 @@ class Accessor:
                 pmin.append(k)
                 pmax.append(k + 1)
         if self._checks and None not in pmin:
-            self._check(Box(tuple(pmin), tuple(pmax), d), granted)
+            self._check(Box(tuple(pmin), tuple(pmax), d), acc.region)
         if self._checks or None in pmin:
             for i, (a, b) in enumerate(zip(pmin, pmax)):
                 if a is not None and (a < abox.lo[i] or b > abox.hi[i]):
