@@ -48,7 +48,12 @@ class Result:
 
 def config_for(seed: int, pinned: dict | None = None) -> Config:
     cfg = random_config(random.Random(seed * 7919 + 17))
-    return replace(cfg, **pinned) if pinned else cfg
+    if not pinned:
+        return cfg
+    cfg = replace(cfg, **pinned)
+    if cfg.backend == "opencl" and "transfers" not in pinned:
+        cfg = replace(cfg, transfers="staged")   # OpenCL memory cannot be handed to MPI: direct is refused
+    return cfg
 
 
 def parse_config(text: str | None) -> dict | None:

@@ -138,6 +138,7 @@ def _have_opencl() -> bool:
 @pytest.mark.skipif(not _have_opencl(), reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 @settings(max_examples=OPENCL_EXAMPLES, deadline=None, phases=NO_SHRINK,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 3), lookahead=st.sampled_from(["none", "auto"]))
-def test_random_programs_match_numpy_on_opencl(seed, ranks, lookahead):
-    _check(seed, Config(ranks=ranks, devices=2, lookahead=lookahead, backend="opencl"), kind="main")
+@given(seed=st.integers(0, 2**31 - 1), ranks=st.integers(1, 3), lookahead=st.sampled_from(["none", "auto"]),
+       huge=st.sampled_from(HUGE_CHOICES))
+def test_random_programs_match_numpy_on_opencl(seed, ranks, lookahead, huge):
+    _check(seed, Config(ranks=ranks, devices=2, lookahead=lookahead, backend="opencl", huge=huge), kind="main")
