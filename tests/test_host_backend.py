@@ -137,6 +137,18 @@ def test_only_whole_huge_pages_are_advised():
     assert a.ctypes.data % HUGE_PAGE == 0 and int(a.sum()) == a.size
 
 
+def test_a_failed_mapping_is_an_allocation_error(backend, monkeypatch):
+    import errno
+    import mmap as mmap_module
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+    monkeypatch.setattr(mmap_module, "mmap", refuse)
+    with pytest.raises(AllocationError, match=r"cannot allocate 4194304 bytes in M3.*cannot map 4194304 bytes"):
+        backend.allocate(device_memory(1), (1024, 1024), np.float32)
+    assert backend.live_bytes(device_memory(1)) == 0        # the reservation was given back
+
+
 def test_small_allocations_are_plain_numpy_arrays():
     a = host_empty((HUGE_PAGE // 8 - 1,), np.float64)
     assert a.base is None and a.shape == (HUGE_PAGE // 8 - 1,)

@@ -52,7 +52,10 @@ def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if min_bytes is None or n < min_bytes or n == 0 or _MADV_HUGEPAGE is None:
         return np.empty(shape, dtype=dt)
-    m = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as exc:      # ENOMEM, a mapping limit: out of memory, like np.empty's MemoryError
+        raise MemoryError(f"cannot map {n} bytes of host memory: {exc}") from exc
     raw = np.frombuffer(m, dtype=np.uint8)
     off = (-raw.ctypes.data) % HUGE_PAGE
     whole = n // HUGE_PAGE * HUGE_PAGE
