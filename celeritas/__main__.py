@@ -138,6 +138,21 @@ def _quote(s: str) -> str:
 # ---------------------------------------------------------------------------------- info
 
 
+def huge_page_status(setting: int | None, mode: str | None) -> str:
+    """One line for ``python -m celeritas info``: what ``CELERITAS_HUGE_PAGES`` (``setting``,
+    as parsed) does under the kernel's THP ``mode``."""
+    if setting is None:
+        return f"off (CELERITAS_HUGE_PAGES=off); kernel THP mode: {mode or 'unknown'}"
+    what = ("every host allocation" if setting == 0 else
+            f"host allocations from {setting >> 20} MiB" if setting and setting % (1 << 20) == 0 else
+            f"host allocations from {setting} bytes")
+    if mode is None:
+        return f"{what}: 2 MiB-aligned; no transparent huge pages on this system"
+    if mode == "never":
+        return f"{what}: 2 MiB-aligned, but the kernel's THP mode is never: all on 4 KiB pages"
+    return f"{what}: 2 MiB-aligned, their whole 2 MiB pages huge (kernel THP mode: {mode})"
+
+
 def _try(fn, *a, **kw) -> tuple[Any, str | None]:
     try:
         return fn(*a, **kw), None
@@ -233,6 +248,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     t.add_row("Python", Text(f"{platform.python_version()} ({sys.executable})"))
     t.add_row("numpy", np.__version__)
     t.add_row("platform", f"{platform.platform()}, {os.cpu_count()} CPU cores")
+    from executor.backends.host import transparent_huge_pages
+
+    from .config import HUGE_PAGES_DEFAULT, from_env
+    setting, _err = _try(lambda: from_env().huge_pages)
+    t.add_row("huge pages", huge_page_status(HUGE_PAGES_DEFAULT if _err else setting, transparent_huge_pages()))
     console.print(t)
 
     b = Table(title="backends and devices", title_justify="left")

@@ -79,3 +79,15 @@ def test_trace_help_says_what_trace_is_and_what_it_draws(capsys):
                   "from every send to the receive"):
         assert words in text
     assert "trace" in _help(capsys) and "graphs" in _help(capsys)
+
+
+def test_info_says_what_the_huge_page_setting_does_under_the_kernel_mode():
+    from celeritas.__main__ import huge_page_status
+    two_mib = 2 << 20
+    assert huge_page_status(None, "madvise") == "off (CELERITAS_HUGE_PAGES=off); kernel THP mode: madvise"
+    assert huge_page_status(two_mib, "madvise") == ("host allocations from 2 MiB: 2 MiB-aligned, their whole "
+                                                    "2 MiB pages huge (kernel THP mode: madvise)")
+    assert huge_page_status(two_mib, "never").endswith("the kernel's THP mode is never: all on 4 KiB pages")
+    assert huge_page_status(0, "always").startswith("every host allocation: ")
+    assert huge_page_status(3_000_000, "always").startswith("host allocations from 3000000 bytes: ")
+    assert huge_page_status(two_mib, None).endswith("no transparent huge pages on this system")

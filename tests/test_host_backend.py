@@ -149,6 +149,16 @@ def test_a_failed_mapping_is_an_allocation_error(backend, monkeypatch):
     assert backend.live_bytes(device_memory(1)) == 0        # the reservation was given back
 
 
+def test_transparent_huge_page_mode_is_read_from_the_kernel_setting(tmp_path):
+    from executor.backends.host import transparent_huge_pages
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert transparent_huge_pages(str(f)) == "madvise"
+    f.write_text("always madvise [never]\n")
+    assert transparent_huge_pages(str(f)) == "never"
+    assert transparent_huge_pages(str(tmp_path / "absent")) is None
+
+
 def test_small_allocations_are_plain_numpy_arrays():
     a = host_empty((HUGE_PAGE // 8 - 1,), np.float64)
     assert a.base is None and a.shape == (HUGE_PAGE // 8 - 1,)

@@ -284,7 +284,7 @@ def test_cli_single_rank_mpiexec_uses_the_single_rank_communicator():
 def test_cli_info():
     r = run_job([sys.executable, "-m", "celeritas", "info"], _env("host:1"), 120)
     assert r.returncode == 0, _explain(r)
-    for text in ("backends and devices", "host", "MPI library", "MPI_THREAD_MULTIPLE", str(MPIEXEC)):
+    for text in ("backends and devices", "host", "MPI library", "MPI_THREAD_MULTIPLE", str(MPIEXEC), "huge pages"):
         assert text in r.stdout, _explain(r)
 
 

@@ -67,6 +67,23 @@ def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_
     return raw[off:off + n].view(dt).reshape(shape)
 
 
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def transparent_huge_pages(path: str = THP_ENABLED) -> str | None:
+    """The kernel's transparent-huge-page mode (``always``, ``madvise``, ``never``), or None
+    where there is no such setting (not Linux, no THP support)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return None
+
+
 class HostCompletion(Completion):
     """Set by a lane worker; ``is_done`` is a plain attribute read (no lock)."""
 
