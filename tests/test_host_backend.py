@@ -73,7 +73,7 @@ def _mapped(addr: int) -> bool:
 
 @pytest.mark.parametrize("shape,dtype", [((1024, 1024), np.float32), ((3, 700_001), np.float64),
                                          ((HUGE_PAGE,), np.uint8)])
-def test_large_allocations_are_huge_page_aligned_and_unmapped_when_freed(backend, shape, dtype):
+def test_large_allocations_are_huge_page_aligned_and_pooled_once_no_view_is_left(backend, shape, dtype):
     a = backend.allocate(device_memory(1), shape, dtype)
     addr = a.ctypes.data
     assert addr % HUGE_PAGE == 0 and a.shape == shape and a.dtype == dtype
@@ -81,14 +81,52 @@ def test_large_allocations_are_huge_page_aligned_and_unmapped_when_freed(backend
     a[...] = 7
     a.flat[-1] = 3                       # the last element is inside the mapping
     assert a.sum() == 7 * (a.size - 1) + 3
-    view = a[1:]                         # a view keeps the mapping alive
+    view = a[1:]                         # a view keeps the mapping from the pool
     backend.free(device_memory(1), a)
     del a
-    assert _mapped(addr) and view.flat[0] == 7
+    pool = backend.memory_pool
+    assert pool.pooled_bytes == 0 and view.flat[0] == 7
+    other = backend.allocate(device_memory(0), shape, dtype)
+    assert other.ctypes.data != addr     # not the memory the view still shows
+    backend.free(device_memory(0), other)
+    del other                            # (pooled now)
+    del view                             # the last view gone: its mapping is pooled too
+    assert pool.pooled_bytes > 0
+    reused_before = pool.reused
+    again = backend.allocate(device_memory(1), shape, dtype)
+    assert pool.reused == reused_before + 1 and again.ctypes.data % HUGE_PAGE == 0
+    backend.free(device_memory(1), again)
+    del again
+    backend.close()                      # the pool lets go of its mappings
+    assert pool.pooled_bytes == 0
+    import sys
+    if sys.platform.startswith("linux"):
+        assert not _mapped(addr)
+
+
+def test_without_a_pool_the_mapping_goes_with_the_last_view():
+    a = host_empty((1024, 1024), np.float32)
+    addr = a.ctypes.data
+    view = a[3:]
+    del a
+    assert _mapped(addr)
     del view
     import sys
     if sys.platform.startswith("linux"):
-        assert not _mapped(addr)         # the last view gone: unmapped, not kept by malloc
+        assert not _mapped(addr)         # unmapped, not kept by malloc
+
+
+def test_the_pool_is_bounded():
+    from executor.backends.host import HostMemoryPool
+    pool = HostMemoryPool(limit=3 * HUGE_PAGE)
+    arrays = [host_empty((HUGE_PAGE,), np.uint8, pool=pool) for _ in range(3)]   # 2 huge pages each
+    del arrays
+    assert pool.pooled_bytes == 2 * HUGE_PAGE       # one fits, the others were unmapped
+    b = host_empty((HUGE_PAGE - 4096,), np.uint8, 0, pool)            # the same size class
+    assert pool.reused == 1 and pool.pooled_bytes == 0 and b.ctypes.data % HUGE_PAGE == 0
+    pool.close()
+    del b
+    assert pool.pooled_bytes == 0                    # closed: nothing is kept any more
 
 
 def test_huge_pages_setting_is_parsed_and_reaches_the_backend(monkeypatch):

@@ -11,6 +11,7 @@ import logging
 import mmap
 import threading
 import time
+import weakref
 from queue import SimpleQueue
 from typing import Any, Callable
 
@@ -32,7 +33,57 @@ HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
-def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_PAGE) -> np.ndarray:
+class HostMemoryPool:
+    """Huge-page mappings whose arrays are gone, kept for the next allocation of the same size
+    class (2 MiB steps), up to ``limit`` bytes: a caching allocator, as CuPy's memory pool is
+    for device memory.
+
+    A fresh mapping faults every page in on first touch, where malloc would have handed
+    back memory it already had; out-of-core runs allocate and free a batch's arrays over
+    and over.  A mapping comes back only once the last view of its array is gone (a
+    ``weakref.finalize`` on the base array every view refers to), so reuse never aliases
+    live data.
+    """
+
+    def __init__(self, limit: int = 256 << 20):
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._bytes = 0
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._closed = False
+        self.reused = 0
+
+    def take(self, length: int) -> mmap.mmap | None:
+        with self._lock:
+            free = self._free.get(length)
+            if not free:
+                return None
+            self._bytes -= length
+            self.reused += 1
+            return free.pop()
+
+    def give(self, m: mmap.mmap) -> None:
+        """The finalizer of an array's base: keep its mapping if there is room."""
+        length = len(m)
+        with self._lock:
+            if self._closed or self._bytes + length > self._limit:
+                return          # dropped: unmapped once nothing refers to it
+            self._free.setdefault(length, []).append(m)
+            self._bytes += length
+
+    @property
+    def pooled_bytes(self) -> int:
+        return self._bytes
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._free.clear()
+            self._bytes = 0
+
+
+def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_PAGE,
+               pool: HostMemoryPool | None = None) -> np.ndarray:
     """An uninitialised array; from ``min_bytes`` up (None: never), on its own 2 MiB-aligned
     mapping advised for huge pages (``CELERITAS_HUGE_PAGES``).
 
@@ -52,18 +103,26 @@ def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     if min_bytes is None or n < min_bytes or n == 0 or _MADV_HUGEPAGE is None:
         return np.empty(shape, dtype=dt)
-    try:
-        m = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    except OSError as exc:      # ENOMEM, a mapping limit: out of memory, like np.empty's MemoryError
-        raise MemoryError(f"cannot map {n} bytes of host memory: {exc}") from exc
+    # the mapping's length: n rounded up to a whole huge page (a pool's size class), plus one
+    # huge page of room to align the start; only touched pages take memory
+    length = -(-n // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE
+    m = pool.take(length) if pool is not None else None
+    fresh = m is None
+    if fresh:
+        try:
+            m = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError as exc:      # ENOMEM, a mapping limit: out of memory, like np.empty's MemoryError
+            raise MemoryError(f"cannot map {n} bytes of host memory: {exc}") from exc
     raw = np.frombuffer(m, dtype=np.uint8)
     off = (-raw.ctypes.data) % HUGE_PAGE
     whole = n // HUGE_PAGE * HUGE_PAGE
-    if whole:
+    if fresh and whole:
         try:
             m.madvise(_MADV_HUGEPAGE, off, whole)
         except OSError:   # kernels without transparent huge pages: 4 KiB pages, still aligned
             pass
+    if pool is not None:
+        weakref.finalize(raw, pool.give, m).atexit = False
     return raw[off:off + n].view(dt).reshape(shape)
 
 
@@ -198,6 +257,7 @@ class HostBackend(Backend):
         self._peer_to_peer = peer_to_peer
         self._capacity = memory_capacity
         self.huge_pages = huge_pages        # smallest allocation put on huge pages (None: none)
+        self.memory_pool = HostMemoryPool()
         self._memories = (USER_MEMORY, HOST_MEMORY) + tuple(device_memory(d) for d in range(num_devices))
         # live allocations per memory: id(array) -> nbytes (for capacity and OOM messages)
         self._live: dict[int, dict[int, int]] = {m: {} for m in self._memories}
@@ -259,7 +319,7 @@ class HostBackend(Backend):
 
     def _new_array(self, memory: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """The array behind an allocation (backends with special memories override this)."""
-        return host_empty(shape, dtype, self.huge_pages)
+        return host_empty(shape, dtype, self.huge_pages, self.memory_pool)
 
     def _oom_message(self, memory: int, nbytes: int) -> str:
         lines = [f"cannot allocate {nbytes} bytes in M{memory}"
@@ -321,6 +381,7 @@ class HostBackend(Backend):
         return list(self._workers)
 
     def close(self) -> None:
+        self.memory_pool.close()
         with self._workers_lock:
             self._closed = True
             workers = list(self._workers.values())

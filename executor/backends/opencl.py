@@ -57,11 +57,11 @@ class OclArray(np.ndarray):
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, align: int = 4096,
-                   huge_pages: int | None = HUGE_PAGE) -> OclArray:
+                   huge_pages: int | None = HUGE_PAGE, pool: Any = None) -> OclArray:
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if huge_pages is not None and n >= max(huge_pages, 1):   # 2 MiB-aligned, advised for huge pages
-        return host_empty(shape, dtype, huge_pages).view(OclArray)
+        return host_empty(shape, dtype, huge_pages, pool).view(OclArray)
     raw = np.empty(n + align, dtype=np.uint8)
     off = (-raw.ctypes.data) % align
     arr = raw[off:off + n].view(dtype)
@@ -184,7 +184,8 @@ class OpenCLBackend(HostBackend):
     def _new_array(self, memory: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if memory < 2:
             return np.empty(shape, dtype=dtype)
-        return _aligned_empty(tuple(shape), dtype, huge_pages=self.huge_pages)   # page-aligned: USE_HOST_PTR
+        return _aligned_empty(tuple(shape), dtype, huge_pages=self.huge_pages,   # page-aligned: USE_HOST_PTR
+                              pool=self.memory_pool)
 
     def lane_handle(self, lane: Lane) -> Any:
         if lane.kind != "device":
