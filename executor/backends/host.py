@@ -93,11 +93,12 @@ def host_empty(shape: tuple[int, ...], dtype: Any, min_bytes: int | None = HUGE_
     between such arrays walks 4 KiB pages: a 4 MiB MPI message between two
     ranks took 280 us on 4 KiB pages, 140-180 us on a plain ``np.empty`` and
     80 us fully on huge pages on this machine.  The mapping is private and
-    anonymous (fresh zero pages, no malloc arena), and is unmapped when the last
-    view of the array goes; only touched pages take memory.  Only the whole huge
-    pages inside the array are advised: a tail shorter than 2 MiB stays on 4 KiB
-    pages, so an array never takes more memory than its bytes (a 2.1 MiB array
-    rounded up to two huge pages would take 4 MiB).
+    anonymous (no malloc arena); when the last view of the array goes it is
+    unmapped, or kept in ``pool`` for the next array of its size class.  Only
+    touched pages take memory, and only the whole huge pages inside the array are
+    advised: a tail shorter than 2 MiB stays on 4 KiB pages, so a fresh array takes
+    no more memory than its bytes (a 2.1 MiB array rounded up to two huge pages
+    would take 4 MiB; a pooled mapping may bring up to one huge page more).
     """
     dt = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
