@@ -116,6 +116,18 @@ def test_without_a_pool_the_mapping_goes_with_the_last_view():
         assert not _mapped(addr)         # unmapped, not kept by malloc
 
 
+@pytest.mark.timeout(30)
+def test_an_array_freed_while_the_pool_is_busy_on_the_same_thread_is_pooled():
+    """A garbage collection started inside the pool's critical section may run an array's
+    finalizer (``give``) on the same thread: it must not deadlock."""
+    from executor.backends.host import HostMemoryPool
+    pool = HostMemoryPool()
+    a = host_empty((HUGE_PAGE,), np.uint8, pool=pool)
+    with pool._lock:
+        del a                                        # the finalizer runs here
+    assert pool.pooled_bytes == 2 * HUGE_PAGE
+
+
 def test_the_pool_is_bounded():
     from executor.backends.host import HostMemoryPool
     pool = HostMemoryPool(limit=3 * HUGE_PAGE)

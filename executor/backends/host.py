@@ -49,7 +49,9 @@ class HostMemoryPool:
         self._free: dict[int, list[mmap.mmap]] = {}
         self._bytes = 0
         self._limit = limit
-        self._lock = threading.Lock()
+        # reentrant: ``give`` runs as a finalizer, which a garbage collection started by an
+        # allocation inside the pool's own critical section may run on the same thread
+        self._lock = threading.RLock()
         self._closed = False
         self.reused = 0
 
