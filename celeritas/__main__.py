@@ -250,9 +250,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     t.add_row("platform", f"{platform.platform()}, {os.cpu_count()} CPU cores")
     from executor.backends.host import transparent_huge_pages
 
-    from .config import HUGE_PAGES_DEFAULT, from_env
-    setting, _err = _try(lambda: from_env().huge_pages)
-    t.add_row("huge pages", huge_page_status(HUGE_PAGES_DEFAULT if _err else setting, transparent_huge_pages()))
+    from . import config
+    cfg, err = _try(config.from_env)        # (an invalid environment is reported at the end)
+    t.add_row("huge pages", huge_page_status(config.HUGE_PAGES_DEFAULT if cfg is None else cfg.huge_pages,
+                                             transparent_huge_pages()))
     console.print(t)
 
     b = Table(title="backends and devices", title_justify="left")
@@ -283,8 +284,6 @@ def cmd_info(args: argparse.Namespace) -> int:
             c.add_row(k, Text(v))
     else:
         c.add_row("CELERITAS_*", "(none set: defaults)")
-    from . import config
-    cfg, err = _try(config.from_env)
     c.add_row("valid", Text("yes", style="green") if err is None else Text(err, style="red"))
     console.print(c)
     return 0 if err is None else 1

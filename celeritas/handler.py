@@ -515,7 +515,6 @@ class _Launcher:
             if self.plain:
                 self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset), *self.args)
                 return
-            geom = self.geom
             if self.device:
                 if self.red_ops:
                     reducers = []
@@ -527,9 +526,10 @@ class _Launcher:
                 if self.source:
                     self.backend.launch_source_kernel(self.fn, ctx, self.device_args, self.local_range)
                 else:
-                    self.fn(Chunk(ctx.box, ctx.xp, ctx.device, geom.global_range, geom.offset), *reducers, *self.args)
+                    self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset),
+                            *reducers, *self.args)
             else:
-                self.fn(Partition(ctx.box, geom.global_range, ctx.communicator, self.rank))
+                self.fn(Partition(ctx.box, self.global_range, ctx.communicator, self.rank))
         except CeleritasError as exc:
             if isinstance(exc, KernelError):
                 raise

@@ -45,7 +45,6 @@ from scheduler.instruction_graph import (HOST_MEMORY, AllocInstruction, AwaitRec
                                          HostTaskInstruction, Instruction, InstructionBatch,
                                          ReceiveInstruction, ReduceInstruction,
                                          SendInstruction, SplitReceiveInstruction, device_memory)
-
 from scheduler.errors import CeleritasError
 
 from .backends.backend import Backend, Completion, Lane, LaneSkipped
