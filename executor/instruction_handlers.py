@@ -67,36 +67,49 @@ class InstructionHandlers:
     def _issue_copy(self, a: Assignment) -> None:
         instr: CopyInstruction = a.instruction
         lane = a.lane_ref.handle or self._lane_info(a)
-        allocs = self._allocs
         if lane.inline:   # a plain host lane: the backend would run copy_box
-            box = instr.box
-            views = self._views
-            key = (instr.source, instr.dest, box.lo, box.hi)
-            pair = views.get(key)
+            pair = self._copy_views(instr)
             if pair is None:
-                if box.empty:
-                    self._dispatch(a, lane, _noop, 0)
-                    return
-                dst = box_view(allocs[instr.dest], instr.dest_box, box)
-                src = box_view(allocs[instr.source], instr.source_box, box)
-                if src.shape != dst.shape:
-                    src = src.reshape(dst.shape)
-                if len(views) >= _VIEWS_CACHED:
-                    views.clear()
-                pair = views[key] = (dst, src)
+                self._dispatch(a, lane, _noop, 0)
+                return
             if (not a.eager and self._trace is None and instr.size_bytes <= self._inline_bytes):
                 # the common case, _dispatch's inline path without its generality
-                try:
-                    pair[0][...] = pair[1]
-                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
-                    self._report(exc, instr)
+                self._direct_copies.add((instr.source_memory, instr.dest_memory))
+                self._copy_inline(instr, pair)
                 self._engine.complete(instr.id)
                 return
             self._dispatch(a, lane, _assign, instr.size_bytes, *pair)
             return
+        allocs = self._allocs
         c = self._backend.copy(allocs[instr.source], instr.source_box, allocs[instr.dest],
                                instr.dest_box, instr.box, lane.lane, dependent=a.eager)
         self._track_backend(instr, lane.lane, c)
+
+    def _copy_views(self, instr: CopyInstruction) -> tuple[Any, Any] | None:
+        """(destination, source) views of a host copy, cached until an allocation comes or
+        goes; None for an empty box."""
+        box = instr.box
+        views = self._views
+        key = (instr.source, instr.dest, box.lo, box.hi)
+        pair = views.get(key)
+        if pair is None:
+            if box.empty:
+                return None
+            allocs = self._allocs
+            dst = box_view(allocs[instr.dest], instr.dest_box, box)
+            src = box_view(allocs[instr.source], instr.source_box, box)
+            if src.shape != dst.shape:
+                src = src.reshape(dst.shape)
+            if len(views) >= _VIEWS_CACHED:
+                views.clear()
+            pair = views[key] = (dst, src)
+        return pair
+
+    def _copy_inline(self, instr: CopyInstruction, pair: tuple[Any, Any]) -> None:
+        try:
+            pair[0][...] = pair[1]
+        except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+            self._report(exc, instr)
 
     def _forget_views(self) -> None:
         if self._views:
@@ -116,6 +129,24 @@ class InstructionHandlers:
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
         lane = a.lane_ref.handle or self._lane_info(a)
+        ctx = self._kernel_context(instr, lane)
+        launcher = instr.launcher
+        box = instr.box
+        key = (instr.name, box.area.bit_length() if box is not None else 0)
+        if lane.inline and not a.eager and self._trace is None:
+            est = self._costs.get(key)
+            if est is not None and est <= self._inline_ns:
+                # the common case, _dispatch's inline path without its generality
+                self._direct_kernel_lanes[instr.device] = lane
+                self._kernel_inline(instr, launcher, ctx, key, est)
+                self._engine.complete(instr.id)
+                return
+        if launcher is None:
+            self._dispatch(a, lane, _noop, key)
+        else:
+            self._dispatch(a, lane, launcher, key, ctx)
+
+    def _kernel_context(self, instr: DeviceKernelInstruction, lane: Any) -> LaunchContext:
         allocs = self._allocs
         accesses = instr.accesses
         reductions = instr.reductions
@@ -123,34 +154,25 @@ class InstructionHandlers:
         has_range = self._has_global_range.get(cls)
         if has_range is None:
             has_range = self._has_global_range[cls] = hasattr(cls, "global_range")
-        box = instr.box
-        ctx = LaunchContext(
-            box, instr.device,
+        return LaunchContext(
+            instr.box, instr.device,
             [allocs[acc.allocation] if acc.allocation >= 0 else None for acc in accesses] if accesses else [],
             [allocs[r.allocation] for r in reductions] if reductions else [],
             lane.xp, tuple(instr.global_range) if has_range else (), None, self._rank, lane.stream,
             accesses, instr.task)
-        launcher = instr.launcher
-        key = (instr.name, box.area.bit_length() if box is not None else 0)
-        if lane.inline and not a.eager and self._trace is None:
-            costs = self._costs
-            est = costs.get(key)
-            if est is not None and est <= self._inline_ns:
-                # the common case, _dispatch's inline path without its generality
-                t0 = _perf_ns()
-                try:
-                    if launcher is not None:
-                        launcher(ctx)
-                except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
-                    self._report(exc, instr)
-                ns = _perf_ns() - t0
-                costs[key] = ns if ns <= est else est + (ns - est) // 4     # as _note_cost
-                self._engine.complete(instr.id)
-                return
-        if launcher is None:
-            self._dispatch(a, lane, _noop, key)
-        else:
-            self._dispatch(a, lane, launcher, key, ctx)
+
+    def _kernel_inline(self, instr: DeviceKernelInstruction, launcher: Any, ctx: LaunchContext, key: tuple,
+                       est: int) -> None:
+        """Run a kernel estimated cheap on this thread; its run time updates the estimate
+        (as ``_note_cost``)."""
+        t0 = _perf_ns()
+        try:
+            if launcher is not None:
+                launcher(ctx)
+        except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
+            self._report(exc, instr)
+        ns = _perf_ns() - t0
+        self._costs[key] = ns if ns <= est else est + (ns - est) // 4
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction

@@ -214,6 +214,18 @@ class OutOfOrderEngine:
         (eager candidates, which wait for work in flight, do not count)."""
         return self._ready > 0
 
+    def would_assign_at_once(self, instr: Instruction) -> bool:
+        """Whether ``instr``, submitted now, would be the next assignment: every predecessor
+        has completed and nothing else is ready.  (The executor then runs cheap work
+        without submitting it: see its "direct issue".)"""
+        if self._ready:
+            return False
+        nodes = self._nodes
+        for d, _ in instr.deps:
+            if d in nodes:
+                return False
+        return True
+
     def lane_count(self, target: Target, device: int | None = None) -> int:
         return len(self._lanes.get((target, device), ()))
 

@@ -386,3 +386,17 @@ def test_random_graphs_complete_in_any_order_with_a_random_eager_filter(seed, n,
     rng = random.Random(seed)
     _simulate(_random_graph(rng, n), rng, stride, lanes,
               eager_filter=lambda instr, lane: rng.random() < 0.5)
+
+
+def test_would_assign_at_once_means_every_predecessor_complete_and_nothing_else_ready():
+    e = OutOfOrderEngine()
+    assert e.would_assign_at_once(kernel(5, 1, 2))          # predecessors unknown: complete long ago
+    e.submit(kernel(1))
+    assert not e.would_assign_at_once(kernel(6))            # kernel 1 is ready: it comes first
+    assert drain(e) == [(1, Target.DEVICE_LANE, 0, 0, False)]
+    assert e.would_assign_at_once(kernel(7))                # 1 runs; nothing else is ready
+    assert not e.would_assign_at_once(kernel(8, 1))         # 1 has not completed
+    e.complete(1)
+    assert e.would_assign_at_once(kernel(9, 1))
+    e.submit(kernel(2, 3))                                  # pending on an unknown (complete) id: ready
+    assert not e.would_assign_at_once(kernel(10))

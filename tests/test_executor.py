@@ -607,3 +607,27 @@ def test_inbox_wakes_on_put_and_times_out_without_one():
     t0 = time.monotonic()
     box.wait(0.05)
     assert time.monotonic() - t0 >= 0.04
+
+
+def test_inbox_hands_out_completions_before_batches_and_keeps_batches_in_order():
+    """A completion must not wait behind a backlog of batches (it is what lets accepted work
+    run); batches and control signals keep their order; an urgent put wakes a sleeper."""
+    import threading
+    import time
+
+    from executor.executor import _Inbox
+    box = _Inbox()
+    box.put("batch1")
+    box.put("batch2")
+    box.put_urgent("completion")
+    box.put("drain")
+    assert [box.get_nowait() for _ in range(4)] == ["completion", "batch1", "batch2", "drain"]
+    assert box.empty()
+
+    def later():
+        time.sleep(0.05)
+        box.put_urgent("done")
+    threading.Thread(target=later).start()
+    t0 = time.monotonic()
+    box.wait(10.0)
+    assert time.monotonic() - t0 < 5.0 and not box.empty() and box.get_nowait() == "done"

@@ -35,7 +35,8 @@ class Harness:
     def __init__(self, devices: int = 1, **kw):
         self.backend = HostBackend(devices)
         self.errors = []
-        self.ex = Executor(self.backend, SingleRankCommunicator(), trace=True,
+        trace = kw.pop("trace", True)
+        self.ex = Executor(self.backend, SingleRankCommunicator(), trace=trace,
                            on_error=lambda exc, instr: self.errors.append((exc, instr)), **kw)
         self.ex.start()
         self.g = Graph()
@@ -160,11 +161,13 @@ def test_inline_kernels_respect_dependencies_and_lane_order():
         h.close()
 
 
-def test_inline_kernel_error_is_reported_and_dependents_never_run():
-    h = Harness()
+@pytest.mark.parametrize("trace", [True, False])       # untraced: the second batch runs directly
+def test_inline_kernel_error_is_reported_and_dependents_never_run(trace):
+    h = Harness(trace=trace)
     try:
-        h.kernel(lambda ctx: None, name="maybe")
-        h.run()
+        for _ in range(2):
+            h.kernel(lambda ctx: None, name="maybe")
+            h.run()
         ran = []
 
         def boom(ctx):
@@ -176,7 +179,8 @@ def test_inline_kernel_error_is_reported_and_dependents_never_run():
             h.run()
         assert ran == []                         # the dependent of the failed kernel is retired unrun
         assert len(h.errors) == 1 and h.errors[0][1] is bad
-        assert "D0.lane0" in h.lanes_of([bad])
+        if trace:
+            assert "D0.lane0" in h.lanes_of([bad])
     finally:
         h.close()
 
@@ -333,5 +337,116 @@ def test_only_work_too_big_to_run_inline_is_queued_behind_a_running_kernel(nbyte
         np.testing.assert_array_equal(h.ex._allocs[2], np.full(n, 7.0))
         # the kernel (unknown cost) always goes to its lane; the copy only when queued eagerly
         assert launches == ([False, True] if queued else [False])
+    finally:
+        h.close()
+
+
+# ---- direct issue: cheap work whose predecessors all completed runs straight from its batch
+
+
+def _engine_spy(h):
+    """Ids of the instructions that went through the engine."""
+    seen = []
+    real = h.ex._engine.submit
+
+    def submit(instr, deps=None):
+        seen.append(instr.id)
+        return real(instr, deps)
+
+    h.ex._engine.submit = submit
+    return seen
+
+
+def _host_and_device_arrays(h, n):
+    box = Box((0,), (n,))
+    a = h.g.add(AllocInstruction, h.last, allocation=1, memory=HOST_MEMORY, box=box, shape=(n,), dtype=np.float64)
+    b = h.g.add(AllocInstruction, a, allocation=2, memory=device_memory(0), box=box, shape=(n,), dtype=np.float64)
+    h.last = b
+    return box
+
+
+def test_cheap_ready_kernels_and_copies_run_straight_from_their_batch():
+    h = Harness(trace=False, inline_copy_bytes=1024)
+    try:
+        box = _host_and_device_arrays(h, 16)
+        acc = [AccessAllocation(0, 2, box, box)]
+
+        def add(v):
+            return lambda ctx: ctx.arrays[0].__iadd__(v)
+
+        def copy(*deps):
+            h.last = h.g.add(CopyInstruction, *deps, source=2, dest=1, source_memory=device_memory(0),
+                             dest_memory=HOST_MEMORY, box=box, source_box=box, dest_box=box, size_bytes=box.area * 8)
+            return h.last
+
+        for _ in range(2):                   # learn the kernel's cost and that such copies run inline
+            h.kernel(add(1.0), name="add", box=box, accesses=acc)
+            copy(h.last)
+            h.run()
+        seen = _engine_spy(h)
+        threads = []
+        k0 = h.kernel(lambda ctx: (threads.append(threading.current_thread().name), ctx.arrays[0].__iadd__(10.0)),
+                      name="add", box=box, accesses=acc)
+        k1 = h.kernel(add(100.0), k0, name="add", box=box, accesses=acc)
+        c = copy(k1)
+        h.run()
+        np.testing.assert_array_equal(h.ex._allocs[1], np.full(16, 112.0))
+        assert threads == [h.ex._thread.name]
+        assert not {k0.id, k1.id, c.id} & set(seen)          # no engine node for any of them
+        assert h.errors == []
+    finally:
+        h.close()
+
+
+def test_direct_issue_waits_for_a_predecessor_still_on_its_lane():
+    h = Harness(trace=False)
+    try:
+        order = []
+        h.kernel(lambda ctx: order.append("learn"), name="cheap")
+        h.run()
+        order.clear()
+        seen = _engine_spy(h)
+
+        def slow(ctx):
+            time.sleep(0.02)
+            order.append("slow")
+
+        s = h.kernel(slow, name="first-of-its-kind")          # unknown cost: to its lane
+        d = h.kernel(lambda ctx: order.append("dependent"), s, name="cheap")
+        h.run()
+        assert order == ["slow", "dependent"]
+        assert s.id in seen and d.id in seen                  # the dependent waited in the engine
+    finally:
+        h.close()
+
+
+def test_direct_issue_does_not_run_ahead_of_more_urgent_work_later_in_its_batch():
+    """A cheap kernel first in the batch, an independent copy too large to run inline
+    (priority above the kernel's) after it: the engine issues the copy first, so the
+    kernel must not run straight from the batch."""
+    h = Harness(trace=False, inline_copy_bytes=64, inline_alone_copy_bytes=0)
+    order = []
+    real_launch = h.backend.launch
+
+    def launch(lane, fn, *, dependent=False):
+        order.append("copy")
+        return real_launch(lane, fn, dependent=dependent)
+
+    try:
+        box = _host_and_device_arrays(h, 1024)
+        for _ in range(2):                   # its cost, then that it runs inline
+            h.kernel(lambda ctx: None, name="cheap")
+            h.run()
+        start = h.last
+        seen = _engine_spy(h)
+        h.backend.launch = launch
+        k = h.kernel(lambda ctx: order.append("kernel"), start, name="cheap")
+        c = h.g.add(CopyInstruction, start, source=1, dest=2, source_memory=HOST_MEMORY,
+                    dest_memory=device_memory(0), box=box, source_box=box, dest_box=box, size_bytes=box.area * 8,
+                    priority=1)                       # as the generator gives copies (PRIORITY_COPY)
+        h.last = h.g.add(EpochInstruction, k, c, task=h.g.next_id, action="barrier")
+        h.run()
+        assert order == ["copy", "kernel"]
+        assert k.id in seen
     finally:
         h.close()
