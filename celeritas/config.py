@@ -107,6 +107,10 @@ class Config:
     # how long the executor polls MPI without pause once nothing but the network is
     # left to wait for, before it sleeps between polls (0: never)
     mpi_spin_us: float = 100.0
+    # kernels measured to run in under this many µs (and copies up to 128 KiB) run on the
+    # executor thread itself, not handed to their lane, where the backend's lanes are
+    # plain threads (host backend); 0: never
+    inline_us: float = 100.0
     divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT
     mpi_cuda_aware: bool | None = None
     # seconds a wait(), fence result or shutdown may block before the rank says what it
@@ -269,6 +273,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
         mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),
         mpi_spin_us=_nonnegative_float(env, "CELERITAS_MPI_SPIN_US", 100.0, "microseconds"),
+        inline_us=_nonnegative_float(env, "CELERITAS_INLINE_US", 100.0, "microseconds"),
         divergence_timeout=_positive_float(env, "CELERITAS_DIVERGENCE_TIMEOUT", DEFAULT_DIVERGENCE_TIMEOUT,
                                            "seconds", off=True),
         mpi_cuda_aware=_tristate(env, "CELERITAS_MPI_CUDA_AWARE"),

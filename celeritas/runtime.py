@@ -247,6 +247,7 @@ class Runtime:
             from executor.executor import Executor
             self.executor = Executor(self.backend, communicator, on_horizon=self._on_horizon,
                                      on_epoch=self._on_epoch, on_error=self._on_executor_error,
+                                     inline_threshold=config.inline_us * 1e-6,
                                      trace=bool(config.trace) or config.summary
                                      or config.log_level in ("info", "debug"),
                                      name=f"celeritas-executor-{self.rank}")

@@ -226,7 +226,7 @@ class Executor(InstructionHandlers):
         # Inline execution (see _dispatch): whether lanes' work may run on this thread
         # (per lane, in _LaneInfo), and per kind of work (kernel name / copy size class)
         # an estimate of its run time
-        self._inline_ns = int(inline_threshold * 1e9) if inline_threshold and inline_threshold > 0 else 0
+        self._inline_ns = round(inline_threshold * 1e9) if inline_threshold and inline_threshold > 0 else 0
         self._inline_bytes = inline_copy_bytes if self._inline_ns else -1
         self._alone_ns = max(int(inline_alone_threshold * 1e9), self._inline_ns) if self._inline_ns else 0
         self._alone_bytes = max(inline_alone_copy_bytes, self._inline_bytes) if self._inline_ns else -1

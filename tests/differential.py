@@ -140,6 +140,8 @@ class Task:
     marker: bool = False        # fail kind: record that this task ran
     side_effect: bool = True    # host tasks: order through the log host object
     delay: float = 0.0          # seconds the chunk holding the range's first index sleeps (timing)
+    name: str | None = None     # kernel name shared by a loop's repetitions of one task (default:
+                                # one per task), so that their measured cost lets them run inline
 
 
 @dataclass
@@ -706,6 +708,8 @@ def _gen_main(g: _Gen) -> Program:
             block: list[Task] = []
             for _ in range(rng.randint(1, 3)):
                 _gen_step(g, st, block)
+            for j, t in enumerate(block):
+                t.name = f"loop{len(tasks)}_{j}"
             reps = rng.randint(2, 4) * g.repeat
             for _ in range(reps):
                 tasks += copy.deepcopy(block)
@@ -790,7 +794,7 @@ def _gen_stencil_loop(g: _Gen, st: _State) -> list[Task]:
         src, dst = (0, 1) if step % 2 == 0 else (1, 0)
         t = Task("kernel", shape, [Read("data", src, "neighborhood", extent=extent, shape=nbh)],
                  Write("data", dst, "one_to_one", rng.choice(["discard_write", "discard_write", "read_write"])),
-                 c0=step % 3, split2d=split2d)
+                 c0=step % 3, split2d=split2d, name="stencil")
         out.append(t)
         if wait_every and step % wait_every == wait_every - 1:
             out.append(Task("wait"))
@@ -1238,7 +1242,7 @@ class _Run:
                 for spec, red in zip(t.reds, reducers):
                     _combine(red, red_values(vals, spec, p.targets[spec.target].dtype), spec.combine)
 
-            name = FAIL_KERNEL if t.fail_at is not None else f"kernel_T{idx}"
+            name = FAIL_KERNEL if t.fail_at is not None else t.name or f"kernel_T{idx}"
             cgh.parallel_for(t.range_shape, kernel, name=name, reductions=reds, local_range=t.local_range)
         return cgf
 
@@ -1432,6 +1436,8 @@ class Config:
     ahead: int | None = None        # CELERITAS_MAX_TASKS_AHEAD: small, so that submit waits for the executor
     huge: str | None = None         # CELERITAS_HUGE_PAGES: "0" gives every host allocation its own
                                     # 2 MiB-aligned mapping (the fuzzer's buffers are all small)
+    inline: str | None = None       # CELERITAS_INLINE_US: "0" sends all work to the lanes, "1000000" runs
+                                    # every kernel inline (and then directly from its batch) once measured
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": "2",
@@ -1442,6 +1448,8 @@ class Config:
             env["CELERITAS_MAX_TASKS_AHEAD"] = str(self.ahead)
         if self.huge is not None:
             env["CELERITAS_HUGE_PAGES"] = self.huge
+        if self.inline is not None:
+            env["CELERITAS_INLINE_US"] = self.inline
         if self.backend == "opencl":
             env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
         else:
@@ -1453,7 +1461,8 @@ class Config:
                 f"oversubscribe={self.oversubscribe} transfers={self.transfers} replay={self.replay}"
                 + (f" memory={self.memory}" if self.memory is not None else "")
                 + (f" ahead={self.ahead}" if self.ahead is not None else "")
-                + (f" huge={self.huge}" if self.huge is not None else ""))
+                + (f" huge={self.huge}" if self.huge is not None else "")
+                + (f" inline={self.inline}" if self.inline is not None else ""))
 
     def fields(self) -> str:
         """The ``--config`` text of ``tests.fuzz`` that pins this configuration."""
@@ -1465,6 +1474,7 @@ REPLAY_CHOICES = ("on", "on", "off")                # replay is the default: mos
 MEMORY_CHOICES = (None, None, None, 0.3, 0.6, 1.0)  # unbounded, or a fraction of the program's bytes
 AHEAD_CHOICES = (None, None, None, 2, 4, 8)        # the default bound, or one the programs reach
 HUGE_CHOICES = (None, None, None, None, "0", "off")  # the default (2 MiB up), every allocation, none
+INLINE_CHOICES = (None, None, None, "0", "1000000")  # the default (100 us), never, every measured kernel
 
 
 def random_config(rng: random.Random) -> Config:
@@ -1472,7 +1482,7 @@ def random_config(rng: random.Random) -> Config:
                   lookahead=rng.choice(["none", "auto", "infinite"]), oversubscribe=rng.choice([1, 3]),
                   transfers=rng.choice(["staged", "direct"]), replay=rng.choice(REPLAY_CHOICES),
                   memory=rng.choice(MEMORY_CHOICES), ahead=rng.choice(AHEAD_CHOICES),
-                  huge=rng.choice(HUGE_CHOICES))
+                  huge=rng.choice(HUGE_CHOICES), inline=rng.choice(INLINE_CHOICES))
 
 
 def device_memory_for(p: Program, fraction: float) -> int:

@@ -450,3 +450,24 @@ def test_direct_issue_does_not_run_ahead_of_more_urgent_work_later_in_its_batch(
         assert k.id in seen
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("setting,inline", [(None, True), ("0", False), ("1000000", True)])
+def test_inline_setting_reaches_the_executor(monkeypatch, setting, inline):
+    """CELERITAS_INLINE_US: the threshold (µs) of measured kernel cost under which work runs
+    on the executor thread; 0 sends every kernel to its lane."""
+    if setting is not None:
+        monkeypatch.setenv("CELERITAS_INLINE_US", setting)
+    q = cl.Queue(devices="host:1")
+    threads = []
+    try:
+        def cgf(cgh):
+            cgh.parallel_for((1,), lambda chunk: threads.append(threading.current_thread().name), name="same")
+        for _ in range(3):
+            q.submit(cgf)
+            q.wait()
+        ex = q.runtime.executor
+        assert ex._inline_ns == (0 if setting == "0" else 1_000_000_000 if setting else 100_000)
+        assert (threads[-1] == ex._thread.name) is inline
+    finally:
+        q.shutdown()
