@@ -57,6 +57,7 @@ from .receive_arbiter import ReceiveArbiter
 log = logging.getLogger("celeritas.executor")
 
 _perf_ns = time.perf_counter_ns
+_thread_ns = time.thread_time_ns
 
 
 class _Signal:
@@ -233,6 +234,7 @@ class Executor(InstructionHandlers):
         self._has_global_range: dict[type, bool] = {}
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
+        self._suspect: set = set()      # kinds whose next inline run is timed in CPU time (_note_cost)
         # direct issue (see _accept): device -> an inline lane's info; (source, dest) memories
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
@@ -840,13 +842,27 @@ class Executor(InstructionHandlers):
         """Nothing but the instruction being issued could run now (see inline execution)."""
         return not self._by_completion and not self._polled and not self._engine.has_ready()
 
-    def _note_cost(self, key: Any, ns: int) -> None:
+    def _note_cost(self, key: Any, ns: int, wall: bool = False) -> None:
+        """``wall``: ``ns`` is an inline run's wall time, which counts whatever held this
+        thread off the CPU or the GIL meanwhile (a preemption, another thread's switch
+        interval: 5-10 ms with a busy application thread).  Such a run must not move a
+        kernel known to be cheap off the executor thread on its own: it leaves the
+        estimate alone and marks the kind suspect, and the next inline run of the kind
+        is timed in this thread's CPU time, which decides.  (CPU time costs a system
+        call, ~0.4 us, so it is read only then.)  Measured before: an outlier of a few
+        ms made a 20 us stencil kernel "cost" 2.3 ms and sent it to its lane, whose
+        numpy calls each waited for the GIL behind the application thread; the 128²
+        stencil's executor fell 5000 instructions behind, 175 -> 215 us per step."""
         costs = self._costs
         old = costs.get(key)
         if old is None or ns <= old:
             costs[key] = ns
-        else:
-            costs[key] = old + (ns - old) // 4
+            return
+        new = old + (ns - old) // 4
+        if wall and old <= self._inline_ns < new:
+            self._suspect.add(key)
+            return
+        costs[key] = new
 
     def _dispatch(self, a: Assignment, lane: _LaneInfo, fn: Callable[..., Any], key: Any, *args: Any) -> None:
         """Run ``fn(*args)`` for ``a`` inline when that is allowed and cheap, else launch it
@@ -860,6 +876,8 @@ class Executor(InstructionHandlers):
                 cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
             if cheap:
                 timed = type(key) is tuple or self._trace is not None
+                suspect = self._suspect
+                cpu0 = _thread_ns() if suspect and key in suspect else -1
                 t0 = _perf_ns() if timed else 0
                 error = None
                 try:
@@ -868,8 +886,11 @@ class Executor(InstructionHandlers):
                     error = exc
                 if timed:
                     t1 = _perf_ns()
-                    if type(key) is tuple:
-                        self._note_cost(key, t1 - t0)
+                    if cpu0 >= 0:
+                        suspect.discard(key)
+                        self._note_cost(key, _thread_ns() - cpu0)
+                    elif type(key) is tuple:
+                        self._note_cost(key, t1 - t0, True)
                     if self._trace is not None:
                         self._trace.append(_trace_event(instr, lane.name, t0, t1))
                 if error is not None:

@@ -32,6 +32,7 @@ from .out_of_order_engine import Assignment
 log = logging.getLogger("celeritas.executor")
 
 _perf_ns = time.perf_counter_ns
+_thread_ns = time.thread_time_ns
 _VIEWS_CACHED = 4096
 
 
@@ -164,7 +165,12 @@ class InstructionHandlers:
     def _kernel_inline(self, instr: DeviceKernelInstruction, launcher: Any, ctx: LaunchContext, key: tuple,
                        est: int) -> None:
         """Run a kernel estimated cheap on this thread; its run time updates the estimate
-        (as ``_note_cost``)."""
+        (wall time, or CPU time for a suspect kind: see ``_note_cost``)."""
+        suspect = self._suspect
+        cpu0 = -1
+        if suspect and key in suspect:
+            suspect.discard(key)
+            cpu0 = _thread_ns()
         t0 = _perf_ns()
         try:
             if launcher is not None:
@@ -172,7 +178,12 @@ class InstructionHandlers:
         except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
             self._report(exc, instr)
         ns = _perf_ns() - t0
-        self._costs[key] = ns if ns <= est else est + (ns - est) // 4
+        if cpu0 >= 0:
+            self._note_cost(key, _thread_ns() - cpu0)
+        elif ns <= est:
+            self._costs[key] = ns
+        else:
+            self._note_cost(key, ns, True)
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction

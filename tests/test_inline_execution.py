@@ -471,3 +471,71 @@ def test_inline_setting_reaches_the_executor(monkeypatch, setting, inline):
         assert (threads[-1] == ex._thread.name) is inline
     finally:
         q.shutdown()
+
+
+def test_one_slow_inline_run_does_not_move_a_cheap_kernel_off_the_executor_thread():
+    """An inline run's wall time counts preemptions and other threads' GIL turns: one slow
+    run leaves the estimate alone and marks the kind suspect; the next run's CPU time
+    decides.  Lane runs (CPU time) and runs over a suspect kind count as measured."""
+    h = Harness(trace=False, inline_threshold=100e-6)
+    try:
+        ex = h.ex
+        key = ("k", 3)
+        ex._costs[key] = 5_000
+        ex._note_cost(key, 5_000_000, True)
+        assert ex._costs[key] == 5_000 and key in ex._suspect      # still inline
+        ex._note_cost(key, 4_000, True)
+        assert ex._costs[key] == 4_000                             # a fast run counts at once
+        ex._note_cost(key, 5_000_000)                              # CPU time (a lane, a suspect run)
+        assert ex._costs[key] == 4_000 + (5_000_000 - 4_000) // 4
+        ex._note_cost(key, 9_000_000, True)                        # already over the threshold:
+        assert ex._costs[key] == 1_253_000 + (9_000_000 - 1_253_000) // 4   # wall time counts
+    finally:
+        h.close()
+
+
+def test_a_kernel_timed_slow_once_inline_still_runs_inline():
+    h = Harness(trace=False, inline_threshold=100e-6)
+    try:
+        threads = []
+        slow_once = [True]
+
+        def k(ctx):
+            threads.append(threading.current_thread().name)
+            if len(threads) == 3 and slow_once[0]:
+                slow_once[0] = False
+                time.sleep(0.02)                       # "preempted" for 20 ms
+
+        for _ in range(5):
+            h.kernel(k, name="cheap")
+            h.run()
+        executor_thread = h.ex._thread.name
+        assert threads[0] != executor_thread             # unknown cost: measured on its lane
+        assert threads[1:] == [executor_thread] * 4      # the slow third run did not move it
+    finally:
+        h.close()
+
+
+def test_a_kernel_that_became_slow_moves_to_its_lane_after_its_cpu_time_confirmed_it():
+    h = Harness(trace=False, inline_threshold=100e-6, inline_alone_threshold=100e-6)
+    try:
+        threads = []
+        slow = [False]
+
+        def k(ctx):
+            threads.append(threading.current_thread().name)
+            if slow[0]:
+                _burn(5e-3)(ctx)                       # 5 ms of CPU from now on
+
+        for _ in range(2):
+            h.kernel(k, name="changes")
+            h.run()
+        slow[0] = True
+        for _ in range(3):
+            h.kernel(k, name="changes")
+            h.run()
+        ex_thread = h.ex._thread.name
+        # lane (unknown), inline (cheap), inline (slow: suspect), inline (CPU time confirms), lane
+        assert threads[1:4] == [ex_thread] * 3 and threads[4] != ex_thread, threads
+    finally:
+        h.close()
