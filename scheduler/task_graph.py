@@ -139,6 +139,9 @@ class Task:
     deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
     critical_path_length: int = 0
     buffer_ids: tuple[int, ...] = ()  # the buffers accessed or reduced into, sorted (every level reads it)
+    # replay_signature's result, computed once (the task and command levels both key on it)
+    replay_sig: Any = field(default=None, repr=False)
+    replay_sig_known: bool = field(default=False, repr=False)
 
     def add_dep(self, dep: "Task", kind: str, origin: str) -> None:
         cur = self.deps.get(dep.id)
@@ -651,17 +654,25 @@ def replay_signature(t: Task) -> tuple | None:
     """What of a compute task itself (not of its buffers' state) the task and command
     graphs' lowerings read: kind, geometry, split, per access the buffer, mode and mapper
     (a pure one stands for its results), reductions, side effects and collective group.
-    None when a mapper is opaque: the task is lowered anew every time."""
+    None when a mapper is opaque: the task is lowered anew every time.  Computed once per
+    task: a task does not change after its submission."""
+    if t.replay_sig_known:
+        return t.replay_sig
+    sig = None
     accesses = t.accesses
     for a in accesses:
         if not a.pure:
-            return None
-    geom = t.geometry
-    reductions = t.reductions
-    return (t.kind, geom.global_range, geom.offset, geom.granularity, t.split,
-            tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
-            tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
-            tuple(t.side_effects), t.collective_group)
+            break
+    else:
+        geom = t.geometry
+        reductions = t.reductions
+        sig = (t.kind, geom.global_range, geom.offset, geom.granularity, t.split,
+               tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
+               tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
+               tuple(t.side_effects), t.collective_group)
+    t.replay_sig = sig
+    t.replay_sig_known = True
+    return sig
 
 
 def _collapse_task_access(value: tuple, eid: int) -> tuple:

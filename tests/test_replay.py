@@ -339,3 +339,13 @@ def _mapper_naming_user_class(chunk, shape):
 def _global_row_mapper(chunk, shape):
     import celeritas as cl
     return cl.Subrange((_MAPPER_ROW, 0), (1, shape[1]))
+
+
+def test_a_tasks_replay_signature_is_computed_once_and_shared_by_the_levels():
+    """The task level computes it at submission; the command level reuses the same tuple."""
+    ctx = GraphContext(1, replay=True)
+    b = ctx.buffer((16,), host_init=True)
+    t = ctx.task((16,), [(b, rm.one_to_one(), tg.READ_WRITE)])
+    assert t.replay_sig_known and t.replay_sig is not None
+    sig = t.replay_sig
+    assert tg.replay_signature(t) is sig and t.replay_sig is sig
