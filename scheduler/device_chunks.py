@@ -45,7 +45,7 @@ class Plans(list):
     compile of them needs first, computed once: the buffers they touch (sorted) and, per
     (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
 
-    __slots__ = ("bids", "need", "overlap", "requirements")
+    __slots__ = ("bids", "need", "overlap", "requirements", "allocated_under")
 
     # identity semantics: a plan stands for its cache key (replay keys on the object)
     __hash__ = object.__hash__
@@ -57,6 +57,9 @@ class Plans(list):
         super().__init__(plans)
         self.overlap: tuple | None = None   # (i, j, buffer, region): chunks i < j write region
         self.requirements: tuple | None = None   # (buffer, memory, box) for lookahead, made on first use
+        # lookahead: the shape ids of ``bids`` (interned buffer states) under which every
+        # requirement was found allocated, so a repeating step asks one set, not per box
+        self.allocated_under: set[tuple] = set()
         self.bids = sorted({bid for p in plans for bid in p.bbox})
         need: dict[tuple[int, int], Box] = {}
         for p in plans:

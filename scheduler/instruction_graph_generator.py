@@ -465,9 +465,24 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         """Record the boxes ``cmd`` will need; True if any is not allocated yet.  (Called
         for every command under lookahead: the requirements of an execution command are
         kept on its plan, and a transfer's are a box or two.)"""
-        new_need = False
-        buffers = self._buffers
         shapes = self._shapes
+        under = None
+        if cmd.kind == cg.EXECUTION:
+            # every box allocated under the same buffer states as before: nothing to record
+            plans = self._plan_chunks(cmd)
+            sids = []
+            for bid in plans.bids:
+                sh = shapes.get(bid)
+                if sh is None:
+                    break
+                sids.append(sh.sid)
+            else:
+                under = tuple(sids)
+                if under in plans.allocated_under:
+                    return False
+        new_need = False
+        all_hit = True
+        buffers = self._buffers
         memo = self._allocated_memo
         for bid, memory, box in self._requirements(cmd):
             b = buffers.get(bid)
@@ -481,12 +496,18 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 if hit is None:
                     hit = self._allocated(bid, memory, box)
             if not hit:
+                all_hit = False
                 self._sync_buffers((bid,))
                 lst = b.anticipated.setdefault(memory, [])
                 if not any(x.contains_box(box) for x in lst):
                     lst.append(box)
                     new_need = True
                     self._shapes.pop(bid, None)
+        if all_hit and under is not None:
+            known = plans.allocated_under
+            if len(known) >= 64:        # (buffer states that keep changing: start over)
+                known.clear()
+            known.add(under)
         return new_need
 
     def clear_anticipation(self) -> None:

@@ -78,6 +78,18 @@ def test_steady_state_loops_hit_and_stay_identical(ranks, devices, lookahead, ex
         assert st_["hits"] > st_["misses"], (level, stats)
 
 
+def test_lookahead_asks_once_per_step_when_every_box_is_allocated():
+    """Under lookahead, a replayed stencil step's boxes are all allocated: the plan remembers
+    the buffer states it found them under, and the graphs stay those of replay off."""
+    prog = lambda ctx: _stencil(ctx, steps=40)  # noqa: E731
+    off = _compile(prog, 1, 4, "auto", None, True, False)
+    on = _compile(prog, 1, 4, "auto", None, True, True)
+    assert _canonical(on) == _canonical(off)
+    plans = [p for p in on.iggs[0]._plan_cache.values() if p.allocated_under]
+    assert plans and all(len(p.allocated_under) <= 4 for p in plans)
+    assert not any(p.allocated_under for p in off.iggs[0]._plan_cache.values())   # (no shapes)
+
+
 _MAPPERS_1D = [lambda: rm.one_to_one(), lambda: rm.all(), lambda: rm.neighborhood(1), lambda: rm.neighborhood(2),
                lambda: rm.fixed(rm.Subrange((0,), (8,))), lambda: rm.even_split()]
 _MAPPERS_2D = [lambda: rm.one_to_one(), lambda: rm.all(), lambda: rm.neighborhood(1, 1),
