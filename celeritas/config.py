@@ -73,6 +73,9 @@ class Config:
     horizon_max_parallelism: int = 64
     # tasks the application thread may run ahead of the executor before submit waits
     max_tasks_ahead: int = 4096
+    # past this many tasks ahead of the executor the application thread pauses (at most
+    # 2 ms, once every pause_ahead // 2 tasks) to let the other threads have the GIL; 0: never
+    pause_ahead: int = 128
     dry_run_nodes: int | None = None
     print_graphs: str | None = None
     trace: str | None = None
@@ -257,6 +260,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         horizon_step=_int(env, "CELERITAS_HORIZON_STEP", 4),
         horizon_max_parallelism=_int(env, "CELERITAS_HORIZON_MAX_PARALLELISM", 64),
         max_tasks_ahead=_int(env, "CELERITAS_MAX_TASKS_AHEAD", 4096, minimum=2),
+        pause_ahead=_int(env, "CELERITAS_PAUSE_AHEAD", 128, minimum=0),
         dry_run_nodes=_int(env, "CELERITAS_DRY_RUN_NODES", None),
         print_graphs=env.get("CELERITAS_PRINT_GRAPHS") or None,
         trace=env.get("CELERITAS_TRACE") or None,

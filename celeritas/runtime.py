@@ -121,6 +121,7 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
 
 
 GC_THRESHOLDS = (50_000, 50, 100)   # see Runtime._tune_gc
+PAUSE_S = 0.002                      # the longest pause of the application thread (Runtime._pause)
 
 
 class _WaitWatch:
@@ -215,7 +216,10 @@ class Runtime:
         self._horizon_reached = -1
         self._throttled = False       # the application thread waits in _throttle
         self.throttled_count = 0      # how often it did (the summary reports it)
+        self._next_pause = 0          # the next task id that may pause the application thread (_pause)
+        self.paused_count = 0
         self._max_ahead = config.max_tasks_ahead
+        self._pause_ahead = config.pause_ahead
         self._pruned_before = -1
         self._fences: list[concurrent.futures.Future] = []
         self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
@@ -447,8 +451,35 @@ class Runtime:
             self._check_alive()
             self._prune()
             tid = self.task_manager.submit(cgh._kind, **spec).id
-        if tid - max(self._horizon_reached, self._epoch_reached) > self._max_ahead:
+        ahead = tid - max(self._horizon_reached, self._epoch_reached)
+        if ahead > self._max_ahead:
             self._throttle(tid)
+        elif self._pause_ahead and ahead > self._pause_ahead and tid >= self._next_pause:
+            self._pause(tid)
+
+    def _pause(self, tid: int) -> None:
+        """Give the executor's side of this process the GIL for a moment (at most
+        ``PAUSE_S``), once per ``CELERITAS_PAUSE_AHEAD // 2`` tasks while the application
+        runs more than ``CELERITAS_PAUSE_AHEAD`` (128) tasks ahead of the executor.
+
+        Under one GIL a thread that submits in a tight loop hands the GIL over only when
+        another thread has waited a switch interval (5 ms) for it, so the scheduler, the
+        executor and above all the lane threads (each measuring a kernel of unknown cost
+        at the start) advance in 5 ms turns while the application thread queues hundreds
+        of tasks, and the executor then works through them in its slower, backlogged mode.
+        Unlike ``_throttle`` the pause is bounded: it never waits for work that this thread
+        has yet to enable (a host task waiting for an event set after later submits)."""
+        half = self._pause_ahead // 2
+        self._next_pause = tid + max(half, 1)
+        self.paused_count += 1
+        target = tid - half
+        with self._cond:
+            self._throttled = True
+            try:
+                self._cond.wait_for(lambda: max(self._horizon_reached, self._epoch_reached) >= target
+                                    or self._error is not None, PAUSE_S)
+            finally:
+                self._throttled = False
 
     @property
     def tasks_ahead(self) -> int:

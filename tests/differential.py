@@ -1436,6 +1436,7 @@ class Config:
     ahead: int | None = None        # CELERITAS_MAX_TASKS_AHEAD: small, so that submit waits for the executor
     huge: str | None = None         # CELERITAS_HUGE_PAGES: "0" gives every host allocation its own
                                     # 2 MiB-aligned mapping (the fuzzer's buffers are all small)
+    pause: str | None = None        # CELERITAS_PAUSE_AHEAD: "2" pauses the application thread after most submits
     inline: str | None = None       # CELERITAS_INLINE_US: "0" sends all work to the lanes, "1000000" runs
                                     # every kernel inline (and then directly from its batch) once measured
 
@@ -1450,6 +1451,8 @@ class Config:
             env["CELERITAS_HUGE_PAGES"] = self.huge
         if self.inline is not None:
             env["CELERITAS_INLINE_US"] = self.inline
+        if self.pause is not None:
+            env["CELERITAS_PAUSE_AHEAD"] = self.pause
         if self.backend == "opencl":
             env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
         else:
@@ -1462,7 +1465,8 @@ class Config:
                 + (f" memory={self.memory}" if self.memory is not None else "")
                 + (f" ahead={self.ahead}" if self.ahead is not None else "")
                 + (f" huge={self.huge}" if self.huge is not None else "")
-                + (f" inline={self.inline}" if self.inline is not None else ""))
+                + (f" inline={self.inline}" if self.inline is not None else "")
+                + (f" pause={self.pause}" if self.pause is not None else ""))
 
     def fields(self) -> str:
         """The ``--config`` text of ``tests.fuzz`` that pins this configuration."""
@@ -1475,6 +1479,7 @@ MEMORY_CHOICES = (None, None, None, 0.3, 0.6, 1.0)  # unbounded, or a fraction o
 AHEAD_CHOICES = (None, None, None, 2, 4, 8)        # the default bound, or one the programs reach
 HUGE_CHOICES = (None, None, None, None, "0", "off")  # the default (2 MiB up), every allocation, none
 INLINE_CHOICES = (None, None, None, "0", "1000000")  # the default (100 us), never, every measured kernel
+PAUSE_CHOICES = (None, None, None, "2", "0")         # the default (128 ahead), after most submits, never
 
 
 def random_config(rng: random.Random) -> Config:
@@ -1482,7 +1487,8 @@ def random_config(rng: random.Random) -> Config:
                   lookahead=rng.choice(["none", "auto", "infinite"]), oversubscribe=rng.choice([1, 3]),
                   transfers=rng.choice(["staged", "direct"]), replay=rng.choice(REPLAY_CHOICES),
                   memory=rng.choice(MEMORY_CHOICES), ahead=rng.choice(AHEAD_CHOICES),
-                  huge=rng.choice(HUGE_CHOICES), inline=rng.choice(INLINE_CHOICES))
+                  huge=rng.choice(HUGE_CHOICES), inline=rng.choice(INLINE_CHOICES),
+                  pause=rng.choice(PAUSE_CHOICES))
 
 
 def device_memory_for(p: Program, fraction: float) -> int:

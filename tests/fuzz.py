@@ -108,7 +108,8 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
             f"config:ranks:{cfg.ranks}", f"config:devices:{cfg.devices}", f"config:lookahead:{cfg.lookahead}",
             f"config:ahead:{cfg.ahead if cfg.ahead is not None else 'default'}",
             f"config:huge:{cfg.huge if cfg.huge is not None else 'default'}",
-            f"config:inline:{cfg.inline if cfg.inline is not None else 'default'}"]
+            f"config:inline:{cfg.inline if cfg.inline is not None else 'default'}",
+            f"config:pause:{cfg.pause if cfg.pause is not None else 'default'}"]
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 
 

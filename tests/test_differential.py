@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from differential import (GROUPS, HUGE_CHOICES, INLINE_CHOICES, MEMORY_CHOICES, REPLAY_CHOICES, Config, Mismatch,
-                          generate, run_and_check)
+from differential import (GROUPS, HUGE_CHOICES, INLINE_CHOICES, MEMORY_CHOICES, PAUSE_CHOICES, REPLAY_CHOICES, Config,
+                          Mismatch, generate, run_and_check)
 
 EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_EXAMPLES", "200"))
 GROUP_EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_GROUP_EXAMPLES", "40"))
@@ -27,7 +27,7 @@ configs = st.builds(Config, ranks=st.integers(1, 4), devices=st.integers(1, 4),
                     lookahead=st.sampled_from(["none", "auto", "infinite"]), oversubscribe=st.sampled_from([1, 3]),
                     transfers=st.sampled_from(["staged", "direct"]), replay=st.sampled_from(REPLAY_CHOICES),
                     memory=st.sampled_from(MEMORY_CHOICES), huge=st.sampled_from(HUGE_CHOICES),
-                    inline=st.sampled_from(INLINE_CHOICES))
+                    inline=st.sampled_from(INLINE_CHOICES), pause=st.sampled_from(PAUSE_CHOICES))
 
 
 def _check(seed: int, cfg: Config, kind=None, groups=GROUPS) -> None:

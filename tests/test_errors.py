@@ -243,7 +243,7 @@ def test_uninitialized_read_under_error_policy(monkeypatch):
     ("CELERITAS_ACCESSOR_CHECKS", "2"), ("CELERITAS_LOG_LEVEL", "verbose"),
     ("CELERITAS_MPI_DEVICE_MEMORY", "sometimes"), ("CELERITAS_GC", "never"),
     ("CELERITAS_HUGE_PAGES", "big"), ("CELERITAS_HUGE_PAGES", "-1"),
-    ("CELERITAS_INLINE_US", "fast"), ("CELERITAS_INLINE_US", "-5"),
+    ("CELERITAS_INLINE_US", "fast"), ("CELERITAS_INLINE_US", "-5"), ("CELERITAS_PAUSE_AHEAD", "many"),
 ])
 def test_bad_environment_values(monkeypatch, var, value):
     monkeypatch.setenv(var, value)

@@ -95,3 +95,51 @@ def test_the_bound_is_configured_and_checked():
     assert cfg.from_env({"CELERITAS_MAX_TASKS_AHEAD": "64"}).max_tasks_ahead == 64
     with pytest.raises(ConfigError, match="CELERITAS_MAX_TASKS_AHEAD"):
         cfg.from_env({"CELERITAS_MAX_TASKS_AHEAD": "1"})
+
+
+def test_running_far_ahead_pauses_the_application_thread_briefly():
+    """Beyond PAUSE_AHEAD tasks ahead of the executor the application thread gives the GIL
+    up for a moment every PAUSE_AHEAD // 2 tasks (below the hard bound, so never for long)."""
+    PAUSE_AHEAD = 128                 # the default CELERITAS_PAUSE_AHEAD
+    q = cl.Queue(devices="host:2")
+    rt = q.runtime
+    buf = cl.Buffer(np.zeros(8, np.int64))
+    gate = __import__("threading").Event()
+
+    def blocked(cgh):
+        a = buf.access(cgh, cl.one_to_one(), "read_write")
+        cgh.host_task(lambda part: (gate.wait(30), a.__setitem__(part, a[part] + 1)), range=(8,))
+
+    def inc(cgh):
+        a = buf.access(cgh, cl.one_to_one(), "read_write")
+        cgh.parallel_for((8,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
+
+    q.submit(blocked)                 # nothing after it can run until the gate opens...
+    t0 = time.perf_counter()
+    n = 4 * PAUSE_AHEAD
+    for _ in range(n):                # ...which this thread does only after these submits
+        q.submit(inc)
+    waited = time.perf_counter() - t0
+    gate.set()
+    np.testing.assert_array_equal(q.fence(buf).result(30), np.full(8, n + 1))
+    # each pause timed out (the executor could not advance): bounded, not a deadlock
+    assert rt.paused_count >= (n - PAUSE_AHEAD) // (PAUSE_AHEAD // 2) - 1
+    assert waited < 5.0
+    q.shutdown()
+
+
+def test_pause_setting():
+    from celeritas import config as cfg
+    assert cfg.from_env({}).pause_ahead == 128
+    assert cfg.from_env({"CELERITAS_PAUSE_AHEAD": "0"}).pause_ahead == 0
+    with pytest.raises(cl.ConfigError, match="CELERITAS_PAUSE_AHEAD"):
+        cfg.from_env({"CELERITAS_PAUSE_AHEAD": "-1"})
+
+    def program(rank):
+        q = cl.Queue()
+        for _ in range(40):
+            q.submit(lambda cgh: cgh.parallel_for((2,), lambda chunk: None, name="n"))
+        q.wait()
+        return q.runtime.paused_count
+
+    assert run_cluster(program, nodes=1, CELERITAS_PAUSE_AHEAD="0") == [0]
