@@ -214,7 +214,8 @@ class Runtime:
         self._error_shown = False     # raised to the user once already: not printed again at exit
         self._epoch_reached = -1
         self._horizon_reached = -1
-        self._throttled = False       # the application thread waits in _throttle
+        self._throttled = False       # the application thread waits in _throttle or _pause...
+        self._wake_at = 0             # ...for the executor to reach this horizon (or epoch)
         self.throttled_count = 0      # how often it did (the summary reports it)
         self._next_pause = 0          # the next task id that may pause the application thread (_pause)
         self.paused_count = 0
@@ -309,8 +310,8 @@ class Runtime:
     def _on_horizon(self, tid: int) -> None:
         if tid > self._horizon_reached:
             self._horizon_reached = tid
-            if self._throttled:
-                with self._cond:
+            if self._throttled and tid >= self._wake_at:   # (not at every horizon: each wake-up
+                with self._cond:                             # takes the GIL from the executor)
                     self._cond.notify_all()
 
     def _on_epoch(self, tid: int) -> None:
@@ -474,6 +475,7 @@ class Runtime:
         self.paused_count += 1
         target = tid - half
         with self._cond:
+            self._wake_at = target
             self._throttled = True
             try:
                 self._cond.wait_for(lambda: max(self._horizon_reached, self._epoch_reached) >= target
@@ -515,6 +517,7 @@ class Runtime:
         watch = _WaitWatch(self, f"q.submit (more than {self._max_ahead} tasks ahead of the executor)",
                            f"T{target} (horizon)")
         with self._cond:
+            self._wake_at = target
             self._throttled = True
             try:
                 while max(self._horizon_reached, self._epoch_reached) < target and self._error is None:
