@@ -389,6 +389,11 @@ class Executor(InstructionHandlers):
         return self._thread is not None and self._thread.is_alive()
 
     @property
+    def waits_for_network(self) -> bool:
+        """Sends or receives in flight: this rank's progress depends on its peers."""
+        return bool(self._receives) or bool(self._sends)
+
+    @property
     def error(self) -> BaseException | None:
         """The first error reported, if any."""
         return self._first_error
