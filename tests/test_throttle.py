@@ -117,10 +117,12 @@ def test_running_far_ahead_pauses_the_application_thread_briefly():
     q.submit(blocked)                 # nothing after it can run until the gate opens...
     t0 = time.perf_counter()
     n = 4 * PAUSE_AHEAD
-    for _ in range(n):                # ...which this thread does only after these submits
-        q.submit(inc)
+    try:
+        for _ in range(n):            # ...which this thread does only after these submits
+            q.submit(inc)
+    finally:
+        gate.set()
     waited = time.perf_counter() - t0
-    gate.set()
     np.testing.assert_array_equal(q.fence(buf).result(30), np.full(8, n + 1))
     # each pause timed out (the executor could not advance): bounded, not a deadlock
     assert rt.paused_count >= (n - PAUSE_AHEAD) // (PAUSE_AHEAD // 2) - 1
@@ -143,3 +145,32 @@ def test_pause_setting():
         return q.runtime.paused_count
 
     assert run_cluster(program, nodes=1, CELERITAS_PAUSE_AHEAD="0") == [0]
+
+
+def test_no_pause_while_the_executor_waits_for_the_network(monkeypatch):
+    """A latency-bound pipeline (the executor waits for its peers) is better served by an
+    application thread that submits everything at once: no pauses then."""
+    from executor.executor import Executor
+    monkeypatch.setattr(Executor, "waits_for_network", property(lambda self: True))
+    q = cl.Queue(devices="host:1")
+    buf = cl.Buffer(np.zeros(4, np.int64))
+    gate = __import__("threading").Event()
+
+    def blocked(cgh):
+        a = buf.access(cgh, cl.one_to_one(), "read_write")
+        cgh.host_task(lambda part: (gate.wait(30), a.__setitem__(part, a[part] + 1)), range=(4,))
+
+    def inc(cgh):
+        a = buf.access(cgh, cl.one_to_one(), "read_write")
+        cgh.parallel_for((4,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
+
+    q.submit(blocked)
+    try:
+        for _ in range(400):
+            q.submit(inc)
+        paused = q.runtime.paused_count
+    finally:
+        gate.set()
+    np.testing.assert_array_equal(q.fence(buf).result(30), np.full(4, 401))
+    q.shutdown()
+    assert paused == 0
