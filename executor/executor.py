@@ -49,7 +49,7 @@ from scheduler.errors import CeleritasError
 
 from .backends.backend import Backend, Completion, Lane, LaneSkipped
 from .communicator import Communicator
-from .instruction_handlers import InstructionHandlers, _set_promise
+from .instruction_handlers import InstructionHandlers, _set_promise, cost_key
 from .tracing import TraceEvent, _trace_event
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
@@ -546,15 +546,12 @@ class Executor(InstructionHandlers):
             # of this batch that would not run directly itself: the last positions of such
             # instructions with priority above 0 (copies, comm) and above 1 (comm)
             above0 = above1 = -1
-            inline_bytes = self._inline_bytes
-            direct_copies = self._direct_copies
             for i, instr in enumerate(instrs):
                 p = instr.priority
                 if p:
                     if p > 1:
                         above0 = above1 = i
-                    elif (type(instr) is not CopyInstruction or instr.size_bytes > inline_bytes
-                          or (instr.source_memory, instr.dest_memory) not in direct_copies):
+                    elif type(instr) is not CopyInstruction or not self._copies_directly(instr):
                         above0 = i
             at_once = engine.would_assign_at_once
         for i, instr in enumerate(instrs):
@@ -594,16 +591,19 @@ class Executor(InstructionHandlers):
         lane = self._direct_kernel_lanes.get(instr.device)
         if lane is None:
             return False
-        box = instr.box
-        key = (instr.name, box.area.bit_length() if box is not None else 0)
+        key = cost_key(instr)
         est = self._costs.get(key)
         if est is None or est > self._inline_ns:
             return False
         self._kernel_inline(instr, instr.launcher, self._kernel_context(instr, lane), key, est)
         return True
 
+    def _copies_directly(self, instr: CopyInstruction) -> bool:
+        return (instr.size_bytes <= self._inline_bytes
+                and (instr.source_memory, instr.dest_memory) in self._direct_copies)
+
     def _direct_copy(self, instr: CopyInstruction) -> bool:
-        if instr.size_bytes > self._inline_bytes or (instr.source_memory, instr.dest_memory) not in self._direct_copies:
+        if not self._copies_directly(instr):
             return False
         pair = self._copy_views(instr)
         if pair is not None:
@@ -836,8 +836,7 @@ class Executor(InstructionHandlers):
         if t is CopyInstruction:
             return instr.size_bytes > self._inline_bytes
         if t is DeviceKernelInstruction:
-            box = instr.box
-            est = self._costs.get((instr.name, box.area.bit_length() if box is not None else 0))
+            est = self._costs.get(cost_key(instr))
             return est is None or est > self._inline_ns
         if t is FillIdentityInstruction or t is ReduceInstruction:
             return instr.count * 8 > self._inline_bytes
@@ -869,6 +868,22 @@ class Executor(InstructionHandlers):
             return
         costs[key] = new
 
+    def _cpu_clock(self, key: Any) -> int:
+        """Before an inline run of kind ``key``: this thread's CPU clock if the kind is
+        suspect (``_note_cost``), else -1 (its wall time will do)."""
+        suspect = self._suspect
+        if key in suspect:
+            suspect.discard(key)
+            return _thread_ns()
+        return -1
+
+    def _note_run(self, key: Any, cpu0: int, wall_ns: int) -> None:
+        """After an inline run: its cost, in CPU time when ``_cpu_clock`` started one."""
+        if cpu0 >= 0:
+            self._note_cost(key, _thread_ns() - cpu0)
+        else:
+            self._note_cost(key, wall_ns, True)
+
     def _dispatch(self, a: Assignment, lane: _LaneInfo, fn: Callable[..., Any], key: Any, *args: Any) -> None:
         """Run ``fn(*args)`` for ``a`` inline when that is allowed and cheap, else launch it
         on ``lane``.  ``key`` is a kernel's cost key (a tuple) or a size in bytes."""
@@ -880,9 +895,9 @@ class Executor(InstructionHandlers):
             else:
                 cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
             if cheap:
-                timed = type(key) is tuple or self._trace is not None
-                suspect = self._suspect
-                cpu0 = _thread_ns() if suspect and key in suspect else -1
+                kernel = type(key) is tuple
+                timed = kernel or self._trace is not None
+                cpu0 = self._cpu_clock(key) if kernel and self._suspect else -1
                 t0 = _perf_ns() if timed else 0
                 error = None
                 try:
@@ -891,11 +906,8 @@ class Executor(InstructionHandlers):
                     error = exc
                 if timed:
                     t1 = _perf_ns()
-                    if cpu0 >= 0:
-                        suspect.discard(key)
-                        self._note_cost(key, _thread_ns() - cpu0)
-                    elif type(key) is tuple:
-                        self._note_cost(key, t1 - t0, True)
+                    if kernel:
+                        self._note_run(key, cpu0, t1 - t0)
                     if self._trace is not None:
                         self._trace.append(_trace_event(instr, lane.name, t0, t1))
                 if error is not None:

@@ -32,12 +32,17 @@ from .out_of_order_engine import Assignment
 log = logging.getLogger("celeritas.executor")
 
 _perf_ns = time.perf_counter_ns
-_thread_ns = time.thread_time_ns
 _VIEWS_CACHED = 4096
 
 
 def _noop() -> None:
     pass
+
+
+def cost_key(instr: DeviceKernelInstruction) -> tuple:
+    """What a kernel's run-time estimate is kept under: its name and its chunk's size class."""
+    box = instr.box
+    return instr.name, box.area.bit_length() if box is not None else 0
 
 
 class InstructionHandlers:
@@ -73,7 +78,7 @@ class InstructionHandlers:
             if pair is None:
                 self._dispatch(a, lane, _noop, 0)
                 return
-            if (not a.eager and self._trace is None and instr.size_bytes <= self._inline_bytes):
+            if not a.eager and self._trace is None and instr.size_bytes <= self._inline_bytes:
                 # the common case, _dispatch's inline path without its generality
                 self._direct_copies.add((instr.source_memory, instr.dest_memory))
                 self._copy_inline(instr, pair)
@@ -132,8 +137,7 @@ class InstructionHandlers:
         lane = a.lane_ref.handle or self._lane_info(a)
         ctx = self._kernel_context(instr, lane)
         launcher = instr.launcher
-        box = instr.box
-        key = (instr.name, box.area.bit_length() if box is not None else 0)
+        key = cost_key(instr)
         if lane.inline and not a.eager and self._trace is None:
             est = self._costs.get(key)
             if est is not None and est <= self._inline_ns:
@@ -166,11 +170,7 @@ class InstructionHandlers:
                        est: int) -> None:
         """Run a kernel estimated cheap on this thread; its run time updates the estimate
         (wall time, or CPU time for a suspect kind: see ``_note_cost``)."""
-        suspect = self._suspect
-        cpu0 = -1
-        if suspect and key in suspect:
-            suspect.discard(key)
-            cpu0 = _thread_ns()
+        cpu0 = self._cpu_clock(key) if self._suspect else -1
         t0 = _perf_ns()
         try:
             if launcher is not None:
@@ -178,12 +178,10 @@ class InstructionHandlers:
         except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
             self._report(exc, instr)
         ns = _perf_ns() - t0
-        if cpu0 >= 0:
-            self._note_cost(key, _thread_ns() - cpu0)
-        elif ns <= est:
-            self._costs[key] = ns
+        if cpu0 < 0 and ns <= est:
+            self._costs[key] = ns       # (the common case of _note_run)
         else:
-            self._note_cost(key, ns, True)
+            self._note_run(key, cpu0, ns)
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction

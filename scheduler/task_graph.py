@@ -116,6 +116,9 @@ class TaskGeometry:
         return b
 
 
+SIG_UNKNOWN = object()   # Task.replay_sig before replay_signature computed it (None means: none)
+
+
 @dataclass(slots=True, eq=False)
 class Task:
     id: int
@@ -140,8 +143,7 @@ class Task:
     critical_path_length: int = 0
     buffer_ids: tuple[int, ...] = ()  # the buffers accessed or reduced into, sorted (every level reads it)
     # replay_signature's result, computed once (the task and command levels both key on it)
-    replay_sig: Any = field(default=None, repr=False)
-    replay_sig_known: bool = field(default=False, repr=False)
+    replay_sig: Any = field(default=SIG_UNKNOWN, repr=False)
 
     def add_dep(self, dep: "Task", kind: str, origin: str) -> None:
         cur = self.deps.get(dep.id)
@@ -656,8 +658,9 @@ def replay_signature(t: Task) -> tuple | None:
     (a pure one stands for its results), reductions, side effects and collective group.
     None when a mapper is opaque: the task is lowered anew every time.  Computed once per
     task: a task does not change after its submission."""
-    if t.replay_sig_known:
-        return t.replay_sig
+    sig = t.replay_sig
+    if sig is not SIG_UNKNOWN:
+        return sig
     sig = None
     accesses = t.accesses
     for a in accesses:
@@ -671,7 +674,6 @@ def replay_signature(t: Task) -> tuple | None:
                tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
                tuple(t.side_effects), t.collective_group)
     t.replay_sig = sig
-    t.replay_sig_known = True
     return sig
 
 

@@ -583,7 +583,6 @@ def test_inbox_wakes_on_put_and_times_out_without_one():
     """The executor's inbox: a put from another thread ends a wait at once, a wait with
     nothing put ends at its timeout, and a signal left over from a put made while the
     consumer was not yet blocked never makes a later wait on an empty inbox spin."""
-    import threading
     import time
 
     from executor.executor import _Inbox
@@ -591,14 +590,7 @@ def test_inbox_wakes_on_put_and_times_out_without_one():
     t0 = time.monotonic()
     box.wait(0.05)
     assert 0.04 <= time.monotonic() - t0 < 2.0 and box.empty()
-
-    def later():
-        time.sleep(0.05)
-        box.put("item")
-    threading.Thread(target=later).start()
-    t0 = time.monotonic()
-    box.wait(10.0)
-    assert time.monotonic() - t0 < 5.0 and box.get_nowait() == "item"
+    assert _waits_for(box, box.put, "item") < 5.0 and box.get_nowait() == "item"
     # a put racing with the announcement: the signal is consumed, the next wait blocks
     box._sleeping = True
     box.put("x")
@@ -612,9 +604,6 @@ def test_inbox_wakes_on_put_and_times_out_without_one():
 def test_inbox_hands_out_completions_before_batches_and_keeps_batches_in_order():
     """A completion must not wait behind a backlog of batches (it is what lets accepted work
     run); batches and control signals keep their order; an urgent put wakes a sleeper."""
-    import threading
-    import time
-
     from executor.executor import _Inbox
     box = _Inbox()
     box.put("batch1")
@@ -623,11 +612,18 @@ def test_inbox_hands_out_completions_before_batches_and_keeps_batches_in_order()
     box.put("drain")
     assert [box.get_nowait() for _ in range(4)] == ["completion", "batch1", "batch2", "drain"]
     assert box.empty()
+    assert _waits_for(box, box.put_urgent, "done") < 5.0 and not box.empty() and box.get_nowait() == "done"
+
+
+def _waits_for(box, put, item) -> float:
+    """Seconds ``box.wait(10)`` took while another thread calls ``put(item)`` after 50 ms."""
+    import threading
+    import time
 
     def later():
         time.sleep(0.05)
-        box.put_urgent("done")
+        put(item)
     threading.Thread(target=later).start()
     t0 = time.monotonic()
     box.wait(10.0)
-    assert time.monotonic() - t0 < 5.0 and not box.empty() and box.get_nowait() == "done"
+    return time.monotonic() - t0

@@ -97,35 +97,45 @@ def test_the_bound_is_configured_and_checked():
         cfg.from_env({"CELERITAS_MAX_TASKS_AHEAD": "1"})
 
 
+def _submit_behind_a_gate(devices: str, items: int, tasks: int):
+    """A host task that waits for a gate, then ``tasks`` increments submitted behind it by
+    this thread, which opens the gate only after them (also on failure).  Returns the
+    queue, the buffer's final value, the seconds the submits took and ``paused_count``
+    right after them."""
+    import threading
+    q = cl.Queue(devices=devices)
+    buf = cl.Buffer(np.zeros(items, np.int64))
+    gate = threading.Event()
+
+    def blocked(cgh):
+        a = buf.access(cgh, cl.one_to_one(), "read_write")
+        cgh.host_task(lambda part: (gate.wait(30), a.__setitem__(part, a[part] + 1)), range=(items,))
+
+    def inc(cgh):
+        a = buf.access(cgh, cl.one_to_one(), "read_write")
+        cgh.parallel_for((items,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
+
+    q.submit(blocked)                 # nothing after it can run until the gate opens...
+    t0 = time.perf_counter()
+    try:
+        for _ in range(tasks):        # ...which this thread does only after these submits
+            q.submit(inc)
+        paused = q.runtime.paused_count
+    finally:
+        gate.set()
+    waited = time.perf_counter() - t0
+    return q, q.fence(buf).result(30), waited, paused
+
+
 def test_running_far_ahead_pauses_the_application_thread_briefly():
     """Beyond PAUSE_AHEAD tasks ahead of the executor the application thread gives the GIL
     up for a moment every PAUSE_AHEAD // 2 tasks (below the hard bound, so never for long)."""
     PAUSE_AHEAD = 128                 # the default CELERITAS_PAUSE_AHEAD
-    q = cl.Queue(devices="host:2")
-    rt = q.runtime
-    buf = cl.Buffer(np.zeros(8, np.int64))
-    gate = __import__("threading").Event()
-
-    def blocked(cgh):
-        a = buf.access(cgh, cl.one_to_one(), "read_write")
-        cgh.host_task(lambda part: (gate.wait(30), a.__setitem__(part, a[part] + 1)), range=(8,))
-
-    def inc(cgh):
-        a = buf.access(cgh, cl.one_to_one(), "read_write")
-        cgh.parallel_for((8,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
-
-    q.submit(blocked)                 # nothing after it can run until the gate opens...
-    t0 = time.perf_counter()
     n = 4 * PAUSE_AHEAD
-    try:
-        for _ in range(n):            # ...which this thread does only after these submits
-            q.submit(inc)
-    finally:
-        gate.set()
-    waited = time.perf_counter() - t0
-    np.testing.assert_array_equal(q.fence(buf).result(30), np.full(8, n + 1))
+    q, values, waited, paused = _submit_behind_a_gate("host:2", 8, n)
+    np.testing.assert_array_equal(values, np.full(8, n + 1))
     # each pause timed out (the executor could not advance): bounded, not a deadlock
-    assert rt.paused_count >= (n - PAUSE_AHEAD) // (PAUSE_AHEAD // 2) - 1
+    assert paused >= (n - PAUSE_AHEAD) // (PAUSE_AHEAD // 2) - 1
     assert waited < 5.0
     q.shutdown()
 
@@ -152,25 +162,7 @@ def test_no_pause_while_the_executor_waits_for_the_network(monkeypatch):
     application thread that submits everything at once: no pauses then."""
     from executor.executor import Executor
     monkeypatch.setattr(Executor, "waits_for_network", property(lambda self: True))
-    q = cl.Queue(devices="host:1")
-    buf = cl.Buffer(np.zeros(4, np.int64))
-    gate = __import__("threading").Event()
-
-    def blocked(cgh):
-        a = buf.access(cgh, cl.one_to_one(), "read_write")
-        cgh.host_task(lambda part: (gate.wait(30), a.__setitem__(part, a[part] + 1)), range=(4,))
-
-    def inc(cgh):
-        a = buf.access(cgh, cl.one_to_one(), "read_write")
-        cgh.parallel_for((4,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
-
-    q.submit(blocked)
-    try:
-        for _ in range(400):
-            q.submit(inc)
-        paused = q.runtime.paused_count
-    finally:
-        gate.set()
-    np.testing.assert_array_equal(q.fence(buf).result(30), np.full(4, 401))
+    q, values, _waited, paused = _submit_behind_a_gate("host:1", 4, 400)
+    np.testing.assert_array_equal(values, np.full(4, 401))
     q.shutdown()
     assert paused == 0
