@@ -335,3 +335,49 @@ def test_gc_thresholds_restored_once_under_a_simulated_cluster(monkeypatch):
     before = gc.get_threshold()
     run_cluster(lambda rank: cl.Queue().wait(), nodes=3)
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("checks", ["0", "1"])
+def test_2d_accessor_index_forms_agree(monkeypatch, checks):
+    """Every key form of a 2-D accessor (bounded slices, open and stepped slices, ints, a
+    box, the chunk) gives the numpy result on chunks whose allocations start away from 0,
+    with the fast paths (checks off) and the general path (checks on) alike."""
+    monkeypatch.setenv("CELERITAS_ACCESSOR_CHECKS", checks)
+    n = 12
+    src = np.arange(n * n, dtype=np.float64).reshape(n, n)
+    q = cl.Queue(devices="host:3")
+    a = cl.Buffer(src, name="a")
+    out = cl.Buffer(shape=(n, n), dtype=np.float64, name="out")
+
+    def cgf(cgh):
+        r = a.access(cgh, cl.neighborhood(1, 0), cl.read)
+        w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+
+        @cgh.parallel_for((n, n), name="forms")
+        def k(chunk):
+            (y0, x0), (y1, x1) = chunk.box.min, chunk.box.max
+            below = r[min(y0 + 1, n - 1):min(y1 + 1, n), x0:x1]             # bounded slices, shifted rows
+            whole = r[y0:y1, :]                                            # an open slice
+            every_other = r[y0:y1, 0:n:2]                                  # a stepped slice
+            corner = r[y0, x0]                                             # ints
+            boxed = r[cl.Box((y0, x0), (y1, x1))]                          # a box
+            mine = r[chunk]                                                # the chunk
+            res = mine + whole + 2 * corner
+            res[:below.shape[0]] += below
+            res[:, 0:n:2] += every_other
+            w[chunk] = res - boxed + mine                                  # write through the chunk
+            w[y0:y0 + 1, x0:x1] = w[y0:y0 + 1, x0:x1] * 3                  # write through slices
+    q.submit(cgf)
+    got = q.fence(out).result()
+    expect = np.empty_like(src)
+    for y0, y1 in ((0, 4), (4, 8), (8, 12)):
+        mine = src[y0:y1].copy()
+        below = src[min(y0 + 1, n - 1):min(y1 + 1, n)]
+        res = mine + src[y0:y1] + 2 * src[y0, 0]
+        res[:below.shape[0]] += below
+        res[:, 0:n:2] += src[y0:y1, 0:n:2]
+        res = res - mine + mine
+        res[0] *= 3
+        expect[y0:y1] = res
+    np.testing.assert_array_equal(got, expect)
+    q.shutdown()
