@@ -235,6 +235,7 @@ class Executor(InstructionHandlers):
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
         self._suspect: set = set()      # kinds whose next inline run is timed in CPU time (_note_cost)
+        self._probed: set = set()       # kinds measured lane-side as too slow, then once inline (_probe)
         # direct issue (see _accept): device -> an inline lane's info; (source, dest) memories
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
@@ -809,11 +810,17 @@ class Executor(InstructionHandlers):
     #   * copies, identity fills and reductions of at most ``inline_copy_bytes``
     #     (their cost is the size);
     #   * device kernels whose kind (name and chunk-size class) was measured to run in
-    #     under ``inline_threshold``.  A kernel of unknown cost (the first of its kind)
-    #     goes to its lane, so a long kernel never blocks the executor.  Estimates come
-    #     from inline runs (wall time) and lane runs (the worker's CPU time, which unlike
-    #     its wall time does not count waiting for the GIL); an estimate drops at once
-    #     to a faster run and rises by a quarter of the difference to a slower one.
+    #     under ``inline_threshold``, and the first kernel of a kind, whose cost is
+    #     unknown: it runs here once, timed in this thread's CPU time, and a long one goes
+    #     to its lane from then on.  (It used to go to its lane, so that a long kernel
+    #     never blocked the executor even once; but at start-up the lane thread starves
+    #     for the GIL behind the application and scheduler threads, every later
+    #     instruction waits for it, and a lane run's CPU time counts its GIL hand-overs:
+    #     the 128² no-op stencil's first 500 steps took 85-90 us each that way, 77 now.)
+    #     Estimates come from inline runs (wall time; CPU time for a suspect kind) and
+    #     lane runs (the worker's CPU time, which unlike its wall time does not count
+    #     waiting for the GIL); an estimate drops at once to a faster run and rises by a
+    #     quarter of the difference to a slower one.
     # When the executor has nothing else to do (no lane work in flight, no other
     # instruction ready), running the work itself costs no concurrency, only
     # responsiveness to whatever arrives meanwhile: then kernels estimated under
@@ -835,9 +842,9 @@ class Executor(InstructionHandlers):
         t = type(instr)
         if t is CopyInstruction:
             return instr.size_bytes > self._inline_bytes
-        if t is DeviceKernelInstruction:
+        if t is DeviceKernelInstruction:     # (one of unknown cost runs inline: see _dispatch)
             est = self._costs.get(cost_key(instr))
-            return est is None or est > self._inline_ns
+            return est is not None and est > self._inline_ns
         if t is FillIdentityInstruction or t is ReduceInstruction:
             return instr.count * 8 > self._inline_bytes
         return True
@@ -868,6 +875,21 @@ class Executor(InstructionHandlers):
             return
         costs[key] = new
 
+    def _probe(self, key: Any) -> bool:
+        """Run a kernel kind whose estimate lies between the inline threshold and
+        ``inline_alone_threshold`` inline once more, timed in CPU time?  Such estimates
+        come from lane runs, and a lane run's CPU time counts the GIL hand-overs its
+        numpy calls make (each call lets the GIL go and takes it back: a contended futex
+        wait while the application and scheduler threads run Python): measured at the
+        start of the 128² stencil on host:4, a 17 us kernel cost 70-220 us on its lane
+        and stayed on the lanes, starving for the GIL, for the first 25 ms.  One inline
+        run, bounded by that threshold, settles it either way."""
+        if key in self._probed:
+            return False
+        self._probed.add(key)
+        self._suspect.add(key)
+        return True
+
     def _cpu_clock(self, key: Any) -> int:
         """Before an inline run of kind ``key``: this thread's CPU clock if the kind is
         suspect (``_note_cost``), else -1 (its wall time will do)."""
@@ -891,7 +913,12 @@ class Executor(InstructionHandlers):
         if lane.inline and not a.eager:
             if type(key) is tuple:
                 est = self._costs.get(key)
-                cheap = est is not None and (est <= self._inline_ns or (est <= self._alone_ns and self._alone()))
+                if est is None:         # the first of its kind, timed in CPU time (see inline execution)
+                    self._suspect.add(key)
+                    cheap = True
+                else:
+                    cheap = est <= self._inline_ns or (est <= self._alone_ns
+                                                       and (self._alone() or self._probe(key)))
             else:
                 cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
             if cheap:

@@ -106,13 +106,16 @@ class ScriptedComm(Communicator):
         return InProcessCollective(_CollectiveGroup(1), 0, 1, None)
 
 
-def run(comm: ScriptedComm, extra=None) -> tuple[Executor, list[float], np.ndarray]:
-    """Receive rank 1's box into host memory and fence it; ``extra(g, alloc)`` adds work.
+def run(comm: ScriptedComm, extra=None, costs=None) -> tuple[Executor, list[float], np.ndarray]:
+    """Receive rank 1's box into host memory and fence it; ``extra(g, alloc)`` adds work;
+    ``costs``: kernel cost estimates to start from (name -> ns, for a 1-element chunk).
 
     Returns the executor (joined), the timeouts of every inbox wait, the fence result."""
     backend = HostBackend(1)
     errors = []
     ex = Executor(backend, comm, idle_timeout=IDLE, on_error=lambda e, i: errors.append(e))
+    for name, ns in (costs or {}).items():
+        ex._costs[(name, 1)] = ns
     inbox = ex._inbox = RecordingInbox()
     waits = inbox.waits
     g = Graph()
@@ -168,8 +171,8 @@ def test_spin_gives_way_to_sleeps_once_its_time_is_up():
 
 
 def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
-    """A kernel on a device lane (first of its kind: its cost is unknown, so it is not run
-    inline) blocks until the pilot arrived: meanwhile the loop sleeps between polls from a
+    """A kernel on a device lane (known to be long, so not run inline) blocks until the
+    pilot arrived: meanwhile the loop sleeps between polls from a
     quarter of ``poll_max`` up to ``poll_max``, and does not spin, even with an endless spin time."""
     arrived = threading.Event()
     comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=4e-3, arrive_after=12, on_arrival=arrived)
@@ -184,7 +187,7 @@ def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
                   launcher=lambda ctx: ran.append(arrived.wait(TIMEOUT)), name="blocks")
         return g.add(FreeInstruction, k, allocation=2, memory=device_memory(0))
 
-    _ex, waits, result = run(comm, kernel)
+    _ex, waits, result = run(comm, kernel, costs={"blocks": 10 ** 9})
     np.testing.assert_array_equal(result, comm.payload)
     assert ran == [True]
     got = polling_waits(waits)
