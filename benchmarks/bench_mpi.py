@@ -24,6 +24,11 @@ Sections:
   "compiled ahead": the same hops compiled
   before the first one runs (see ``pingpong_compiled``), i.e. without the
   scheduler on the critical path.
+* **streaming**: the bandwidth of a one-way stream with ``STREAM_WINDOW`` messages in
+  flight, the way osu_bw measures bandwidth (64 KiB, 1 MiB, 4 MiB): ``window`` pushes of
+  distinct rows per window against ``Isend``/``Irecv`` of the same rows, ``Waitall`` and an
+  acknowledgement.  The ping-pong's bandwidth column is one message at a time, so each
+  hop's latency bounds it; this one lets messages overlap, as a streaming application's do.
 * **idle** (optional): CPU use of a rank waiting at a fence.
 * **strided** (optional): one strided box through ``MpiCommunicator`` with an
   MPI ``hvector`` datatype versus a contiguous staging copy.
@@ -56,6 +61,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--hops", type=int, default=None, help="round trips per ping-pong size (default adaptive)")
     p.add_argument("--skip-wave", action="store_true")
     p.add_argument("--skip-pingpong", action="store_true")
+    p.add_argument("--skip-stream", action="store_true")
     p.add_argument("--strided", action="store_true", help="also compare strided datatypes with staging copies")
     p.add_argument("--idle", action="store_true", help="also: CPU use of a rank waiting at a fence")
     p.add_argument("--json", default=None, help="rank 0 writes every figure to this file")
@@ -196,15 +202,24 @@ def bench_wave(q, comm, args, console) -> list[dict]:
 # ---------------------------------------------------------------------------------- ping-pong
 
 
-def _row_mapper(item: int, row: int):
-    """Chunk ``item`` accesses row ``row``; the other chunk accesses nothing."""
+def _rows_of(item: int, first: int, end: int):
+    """The chunk holding item ``item`` accesses rows ``first:end`` (whole rows); a chunk
+    without it accesses nothing.  (A pure function of ints: the runtime replays the
+    tasks' lowering.)"""
     import celeritas as cl
 
     def mapper(chunk, shape):
-        if chunk.offset[0] == item:
-            return cl.Subrange((row, 0), (1, shape[1]))
+        if chunk.offset[0] <= item < chunk.offset[0] + chunk.range[0]:
+            return cl.Subrange((first, 0), (end - first, shape[1]))
         return cl.Subrange((0, 0), (0, shape[1]))
     return mapper
+
+
+def _row_mapper(item: int, row: int):
+    """The chunk holding item ``item`` accesses row ``row``; a chunk without it accesses
+    nothing.  (So the whole range maps to the row too, as a range mapper's chunks must
+    add up to it: the task graph's dependencies and horizons come from that mapping.)"""
+    return _rows_of(item, row, row + 1)
 
 
 def _hop(x):
@@ -353,6 +368,100 @@ def bench_pingpong(q, comm, args, console) -> list[dict]:
                       f"{nbytes / tg / 1e6:,.1f} MB/s", f"{tm / tg:.3f}")
         console.print(t)
     return [{"bytes": nb, "celeritas_s": tc, "compiled_s": tg, "mpi4py_s": tm} for nb, tc, tg, tm in rows]
+
+
+# ---------------------------------------------------------------------------------- streaming
+
+
+STREAM_WINDOW = 16          # messages in flight per window (osu_bw's default is 64)
+STREAM_WARMUP = 8           # untimed windows first (allocations, replay templates, first transfers)
+
+
+def stream_celeritas(q, nbytes: int, window: int, windows: int) -> float:
+    """Seconds per message of a one-way stream rank 0 -> rank 1, osu_bw's way: per window,
+    rank 0 writes ``window`` rows of a (window, nbytes) buffer (one no-op kernel), then
+    ``window`` tasks each read one row on rank 1, so ``window`` pushes of ``nbytes`` are
+    in flight together.  The next window's write waits for the sends (their reads of the
+    rows), as osu_bw's next window waits for its ``Waitall``."""
+    import celeritas as cl
+    x = cl.Buffer(np.zeros((window, nbytes), np.uint8), name="stream")
+
+    def produce(cgh):
+        x.access(cgh, _rows_of(0, 0, window), cl.discard_write)
+        cgh.parallel_for((2,), lambda chunk: None, name="produce")
+
+    def consume(row: int):
+        def cgf(cgh):
+            x.access(cgh, _rows_of(1, row, row + 1), cl.read)
+            cgh.parallel_for((2,), lambda chunk: None, name="consume")
+        return cgf
+
+    def one_window():
+        q.submit(produce)
+        for r in range(window):
+            q.submit(consume(r))
+
+    for _ in range(STREAM_WARMUP):          # allocations, replay templates, the first transfers
+        one_window()
+    q.wait(barrier=True)
+    t0 = time.perf_counter()
+    for _ in range(windows):
+        one_window()
+    q.wait()
+    t = (time.perf_counter() - t0) / (windows * window)
+    q.wait(barrier=True)
+    return t
+
+
+def stream_mpi(comm, nbytes: int, window: int, windows: int) -> float:
+    """osu_bw with distinct rows: per window ``window`` ``Isend`` / ``Irecv`` of ``nbytes``
+    each (the rows of a (window, nbytes) array), ``Waitall``, a 4-byte acknowledgement."""
+    from mpi4py import MPI
+    rank = comm.Get_rank()
+    rows = _message_buffer(window * nbytes).reshape(window, nbytes)
+    ack = np.zeros(1, np.int32)
+
+    def one_window():
+        if rank == 0:
+            MPI.Request.Waitall([comm.Isend(rows[r], 1, 9) for r in range(window)])
+            comm.Recv(ack, 1, 10)
+        elif rank == 1:
+            MPI.Request.Waitall([comm.Irecv(rows[r], 0, 9) for r in range(window)])
+            comm.Send(ack, 0, 10)
+
+    for _ in range(2):
+        one_window()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(windows):
+        one_window()
+    return (time.perf_counter() - t0) / (windows * window)
+
+
+def bench_stream(q, comm, args, console) -> list[dict]:
+    """Bandwidth of a one-way stream with ``STREAM_WINDOW`` messages in flight (osu_bw),
+    beside the ping-pong's bandwidth, which is one message at a time and so bounded by
+    the latency of each hop."""
+    sizes = [s for s in (64 << 10, 1 << 20, 4 << 20) if s <= args.max_bytes] or [args.max_bytes]
+    rows = []
+    for nbytes in sizes:
+        windows = 20 if nbytes >= 1 << 20 else 100
+        tc = tm = float("inf")
+        for _ in range(args.reps):              # alternating, best of each
+            tc = min(tc, _allmax(comm, stream_celeritas(q, nbytes, STREAM_WINDOW, windows)))
+            tm = min(tm, _allmax(comm, stream_mpi(comm, nbytes, STREAM_WINDOW, windows)))
+        rows.append((nbytes, tc, tm))
+    if comm.Get_rank() == 0:
+        from rich.table import Table
+        t = Table(title=f"streaming bandwidth, {STREAM_WINDOW} messages in flight (osu_bw), rank 0 -> rank 1, "
+                        f"best of {args.reps}")
+        for col in ("message", "celeritas", "mpi4py Isend/Irecv", "ratio celeritas/mpi4py"):
+            t.add_column(col, justify="right")
+        for nbytes, tc, tm in rows:
+            t.add_row(_bytes(nbytes), f"{nbytes / tc / 1e6:,.0f} MB/s", f"{nbytes / tm / 1e6:,.0f} MB/s",
+                      f"{tm / tc:.3f}")
+        console.print(t)
+    return [{"bytes": nb, "window": STREAM_WINDOW, "celeritas_s": tc, "mpi4py_s": tm} for nb, tc, tm in rows]
 
 
 def _bytes(n: int) -> str:
@@ -505,6 +614,8 @@ def main(argv=None) -> int:
         results["wave"] = bench_wave(q, comm, args, console)
     if not args.skip_pingpong and comm.Get_size() >= 2:
         results["pingpong"] = bench_pingpong(q, comm, args, console)
+    if not args.skip_stream and comm.Get_size() >= 2:
+        results["stream"] = bench_stream(q, comm, args, console)
     if args.idle and comm.Get_size() >= 2:
         results["idle"] = bench_idle(q, comm, args, console)
     if args.strided and comm.Get_size() >= 2:

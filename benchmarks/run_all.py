@@ -375,6 +375,10 @@ def mpi_rows(quick: bool) -> tuple[list[Row], str | None]:
     return mpi_rows_from(data), None
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2 ** 20:g} MiB" if nbytes >= 2 ** 20 else f"{nbytes >> 10} KiB"
+
+
 def mpi_rows_from(data: dict) -> list[Row]:
     """Rows from bench_mpi's JSON (see its ``--json``)."""
     rows: list[Row] = []
@@ -395,15 +399,20 @@ def mpi_rows_from(data: dict) -> list[Row]:
                         f"{p['mpi4py_s'] * 1e6:.1f} µs (mpi4py, blocking or preposted, the faster)",
                         _ratio(p["mpi4py_s"], p["celeritas_s"]), "≤ 100 µs", p))
         p = ping[-1]
-        mb = p["bytes"] / 2 ** 20
 
         def bw(t: float) -> str:
             return f"{p['bytes'] / t / 1e6:,.0f} MB/s"
-        rows.append(Row("mpi", f"push/await_push bandwidth, {mb:g} MiB" if mb >= 1 else
-                        f"push/await_push bandwidth, {p['bytes'] >> 10} KiB",
+        rows.append(Row("mpi", f"push/await_push bandwidth, {_size(p['bytes'])}, ping-pong",
                         f"{bw(p['celeritas_s'])} (compiled ahead: {bw(p['compiled_s'])}, "
                         f"{p['mpi4py_s'] / p['compiled_s']:.2f}×)",
                         f"{bw(p['mpi4py_s'])} (mpi4py)", _ratio(p["mpi4py_s"], p["celeritas_s"]), "≥ 0.8×", p))
+    stream = [x for x in data.get("stream", []) if x["bytes"] == 4 << 20] or data.get("stream", [])[-1:]
+    for x in stream:
+        rows.append(Row("mpi", f"push/await_push streaming bandwidth, {_size(x['bytes'])}, {x['window']} in "
+                               f"flight (osu_bw)",
+                        f"{x['bytes'] / x['celeritas_s'] / 1e6:,.0f} MB/s",
+                        f"{x['bytes'] / x['mpi4py_s'] / 1e6:,.0f} MB/s (mpi4py Isend/Irecv, Waitall)",
+                        _ratio(x["mpi4py_s"], x["celeritas_s"]), "", x))
     idle = data.get("idle")
     if idle:
         rows.append(Row("mpi", "CPU use of a rank waiting 2 s at a fence",

@@ -63,3 +63,24 @@ def test_compiled_ahead_gate_holds_work_and_refuses_more_than_the_submit_bound()
         return q.fence(x).result().tolist()
 
     assert run_cluster(program, nodes=1, devices=2, CELERITAS_MAX_TASKS_AHEAD="16") == [[7] * 4]
+
+
+def test_bench_mpi_row_mappers_map_the_whole_range_to_what_their_chunk_gets():
+    """A range mapper's whole-range result must cover its chunks' (the task graph's
+    dependencies and horizons come from it): the row the chunk holding ``item`` gets,
+    and nothing for a chunk without it."""
+    from types import SimpleNamespace
+
+    from benchmarks.bench_mpi import _row_mapper, _rows_of
+
+    def chunk(offset, rng):
+        return SimpleNamespace(offset=(offset,), range=(rng,))
+
+    shape = (16, 64)
+    m = _rows_of(1, 3, 5)
+    whole, holder, other = m(chunk(0, 2), shape), m(chunk(1, 1), shape), m(chunk(0, 1), shape)
+    assert (whole.offset, whole.range) == ((3, 0), (2, 64))
+    assert (holder.offset, holder.range) == ((3, 0), (2, 64))
+    assert other.range[0] == 0
+    r = _row_mapper(0, 7)(chunk(0, 2), shape)
+    assert (r.offset, r.range) == ((7, 0), (1, 64))

@@ -470,3 +470,36 @@ def test_hand_written_baselines_compute_what_the_apps_compute(ranks):
     assert r.returncode == 0, _explain(r)
     for k in range(ranks):
         assert f"rank {k}: ok" in r.stdout, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_bench_mpi_programs_move_the_bytes_they_time():
+    """bench_mpi's row mappers, with kernels that fill rows on rank 0 and check them on
+    rank 1: the stream's windows and the ping-pong's hops deliver every row's value."""
+    r = mpirun(2, "stream_check.py", timeout=120)
+    assert r.returncode == 0, _explain(r)
+    for k in range(2):
+        assert f"rank {k}: ok" in r.stdout, _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_bench_mpi_quick_reports_ping_pong_and_streaming_rows(tmp_path):
+    """A smoke run of the MPI benchmark: its JSON holds the ping-pong and streaming figures
+    with their same-run baselines, and run_all turns them into table rows."""
+    out = tmp_path / "mpi.json"
+    argv = [str(MPIEXEC), "-n", "2", sys.executable, str(ROOT / "benchmarks" / "bench_mpi.py"), "--quick",
+            "--reps", "1", "--skip-wave", "--json", str(out)]
+    r = run_job(argv, _env("host:1"), 240)
+    assert r.returncode == 0, _explain(r)
+    import json
+
+    from benchmarks.run_all import mpi_rows_from
+    data = json.loads(out.read_text())
+    assert [p["bytes"] for p in data["pingpong"]][0] == 8
+    assert data["stream"] and all(s["celeritas_s"] > 0 and s["mpi4py_s"] > 0 and s["window"] >= 2
+                                  for s in data["stream"])
+    names = [row.benchmark for row in mpi_rows_from(data)]
+    assert any(n.startswith("push/await_push streaming bandwidth, 64 KiB") for n in names), names
+    assert any(n.startswith("push/await_push one-way latency") for n in names), names
