@@ -29,14 +29,16 @@ class CommandReplayMixin:
             self._build_now(task, out)
             self._forget_shapes(None if task.kind in (tg.EPOCH, tg.HORIZON) else _touched(task))
             return
-        tpl = replay.templates.get(key)
+        base = self._next_id
+        epoch = self._horizons.epoch
+        epoch_rel = None if epoch is None else epoch - base
+        tpl = replay.find(key, epoch_rel)
         if tpl is not None:
             replay.hits += 1
             self._replay(task, key[1], tpl, out)
             return
         bids = key[1]
         self._sync_buffers(bids)
-        base = self._next_id
         pending = [self._buffers[bid].pending for bid in bids]
         self._warned = False
         self._build_now(task, out)
@@ -45,7 +47,10 @@ class CommandReplayMixin:
             self._forget_shapes(bids)
             return
         replay.misses += 1
-        replay.templates.put(key, self._record(task, bids, base, pending, out))
+        # (a horizon's key holds the epoch itself: its lowering moves it)
+        used_epoch = task.kind != tg.HORIZON and any(o == tg.ORIGIN_LAST_EPOCH
+                                                     for c in out for _, o in c.deps.values())
+        replay.keep(key, self._record(task, bids, base, pending, out), epoch_rel, used_epoch)
 
     def _forget_shapes(self, bids) -> None:
         if bids is None:
@@ -102,8 +107,8 @@ class CommandReplayMixin:
                       tuple([f - base for f in sorted(horizons.front)]),
                       tuple([(k, _rel_command(v, base, live)) for k, v in sorted(self._last_side_effect.items())]),
                       tuple([(k, _rel_command(v, base, live)) for k, v in sorted(self._last_collective.items())]))
-        else:
-            extras = (epoch,
+        else:   # (the epoch's distance is not in the key: see Replay.find)
+            extras = (epoch is None,
                       tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
                       None if task.collective_group is None else
                       _rel_command(self._last_collective.get(task.collective_group), base, live))

@@ -28,6 +28,16 @@ def device_memory(device: int) -> int:
 TransferId = tuple[int, int, int]
 
 
+# dependency origins (the ``deps`` of an instruction are (id, origin) pairs)
+DEP_READ = "read"              # reads what the predecessor wrote
+DEP_WRITE = "write"            # overwrites what the predecessor read or wrote
+DEP_SIDE_EFFECT = "side_effect"
+DEP_COLLECTIVE = "collective_order"
+DEP_LAST_EPOCH = "last_epoch"
+DEP_EXECUTION_FRONT = "execution_front"
+DEP_SPLIT_RECEIVE = "split_receive"
+
+
 @dataclass(slots=True)
 class Pilot:
     """Announces a send to the receiver so it can match the payload to a receive."""

@@ -29,7 +29,8 @@ from .instruction_replay import InstructionReplayMixin
 from .memory import PRIORITY_COPY, Allocation, MemoryManagement
 from .recorders import InstructionRecorder
 from .replay import Replay
-from .instruction_graph import (
+from .instruction_graph import (  # noqa: F401 - (the dependency origins, also imported from here)
+    DEP_COLLECTIVE, DEP_EXECUTION_FRONT, DEP_LAST_EPOCH, DEP_READ, DEP_SIDE_EFFECT, DEP_SPLIT_RECEIVE, DEP_WRITE,
     HOST_MEMORY, USER_MEMORY, AccessAllocation, AllocInstruction, AwaitReceiveInstruction,
     CloneCollectiveGroupInstruction, CopyInstruction, DestroyHostObjectInstruction,
     DeviceKernelInstruction, EpochInstruction, FenceInstruction, FillIdentityInstruction,
@@ -39,14 +40,6 @@ from .instruction_graph import (
 
 log = logging.getLogger("celeritas.instruction_graph")
 
-# dependency origins
-DEP_READ = "read"              # reads what the predecessor wrote
-DEP_WRITE = "write"            # overwrites what the predecessor read or wrote
-DEP_SIDE_EFFECT = "side_effect"
-DEP_COLLECTIVE = "collective_order"
-DEP_LAST_EPOCH = "last_epoch"
-DEP_EXECUTION_FRONT = "execution_front"
-DEP_SPLIT_RECEIVE = "split_receive"
 
 PRIORITY_COMM = 2
 

@@ -13,7 +13,7 @@ actual ids travel beside it (``_BufferShape.allocations``).
 from __future__ import annotations
 
 from . import command_graph as cg
-from .instruction_graph import AccessAllocation, Pilot, ReductionAllocation
+from .instruction_graph import DEP_LAST_EPOCH, AccessAllocation, Pilot, ReductionAllocation
 from .memory import Allocation
 from .replay import absolute, relative
 
@@ -48,7 +48,9 @@ class InstructionReplayMixin:
             self._forget_shapes(touched)
             return
         shapes = [self._shapes[bid] for bid in touched]
-        tpl = replay.templates.get(key)
+        epoch = self._horizons.epoch
+        epoch_rel = None if epoch is None else epoch - self._next_instr
+        tpl = replay.find(key, epoch_rel)
         if tpl is not None:
             replay.hits += 1
             self._instantiate(cmd, touched, shapes, tpl)
@@ -72,7 +74,10 @@ class InstructionReplayMixin:
             self._forget_shapes(touched)
             return
         replay.misses += 1
-        replay.templates.put(key, tpl)
+        # (a horizon's key holds the epoch itself: its lowering moves it)
+        used_epoch = cmd.kind != cg.HORIZON and any(o == DEP_LAST_EPOCH for ins in self._out[n_out:]
+                                                    for _, o in ins.deps)
+        replay.keep(key, tpl, epoch_rel, used_epoch)
 
     def _forget_shapes(self, bids) -> None:
         shapes = self._shapes
@@ -177,7 +182,9 @@ class InstructionReplayMixin:
                 sh = shapes[bid] = self._shape_of(buffers[bid], ibase, tid)
             parts.append((sh.sid, sh.ibase - ibase, sh.tbase - tid))
         epoch = self._horizons.epoch
-        extras = None if epoch is None else epoch - ibase
+        # (the epoch's distance is not in the key of what a command lowers to, see
+        # Replay.find; a horizon's key holds it)
+        extras = epoch is None if kind != cg.HORIZON else None if epoch is None else epoch - ibase
         if kind == cg.EXECUTION:
             hos = self._host_objects
             extras = (extras,

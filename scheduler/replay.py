@@ -17,7 +17,10 @@ it:
   mapper object stands for the mapped regions of every chunk), the
   reductions, side effects and collective group; plus, per touched buffer, its
   shape and how far its base lies behind the current one; plus the ids (again
-  relative) of the epoch and of the last side effect or collective task in play.
+  relative) of the last side effect or collective task in play.  The epoch's id is
+  in the key of a horizon only: another lowering reads it only when it hands a node
+  with no true dependency the epoch dependency, and such a template is kept under
+  the epoch's relative id as well (``Replay.find`` / ``keep``).
 * **Hit.**  The recorded template is emitted with fresh ids (relative id + the
   current base): its dependencies bind to the same relative ids, which name the same
   nodes of the current state.  The touched buffers take the template's new state.
@@ -40,6 +43,9 @@ from __future__ import annotations
 from .bounded_cache import BoundedCache
 
 DEFAULT_TEMPLATES = 4096
+
+
+_EPOCH_KEYED = ("epoch-keyed",)   # stored under a key whose templates are kept per epoch distance
 
 
 class Replay:
@@ -80,6 +86,30 @@ class Replay:
             self._next_shape += 1
             self._shapes.put(shape, sid)
         return sid
+
+    def find(self, key: tuple, epoch_rel: int | None):
+        """The template for ``key``, or None.  ``epoch_rel`` is where the epoch for new nodes
+        lies relative to the lowering's base: it is not part of the key, because only a
+        lowering that hands a node the epoch dependency (a node with no true dependency
+        of its own) reads it, and such a template is kept under ``(key, epoch_rel)``
+        (see ``keep``).  Keying every lowering by it made every task after an epoch miss
+        until the second horizon had moved the epoch along (a stream of 17 tasks per
+        window, re-lowered for three windows after each ``wait``)."""
+        tpl = self.templates.get(key)
+        if tpl is _EPOCH_KEYED:
+            tpl = self.templates.get((key, epoch_rel))
+        return tpl
+
+    def keep(self, key: tuple, tpl: tuple, epoch_rel: int | None, used_epoch: bool) -> None:
+        """Record ``tpl`` under ``key``, or under ``(key, epoch_rel)`` when the lowering gave
+        a node the epoch dependency (``used_epoch``); whether it does is decided by the
+        buffers' states, which the key holds, so a key's templates are all of one kind."""
+        templates = self.templates
+        if used_epoch:
+            templates.put(key, _EPOCH_KEYED)
+            templates.put((key, epoch_rel), tpl)
+        else:
+            templates.put(key, tpl)
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,

@@ -363,14 +363,17 @@ class TaskManager:
                 for bid in t.buffer_ids:
                     self._shapes.pop(bid, None)   # (changed outside replay: shape it anew when needed)
                 return
-            tpl = replay.templates.get(key)
+            eft = self.epoch_for_new_tasks
+            epoch_rel = None if eft is None else eft.id - t.id
+            tpl = replay.find(key, epoch_rel)
             if tpl is not None:
                 replay.hits += 1
                 self._replay(t, tpl)
                 return
             self._lower_dependencies(t)
             replay.misses += 1
-            replay.templates.put(key, self._record(t, key[1]))
+            used_epoch = any(o == ORIGIN_LAST_EPOCH for _, o in t.deps.values())
+            replay.keep(key, self._record(t, key[1]), epoch_rel, used_epoch)
             return
         self._lower_dependencies(t)
 
@@ -489,7 +492,8 @@ class TaskManager:
             parts.append(sh[0])
             parts.append(sh[1] - tid)
         tasks = self.tasks
-        extras = (self._horizons.epoch - tid,
+        # (the epoch's distance is not in the key: see Replay.find)
+        extras = (self._horizons.epoch is None,
                   tuple([_rel_task(self._last_side_effect.get(ho), tid, tasks) for ho in t.side_effects]),
                   None if t.collective_group is None else
                   _rel_task(self._last_collective.get(t.collective_group), tid, tasks))
