@@ -13,9 +13,9 @@ actual ids travel beside it (``_BufferShape.allocations``).
 from __future__ import annotations
 
 from . import command_graph as cg
-from .instruction_graph import DEP_LAST_EPOCH, AccessAllocation, Pilot, ReductionAllocation
+from .instruction_graph import AccessAllocation, Pilot, ReductionAllocation
 from .memory import Allocation
-from .replay import absolute, relative
+from .replay import absolute_epoch, relative_epoch
 
 _REPLAYABLE = frozenset((cg.EXECUTION, cg.PUSH, cg.AWAIT_PUSH, cg.REDUCTION, cg.HORIZON))
 
@@ -75,8 +75,8 @@ class InstructionReplayMixin:
             return
         replay.misses += 1
         # (a horizon's key holds the epoch itself: its lowering moves it)
-        used_epoch = cmd.kind != cg.HORIZON and any(o == DEP_LAST_EPOCH for ins in self._out[n_out:]
-                                                    for _, o in ins.deps)
+        used_epoch = cmd.kind != cg.HORIZON and epoch is not None and any(
+            d == epoch for ins in self._out[n_out:] for d, _ in ins.deps)
         replay.keep(key, tpl, epoch_rel, used_epoch)
 
     def _forget_shapes(self, bids) -> None:
@@ -105,7 +105,8 @@ class InstructionReplayMixin:
             if sh is not None:
                 b = buffers.get(bid)
                 if b is not None:
-                    self._restore(b, sh.shape, sh.allocations, absolute(sh.ibase), sh.tbase)
+                    self._restore(b, sh.shape, sh.allocations, absolute_epoch(sh.ibase, self._horizons.epoch),
+                                  sh.tbase)
 
     def _allocated(self, bid: int, memory: int, box) -> bool:
         """``_find_alloc(...) is not None`` for the buffer's current state, stale or not
@@ -209,7 +210,7 @@ class InstructionReplayMixin:
                        tuple([f - ibase for f in self._frees_since[m]])) for m in sorted(self._capacity)])
 
     def _shape_of(self, b, ibase: int, tbase: int) -> "_BufferShape":
-        rel = relative(ibase)
+        rel = relative_epoch(ibase, self._horizons.epoch)
         mems = []
         ids = []
         for mem in sorted(b.allocs):

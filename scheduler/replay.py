@@ -20,7 +20,11 @@ it:
   relative) of the last side effect or collective task in play.  The epoch's id is
   in the key of a horizon only: another lowering reads it only when it hands a node
   with no true dependency the epoch dependency, and such a template is kept under
-  the epoch's relative id as well (``Replay.find`` / ``keep``).
+  the epoch's relative id as well (``Replay.find`` / ``keep``).  The instruction
+  graph's shapes write a state's references to the epoch symbolically
+  (``relative_epoch``): a user allocation's data is last written by the epoch for as
+  long as it is not rewritten, and its distance made a new shape at every horizon
+  (a template that depends on the epoch is kept under its distance, as above).
 * **Hit.**  The recorded template is emitted with fresh ids (relative id + the
   current base): its dependencies bind to the same relative ids, which name the same
   nodes of the current state.  The touched buffers take the template's new state.
@@ -114,6 +118,35 @@ class Replay:
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,
                 "templates": len(self.templates)}
+
+
+EPOCH_ID = "epoch"   # a state's reference to the epoch for new nodes, in a shape
+
+
+def relative_epoch(base: int, epoch: int | None):
+    """``relative(base)`` with the epoch for new nodes written as ``EPOCH_ID``: everything
+    older than the epoch is collapsed onto it, so a state that keeps the epoch (data not
+    rewritten since it) would otherwise carry its distance, a new shape each time a
+    horizon moves it and after every ``wait`` until the second horizon.  The shape
+    stands for the epoch of whenever it is restored (``absolute_epoch``): a lowering
+    that moves the epoch touches every buffer and leaves them new shapes."""
+    if epoch is None:
+        return relative(base)
+
+    def rel(v: tuple) -> tuple:
+        w, rs = v
+        return (None if w is None else EPOCH_ID if w == epoch else w - base,
+                frozenset([EPOCH_ID if r == epoch else r - base for r in rs]) if rs else rs)
+    return rel
+
+
+def absolute_epoch(base: int, epoch: int | None):
+    """The inverse of ``relative_epoch(base, epoch)``."""
+    def ab(v: tuple) -> tuple:
+        w, rs = v
+        return (None if w is None else epoch if w == EPOCH_ID else w + base,
+                frozenset([epoch if r == EPOCH_ID else r + base for r in rs]) if rs else rs)
+    return ab
 
 
 def relative(base: int):
