@@ -254,7 +254,7 @@ class InstructionReplayMixin:
                        _rel(self._horizons.current_horizon, ib), _rel(self._horizons.epoch, ib))
         memory = self._memory_state(env.ibase) if self._capacity else None
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
-                self._next_msg - env.mbase, tuple(post), effects, memory, [None])
+                self._next_msg - env.mbase, tuple(post), effects, memory, [None, 0])
 
     # ---- instantiation -----------------------------------------------------------------
     def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> None:
@@ -266,7 +266,18 @@ class InstructionReplayMixin:
         ctx = (ibase, abase, mbase, tid, slots, cmd)
         build = builder[0]
         if build is None:
-            build = builder[0] = _builder(instrs, post)
+            # compiled at the template's COMPILE_AFTER-th replay, interpreted before: a
+            # compile costs 80-530 us, what a template that replays a few times after a
+            # wait, or during a short run's start, never earns back (the 128² stencil
+            # compiled 5 builders in its first 500 steps, 2.6 ms; bench_mpi's stream
+            # 100-130 per buffer, 8-10 ms per rank)
+            builder[1] += 1
+            if builder[1] >= COMPILE_AFTER:
+                build = builder[0] = _builder(instrs, post)
+            else:
+                build = _Interpreted(instrs, post) if builder[1] == 1 else builder[2]
+                if builder[1] == 1:
+                    builder.append(build)
         made, kinds, post_ids, ext, sinks = build(ibase, abase, mbase, tid, slots, ctx, task)
         front = self._horizons.front
         for d in ext:
@@ -499,6 +510,64 @@ def _compact(encoded: tuple) -> tuple:
         else:
             patches.append((pos, _OTHER, (role, val)))
     return cls, tuple(proto), tuple(patches)
+
+
+COMPILE_AFTER = 8     # replays of a template before its builder is compiled (see _instantiate)
+
+
+class _Interpreted:
+    """``_builder``'s function without the compile: the same instructions from the same
+    prototypes and patches, interpreted at every call (a template's first replays)."""
+
+    __slots__ = ("instrs", "kinds", "ids", "ext", "sinks")
+
+    def __init__(self, instrs: tuple, post: tuple):
+        self.instrs = instrs
+        kinds: dict = {}
+        own, needed = [], set()
+        for cls, _proto, patches in instrs:
+            kinds[cls.kind] = kinds.get(cls.kind, 0) + 1
+            for _pos, code, val in patches:
+                if code == _IID:
+                    own.append(val)
+                elif code == _DEPS:
+                    needed.update(d for d, _o in val)
+        self.kinds = tuple(kinds.items())
+        self.ext = tuple(sorted(needed.difference(own)))
+        self.sinks = tuple(r for r in own if r not in needed)
+        self.ids = tuple([tuple(enc) for _sid, _shape, enc in post])
+
+    def __call__(self, ib, ab, mb, tid, slots, ctx, task):
+        made = []
+        for cls, proto, patches in self.instrs:
+            args = list(proto)
+            for pos, code, val in patches:
+                if code == _IID:
+                    args[pos] = ib + val
+                elif code == _DEPS:
+                    args[pos] = [(ib + d, o) for d, o in val]
+                elif code == _NEW_AID:
+                    args[pos] = ab + val
+                elif code == _SLOT_AID:
+                    args[pos] = slots[val[0]][val[1]]
+                elif code == _TID:
+                    args[pos] = tid + val
+                elif code == _MID:
+                    args[pos] = mb + val
+                elif code == _LAUNCHER:
+                    args[pos] = task.launcher
+                elif code == _NAME:
+                    args[pos] = task.name
+                elif val[0] == "accesses":
+                    args[pos] = [AccessAllocation(buf, -1 if a is None else _dec_aid(a, ctx, None), abox, box,
+                                                  region, mode) for buf, a, abox, box, region, mode in val[1]]
+                elif val[0] == "redallocs" and not val[1]:
+                    args[pos] = []
+                else:
+                    args[pos] = _DECODE[val[0]](val[1], ctx, None)
+            made.append(cls(*args))
+        ids = tuple([tuple([_dec_aid(a, ctx, None) for a in enc]) for enc in self.ids])
+        return tuple(made), self.kinds, ids, self.ext, self.sinks
 
 
 def _builder(instrs: tuple, post: tuple):

@@ -432,3 +432,19 @@ def test_epoch_references_in_shapes_are_symbolic_and_round_trip():
     m = RegionMap(Box((0,), (8,)), (None, frozenset()))
     m.restore(a, absolute_epoch(175, 170))
     assert m.snapshot(relative(0)) == state(170, 175).snapshot(relative(0))
+
+
+@pytest.mark.parametrize("compile_after", [1, 10 ** 9])
+def test_compiled_and_interpreted_templates_make_the_same_graphs(monkeypatch, compile_after):
+    """A template's instructions come from an interpreter for its first replays and from a
+    compiled builder after ``COMPILE_AFTER`` of them: each alone, over the fuzzer's
+    programs, gives the graphs of replay off."""
+    import scheduler.instruction_replay as ir
+    from differential import generate
+    monkeypatch.setattr(ir, "COMPILE_AFTER", compile_after)
+    for seed in (11, 2799, 40503):
+        p = generate(random.Random(seed), kind="main", repeat=4)
+        on = _differential_graphs(p, 2, 2, "auto", "on", 1, None)
+        off = _differential_graphs(p, 2, 2, "auto", "off", 1, None)
+        for rank, (a, b) in enumerate(zip(on, off)):
+            assert a == b, f"rank {rank}: graphs differ with replay on and off (seed {seed})"
