@@ -273,7 +273,7 @@ class InstructionReplayMixin:
             # 100-130 per buffer, 8-10 ms per rank)
             builder[1] += 1
             if builder[1] >= COMPILE_AFTER:
-                build = builder[0] = _builder(instrs, post)
+                build = builder[0] = _builder(instrs, post, self._builder_code)
             else:
                 build = _Interpreted(instrs, post) if builder[1] == 1 else builder[2]
                 if builder[1] == 1:
@@ -570,19 +570,24 @@ class _Interpreted:
         return tuple(made), self.kinds, ids, self.ext, self.sinks
 
 
-def _builder(instrs: tuple, post: tuple):
+def _builder(instrs: tuple, post: tuple, codes: dict):
     """A function that makes a template's instructions with fresh ids: the prototypes and
     patches written out as one expression per instruction (compiled once per template, at
-    its first replay), instead of copying each prototype and interpreting its patches."""
+    its ``COMPILE_AFTER``-th replay), instead of copying each prototype and interpreting
+    its patches.  Every value, ids and offsets included, is a name bound in the
+    function's namespace, so the source is the template's structure only: templates of
+    one structure (a step's phases, a stream's rows) share the compiled code (``codes``,
+    the generator's), and each costs an ``exec`` of it instead of a ``compile`` (the 128²
+    stencil's 5 builders have 2 structures; a stream window's 134 have 10)."""
     ns: dict = {"_DECODE": _DECODE}
     exprs = []
     kinds: dict = {}
 
     def aid(a) -> str:   # (as _dec_aid decodes it)
-        return f"ab + {a[1]}" if a[0] == "n" else f"slots[{a[1]}][{a[2]}]"
+        return f"ab + {const(a[1])}" if a[0] == "n" else f"slots[{const(a[1])}][{const(a[2])}]"
 
     def const(v) -> str:
-        if v is None or type(v) in (int, bool):
+        if v is None or type(v) is bool:
             return repr(v)
         name = f"k{len(ns)}"
         ns[name] = v
@@ -592,17 +597,17 @@ def _builder(instrs: tuple, post: tuple):
         args = [const(v) for v in proto]
         for pos, code, val in patches:
             if code == _IID:
-                args[pos] = f"ib + {val}"
+                args[pos] = f"ib + {const(val)}"
             elif code == _DEPS:
-                args[pos] = "[" + ", ".join(f"(ib + {d}, {const(o)})" for d, o in val) + "]"
+                args[pos] = "[" + ", ".join(f"(ib + {const(d)}, {const(o)})" for d, o in val) + "]"
             elif code == _NEW_AID:
-                args[pos] = f"ab + {val}"
+                args[pos] = f"ab + {const(val)}"
             elif code == _SLOT_AID:
-                args[pos] = f"slots[{val[0]}][{val[1]}]"
+                args[pos] = f"slots[{const(val[0])}][{const(val[1])}]"
             elif code == _TID:
-                args[pos] = f"tid + {val}"
+                args[pos] = f"tid + {const(val)}"
             elif code == _MID:
-                args[pos] = f"mb + {val}"
+                args[pos] = f"mb + {const(val)}"
             elif code == _LAUNCHER:
                 args[pos] = "task.launcher"
             elif code == _NAME:
@@ -610,7 +615,7 @@ def _builder(instrs: tuple, post: tuple):
             elif val[0] == "accesses":   # (written out: a kernel's accesses are most of its fields)
                 ns["AA"] = AccessAllocation
                 args[pos] = "[" + "".join(
-                    f"AA({buf}, {-1 if a is None else aid(a)}, {const(abox)}, {const(box)}, {const(region)}, "
+                    f"AA({const(buf)}, {-1 if a is None else aid(a)}, {const(abox)}, {const(box)}, {const(region)}, "
                     f"{const(mode)}), " for buf, a, abox, box, region, mode in val[1]) + "]"
             elif val[0] == "redallocs" and not val[1]:
                 args[pos] = "[]"
@@ -636,7 +641,10 @@ def _builder(instrs: tuple, post: tuple):
     ids = "".join("(" + "".join(aid(a) + ", " for a in enc) + "), " for _sid, _shape, enc in post)
     src = ("def build(ib, ab, mb, tid, slots, ctx, task):\n"
            f"    return ({''.join(e + ', ' for e in exprs)}), KINDS, ({ids}), EXT, SINKS\n")
-    exec(compile(src, "<replay template>", "exec"), ns)   # noqa: S102 - source built above from ints and names
+    code = codes.get(src)
+    if code is None:
+        code = codes.put(src, compile(src, "<replay template>", "exec"))
+    exec(code, ns)   # noqa: S102 - source built above from names only
     return ns["build"]
 
 

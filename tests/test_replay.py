@@ -448,3 +448,32 @@ def test_compiled_and_interpreted_templates_make_the_same_graphs(monkeypatch, co
         off = _differential_graphs(p, 2, 2, "auto", "off", 1, None)
         for rank, (a, b) in enumerate(zip(on, off)):
             assert a == b, f"rank {rank}: graphs differ with replay on and off (seed {seed})"
+
+
+def test_templates_of_one_structure_share_their_compiled_builder(monkeypatch):
+    """A builder's source names every value, so the templates of a windowed program's rows
+    and phases (the same instructions, other ids and boxes) compile to a handful of code
+    objects, and each of them gets its own values (the graphs stay those of replay off:
+    ``test_compiled_and_interpreted_templates_make_the_same_graphs``)."""
+    import celeritas as cl
+    import scheduler.instruction_replay as ir
+    monkeypatch.setattr(ir, "COMPILE_AFTER", 1)
+    q = cl.Queue(devices="host:2")
+    try:
+        x = cl.Buffer(np.zeros((8, 16), np.float32))
+        for _ in range(12):
+            def produce(cgh):
+                x.access(cgh, cl.one_to_one(), cl.discard_write)
+                cgh.parallel_for((8, 16), lambda chunk: None, name="produce")
+            q.submit(produce)
+            for r in range(8):
+                def consume(cgh, r=r):
+                    x.access(cgh, cl.fixed(cl.Subrange((r, 0), (1, 16))), cl.read)
+                    cgh.parallel_for((2,), lambda chunk: None, name="consume")
+                q.submit(consume)
+        q.wait()
+        igg = q.runtime.scheduler.igg
+        built = [t for t in igg.replay.templates.values() if len(t) == 9 and t[-1][0] is not None]
+        assert len(built) >= 24 and len(igg._builder_code) <= len(built) // 4, (len(built), len(igg._builder_code))
+    finally:
+        q.shutdown()
