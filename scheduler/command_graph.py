@@ -220,6 +220,7 @@ class CommandGraphGenerator(CommandReplayMixin):
         self._shapes: dict = {}   # buffer -> its replay shape record (see command_replay)
         self._stale: dict = {}    # buffers whose objects lag behind their replay shape
         self._warned = False   # a diagnostic was logged while lowering (such lowerings are not memoized)
+        self._mapper_warned: set = set()   # (task name, buffer) already told of a mapper (_check_mapper_covers_chunks)
         self._buffers: dict[int, _BufferState] = {}
         self._next_id = 0
         self._horizons = EpochTracker()   # front (id -> command), current horizon, epoch for new
@@ -348,18 +349,52 @@ class CommandGraphGenerator(CommandReplayMixin):
         for cid in list(itertools.takewhile(lambda k: k < eid, live)):   # (registered in id order)
             del live[cid]
 
-    def _chunk_regions(self, mapper, shape: tuple, chunks: list) -> list[Region]:
+    def _chunk_regions(self, mapper, shape: tuple, chunks: list, task: Task | None = None,
+                       bid: int | None = None) -> list[Region]:
         """``mapper`` applied to every chunk.  Built-in mappers and splits are shared across
         tasks (see ``to_scheduler_mapper`` and ``split_task``), so a stencil asks for the
         same list every step: cached by identity (the cache keeps both objects alive, so an
-        identity cannot be reused while its entry exists)."""
+        identity cannot be reused while its entry exists).  A new list is checked against
+        what the mapper gives the whole range (``task``'s, for diagnostics)."""
         key = (mapper, shape, id(chunks))
         hit = self._regions_cache.get(key)
         if hit is not None and hit[0] is chunks:
             return hit[1]
         regs = [mapper(box, shape) for _rank, box in chunks]
+        if task is not None and self.diagnostics != tg.DIAG_OFF and len(chunks) > 1:
+            self._check_mapper_covers_chunks(task, bid, mapper, shape, chunks, regs)
         self._regions_cache.put(key, (chunks, regs))
         return regs
+
+    def _check_mapper_covers_chunks(self, task: Task, bid: int, mapper, shape: tuple, chunks: list,
+                                    regs: list[Region]) -> None:
+        """A range mapper must map a part of the range into what it maps the whole range to:
+        the task graph orders tasks (and checks reads of unwritten data) by the whole
+        range's result, the command graph moves data by the chunks'.  One that does not
+        (``chunk.offset == k`` where "the chunk holds k" was meant: the whole range then
+        maps to nothing) gives correct data but task dependencies and horizons that miss
+        accesses; said once per task name and buffer."""
+        geom = task.geometry
+        if geom is None:
+            return
+        whole = mapper(geom.box, shape)
+        for (rank, box), reg in zip(chunks, regs):
+            if reg and not whole.contains(reg):
+                warned = (task.name, bid)
+                if self.diagnostics != tg.DIAG_ERROR and warned in self._mapper_warned:
+                    return
+                info = self._buffers[bid].info
+                msg = (f"{task.label}: the range mapper of its access to buffer {info.label} maps rank "
+                       f"{rank}'s chunk {box} to {reg}, which is not inside what it maps the whole range "
+                       f"{geom.box} to ({whole}); a range mapper must map a part of the range into what it "
+                       f"maps the whole range to")
+                if self.diagnostics == tg.DIAG_ERROR:
+                    raise DiagnosticError(msg)
+                self._mapper_warned.add(warned)
+                self._warned = True
+                if self.rank == 0:
+                    log.warning(msg)
+                return
 
     def _my_chunks(self, chunks: list) -> tuple[int, ...]:
         """Indices of this rank's chunks (splits are shared across tasks: cached by identity)."""
@@ -442,7 +477,7 @@ class CommandGraphGenerator(CommandReplayMixin):
             producer_modes = tg.PRODUCER_MODES
             for a in task.accesses:
                 bid = a.buffer
-                regs = self._chunk_regions(a.mapper, buffers[bid].shape, chunks)
+                regs = self._chunk_regions(a.mapper, buffers[bid].shape, chunks, task, bid)
                 mode = a.mode
                 if mode in consumer_modes:
                     cur = reads.get(bid)

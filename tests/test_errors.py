@@ -412,3 +412,63 @@ def test_task_graph_names_a_destroyed_buffer():
     acc = tg.BufferAccess(0, tg.READ, lambda box, shape: Region.from_box(box))
     with pytest.raises(cl.RangeMapperError, match='buffer B0 "gone", which was destroyed'):
         tm.submit(tg.DEVICE_COMPUTE, name="k", geometry=tg.TaskGeometry(1, (8,), (0,), (1,)), accesses=[acc])
+
+
+def _item_mapper(item: int):
+    """Row ``item`` for the chunk whose offset is ``item``, nothing otherwise: for item 1
+    the whole range (offset 0) maps to nothing, although rank 1's chunk reads row 1."""
+    def mapper(chunk, shape):
+        if chunk.offset[0] == item:
+            return cl.Subrange((item, 0), (1, shape[1]))
+        return cl.Subrange((0, 0), (0, shape[1]))
+    return mapper
+
+
+def _mapper_program(mapper_of):
+    """Rank 1's chunk of a 2-item host task reads row 1 through ``mapper_of(1)``; returns
+    what each rank read."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(8.0).reshape(2, 4), name="rows")
+        seen = []
+
+        def cgf(cgh):
+            r = b.access(cgh, mapper_of(1), cl.read)
+
+            def task(part):
+                if part.box.min[0] <= 1 < part.box.max[0]:
+                    seen.append(r[1:2, 0:4].copy())
+            cgh.host_task(task, range=(2,), name="reads_row_1")
+        q.submit(cgf)
+        q.wait()
+        q.shutdown()
+        return seen
+    return program
+
+
+def test_a_mapper_whose_chunks_exceed_the_whole_range_is_a_diagnostic(monkeypatch):
+    monkeypatch.setenv("CELERITAS_DIAGNOSTICS", "error")
+    with pytest.raises(cl.DiagnosticError, match=r'T\d+ "reads_row_1".*buffer B\d+ "rows".*rank 1.*whole range'):
+        run_cluster(_mapper_program(_item_mapper), nodes=2, timeout=60)
+
+
+def test_a_mapper_whose_chunks_exceed_the_whole_range_warns_once_and_still_runs(caplog):
+    import logging
+    with caplog.at_level(logging.WARNING, logger="celeritas"):
+        got = run_cluster(_mapper_program(_item_mapper), nodes=2, timeout=60)
+    assert [len(g) for g in got] == [0, 1] and got[1][0].tolist() == [[4.0, 5.0, 6.0, 7.0]]
+    msgs = [r.getMessage() for r in caplog.records if "whole range" in r.getMessage()]
+    assert len(msgs) == 1 and "reads_row_1" in msgs[0] and "rows" in msgs[0]
+
+
+def test_a_mapper_that_tests_whether_the_chunk_holds_the_item_is_fine(monkeypatch):
+    monkeypatch.setenv("CELERITAS_DIAGNOSTICS", "error")
+
+    def holds(item):
+        def mapper(chunk, shape):
+            if chunk.offset[0] <= item < chunk.offset[0] + chunk.range[0]:
+                return cl.Subrange((item, 0), (1, shape[1]))
+            return cl.Subrange((0, 0), (0, shape[1]))
+        return mapper
+    got = run_cluster(_mapper_program(holds), nodes=2, timeout=60)
+    assert got[1][0].tolist() == [[4.0, 5.0, 6.0, 7.0]]
