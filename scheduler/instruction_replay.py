@@ -185,7 +185,10 @@ class InstructionReplayMixin:
         epoch = self._horizons.epoch
         # (the epoch's distance is not in the key of what a command lowers to, see
         # Replay.find; a horizon's key holds it)
-        extras = epoch is None if kind != cg.HORIZON else None if epoch is None else epoch - ibase
+        if kind == cg.HORIZON:
+            extras = None if epoch is None else epoch - ibase
+        else:
+            extras = epoch is None
         if kind == cg.EXECUTION:
             hos = self._host_objects
             extras = (extras,
@@ -254,7 +257,7 @@ class InstructionReplayMixin:
                        _rel(self._horizons.current_horizon, ib), _rel(self._horizons.epoch, ib))
         memory = self._memory_state(env.ibase) if self._capacity else None
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
-                self._next_msg - env.mbase, tuple(post), effects, memory, [None, 0])
+                self._next_msg - env.mbase, tuple(post), effects, memory, [None, 0, None])
 
     # ---- instantiation -----------------------------------------------------------------
     def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> None:
@@ -271,13 +274,15 @@ class InstructionReplayMixin:
             # wait, or during a short run's start, never earns back (the 128² stencil
             # compiled 5 builders in its first 500 steps, 2.6 ms; bench_mpi's stream
             # 100-130 per buffer, 8-10 ms per rank)
+            # (builder: [compiled builder, replays so far, interpreter])
             builder[1] += 1
             if builder[1] >= COMPILE_AFTER:
                 build = builder[0] = _builder(instrs, post, self._builder_code)
+                builder[2] = None
             else:
-                build = _Interpreted(instrs, post) if builder[1] == 1 else builder[2]
-                if builder[1] == 1:
-                    builder.append(build)
+                build = builder[2]
+                if build is None:
+                    build = builder[2] = _Interpreted(instrs, post)
         made, kinds, post_ids, ext, sinks = build(ibase, abase, mbase, tid, slots, ctx, task)
         front = self._horizons.front
         for d in ext:
@@ -515,6 +520,23 @@ def _compact(encoded: tuple) -> tuple:
 COMPILE_AFTER = 8     # replays of a template before its builder is compiled (see _instantiate)
 
 
+def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
+    """A template's instruction counts per kind and the execution front's net change (see
+    ``EpochTracker.add``, applied per instruction by a lowering): the dependencies outside
+    the template leave the front (``ext``), and the template's instructions no later one
+    of them depends on join it (``sinks``).  Ids relative to the template's base."""
+    kinds: dict = {}
+    own, needed = [], set()
+    for cls, _proto, patches in instrs:
+        kinds[cls.kind] = kinds.get(cls.kind, 0) + 1
+        for _pos, code, val in patches:
+            if code == _IID:
+                own.append(val)
+            elif code == _DEPS:
+                needed.update(d for d, _o in val)
+    return tuple(kinds.items()), tuple(sorted(needed.difference(own))), tuple(r for r in own if r not in needed)
+
+
 class _Interpreted:
     """``_builder``'s function without the compile: the same instructions from the same
     prototypes and patches, interpreted at every call (a template's first replays)."""
@@ -523,18 +545,7 @@ class _Interpreted:
 
     def __init__(self, instrs: tuple, post: tuple):
         self.instrs = instrs
-        kinds: dict = {}
-        own, needed = [], set()
-        for cls, _proto, patches in instrs:
-            kinds[cls.kind] = kinds.get(cls.kind, 0) + 1
-            for _pos, code, val in patches:
-                if code == _IID:
-                    own.append(val)
-                elif code == _DEPS:
-                    needed.update(d for d, _o in val)
-        self.kinds = tuple(kinds.items())
-        self.ext = tuple(sorted(needed.difference(own)))
-        self.sinks = tuple(r for r in own if r not in needed)
+        self.kinds, self.ext, self.sinks = _summary(instrs)
         self.ids = tuple([tuple(enc) for _sid, _shape, enc in post])
 
     def __call__(self, ib, ab, mb, tid, slots, ctx, task):
@@ -581,7 +592,6 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
     stencil's 5 builders have 2 structures; a stream window's 134 have 10)."""
     ns: dict = {"_DECODE": _DECODE}
     exprs = []
-    kinds: dict = {}
 
     def aid(a) -> str:   # (as _dec_aid decodes it)
         return f"ab + {const(a[1])}" if a[0] == "n" else f"slots[{const(a[1])}][{const(a[2])}]"
@@ -623,20 +633,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
                 args[pos] = f"_DECODE[{val[0]!r}]({const(val[1])}, ctx, None)"
         ns[f"C{i}"] = cls
         exprs.append(f"C{i}({', '.join(args)})")
-        kinds[cls.kind] = kinds.get(cls.kind, 0) + 1
-    ns["KINDS"] = tuple(kinds.items())
-    # the execution front's net change (see ``EpochTracker.add``, applied per instruction by
-    # a lowering): the dependencies outside the template leave it, and the template's
-    # instructions no later one of them depends on join it
-    own, needed = [], set()
-    for _cls, _proto, patches in instrs:
-        for _pos, code, val in patches:
-            if code == _IID:
-                own.append(val)
-            elif code == _DEPS:
-                needed.update(d for d, _o in val)
-    ns["EXT"] = tuple(sorted(needed.difference(own)))
-    ns["SINKS"] = tuple(r for r in own if r not in needed)
+    ns["KINDS"], ns["EXT"], ns["SINKS"] = _summary(instrs)
     # the touched buffers' allocation ids after the lowering (``_BufferShape.allocations``)
     ids = "".join("(" + "".join(aid(a) + ", " for a in enc) + "), " for _sid, _shape, enc in post)
     src = ("def build(ib, ab, mb, tid, slots, ctx, task):\n"
