@@ -58,6 +58,13 @@ def _explain(r: subprocess.CompletedProcess) -> str:
     return f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr[-6000:]}"
 
 
+def _every_rank_ok(r: subprocess.CompletedProcess, ranks: int) -> None:
+    """The job exited cleanly and each of its ``ranks`` ranks printed ``rank R: ok``."""
+    assert r.returncode == 0, _explain(r)
+    for k in range(ranks):
+        assert f"rank {k}: ok" in r.stdout, _explain(r)
+
+
 # ------------------------------------------------------------------------------- apps
 
 
@@ -143,10 +150,7 @@ def test_behaviours_5_and_11_and_collective_groups_on_every_rank():
 @needs_mpi
 @pytest.mark.mpi
 def test_communicator_protocol():
-    r = mpirun(3, "comm_unit.py", timeout=60)
-    assert r.returncode == 0, _explain(r)
-    for k in range(3):
-        assert f"rank {k}: ok" in r.stdout, _explain(r)
+    _every_rank_ok(mpirun(3, "comm_unit.py", timeout=60), 3)
 
 
 # ------------------------------------------------------------------------------- failures
@@ -466,10 +470,7 @@ def test_mpi_communicator_rejects_bad_arguments_before_any_mpi_call(monkeypatch)
 def test_hand_written_baselines_compute_what_the_apps_compute(ranks):
     """The mpi4py baselines the benchmarks and the scaling study compare celeritas with
     (cluster/workloads.py) give the apps' reference results on every rank count."""
-    r = mpirun(ranks, "handwritten_baselines.py", timeout=120)
-    assert r.returncode == 0, _explain(r)
-    for k in range(ranks):
-        assert f"rank {k}: ok" in r.stdout, _explain(r)
+    _every_rank_ok(mpirun(ranks, "handwritten_baselines.py", timeout=120), ranks)
 
 
 @needs_mpi
@@ -477,10 +478,7 @@ def test_hand_written_baselines_compute_what_the_apps_compute(ranks):
 def test_bench_mpi_programs_move_the_bytes_they_time():
     """bench_mpi's row mappers, with kernels that fill rows on rank 0 and check them on
     rank 1: the stream's windows and the ping-pong's hops deliver every row's value."""
-    r = mpirun(2, "stream_check.py", timeout=120)
-    assert r.returncode == 0, _explain(r)
-    for k in range(2):
-        assert f"rank {k}: ok" in r.stdout, _explain(r)
+    _every_rank_ok(mpirun(2, "stream_check.py", timeout=120), 2)
 
 
 @needs_mpi

@@ -370,6 +370,25 @@ def test_a_tasks_replay_signature_is_computed_once_and_shared_by_the_levels():
     assert tg.replay_signature(t) is sig and t.replay_sig is sig
 
 
+def _submit_windows(q, windows: int, x=None):
+    """A windowed program: per window a kernel writes an (8, 16) buffer (``x``, or a new
+    one) and eight kernels read one row each (``fixed`` mappers); returns the buffer."""
+    import celeritas as cl
+    if x is None:
+        x = cl.Buffer(np.zeros((8, 16), np.float32))
+    for _ in range(windows):
+        def produce(cgh):
+            x.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((8, 16), lambda chunk: None, name="produce")
+        q.submit(produce)
+        for r in range(8):
+            def consume(cgh, r=r):
+                x.access(cgh, cl.fixed(cl.Subrange((r, 0), (1, 16))), cl.read)
+                cgh.parallel_for((2,), lambda chunk: None, name="consume")
+            q.submit(consume)
+    return x
+
+
 def test_after_a_wait_tasks_and_commands_replay_without_waiting_for_horizons():
     """Only a lowering that hands a node the epoch dependency reads the epoch, so the
     epoch's distance is not part of the other keys: after a ``wait`` (a new epoch) a
@@ -380,27 +399,12 @@ def test_after_a_wait_tasks_and_commands_replay_without_waiting_for_horizons():
     import celeritas as cl
     q = cl.Queue(devices="host:2")
     try:
-        x = cl.Buffer(np.zeros((8, 16), np.float32))
         rt = q.runtime
         gens = (rt.task_manager.replay, rt.scheduler.cdag.replay, rt.scheduler.igg.replay)
-
-        def window():
-            def produce(cgh):
-                x.access(cgh, cl.one_to_one(), cl.discard_write)
-                cgh.parallel_for((8, 16), lambda chunk: None, name="produce")
-            q.submit(produce)
-            for r in range(8):
-                def consume(cgh, r=r):
-                    x.access(cgh, cl.fixed(cl.Subrange((r, 0), (1, 16))), cl.read)
-                    cgh.parallel_for((2,), lambda chunk: None, name="consume")
-                q.submit(consume)
-
-        for _ in range(12):
-            window()
+        x = _submit_windows(q, 12)
         q.wait()
         before = [(g.hits, g.misses) for g in gens]
-        for _ in range(12):
-            window()
+        _submit_windows(q, 12, x)
         q.wait()
         (task_hits, task_misses), (cmd_hits, cmd_misses), (ins_hits, ins_misses) = [
             (g.hits - h, g.misses - m) for g, (h, m) in zip(gens, before)]
@@ -460,17 +464,7 @@ def test_templates_of_one_structure_share_their_compiled_builder(monkeypatch):
     monkeypatch.setattr(ir, "COMPILE_AFTER", 1)
     q = cl.Queue(devices="host:2")
     try:
-        x = cl.Buffer(np.zeros((8, 16), np.float32))
-        for _ in range(12):
-            def produce(cgh):
-                x.access(cgh, cl.one_to_one(), cl.discard_write)
-                cgh.parallel_for((8, 16), lambda chunk: None, name="produce")
-            q.submit(produce)
-            for r in range(8):
-                def consume(cgh, r=r):
-                    x.access(cgh, cl.fixed(cl.Subrange((r, 0), (1, 16))), cl.read)
-                    cgh.parallel_for((2,), lambda chunk: None, name="consume")
-                q.submit(consume)
+        _submit_windows(q, 12)
         q.wait()
         igg = q.runtime.scheduler.igg
         built = [t for t in igg.replay.templates.values() if len(t) == 9 and t[-1][0] is not None]
