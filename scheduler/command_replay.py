@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from . import task_graph as tg
-from .replay import absolute, relative
+from .replay import absolute, newest_named, relative
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
 
@@ -69,7 +69,7 @@ class CommandReplayMixin:
         for bid in list(stale) if bids is None else bids:
             rec = stale.pop(bid, None)
             if rec is not None:
-                _restore_buffer(self._buffers[bid], rec[2], absolute(rec[1]))
+                _restore_buffer(self._buffers[bid], rec[2], absolute(rec[1] or 0))
 
     # ---- keys ----------------------------------------------------------------------------
     def _replay_key(self, task) -> tuple | None:
@@ -95,10 +95,10 @@ class CommandReplayMixin:
         for bid in bids:
             rec = shapes.get(bid)
             if rec is None:
-                shape = _buffer_shape(buffers[bid], base)
-                rec = shapes[bid] = (self.replay.intern(shape), base, shape)
+                shape, top = _buffer_shape(buffers[bid])
+                rec = shapes[bid] = (self.replay.intern(shape), top, shape)
             parts.append(rec[0])
-            parts.append(rec[1] - base)
+            parts.append(None if rec[1] is None else rec[1] - base)
         live = self._live
         horizons = self._horizons
         epoch = None if horizons.epoch is None else horizons.epoch - base
@@ -137,9 +137,9 @@ class CommandReplayMixin:
         post = []
         for bid, old in zip(bids, pending_before):
             st = self._buffers[bid]
-            shape = _buffer_shape(st, base)
+            shape, top = _buffer_shape(st)
             sid = self.replay.intern(shape)
-            self._shapes[bid] = (sid, base, shape)
+            self._shapes[bid] = (sid, top, shape)
             p = st.pending
             if p is None:
                 pend = None
@@ -147,7 +147,7 @@ class CommandReplayMixin:
                 pend = "kept"
             else:
                 pend = (task.reductions.index(p[0]), p[1])
-            post.append((bid, sid, shape, pend))
+            post.append((bid, sid, shape, pend, None if top is None else top - base))
         live = self._live
         if task.kind == tg.HORIZON:
             h = self._horizons
@@ -202,12 +202,12 @@ class CommandReplayMixin:
                 self._register(out, c)
         shapes = self._shapes
         stale = self._stale
-        for bid, sid, shape, pend in post:
+        for bid, sid, shape, pend, top in post:
             if pend is None:
                 buffers[bid].pending = None
             elif pend != "kept":
                 buffers[bid].pending = (task.reductions[pend[0]], pend[1])
-            shapes[bid] = stale[bid] = (sid, base, shape)
+            shapes[bid] = stale[bid] = (sid, None if top is None else base + top, shape)
         if task.kind == tg.HORIZON:
             se, coll, cur, ep = effects
             self._last_side_effect = {k: live[base + v] for k, v in se}
@@ -238,13 +238,15 @@ def _rel_command(c, base: int, live: dict) -> int | None:
     return None if c is None or c.id not in live else c.id - base
 
 
-def _buffer_shape(st, base: int) -> tuple:
-    """A buffer's distribution and access state with command ids relative to ``base``
-    (the pending reduction by its participants only: the reduction object is the
-    producing task's, and the lowering uses nothing else of it)."""
+def _buffer_shape(st) -> tuple[tuple, int | None]:
+    """A buffer's distribution and access state, and the base its command ids are
+    relative to (the newest command it names, see ``newest_named``).  The pending
+    reduction by its participants only: the reduction object is the producing task's,
+    and the lowering uses nothing else of it."""
+    top = newest_named(st.access)
     p = st.pending
     return (st.mine.snapshot(), st.mine_bb, st.held, st.uninit,
-            st.access.snapshot(relative(base)), None if p is None else p[1])
+            st.access.snapshot(relative(0 if top is None else top)), None if p is None else p[1]), top
 
 
 def _restore_buffer(st, shape: tuple, absolute_ids) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import command_graph as cg
 from .instruction_graph import AccessAllocation, Pilot, ReductionAllocation
 from .memory import Allocation
-from .replay import absolute_epoch, relative_epoch
+from .replay import absolute_epoch, newest_named, relative_epoch
 
 _REPLAYABLE = frozenset((cg.EXECUTION, cg.PUSH, cg.AWAIT_PUSH, cg.REDUCTION, cg.HORIZON))
 
@@ -105,8 +105,8 @@ class InstructionReplayMixin:
             if sh is not None:
                 b = buffers.get(bid)
                 if b is not None:
-                    self._restore(b, sh.shape, sh.allocations, absolute_epoch(sh.ibase, self._horizons.epoch),
-                                  sh.tbase)
+                    self._restore(b, sh.shape, sh.allocations, absolute_epoch(sh.ibase or 0, self._horizons.epoch),
+                                  sh.tbase or 0)
 
     def _allocated(self, bid: int, memory: int, box) -> bool:
         """``_find_alloc(...) is not None`` for the buffer's current state, stale or not
@@ -180,8 +180,9 @@ class InstructionReplayMixin:
         for bid in bids:
             sh = shapes.get(bid)
             if sh is None:
-                sh = shapes[bid] = self._shape_of(buffers[bid], ibase, tid)
-            parts.append((sh.sid, sh.ibase - ibase, sh.tbase - tid))
+                sh = shapes[bid] = self._shape_of(buffers[bid])
+            ib, tb = sh.ibase, sh.tbase
+            parts.append((sh.sid, None if ib is None else ib - ibase, None if tb is None else tb - tid))
         epoch = self._horizons.epoch
         # (the epoch's distance is not in the key of what a command lowers to, see
         # Replay.find; a horizon's key holds it)
@@ -212,8 +213,20 @@ class InstructionReplayMixin:
         return tuple([(m, self._used[m], _rel(self._last_alloc.get(m), ibase),
                        tuple([f - ibase for f in self._frees_since[m]])) for m in sorted(self._capacity)])
 
-    def _shape_of(self, b, ibase: int, tbase: int) -> "_BufferShape":
-        rel = relative_epoch(ibase, self._horizons.epoch)
+    def _shape_of(self, b) -> "_BufferShape":
+        """The buffer's state with its ids relative to bases the state fixes itself: the
+        newest instruction it names, the epoch aside (written symbolically), and the
+        newest task of a pending receive; None where it names none (``newest_named``)."""
+        epoch = self._horizons.epoch
+        top = None
+        for lst in b.allocs.values():
+            for a in lst:
+                top = newest_named(a.access, top, epoch)
+        if b.user is not None:
+            top = newest_named(b.user.access, top, epoch)
+        ibase = top
+        rel = relative_epoch(0 if top is None else top, epoch)
+        tbase = max([p.transfer[0] for p in b.pending]) if b.pending else None
         mems = []
         ids = []
         for mem in sorted(b.allocs):
@@ -240,9 +253,10 @@ class InstructionReplayMixin:
         post = []
         for k, bid in enumerate(bids):
             b = self._buffers[bid]
-            sh = self._shape_of(b, env.ibase, env.tid)
+            sh = self._shape_of(b)
             self._shapes[bid] = sh
-            post.append((sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations])))
+            post.append((sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations]),
+                         _rel(sh.ibase, env.ibase), _rel(sh.tbase, env.tid)))
         effects = ()
         if cmd.kind == cg.EXECUTION:
             task = cmd.task
@@ -314,8 +328,9 @@ class InstructionReplayMixin:
                 self._frees_since[m] = [ibase + f for f in frees]
         shapes = self._shapes
         stale = self._stale
-        for bid, (sid, shape, _enc), ids in zip(bids, post, post_ids):
-            shapes[bid] = stale[bid] = _BufferShape(sid, ibase, tid, ids, shape)
+        for bid, (sid, shape, _enc, ioff, toff), ids in zip(bids, post, post_ids):
+            shapes[bid] = stale[bid] = _BufferShape(sid, None if ioff is None else ibase + ioff,
+                                                    None if toff is None else tid + toff, ids, shape)
         if cmd.kind == cg.HORIZON:
             hos, colls, cur, ep = effects
             self._host_objects = {k: _abs(v, ibase) for k, v in hos}
@@ -546,7 +561,7 @@ class _Interpreted:
     def __init__(self, instrs: tuple, post: tuple):
         self.instrs = instrs
         self.kinds, self.ext, self.sinks = _summary(instrs)
-        self.ids = tuple([tuple(enc) for _sid, _shape, enc in post])
+        self.ids = tuple([tuple(p[2]) for p in post])
 
     def __call__(self, ib, ab, mb, tid, slots, ctx, task):
         made = []
@@ -635,7 +650,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
         exprs.append(f"C{i}({', '.join(args)})")
     ns["KINDS"], ns["EXT"], ns["SINKS"] = _summary(instrs)
     # the touched buffers' allocation ids after the lowering (``_BufferShape.allocations``)
-    ids = "".join("(" + "".join(aid(a) + ", " for a in enc) + "), " for _sid, _shape, enc in post)
+    ids = "".join("(" + "".join(aid(a) + ", " for a in p[2]) + "), " for p in post)
     src = ("def build(ib, ab, mb, tid, slots, ctx, task):\n"
            f"    return ({''.join(e + ', ' for e in exprs)}), KINDS, ({ids}), EXT, SINKS\n")
     code = codes.get(src)

@@ -8,9 +8,11 @@ it:
 
 * **State identity.**  A buffer's generator state is kept as an interned *shape*
   (a small int) plus a *base*: the shape is the state with every node id written
-  relative to the base (the first id of the lowering that last set the state).
-  Node ids only ever grow and the per-point state is collapsed onto the latest epoch
-  at every horizon, so in a periodic program the relative states repeat exactly.
+  relative to the base, the newest id the state names (``newest_named``; None where
+  it names none).  The state fixes its base itself, so one state is one shape
+  whenever it is taken, by a template's recording or at a later lookup.  Node ids
+  only ever grow and the per-point state is collapsed onto the latest epoch at every
+  horizon, so in a periodic program the relative states repeat exactly.
 * **Key.**  The task's (or command's) signature: kind, geometry, split, hints, per
   access the buffer, mode and mapper (built-in mappers, and user functions that read
   only immutable values, are keyed by their parameters and shared across tasks, so the
@@ -118,6 +120,22 @@ class Replay:
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,
                 "templates": len(self.templates)}
+
+
+def newest_named(access, top: int | None = None, skip: int | None = None) -> int | None:
+    """The newest id (writer or reader) an access map of ``(writer, readers)`` values
+    names, ``skip`` aside, or ``top`` if that is newer.  A shape's ids are relative to
+    it: the state fixes its own base, so a state is one shape whenever it is taken (a
+    base of the caller's, the command being lowered, made the same state two shapes
+    before and after a horizon, and a key missed)."""
+    for w, rs in access.values():
+        if w is not None and w != skip and (top is None or w > top):
+            top = w
+        if rs:
+            for r in rs:
+                if r != skip and (top is None or r > top):
+                    top = r
+    return top
 
 
 EPOCH_ID = "epoch"   # a state's reference to the epoch for new nodes, in a shape

@@ -14,7 +14,7 @@ from .errors import DiagnosticError, RangeMapperError
 from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_map
 from .recorders import TaskRecorder
-from .replay import Replay, absolute, relative
+from .replay import Replay, absolute, newest_named, relative
 
 log = logging.getLogger("celeritas.task_graph")
 
@@ -487,10 +487,10 @@ class TaskManager:
                 return None   # parts never written (or no such buffer): diagnose every time
             sh = shapes.get(bid)
             if sh is None:
-                snap = self._access[bid].snapshot(relative(tid))
-                sh = shapes[bid] = (self.replay.intern(snap), tid, snap)
+                snap, top = _access_shape(self._access[bid])
+                sh = shapes[bid] = (self.replay.intern(snap), top, snap)
             parts.append(sh[0])
-            parts.append(sh[1] - tid)
+            parts.append(None if sh[1] is None else sh[1] - tid)
         tasks = self.tasks
         # (the epoch's distance is not in the key: see Replay.find)
         extras = (self._horizons.epoch is None,
@@ -505,18 +505,17 @@ class TaskManager:
         tid = t.id
         deps = tuple([(d - tid, k, o) for d, (k, o) in t.deps.items()])
         post = []
-        rel = relative(tid)
         for bid in bids:
-            snap = self._access[bid].snapshot(rel)
+            snap, top = _access_shape(self._access[bid])
             sid = self.replay.intern(snap)
-            self._shapes[bid] = (sid, tid, snap)
-            post.append((bid, sid, snap))
+            self._shapes[bid] = (sid, top, snap)
+            post.append((bid, sid, snap, None if top is None else top - tid))
         return deps, tuple(post)
 
     def _sync(self, bid: int) -> None:
         """Rebuild a buffer's access map from the shape replay left it as."""
         _sid, base, snap = self._stale.pop(bid)
-        self._access[bid].restore(snap, absolute(base))
+        self._access[bid].restore(snap, absolute(base or 0))
 
     def _replay(self, t: Task, tpl: tuple) -> None:
         deps, post = tpl
@@ -526,8 +525,8 @@ class TaskManager:
             t.add_dep(tasks[tid + rel], kind, origin)
         shapes = self._shapes
         stale = self._stale
-        for bid, sid, snap in post:
-            shapes[bid] = stale[bid] = (sid, tid, snap)   # (the map is rebuilt when read: _sync)
+        for bid, sid, snap, top in post:   # (the map is rebuilt when read: _sync)
+            shapes[bid] = stale[bid] = (sid, None if top is None else tid + top, snap)
         for ho in t.side_effects:
             self._last_side_effect[ho] = t
         if t.collective_group is not None:
@@ -604,21 +603,24 @@ class TaskManager:
                 acc.apply_all(partial(_collapse_task_access, eid=eid))
                 continue
             # a buffer known by its shape collapses shape to shape, memoized (no map is rebuilt)
+            # (ids relative to the shape's base, or to the epoch where it names no task)
             sid, base, snap = rec
-            key = (sid, eid - base)
+            anchor = eid if base is None else base
+            key = (sid, eid - anchor)
             hit = self._collapsed.get(key)
             if hit is None:
                 if bid in self._stale:
                     self._sync(bid)
                 acc.apply_all(partial(_collapse_task_access, eid=eid))
-                snap = acc.snapshot(relative(base))
-                hit = (self.replay.intern(snap), snap)
+                snap, top = _access_shape(acc)
+                hit = (self.replay.intern(snap), snap, None if top is None else top - anchor)
                 if len(self._collapsed) >= 4096:
                     self._collapsed.clear()
                 self._collapsed[key] = hit
+                shapes[bid] = (hit[0], top, snap)
             else:
-                self._stale[bid] = (hit[0], base, hit[1])
-            shapes[bid] = (hit[0], base, hit[1])
+                top = None if hit[2] is None else anchor + hit[2]
+                shapes[bid] = self._stale[bid] = (hit[0], top, hit[1])
         for d in (self._last_side_effect, self._last_collective):
             collapse_map(d, eid, epoch, key=_task_id)
 
@@ -679,6 +681,13 @@ def replay_signature(t: Task) -> tuple | None:
                tuple(t.side_effects), t.collective_group)
     t.replay_sig = sig
     return sig
+
+
+def _access_shape(acc) -> tuple[tuple, int | None]:
+    """A buffer's access map as a shape, ids relative to the newest task it names (its
+    base, None where it names none: see ``newest_named``)."""
+    top = newest_named(acc)
+    return acc.snapshot(relative(0 if top is None else top)), top
 
 
 def _collapse_task_access(value: tuple, eid: int) -> tuple:
