@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from . import command_graph as cg
 from . import task_graph as tg
-from .errors import DiagnosticError, OutOfMemoryError
+from .errors import DiagnosticError, OutOfMemoryError, RangeMapperError
 from .geometry import Box, Region
 from .instruction_graph import HOST_MEMORY, device_memory
 from .split import split_1d, split_2d
@@ -45,7 +45,7 @@ class Plans(list):
     compile of them needs first, computed once: the buffers they touch (sorted) and, per
     (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
 
-    __slots__ = ("bids", "need", "overlap", "requirements", "allocated_under")
+    __slots__ = ("bids", "need", "overlap", "outside", "requirements", "allocated_under")
 
     # identity semantics: a plan stands for its cache key (replay keys on the object)
     __hash__ = object.__hash__
@@ -56,6 +56,8 @@ class Plans(list):
     def __init__(self, plans: list):
         super().__init__(plans)
         self.overlap: tuple | None = None   # (i, j, buffer, region): chunks i < j write region
+        # (i, access, region, the command's region): chunk i maps outside the command's box
+        self.outside: tuple | None = None
         self.requirements: tuple | None = None   # (buffer, memory, box) for lookahead, made on first use
         # lookahead: the shape ids of ``bids`` (interned buffer states) under which every
         # requirement was found allocated, so a repeating step asks one set, not per box
@@ -125,7 +127,57 @@ class ChunkPlanning:
             self._sequence_if_too_large(plans, task)
         out = Plans(plans)
         out.overlap = overlapping_writes(plans)
+        if len(plans) > 1 or plans[0].box != cmd.box:
+            out.outside = self._mapped_outside(cmd, plans)
         return out
+
+    def _mapped_outside(self, cmd: cg.ExecutionCommand, plans: list[ChunkPlan]) -> tuple | None:
+        """The first local chunk (device chunk, oversubscribed part, batch) an access maps
+        outside what it maps the command's whole box to, as (chunk index, access, its
+        region, the box's region); None if there is none.  The command graph moves data
+        between ranks by the box's region, so outside it a chunk would read data that
+        never arrived, or write data no other rank learns of."""
+        task = cmd.task
+        for k, a in enumerate(task.accesses):
+            whole = None
+            for i, p in enumerate(plans):
+                reg = p.accesses[k][1]
+                if not reg:
+                    continue
+                if whole is None:
+                    whole = a.mapper(cmd.box, self._buffers[a.buffer].info.shape)
+                if not whole.contains(reg):
+                    return (i, a, reg, whole)
+        return None
+
+    def _report_outside(self, cmd: cg.ExecutionCommand, plans: "Plans") -> None:
+        """A range mapper maps a local chunk outside what it maps the rank's chunk to
+        (``chunk.offset == k`` where "the chunk holds k" was meant, on a device chunk
+        that starts at k).  On several ranks the data would be wrong, so it is an error
+        whatever the diagnostics setting; on one rank every access is local and the
+        data right, so it is the diagnostic the command graph gives for a rank's chunk
+        outside the whole range (an error under ``error``, else a warning once per task
+        name and buffer)."""
+        i, a, reg, whole = plans.outside
+        task = cmd.task
+        p = plans[i]
+        info = self._buffers[a.buffer].info
+        part = f"device {p.device}'s chunk {p.box}" if p.device is not None else f"the chunk {p.box}"
+        msg = (f"{task.label}: the range mapper of its access to buffer {info.label} maps {part} of rank "
+               f"{self.rank} to {reg}, which is not inside what it maps the rank's chunk {cmd.box} to "
+               f"({whole}); a range mapper must map a part of a chunk into what it maps the chunk to")
+        if self.num_ranks > 1:
+            verb = "read data that never arrived" if a.mode in tg.CONSUMER_MODES else \
+                "write data no other rank learns of"
+            raise RangeMapperError(f"{msg} (data moves between ranks by the rank's chunk: the part would {verb})")
+        if self.diagnostics == tg.DIAG_ERROR:
+            raise DiagnosticError(msg)
+        warned = (task.name, a.buffer)
+        if self.diagnostics == tg.DIAG_OFF or warned in self._mapper_warned:
+            return
+        self._mapper_warned.add(warned)
+        self._warned = True
+        log.warning(msg)
 
     def _fill_plan(self, plan: ChunkPlan, task) -> ChunkPlan:
         """Evaluate the chunk's accesses (regions, their bounding boxes per buffer)."""

@@ -128,6 +128,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self.memory_stats = {"evictions": 0, "bytes_evicted": 0, "bytes_written_back": 0, "batches": 0,
                              "batched_chunks": 0}
         self._warned = False       # a diagnostic was logged while lowering (not memoized then)
+        self._mapper_warned: set = set()   # (task name, buffer) already told of a mapper (_report_outside)
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
         # to): await-pushes then need no host allocation of their own
         self._direct_receives = system.num_devices > 0 and all(
@@ -570,6 +571,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         plans = self._plan_chunks(cmd)
         if plans.overlap is not None and self.diagnostics != tg.DIAG_OFF:
             self._report_overlap(cmd, plans)
+        if plans.outside is not None:
+            self._report_outside(cmd, plans)
         # pending receives this command touches
         buffers = self._buffers
         for bid in plans.bids:

@@ -472,3 +472,84 @@ def test_a_mapper_that_tests_whether_the_chunk_holds_the_item_is_fine(monkeypatc
         return mapper
     got = run_cluster(_mapper_program(holds), nodes=2, timeout=60)
     assert got[1][0].tolist() == [[4.0, 5.0, 6.0, 7.0]]
+
+
+def _device_chunk_program(mapper, reads: int = 1):
+    """T0 writes src (4 rows, one_to_one: on 2 ranks rank 1 writes rows 2-3), T1 (8 items)
+    reads src through ``mapper``: the chunk at offset 2 is device 1's chunk [2, 4) of
+    rank 0's [0, 4) on 2 ranks × host:2, and of [0, 8) on one rank × host:4.  Returns
+    what that chunk read of row 2."""
+    def program(rank):
+        q = cl.Queue()
+        src = cl.Buffer(np.zeros(4, dtype=np.int64), name="src")
+        out = cl.Buffer(np.zeros(8, dtype=np.int64), name="out")
+        seen = []
+
+        def write(cgh):
+            w = src.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            def kernel(chunk):
+                w[chunk.box] = 100 + np.arange(chunk.offset[0], chunk.offset[0] + chunk.range[0])
+            cgh.parallel_for((4,), kernel, name="writer")
+        q.submit(write)
+
+        def read(cgh):
+            r = src.access(cgh, mapper, cl.read)
+            o = out.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            def kernel(chunk):
+                if chunk.offset[0] == 2:
+                    seen.append(int(r[2:3][0]))
+                o[chunk.box] = 0
+            cgh.parallel_for((8,), kernel, name="reads_row_2")
+        for _ in range(reads):
+            q.submit(read)
+        q.wait()
+        q.shutdown()
+        return seen
+    return program
+
+
+def _offset_is_2(chunk, shape):
+    """Meant: "the chunk holds row 2"; written: "the chunk starts at row 2"."""
+    if chunk.offset[0] == 2:
+        return cl.Subrange((2,), (1,))
+    return cl.Subrange((0,), (0,))
+
+
+@pytest.mark.parametrize("diagnostics", ["off", "warn", "error"])
+def test_a_mapper_whose_device_chunk_exceeds_the_ranks_chunk_fails_on_several_ranks(diagnostics):
+    """Rank 0's chunk [0, 4) maps to nothing, so no rank sends it row 2, but its device
+    chunk [2, 4) maps row 2 (written by rank 1): it read the initial 0 instead of 102,
+    silently, under every diagnostics setting.  The command graph's check compares rank
+    chunks with the whole range only; the instruction graph compares its device chunks
+    with the rank's chunk, and on several ranks that is an error whatever the setting."""
+    with pytest.raises(cl.RangeMapperError,
+                       match=r'T\d+ "reads_row_2".*buffer B\d+ "src".*device 1\'s chunk.*rank 0.*never arrived'):
+        run_cluster(_device_chunk_program(_offset_is_2), nodes=2, timeout=60, CELERITAS_DEVICES="host:2",
+                    CELERITAS_DIAGNOSTICS=diagnostics)
+
+
+def test_a_mapper_whose_device_chunk_exceeds_the_ranks_chunk_on_one_rank(monkeypatch, caplog):
+    """On one rank every access is local and the data right (102): a diagnostic, an error
+    under ``error``, else a warning once per task name and buffer."""
+    import logging
+    monkeypatch.setenv("CELERITAS_DEVICES", "host:4")
+    with caplog.at_level(logging.WARNING, logger="celeritas"):
+        got = _device_chunk_program(_offset_is_2, reads=3)(0)
+    assert got == [102, 102, 102]
+    msgs = [r.getMessage() for r in caplog.records if "rank's chunk" in r.getMessage()]
+    assert len(msgs) == 1 and all('"reads_row_2"' in m and '"src"' in m and "device 1" in m for m in msgs), msgs
+    monkeypatch.setenv("CELERITAS_DIAGNOSTICS", "error")
+    with pytest.raises(cl.DiagnosticError, match=r'"reads_row_2".*"src".*device 1\'s chunk.*rank 0'):
+        _device_chunk_program(_offset_is_2)(0)
+
+
+def test_a_mapper_that_tests_whether_a_device_chunk_holds_the_item_is_fine():
+    def holds_2(chunk, shape):
+        if chunk.offset[0] <= 2 < chunk.offset[0] + chunk.range[0]:
+            return cl.Subrange((2,), (1,))
+        return cl.Subrange((0,), (0,))
+    got = run_cluster(_device_chunk_program(holds_2), nodes=2, timeout=60, CELERITAS_DEVICES="host:2",
+                      CELERITAS_DIAGNOSTICS="error")
+    assert got == [[102], []]
