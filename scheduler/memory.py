@@ -146,6 +146,16 @@ class MemoryManagement:
             allocs.remove(old)
             self._free(old)
         allocs.append(new)
+        antic = b.anticipated.get(memory)
+        if antic:
+            # anticipated boxes the allocation holds are met: dropped, so that the buffer's
+            # state (a replay shape) is the same as once lookahead's window is flushed
+            left = [ab for ab in antic if not target.contains_box(ab)]
+            if len(left) != len(antic):
+                if left:
+                    b.anticipated[memory] = left
+                else:
+                    del b.anticipated[memory]
         return new
 
     def _free(self, a: Allocation) -> None:

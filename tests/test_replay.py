@@ -78,6 +78,34 @@ def test_steady_state_loops_hit_and_stay_identical(ranks, devices, lookahead, ex
         assert st_["hits"] > st_["misses"], (level, stats)
 
 
+@pytest.mark.parametrize("devices,split", [(4, "1d"), (4, "2d"), (2, "1d")])
+def test_an_allocation_meets_the_anticipated_boxes_it_holds(monkeypatch, devices, split):
+    """Lookahead records the boxes its held commands will need; the allocation that merges
+    them meets them, and they are dropped there, not only when the window is flushed: a
+    buffer's state (its replay shape) is then the same inside the flush as after it, and
+    the stencil's steps replay from the window's next horizon period (12 instruction
+    misses in 60 steps on host:4, 17 while they were kept until the flush), and the
+    allocations are the same."""
+    from scheduler.instruction_graph_generator import InstructionGraphGenerator
+    kept = []
+    compile_execution = InstructionGraphGenerator._compile_execution
+
+    def checked(self, cmd):
+        compile_execution(self, cmd)
+        self._sync_buffers(None)
+        for bid, b in self._buffers.items():
+            for mem, boxes in b.anticipated.items():
+                kept.extend((bid, mem, box) for box in boxes
+                            if any(a.box.contains_box(box) for a in b.allocs.get(mem, ())))
+    monkeypatch.setattr(InstructionGraphGenerator, "_compile_execution", checked)
+    ctx = _compile(lambda c: _stencil(c, steps=60, split=split), 1, devices, "auto", None, True, True)
+    assert not kept, kept[:4]
+    ins = ctx.iggs[0].replay
+    assert ins.misses <= 12 and ins.hits >= 60, ins.stats()
+    resizes = [c for c in ctx.instrs(0, "copy") if c.source_memory == c.dest_memory]
+    assert not resizes, resizes     # (lookahead still allocates every box at once)
+
+
 def test_lookahead_asks_once_per_step_when_every_box_is_allocated():
     """Under lookahead, a replayed stencil step's boxes are all allocated: the plan remembers
     the buffer states it found them under, and the graphs stay those of replay off."""
@@ -515,6 +543,6 @@ def test_templates_of_one_structure_share_their_compiled_builder(monkeypatch):
         q.wait()
         igg = q.runtime.scheduler.igg
         built = [t for t in igg.replay.templates.values() if len(t) == 9 and t[-1][0] is not None]
-        assert len(built) >= 24 and len(igg._builder_code) <= len(built) // 4, (len(built), len(igg._builder_code))
+        assert len(built) >= 16 and len(igg._builder_code) <= len(built) // 4, (len(built), len(igg._builder_code))
     finally:
         q.shutdown()
