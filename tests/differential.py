@@ -27,6 +27,19 @@ Program kinds:
 * ``overlap``: chunks of one kernel write overlapping regions, diagnostics set
   to ``error``.  Expected: a ``cl.DiagnosticError`` naming the buffer whenever
   the kernel is split into two or more chunks; otherwise the model's result.
+* ``bad_mapper``: ordinary tasks around one kernel or host task (named
+  ``bad_mapper``) that reads a buffer through a range mapper whose result for a
+  chunk is not inside its result for the whole range (``BAD_FORMS``).  Expected
+  (``bad_mapper_outcome``, ``check_bad_mapper``): with the task split over two or
+  more ranks and some rank's chunk mapped outside the whole range's region, a
+  ``cl.DiagnosticError`` from the command graph naming that task, that buffer and
+  the first such rank; else, where a rank's chunk is cut into local chunks
+  (devices, oversubscription) and one is mapped outside the rank chunk's region,
+  that rank's instruction graph raises (``cl.RangeMapperError`` on several ranks,
+  ``cl.DiagnosticError`` on one) naming task, buffer, local chunk and rank, and
+  the other ranks are aborted or finish with the model's data; otherwise
+  everything ``main`` checks, and the task's chunks (on every device) read the
+  data their mapper names as it was when the task was submitted.
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -58,7 +71,7 @@ import numpy as np
 
 import celeritas as cl
 from celeritas.testing import run_cluster
-from scheduler.geometry import Box
+from scheduler.geometry import Box, Region
 from scheduler.split import split_1d
 
 MOD = 997
@@ -76,8 +89,17 @@ MODES = ("discard_write", "write", "read_write", "discard_read_write")
 # Optional feature groups (``generate(groups=...)``); "base" features are always on.
 GROUPS = ("dtypes", "reductions", "int_wrap", "remote_target", "cross_dtype", "local_range", "custom_mappers",
           "stencils", "host_range", "host_object_fence", "epochs", "loops", "timing")
-KINDS = ("main", "fail", "bad_reduction", "overlap")
+KINDS = ("main", "fail", "bad_reduction", "overlap", "bad_mapper")
+MAIN_LIKE = ("main", "bad_mapper")     # run by run_celeritas and compared with run_model (unless an error is due)
 FAIL_KERNEL = "fail_here"
+BAD_TASK = "bad_mapper"     # the name of a bad_mapper program's task with the bad access
+# Range mappers of the bad_mapper kind (``bad_rows``), along dim 0 of the kernel and the buffer:
+#   offset_eq    the chunk whose offset is k reads row k (``chunk.offset == k`` where "the chunk
+#                holds k" was meant: the whole range, at offset 0, maps to nothing)
+#   next_block   the chunk reads the block of its own size after it (the whole range: past the end)
+#   prev_block   the chunk reads the block of its own size before it (the whole range: before 0)
+#   first_only   only the chunk at offset 0 maps anything: the rows after it
+BAD_FORMS = ("offset_eq", "next_block", "prev_block", "first_only")
 
 
 # ---- programs as data -------------------------------------------------------------------
@@ -86,12 +108,15 @@ class Read:
     space: str                  # "data" | "target"
     buffer: int
     mapper: str                 # one_to_one | all | fixed | slice | neighborhood | transposed | mirror | shift
+                                # | bad (bad_mapper kind only)
     fixed_box: tuple = ()       # (min, max) for fixed
     dim: int = 0                # slice / mirror / shift
     extent: tuple = ()          # neighborhood
     shape: str = "bounding_box"  # neighborhood
     shift: int = 0
     opaque: bool = False        # custom mappers: close over this record (never keyed) instead of values
+    form: str = ""              # bad: one of BAD_FORMS
+    k: int = 0                  # bad offset_eq: the offset (and row) it tests for
 
 
 @dataclass
@@ -161,6 +186,7 @@ class Program:
     tasks: list[Task]
     features: set[str] = field(default_factory=set)
     sync: str = "end"           # fail / bad_reduction / overlap: wait | fence | shutdown | fence_log
+                                # (main / bad_mapper: "end", every buffer is fenced at the end)
 
     def describe(self) -> str:
         """A readable listing (for failure reports and minimisation)."""
@@ -187,7 +213,9 @@ def _describe_task(t: Task) -> str:
         name = ("b" if rd.space == "data" else "r") + str(rd.buffer)
         extra = {"fixed": f" {rd.fixed_box}", "slice": f"({rd.dim})", "mirror": f"(dim {rd.dim})",
                  "shift": f"(dim {rd.dim}, by {rd.shift})",
-                 "neighborhood": f"({rd.extent}, {rd.shape})"}.get(rd.mapper, "")
+                 "neighborhood": f"({rd.extent}, {rd.shape})",
+                 "bad": f" {rd.form}" + (f"(k={rd.k})" if rd.form == "offset_eq" else "")
+                 + (" opaque" if rd.opaque else "")}.get(rd.mapper, "")
         parts.append(f"read {name} {rd.mapper}{extra}")
     if t.write is not None:
         w = t.write
@@ -396,6 +424,10 @@ def contribution(rd: Read, chunk: Box, shape, get: Callable[[Box], np.ndarray]):
 def element_values(t: Task, chunk: Box, shape_of: Callable[[Read], tuple], getters: dict) -> np.ndarray:
     out = np.full(chunk.range, t.c0, dtype=np.int64)
     for rd in t.reads:
+        if rd.mapper == "bad":
+            # what a bad mapper grants depends on the split: its data is checked against the
+            # model's buffer instead (``_Run._check_bad_reads``) and adds nothing to the values
+            continue
         out = out + contribution(rd, chunk, shape_of(rd), getters[(rd.space, rd.buffer)])
     return (out + _weighted_index(chunk)) % MOD
 
@@ -468,6 +500,13 @@ def make_read_mapper(rd: Read):
 
 
 def _make_read_mapper(rd: Read):
+    if rd.mapper == "bad":
+        form, k = rd.form, rd.k     # (plain values: the runtime keys the mapper, unless opaque)
+
+        def bad_read(chunk, buffer_shape):
+            lo, hi = bad_rows(form, k, chunk.offset[0], chunk.range[0], buffer_shape[0])
+            return cl.Subrange((lo,) + (0,) * (len(buffer_shape) - 1), (hi - lo,) + tuple(buffer_shape[1:]))
+        return bad_read
     if rd.mapper == "fixed":
         lo, hi = rd.fixed_box
         return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
@@ -486,6 +525,32 @@ def _make_read_mapper(rd: Read):
                                                                       buffer_shape[dim], shift)])
         return perm_read
     return {"one_to_one": cl.one_to_one, "all": cl.all, "transposed": cl.transposed}[rd.mapper]()
+
+
+def bad_rows(form: str, k: int, o: int, r: int, m: int) -> tuple[int, int]:
+    """The rows ``[lo, hi)`` of a buffer with ``m`` rows that the bad mapper ``form``
+    (``BAD_FORMS``) maps the kernel rows ``[o, o + r)`` to, clipped to the buffer;
+    ``(0, 0)`` for nothing.  (All other buffer dimensions are mapped whole.)"""
+    if form == "offset_eq":
+        lo, hi = (k, k + 1) if o == k else (0, 0)
+    elif form == "next_block":
+        lo, hi = o + r, o + 2 * r
+    elif form == "prev_block":
+        lo, hi = o - r, o
+    elif form == "first_only":
+        lo, hi = (r, m) if o == 0 else (0, 0)
+    else:
+        raise AssertionError(form)
+    lo, hi = max(lo, 0), min(hi, m)
+    return (lo, hi) if lo < hi else (0, 0)
+
+
+def bad_box(rows: tuple[int, int], shape) -> Box | None:
+    """``bad_rows``' result as a box of the buffer (None: nothing)."""
+    lo, hi = rows
+    if lo >= hi:
+        return None
+    return Box((lo,) + (0,) * (len(shape) - 1), (hi,) + tuple(shape[1:]), len(shape))
 
 
 # ---- generator ----------------------------------------------------------------------------
@@ -525,9 +590,13 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     g = _Gen(rng, frozenset(groups), repeat)
     if kind is None:
         r = rng.random()
-        kind = "main" if r < 0.8 else "fail" if r < 0.88 else "bad_reduction" if r < 0.94 else "overlap"
+        # (bad_mapper's 5% is taken from main: the other kinds keep their shares and seeds)
+        kind = "main" if r < 0.75 else "bad_mapper" if r < 0.8 else "fail" if r < 0.88 else \
+            "bad_reduction" if r < 0.94 else "overlap"
     if kind == "main":
         p = _gen_main(g)
+    elif kind == "bad_mapper":
+        p = _gen_bad_mapper(g)
     elif kind == "fail":
         p = _gen_fail(g)
     elif kind == "bad_reduction":
@@ -1007,6 +1076,80 @@ def _gen_overlap(g: _Gen) -> Program:
     return Program("overlap", shapes, dtypes, init, [], [t], sync="fence")
 
 
+def _gen_bad_mapper(g: _Gen) -> Program:
+    """Ordinary steps, one task reading a buffer through a bad range mapper (``BAD_FORMS``),
+    ordinary steps.  Maybe a writer of that buffer right before the task (its chunks must
+    read the new data) and right after it (which must not overwrite what they read).
+
+    The bad task is a kernel (maybe with a local_range) or a host task with a range (maybe
+    on the master node, maybe oversubscribed), never with a split_2d hint: its rank chunks
+    and their local chunks are then cut along dim 0 only, which ``bad_rank_chunks`` and
+    ``bad_local_chunks`` model exactly."""
+    rng = g.rng
+    shapes, dtypes, init = _gen_buffers(g, 2, 3)
+    b = rng.randrange(len(shapes))              # read through the bad mapper
+    if shapes[b][0] < 4 and rng.random() < 0.8:
+        # rows enough that what a chunk is mapped to is seldom clipped away
+        shapes[b] = (rng.randint(4, 9),) + shapes[b][1:]
+        init[b] = _init_data(rng, shapes[b], dtypes[b])
+    targets = _gen_targets(g)
+    st = _State(shapes, dtypes, targets)
+    tasks: list[Task] = []
+    for _ in range(rng.randint(0, 2)):
+        _gen_step(g, st, tasks)
+    if rng.random() < 0.5:
+        tasks.append(Task("kernel", shapes[b], [], Write("data", b, "one_to_one", rng.choice(MODES)),
+                          c0=rng.randint(0, 9)))
+        g.feat("bad_mapper:written_before")
+    w = rng.choice([k for k in range(len(shapes)) if k != b])   # never b: its chunks would race the bad reads
+    range_shape = shapes[w] if rng.random() < 0.7 else shapes[rng.randrange(len(shapes))]
+    write = None
+    if range_shape == shapes[w] and rng.random() < 0.8:
+        write = Write("data", w, "one_to_one", rng.choice(MODES))
+    host = g.on("host_range") and rng.random() < 0.35
+    t = Task("host" if host else "kernel", range_shape, write=write, c0=rng.randint(0, 9), name=BAD_TASK)
+    t.reads = _pick_reads(g, st, range_shape, avoid_data=set(), own=w if write is not None else None,
+                          avoid_targets=set(), max_reads=2)
+    if host:
+        if rng.random() < 0.25:
+            t.on_master = True      # a master-node task is never split: no diagnostic on any configuration
+            g.feat("bad_mapper:on_master")
+        if rng.random() < 0.3:
+            t.oversub = rng.randint(2, 3)
+        if rng.random() < 0.3:
+            t.side_effect = False
+        g.feat("bad_mapper:host")
+    else:
+        t.local_range = _pick_local_range(g, range_shape)
+        if g.on("reductions") and rng.random() < 0.3:
+            k = rng.randrange(len(targets))
+            if k not in {rd.buffer for rd in t.reads if rd.space == "target"}:
+                t.reds.append(_pick_reduction(g, st, k))
+                st.defined[k] = True
+                st.written_remote[k] = False
+        g.feat("bad_mapper:kernel")
+    n = range_shape[0]
+    forms = [f for f in BAD_FORMS if f != "offset_eq" or n >= 2]     # (offset_eq needs a second chunk's offset)
+    rd = Read("data", b, "bad", form=rng.choice(forms), opaque=rng.random() < 0.3)
+    if rd.form == "offset_eq":
+        gran = t.local_range[0] if t.local_range else 1
+        starts = sorted({o for r in range(2, 5) for o, _ in split_rows(n, gran, r)[1:]})
+        # mostly where a second (or later) chunk starts on 2-4 ranks, else any row
+        rd.k = rng.choice(starts) if starts and rng.random() < 0.8 else rng.randrange(1, n)
+    t.reads.insert(rng.randint(0, len(t.reads)), rd)
+    tasks.append(t)
+    g.feat(f"bad_mapper:{rd.form}", "mapper:opaque" if rd.opaque else "mapper:keyed")
+    if shapes[b] == range_shape:
+        g.feat("bad_mapper:own_shape")
+    if rng.random() < 0.5:
+        tasks.append(Task("kernel", shapes[b], [], Write("data", b, "one_to_one", "discard_write"),
+                          c0=rng.randint(0, 9)))
+        g.feat("bad_mapper:written_after")
+    for _ in range(rng.randint(0, 2)):
+        _gen_step(g, st, tasks)
+    return Program("bad_mapper", shapes, dtypes, init, targets, tasks)
+
+
 # ---- sequential model ---------------------------------------------------------------------
 def _target_shape(p: Program, rd: Read):
     return p.shapes[rd.buffer] if rd.space == "data" else p.targets[rd.buffer].shape
@@ -1096,6 +1239,182 @@ def _overlap_region(w: Write, shape) -> Box:
     return Box.full(shape)
 
 
+def split_rows(n: int, gran: int, ranks: int) -> list[tuple[int, int]]:
+    """``(offset, size)`` along dim 0 of the chunks ``split_1d`` cuts ``n`` rows into on
+    ``ranks`` ranks, restated from scheduler/split.py's contract (not called, so that a
+    change there shows): ``n // gran`` whole granules dealt out as evenly as possible,
+    the larger chunks first, at most one chunk per granule, the rest of a granule to the
+    last chunk; one chunk when there are fewer than two granules or one rank."""
+    full = n // gran
+    if full <= 1 or ranks == 1:
+        return [(0, n)]
+    k = min(ranks, full)
+    small, large = divmod(full, k)
+    sizes = [(small + 1) * gran] * large + [small * gran] * (k - large)
+    sizes[-1] += n - full * gran
+    out, o = [], 0
+    for sz in sizes:
+        out.append((o, sz))
+        o += sz
+    return out
+
+
+def bad_access(p: Program) -> tuple[int, Task, Read]:
+    """The bad_mapper program's task with the bad access: (index, task, the access)."""
+    for idx, t in enumerate(p.tasks):
+        for rd in t.reads:
+            if rd.mapper == "bad":
+                return idx, t, rd
+    raise ValueError("a bad_mapper program without a bad access")
+
+
+def bad_rank_chunks(t: Task, ranks: int) -> list[tuple[int, int]]:
+    """The command graph's chunks of the bad task, one per rank (rank i gets the i-th), as
+    ``(offset, size)`` along dim 0.  From scheduler/command_graph.py ``split_task``: a
+    master-node task is one chunk on rank 0; a kernel or a host task with a range is
+    ``split_1d`` (the generator never gives the bad task a split_2d hint) over the ranks
+    at the granularity of its local_range."""
+    n = t.range_shape[0]
+    if t.kind == "host" and t.on_master:
+        return [(0, n)]
+    return split_rows(n, t.local_range[0] if t.local_range else 1, ranks)
+
+
+def bad_local_chunks(t: Task, cfg: Config, chunk: tuple[int, int]) -> list[tuple[int, int, int | None]]:
+    """The local chunks a rank cuts its chunk ``(offset, size)`` of the bad task into, as
+    ``(offset, size, device)`` (device None: a host task's part), in the instruction
+    graph's order.  Restated from scheduler/device_chunks.py (``_make_plans``,
+    ``_local_split``), not called:
+
+    * a kernel: ``split_1d`` into ``devices * k`` parts (k: the oversubscribe hint, the
+      task's own or the configuration's), part j of nb on device ``j * devices // nb``
+      where nb >= devices, else on device j;
+    * a host task with a range: ``split_1d`` into k parts, on no device;
+    * a master-node host task: the chunk itself (never cut);
+
+    at the task's granularity, its local_range (host tasks: 1), along dim 0 only (no
+    split_2d hint).  ``_local_split`` keeps the box whole when it is cut into one part,
+    as ``split_rows`` does.
+
+    Bounded memory (``Config.memory``) could add batches (``_batches``: a device chunk
+    whose working set does not fit its device memory is cut again), which this does not
+    model.  It need not: the harness's capacity (``device_memory_for``) is never less
+    than the bytes of every buffer any one task touches, plus 16 per reduction, and a
+    chunk's working set is at most that (bounding boxes inside the buffers, one scratch
+    element of at most 8 bytes per reduction), so the bad task is never batched.
+    ``bad_mapper_outcome`` asserts that bound for the bad task (``_assert_unbatched``)."""
+    o, r = chunk
+    if t.kind == "host" and t.on_master:
+        return [(o, r, None)]
+    k = max(1, t.oversub or cfg.oversubscribe)
+    gran = t.local_range[0] if t.local_range else 1
+    if t.kind == "host":
+        return [(o + a, s, None) for a, s in split_rows(r, gran, k)]
+    d = cfg.devices
+    parts = split_rows(r, gran, d * k)
+    nb = len(parts)
+    return [(o + a, s, (j * d) // nb if nb >= d else j) for j, (a, s) in enumerate(parts)]
+
+
+def _assert_unbatched(p: Program, t: Task, cfg: Config) -> None:
+    """Under bounded memory: the bad task's whole footprint fits a device's capacity, so
+    none of its chunks is cut into batches (see ``bad_local_chunks``)."""
+    if cfg.memory is None or t.kind != "kernel":
+        return      # (host tasks are never batched: only device kernels are)
+    def nbytes(space: str, i: int) -> int:
+        shape, dtype = (p.shapes[i], p.dtypes[i]) if space == "data" else (p.targets[i].shape, p.targets[i].dtype)
+        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    touched = {(rd.space, rd.buffer) for rd in t.reads} | {("target", s.target) for s in t.reds}
+    if t.write is not None:
+        touched.add((t.write.space, t.write.buffer))
+    need = sum(nbytes(*b) for b in touched) + sum(np.dtype(p.targets[s.target].dtype).itemsize for s in t.reds)
+    cap = device_memory_for(p, cfg.memory)
+    assert need <= cap, (f"the bad task needs {need} bytes, the devices hold {cap}: its chunks may be batched, "
+                         f"which bad_local_chunks does not model")
+
+
+@dataclass
+class BadMapperOutcome:
+    """What the bad task's split makes of a bad_mapper program on one configuration.
+
+    ``outside``: ranks whose rank chunk the bad access maps outside what it maps the whole
+    range to; with two or more rank chunks the command graph raises a ``DiagnosticError``
+    on every rank, naming the first of them (``rank_outside``).  ``local``: per rank, the
+    first local chunk ``(offset, size, device)`` mapped outside what the access maps that
+    rank's chunk to; the instruction graph of that rank raises (``RangeMapperError`` on
+    several ranks, else ``DiagnosticError``) unless the command graph raised first."""
+    ranks: int
+    chunks: list            # rank chunks, (offset, size); rank i holds the i-th
+    outside: list           # ranks (command graph)
+    local: dict             # rank -> (offset, size, device) (instruction graph)
+
+    @property
+    def case(self) -> str:
+        """``rank_outside``, ``local_outside:ranks`` (RangeMapperError), ``local_outside:one_rank``
+        (DiagnosticError) or ``none`` (no error: the model's data)."""
+        if len(self.chunks) >= 2 and self.outside:
+            return "rank_outside"
+        if self.local:
+            return "local_outside:ranks" if self.ranks > 1 else "local_outside:one_rank"
+        return "none"
+
+    @property
+    def failing(self) -> list[int]:
+        """The ranks whose own scheduler raises the error (every rank for ``rank_outside``)."""
+        case = self.case
+        if case == "none":
+            return []
+        return list(range(self.ranks)) if case == "rank_outside" else sorted(self.local)
+
+
+def bad_mapper_outcome(p: Program, cfg: Config) -> BadMapperOutcome:
+    """The rank chunks and local chunks of the bad task on ``cfg`` and which are mapped
+    outside (see ``BadMapperOutcome``).  The two checks, restated:
+
+    * command graph (scheduler/command_graph.py ``_check_mapper_covers_chunks``): with
+      two or more rank chunks, a rank chunk whose (non-empty) region is not inside the
+      whole range's region;
+    * instruction graph (scheduler/device_chunks.py ``_mapped_outside``): where a rank's
+      chunk is cut into two or more local chunks, the first local chunk whose
+      (non-empty) region is not inside the rank chunk's region.
+
+    (Only the bad access can be outside: every other mapper maps a part of a box inside
+    what it maps the box to.)"""
+    _idx, t, rd = bad_access(p)
+    _assert_unbatched(p, t, cfg)
+    m = p.shapes[rd.buffer][0]
+
+    def inside(part: tuple[int, int], whole: tuple[int, int]) -> bool:
+        lo, hi = bad_rows(rd.form, rd.k, *part, m)
+        wlo, whi = bad_rows(rd.form, rd.k, *whole, m)
+        return lo >= hi or (wlo < whi and wlo <= lo and hi <= whi)
+
+    chunks = bad_rank_chunks(t, cfg.ranks)
+    full = (0, t.range_shape[0])
+    outside = [rank for rank, c in enumerate(chunks) if not inside(c, full)]
+    local = {}
+    for rank, c in enumerate(chunks):
+        parts = bad_local_chunks(t, cfg, c)
+        if len(parts) < 2:
+            continue        # (one part is the chunk itself: not checked)
+        bad = [(o, r, dev) for o, r, dev in parts if not inside((o, r), c)]
+        if bad:
+            local[rank] = bad[0]
+    return BadMapperOutcome(cfg.ranks, chunks, outside, local)
+
+
+def bad_mapper_before(p: Program) -> np.ndarray:
+    """The model's contents of the badly mapped buffer when the bad task runs."""
+    idx, _t, rd = bad_access(p)
+    return run_model(_prefix(p, idx))["buffers"][rd.buffer]
+
+
+def _prefix(p: Program, n: int) -> Program:
+    q = copy.copy(p)
+    q.tasks = p.tasks[:n]
+    return q
+
+
 # ---- celeritas ----------------------------------------------------------------------------------
 class _Run:
     """One rank's run of a program: its buffers, host object and recorded observations."""
@@ -1121,6 +1440,8 @@ class _Run:
         self.partitions: list = []      # (task, box) of their partitions
         self.fence_futures: list = []
         self.log_fence_futures: list = []
+        self.bad_reads: list = []       # bad_mapper: (task, rank, chunk, rows, what differed) of wrong data
+        self.bad_before = bad_mapper_before(p) if p.kind == "bad_mapper" else None
 
     def buffer(self, space: str, k: int) -> cl.Buffer:
         return self.bufs[k] if space == "data" else self.tbufs[k]
@@ -1148,12 +1469,30 @@ class _Run:
             q.submit(self._kernel_cgf(idx, t))
 
     # -- helpers building accessors and getters
-    def _reads(self, cgh, t: Task) -> dict:
+    def _reads(self, cgh, t: Task, bad: list | None = None) -> dict:
+        """Getters of the reads' data; the accessors of bad mappers go to ``bad`` instead
+        (as (read, accessor): see ``_check_bad_reads``)."""
         accs: dict = {}
         for rd in t.reads:
             m = make_read_mapper(rd)
-            accs.setdefault((rd.space, rd.buffer), []).append(self.buffer(rd.space, rd.buffer).access(cgh, m, cl.read))
+            acc = self.buffer(rd.space, rd.buffer).access(cgh, m, cl.read)
+            if rd.mapper == "bad":
+                bad.append((rd, acc))
+                continue
+            accs.setdefault((rd.space, rd.buffer), []).append(acc)
         return {key: (lambda box, lst=lst: _read_any(lst, box)) for key, lst in accs.items()}
+
+    def _check_bad_reads(self, idx: int, box: Box, bad: list) -> None:
+        """A chunk (or partition) ``box`` reads what its bad mapper maps it to, as a kernel
+        that trusts its mapper would: the data must be the model's at that task."""
+        for rd, acc in bad:
+            shape = self.p.shapes[rd.buffer]
+            dest = bad_box(bad_rows(rd.form, rd.k, box.min[0], box.range[0], shape[0]), shape)
+            if dest is None:
+                continue
+            d = _array_diff(np.asarray(acc[dest]), self.bad_before[dest.slices])
+            if d:
+                self.bad_reads.append((idx, self.rank, str(box), str(dest), d))
 
     def _shape_of(self, rd: Read):
         return _target_shape(self.p, rd)
@@ -1183,7 +1522,8 @@ class _Run:
         run = self
 
         def cgf(cgh):
-            getters = run._reads(cgh, t)
+            bad: list = []
+            getters = run._reads(cgh, t, bad)
             w = None
             if t.write is not None:
                 w = run.bufs[t.write.buffer].access(cgh, cl.one_to_one(), t.write.mode)
@@ -1195,6 +1535,8 @@ class _Run:
             def fn(part):
                 box = part.box
                 run._enter("host", idx, t, box)
+                if bad:
+                    run._check_bad_reads(idx, box, bad)
                 if not t.side_effect:
                     run.partitions.append((idx, box))
                 vals = element_values(t, box, run._shape_of, getters)
@@ -1204,7 +1546,8 @@ class _Run:
                                             + np.asarray(box.min).reshape(-1, 1), t.range_shape)
                 lst.extend([("h", idx, int(f), int(v)) for f, v in zip(flat, vals.reshape(-1))])
             cgh.host_task(fn, range=t.range_shape, on=cl.on_master_node if t.on_master else None,
-                          name=FAIL_KERNEL if t.fail_at is not None else f"host_T{idx}")
+                          name=FAIL_KERNEL if t.fail_at is not None else BAD_TASK if t.name == BAD_TASK
+                          else f"host_T{idx}")
         return cgf
 
     def _kernel_cgf(self, idx: int, t: Task):
@@ -1212,7 +1555,8 @@ class _Run:
         p = self.p
 
         def cgf(cgh):
-            getters = run._reads(cgh, t)
+            bad: list = []
+            getters = run._reads(cgh, t, bad)
             wacc = None
             w = t.write
             if w is not None:
@@ -1234,6 +1578,8 @@ class _Run:
             def kernel(chunk, *reducers):
                 box = chunk.box
                 run._enter("kernel", idx, t, box)
+                if bad:
+                    run._check_bad_reads(idx, box, bad)
                 if t.local_range is not None:
                     run._check_local_range(idx, t, box)
                 vals = element_values(t, box, run._shape_of, getters)
@@ -1301,6 +1647,7 @@ class _Run:
         out["plain"] = list(self.plain)
         out["wait_snapshots"] = list(self.wait_snapshots)
         out["partitions"] = list(self.partitions)
+        out["bad_reads"] = list(self.bad_reads)
         return out
 
 
@@ -1525,7 +1872,7 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
 
     def program(rank: int):
         q = cl.Queue()
-        if p.kind == "main":
+        if p.kind in MAIN_LIKE:
             try:
                 obs = run_celeritas(p, q, oversubscribe=cfg.oversubscribe, ran=ran)
             except Exception as exc:
@@ -1591,6 +1938,8 @@ def check(p: Program, want: dict | None, result: dict, cfg: Config) -> None:
         check_bad_reduction(p, result)
     elif p.kind == "overlap":
         check_overlap(p, result, cfg)
+    elif p.kind == "bad_mapper":
+        check_bad_mapper(p, want, result, cfg)
     else:
         raise ValueError(p.kind)
 
@@ -1621,48 +1970,10 @@ def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubsc
     h_union: Counter = Counter()
     plain_union: Counter = Counter()
     want_h = Counter(e for e in want["log"] if e[0] == "h")
-    want_m = [e for e in want["log"] if e[0] == "m"]
-    fence_tasks = [k for k, t in enumerate(p.tasks) if t.kind == "fence"]
     for r, o in enumerate(per_rank):
-        for j, (g, w) in enumerate(zip(o["fences"], want["fences"])):
-            d = _array_diff(g, w)
-            if d:
-                t = p.tasks[fence_tasks[j]]
-                probs.append(("fence", f"rank {r}: fence T{fence_tasks[j]} of "
-                                       f"{'b' if t.fence_space == 'data' else 'r'}{t.fence_index}: {d}"))
-        for k, (g, w) in enumerate(zip(o["buffers"], want["buffers"])):
-            d = _array_diff(g, w)
-            if d:
-                probs.append(("buffer", f"rank {r}: buffer b{k}: {d}"))
-        for k, (g, w) in enumerate(zip(o["targets"], want["targets"])):
-            if w is None or g is None:
-                continue
-            d = _array_diff(g, w)
-            if d:
-                probs.append(("reduction", f"rank {r}: reduction target r{k} ({p.targets[k].dtype}): {d}"))
-        if o["violations"]:
-            probs.append(("local_range", f"rank {r}: chunks not made of whole work groups "
-                                         f"(task, rank, chunk, local_range): {o['violations'][:4]}"))
-        log = o["log"]
-        order = [e[1] for e in log]
-        if order != sorted(order):
-            probs.append(("log_order", f"rank {r}: side-effect host tasks ran out of submission order: {order}"))
-        m = [e for e in log if e[0] == "m"]
-        if r == 0 and m != want_m:
-            probs.append(("master", f"rank 0: master-node host tasks saw {m}, expected {want_m}"))
-        if r != 0 and m:
-            probs.append(("master", f"rank {r}: master-node host tasks ran here: {m}"))
-        h_union.update(e for e in log if e[0] == "h")
-        on_master = [e for e in log if e[0] == "h" and p.tasks[e[1]].on_master]
-        if r != 0 and on_master:
-            probs.append(("master", f"rank {r}: partitions of an on_master_node host task ran here: "
-                                    f"{on_master[:4]}"))
+        probs += _rank_problems(p, want, r, o, oversubscribe)
+        h_union.update(e for e in o["log"] if e[0] == "h")
         plain_union.update(o["plain"])
-        probs += _partition_problems(p, r, o["partitions"], oversubscribe)
-        for j, snap in enumerate(o["log_fences"]):
-            if snap != log[: len(snap)]:
-                probs.append(("host_object_fence", f"rank {r}: fence {j} of the host object is not a snapshot "
-                                                   f"(not a prefix of the final object)"))
     if h_union != want_h:
         missing = want_h - h_union
         extra = h_union - want_h
@@ -1686,9 +1997,63 @@ def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubsc
                                                f"{sum(union.values())} entries, expected {len(wsnap)} "
                                                f"(the object as it was when the fence ran)"))
     if probs:
-        probs.sort(key=lambda pr: ["reduction", "local_range", "host_object_fence", "host_range", "master",
-                                   "log_order", "epoch", "host_oversubscribe", "fence", "buffer"].index(pr[0]))
+        probs.sort(key=lambda pr: _RANK_PROBLEM_ORDER.index(pr[0]))
         raise Mismatch(probs)
+
+
+# the order in which ``compare_observations`` reports its problems (the first one's tag is the mismatch's)
+_RANK_PROBLEM_ORDER = ["bad_mapper:stale_read", "reduction", "local_range", "host_object_fence", "host_range",
+                       "master", "log_order", "epoch", "host_oversubscribe", "fence", "buffer"]
+
+
+def _rank_problems(p: Program, want: dict, r: int, o: dict, oversubscribe: int) -> list[tuple[str, str]]:
+    """What rank ``r``'s own observations ``o`` show against the model, without the other
+    ranks' (the checks over the union of all ranks are ``compare_observations``')."""
+    probs: list[tuple[str, str]] = []
+    want_m = [e for e in want["log"] if e[0] == "m"]
+    fence_tasks = [k for k, t in enumerate(p.tasks) if t.kind == "fence"]
+    for j, (g, w) in enumerate(zip(o["fences"], want["fences"])):
+        d = _array_diff(g, w)
+        if d:
+            t = p.tasks[fence_tasks[j]]
+            probs.append(("fence", f"rank {r}: fence T{fence_tasks[j]} of "
+                                   f"{'b' if t.fence_space == 'data' else 'r'}{t.fence_index}: {d}"))
+    for k, (g, w) in enumerate(zip(o["buffers"], want["buffers"])):
+        d = _array_diff(g, w)
+        if d:
+            probs.append(("buffer", f"rank {r}: buffer b{k}: {d}"))
+    for k, (g, w) in enumerate(zip(o["targets"], want["targets"])):
+        if w is None or g is None:
+            continue
+        d = _array_diff(g, w)
+        if d:
+            probs.append(("reduction", f"rank {r}: reduction target r{k} ({p.targets[k].dtype}): {d}"))
+    if o.get("bad_reads"):
+        probs.append(("bad_mapper:stale_read", f"rank {r}: chunks of the bad_mapper task read other data than "
+                                               f"the model's where their mapper maps them (task, rank, chunk, "
+                                               f"rows, difference): {o['bad_reads'][:4]}"))
+    if o["violations"]:
+        probs.append(("local_range", f"rank {r}: chunks not made of whole work groups "
+                                     f"(task, rank, chunk, local_range): {o['violations'][:4]}"))
+    log = o["log"]
+    order = [e[1] for e in log]
+    if order != sorted(order):
+        probs.append(("log_order", f"rank {r}: side-effect host tasks ran out of submission order: {order}"))
+    m = [e for e in log if e[0] == "m"]
+    if r == 0 and m != want_m:
+        probs.append(("master", f"rank 0: master-node host tasks saw {m}, expected {want_m}"))
+    if r != 0 and m:
+        probs.append(("master", f"rank {r}: master-node host tasks ran here: {m}"))
+    on_master = [e for e in log if e[0] == "h" and p.tasks[e[1]].on_master]
+    if r != 0 and on_master:
+        probs.append(("master", f"rank {r}: partitions of an on_master_node host task ran here: "
+                                f"{on_master[:4]}"))
+    probs += _partition_problems(p, r, o["partitions"], oversubscribe)
+    for j, snap in enumerate(o["log_fences"]):
+        if snap != log[: len(snap)]:
+            probs.append(("host_object_fence", f"rank {r}: fence {j} of the host object is not a snapshot "
+                                               f"(not a prefix of the final object)"))
+    return probs
 
 
 def _epoch_problems(p: Program, per_rank: list[dict]) -> list[tuple[str, str]]:
@@ -1826,8 +2191,148 @@ def check_overlap(p: Program, result: dict, cfg: Config) -> None:
         raise Mismatch(probs)
 
 
+def _bad_rows_region(rd: Read, shape, part: tuple[int, int]) -> Region:
+    """What the bad access maps the kernel rows ``part`` (offset, size) to, as the runtime prints it."""
+    box = bad_box(bad_rows(rd.form, rd.k, *part, shape[0]), shape)
+    return Region([box] if box is not None else [])
+
+
+def _task_box(t: Task, part: tuple[int, int]) -> Box:
+    """Rows ``part`` (offset, size) of the bad task's range, whole in its other dimensions."""
+    o, r = part
+    n = len(t.range_shape)
+    return Box((o,) + (0,) * (n - 1), (o + r,) + tuple(t.range_shape[1:]), n)
+
+
+def bad_mapper_error(p: Program, cfg: Config, oc: BadMapperOutcome, rank: int) -> tuple[type, str]:
+    """The error class and the exact message (a regex) that ``rank``, one of ``oc.failing``,
+    raises: the command graph's (``_check_mapper_covers_chunks``: the first rank chunk mapped
+    outside, the same on every rank) or its own instruction graph's (``_report_outside``:
+    its first local chunk mapped outside)."""
+    _idx, t, rd = bad_access(p)
+    shape = p.shapes[rd.buffer]
+    head = r'T\d+ "%s": the range mapper of its access to buffer B\d+ "b%d" maps ' % (BAD_TASK, rd.buffer)
+    if oc.case == "rank_outside":
+        bad = oc.outside[0]
+        chunk = oc.chunks[bad]
+        full = (0, t.range_shape[0])
+        text = (f"rank {bad}'s chunk {_task_box(t, chunk)} to {_bad_rows_region(rd, shape, chunk)}, which is not "
+                f"inside what it maps the whole range {_task_box(t, full)} to ({_bad_rows_region(rd, shape, full)}); "
+                f"a range mapper must map a part of the range into what it maps the whole range to")
+        return cl.DiagnosticError, head + re.escape(text) + "$"
+    o, s, dev = oc.local[rank]
+    chunk = oc.chunks[rank]
+    box = _task_box(t, (o, s))
+    part = f"device {dev}'s chunk {box}" if dev is not None else f"the chunk {box}"
+    text = (f"{part} of rank {rank} to {_bad_rows_region(rd, shape, (o, s))}, which is not inside what it maps "
+            f"the rank's chunk {_task_box(t, chunk)} to ({_bad_rows_region(rd, shape, chunk)}); a range mapper "
+            f"must map a part of a chunk into what it maps the chunk to")
+    if cfg.ranks > 1:
+        return cl.RangeMapperError, head + re.escape(text) + re.escape(
+            " (data moves between ranks by the rank's chunk: the part would read data that never arrived)") + "$"
+    return cl.DiagnosticError, head + re.escape(text) + "$"
+
+
+def _is_bad_mapper_error(exc) -> bool:
+    """``exc`` is one of the range-mapper reports (command graph or instruction graph)."""
+    return isinstance(exc, (cl.DiagnosticError, cl.RangeMapperError)) and "the range mapper of its access" in str(exc)
+
+
+def _aborted(exc) -> bool:
+    """An error a rank raises because another rank failed and ``run_cluster`` aborted the
+    cluster: "rank R: internal error: CommunicatorError: " and then executor/communicator.py's
+    "[rank R: ]cluster aborted" (a message, a request) or "collective aborted (another rank
+    failed or timed out)" (a barrier, e.g. ``q.wait(barrier=True)``).  Narrower than
+    celeritas.testing's ``_is_secondary``, which takes any "abort"."""
+    return isinstance(exc, cl.CeleritasError) and re.search(
+        r"CommunicatorError: (rank \d+: )?(cluster aborted$|collective aborted \()", str(exc)) is not None
+
+
+def check_bad_mapper(p: Program, want: dict, result: dict, cfg: Config) -> None:
+    """The outcome ``bad_mapper_outcome`` predicts, exactly:
+
+    * ``none``: no error on any rank, and everything ``main`` checks (``check_main``),
+      including that the bad task's chunks read the model's data (``bad_reads``);
+    * ``rank_outside``: every rank's command graph raises the ``DiagnosticError``
+      (``bad_mapper_error``), so no rank finishes; a rank may instead be aborted (an error
+      naming the abort) when another rank's error stops the cluster before its own
+      scheduler reaches the task, but at least one rank raises the diagnostic;
+    * ``local_outside:*``: the ranks in ``failing`` raise their own error (exactly
+      ``bad_mapper_error``; one of several failing ranks may be aborted by another's).
+      Every other rank either is aborted, or finishes normally; then all it observed
+      must match the model (``_rank_problems``: buffers, fences, targets, the bad task's
+      reads, work groups, its log's order, the master's records, partitions).  Which of
+      the two is not deterministic: after the failing rank's scheduler stops, a peer that
+      still needs its data (a push for a later task or fence) waits until the failing rank's
+      application thread raises and ``run_cluster`` aborts the cluster; a peer that needs
+      nothing more from it may finish first or be aborted first, depending on timing.
+      Checks over the union of all ranks (host-task records, ``q.wait`` epochs) need every
+      rank's records and are not made."""
+    oc = bad_mapper_outcome(p, cfg)
+    case = oc.case
+    idx, t, rd = bad_access(p)
+    outs = result["ranks"]
+    what = (f'T{idx} ("{BAD_TASK}", {t.kind} over {t.range_shape}) reading b{rd.buffer} {p.shapes[rd.buffer]} '
+            f'through {rd.form}{f"(k={rd.k})" if rd.form == "offset_eq" else ""}, rank chunks '
+            f'{[(o, o + r) for o, r in oc.chunks]}, local chunks outside {oc.local} on {cfg.describe()}')
+    probs: list[tuple[str, str]] = []
+    if case == "none":
+        for r, o in enumerate(outs):
+            if o is not None and _is_bad_mapper_error(o["error"]):
+                probs.append(("bad_mapper:spurious", f"rank {r}: {what}: no chunk is mapped outside what its "
+                                                     f"mapper maps the whole (or its rank's chunk) to, yet: "
+                                                     f"{_err_text(o['error'])}"))
+        if probs:
+            raise Mismatch(probs)
+        check_main(p, want, result, cfg)
+        return
+    seen = "; ".join(f"rank {r}: " + ("hang" if o is None else "no error" if o["error"] is None
+                                      else _err_text(o["error"])) for r, o in enumerate(outs))
+    failing = oc.failing
+    primary = []
+    failing_probs = False       # a failing rank's own outcome was wrong (then that is the report)
+    for r, o in enumerate(outs):
+        if o is None:
+            probs.append(("hang", f"rank {r} did not finish: "
+                                  f"{_err_text(result['cluster_error']) if result['cluster_error'] else '?'}"))
+            failing_probs = failing_probs or r in failing
+            continue
+        e = o["error"]
+        if r in failing:
+            cls, pattern = bad_mapper_error(p, cfg, oc, r)
+            n_probs = len(probs)
+            if e is None:
+                probs.append(("bad_mapper:missed" if all(q is not None and q["error"] is None for q in outs)
+                              else "bad_mapper:rank_finished",
+                              f"rank {r} finished normally; {what}: it must raise {cls.__name__} ({case})"))
+            elif type(e) is cls and re.fullmatch(pattern, str(e)):
+                primary.append(r)
+            elif _aborted(e) and (case == "rank_outside" or len(failing) > 1):
+                pass    # (another rank's error stopped the cluster first)
+            elif not isinstance(e, cl.CeleritasError):
+                probs.append(("crash", f"rank {r} raised at {o['stage']}: {_err_text(e)}"))
+            else:
+                probs.append(("bad_mapper:wrong_error", f"rank {r}: {what}: expected {cls.__name__} matching "
+                                                        f"{pattern!r}, got: {_err_text(e)}"))
+            failing_probs = failing_probs or len(probs) > n_probs
+        elif e is None:
+            probs += [(tag, f"rank {r} (finished normally while rank(s) {failing} failed): {msg}")
+                      for tag, msg in _rank_problems(p, want, r, o["obs"], cfg.oversubscribe)]
+        elif not _aborted(e):
+            probs.append(("crash" if not isinstance(e, cl.CeleritasError) else "bad_mapper:wrong_error",
+                          f"rank {r} raised at {o['stage']}, expected to be aborted or to finish ({what}): "
+                          f"{_err_text(e)}"))
+    if not primary and not failing_probs:
+        probs.append(("bad_mapper:wrong_error", f"{what}: no rank raised the expected error ({case}): {seen}"))
+    if probs:
+        order = ["bad_mapper:missed", "bad_mapper:wrong_error", "crash", "hang", "bad_mapper:rank_finished",
+                 *_RANK_PROBLEM_ORDER]
+        probs.sort(key=lambda pr: order.index(pr[0]))
+        raise Mismatch(probs)
+
+
 def run_and_check(p: Program, cfg: Config, timeout: float = 120.0) -> None:
     """Model, run and compare one program on one configuration (raises ``Mismatch``)."""
-    want = run_model(p) if p.kind == "main" else None
+    want = run_model(p) if p.kind in MAIN_LIKE else None
     result = run_on_cluster(p, cfg, timeout)
     check(p, want, result, cfg)

@@ -31,8 +31,8 @@ for _p in (_TESTS.parent, _TESTS):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from differential import (GROUPS, KINDS, Config, Mismatch, Program, random_config,  # noqa: E402
-                          generate, run_and_check)
+from differential import (BAD_TASK, GROUPS, KINDS, Config, Mismatch, Program, bad_mapper_outcome,  # noqa: E402
+                          chunks_possible, generate, overlap_expects_error, random_config, run_and_check)
 
 
 @dataclass
@@ -110,7 +110,34 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
             f"config:huge:{cfg.huge if cfg.huge is not None else 'default'}",
             f"config:inline:{cfg.inline if cfg.inline is not None else 'default'}",
             f"config:pause:{cfg.pause if cfg.pause is not None else 'default'}"]
+    dims += expected_outcome(p, cfg)
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
+
+
+def expected_outcome(p: Program, cfg: Config) -> list[str]:
+    """``expect:`` features: what the checks required of a diagnostic kind on its configuration."""
+    if p.kind == "bad_mapper":
+        # rank chunks (as before), then which check raises: the command graph's (a rank's chunk
+        # outside the whole range's region), a rank's instruction graph (a local chunk outside
+        # its rank's chunk: RangeMapperError on several ranks, DiagnosticError on one), or none
+        try:
+            oc = bad_mapper_outcome(p, cfg)
+        except AssertionError:      # (outside the model: the run itself reported it, as "harness")
+            return ["expect:bad_mapper:unmodelled"]
+        out = ["expect:bad_mapper:" + ("single_chunk" if len(oc.chunks) < 2 else "multi_chunk")]
+        if len(oc.chunks) >= 2:
+            out.append("expect:bad_mapper:multi_chunk:" + ("diagnostic" if oc.outside else "none_outside"))
+        if oc.case.startswith("local_outside"):
+            out += ["expect:bad_mapper:local_outside", "expect:bad_mapper:" + oc.case]
+        elif oc.local:
+            out.append("expect:bad_mapper:local_outside:after_diagnostic")   # (the command graph raised first)
+        if oc.case == "none":
+            out.append("expect:bad_mapper:no_error")
+        return out
+    if p.kind == "overlap":
+        diagnosed = overlap_expects_error(p, chunks_possible(cfg))
+        return ["expect:overlap:" + ("diagnostic" if diagnosed else "single_chunk")]
+    return []
 
 
 def _run_one_args(args):
@@ -141,7 +168,20 @@ def valid(p: Program) -> bool:
         return False
     if p.kind == "overlap" and not p.tasks:
         return False
+    if p.kind == "bad_mapper" and not _keeps_bad_access(p):
+        return False
     return True
+
+
+def _keeps_bad_access(p: Program) -> bool:
+    """One task reads through a bad mapper: the one named ``BAD_TASK``, which does not
+    write the buffer it reads that way (its own chunks would race those reads)."""
+    bad = [(t, rd) for t in p.tasks for rd in t.reads if rd.mapper == "bad"]
+    if len(bad) != 1:
+        return False
+    t, rd = bad[0]
+    return t.name == BAD_TASK and t.kind in ("kernel", "host") and not t.split2d and \
+        not (t.write is not None and t.write.space == "data" and t.write.buffer == rd.buffer)
 
 
 def _markers_depend_on_failure(p: Program) -> bool:
@@ -239,7 +279,7 @@ def _drop_unused(p: Program) -> Program:
             used_t.add(s.target)
         if t.kind == "fence":
             (used_d if t.fence_space == "data" else used_t).add(t.fence_index)
-    if p.kind != "main":
+    if p.kind not in ("main", "bad_mapper"):
         return p
     dmap = {old: new for new, old in enumerate(sorted(used_d))}
     tmap = {old: new for new, old in enumerate(sorted(used_t))}
@@ -303,10 +343,13 @@ def summarize(results: list[Result], out=print) -> None:
     present = Counter(f for r in results for f in r.features)
     # what the run reached (a clean run only counts for the features it exercised)
     families = Counter(fam for r in results
-                       for fam in {f.split(":")[0] for f in r.features if not f.startswith("config:")})
+                       for fam in {f.split(":")[0] for f in r.features if not f.startswith(("config:", "expect:"))})
     out("\nprograms per feature family: " + ", ".join(f"{g} {n}" for g, n in sorted(families.items())))
     out("configurations: " + ", ".join(f"{f[7:]} {n}" for f, n in sorted(present.items())
                                       if f.startswith("config:")))
+    expected = [(f[7:], n) for f, n in sorted(present.items()) if f.startswith("expect:")]
+    if expected:
+        out("expected outcomes: " + ", ".join(f"{f} {n}" for f, n in expected))
     if not failed:
         return
     out("\nfailures by tag:")

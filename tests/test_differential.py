@@ -9,13 +9,16 @@ and minimises that program on that configuration.
 """
 import os
 import random
+import re
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from differential import (GROUPS, HUGE_CHOICES, INLINE_CHOICES, MEMORY_CHOICES, PAUSE_CHOICES, REPLAY_CHOICES, Config,
-                          Mismatch, generate, run_and_check)
+import celeritas as cl
+from differential import (BAD_TASK, GROUPS, HUGE_CHOICES, INLINE_CHOICES, MEMORY_CHOICES, PAUSE_CHOICES,
+                          REPLAY_CHOICES, Config, Mismatch, bad_access, bad_mapper_outcome, bad_rows, check, generate,
+                          run_and_check, run_model, run_on_cluster)
 
 EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_EXAMPLES", "200"))
 GROUP_EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_GROUP_EXAMPLES", "40"))
@@ -81,10 +84,13 @@ def test_feature_group_matches_numpy(focus):
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("kind", ["fail", "bad_reduction", "overlap"])
+@pytest.mark.parametrize("kind", ["fail", "bad_reduction", "overlap", "bad_mapper"])
 def test_error_kinds(kind):
     """fail: a KernelError at the next sync and no dependent ran; bad_reduction: an error
-    naming the target and both dtypes; overlap: a DiagnosticError whenever chunks overlap."""
+    naming the target and both dtypes; overlap: a DiagnosticError whenever chunks overlap;
+    bad_mapper: the error the split calls for (``bad_mapper_outcome``: a rank's chunk outside
+    the whole range's region, or a local chunk outside its rank's chunk's), else the model's
+    result."""
     @settings(max_examples=KIND_EXAMPLES, deadline=None, phases=NO_SHRINK, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(seed=st.integers(0, 2**31 - 1), cfg=configs)
@@ -103,10 +109,235 @@ def test_generator_reaches_every_feature_group():
                    "write:target_by_point_mapper", "host:range", "host:oversubscribe", "host:no_side_effect",
                    "fence:host_object", "wait", "wait:barrier", "split_2d:stencil", "stencil_loop",
                    "read:neighborhood:along_axes", "red:consumed_by_master_only", "loop", "timing:slow_chunk",
-                   "fail:kernel", "fail:host_task", "overlap:all", "dtype:float32", "red:target_0d"]:
+                   "fail:kernel", "fail:host_task", "overlap:all", "dtype:float32", "red:target_0d",
+                   "bad_mapper:offset_eq", "bad_mapper:next_block", "bad_mapper:prev_block",
+                   "bad_mapper:first_only", "bad_mapper:host", "bad_mapper:kernel"]:
         assert needle in seen, needle
     kinds = {generate(random.Random(s)).kind for s in range(400)}
-    assert kinds == {"main", "fail", "bad_reduction", "overlap"}
+    assert kinds == {"main", "fail", "bad_reduction", "overlap", "bad_mapper"}
+
+
+# bad_mapper programs on fixed configurations: (seed, configuration, what the split makes of
+# the bad task, its number of rank chunks, the part of the error message that names the
+# chunk mapped outside).  Cases (``BadMapperOutcome.case``):
+#   rank_outside            the command graph: several rank chunks, one mapped outside the
+#                           whole range's region; a DiagnosticError on every rank (or aborted)
+#   local_outside:one_rank  the instruction graph on one rank: a device chunk or oversubscribed
+#                           part mapped outside the rank's chunk's region; a DiagnosticError
+#   local_outside:ranks     the same on several ranks: a RangeMapperError on that rank; the
+#                           others are aborted (these programs' bad task writes a buffer that
+#                           every rank fences at the end, so they wait for that rank's part)
+#   none                    no error: the model's data, and the bad reads the model's data
+BAD_MAPPER_CASES = [
+    (27, Config(ranks=3, devices=2), "rank_outside", 3,                       # kernel, offset_eq
+     "maps rank 1's chunk Box([1, 0, 0], [2, 3, 2]) to Region([[1, 0], [2, 6]])"),
+    (20, Config(ranks=3, devices=1, lookahead="none"), "rank_outside", 2,     # host task, offset_eq
+     "maps rank 1's chunk Box([1, 0], [2, 6]) to Region([[1, 0, 0], [2, 1, 4]])"),
+    (6, Config(ranks=2, devices=3, replay="off"), "rank_outside", 2,          # kernel, next_block; rank 0's
+     "maps rank 0's chunk Box([0], [2]) to Region([[2, 0], [4, 1]])"),        # device 0 is outside too
+    (27, Config(ranks=1, devices=4, oversubscribe=3), "local_outside:one_rank", 1,   # kernel: a device chunk
+     "maps device 1's chunk Box([1, 0, 0], [2, 3, 2]) of rank 0 to Region([[1, 0], [2, 6]])"),
+    (12, Config(ranks=1, devices=1, oversubscribe=3), "local_outside:one_rank", 1,   # host task: a part
+     "maps the chunk Box([0], [2]) of rank 0 to Region([[2], [7]])"),
+    (10, Config(ranks=3, devices=1, oversubscribe=3), "local_outside:ranks", 3,      # kernel, on rank 1
+     "maps device 0's chunk Box([4, 0], [5, 1]) of rank 1 to Region([[4], [5]])"),
+    (16, Config(ranks=2, devices=1, oversubscribe=3), "local_outside:ranks", 2,      # host task, on rank 0
+     "maps the chunk Box([0, 0], [2, 5]) of rank 0 to Region([[2, 0], [4, 8]])"),
+    (0, Config(ranks=4, devices=2), "none", 1, None),           # host task on the master node, reads rows 6-8
+    (50, Config(ranks=3, devices=2, oversubscribe=3), "none", 1, None),   # kernel whose work group is its
+                                                                          # whole range (never cut), rows 3-5
+    (1, Config(ranks=2, devices=2, oversubscribe=3), "none", 2, None),    # several chunks, all mapped past
+                                                                          # the buffer's end (nothing)
+]
+
+
+def _aborted(e) -> bool:
+    return isinstance(e, cl.CeleritasError) and ("cluster aborted" in str(e) or "collective aborted" in str(e))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,case,nchunks,where", BAD_MAPPER_CASES)
+def test_bad_mapper_fixed_seeds(seed, cfg, case, nchunks, where):
+    p = generate(random.Random(seed), kind="bad_mapper")
+    oc = bad_mapper_outcome(p, cfg)
+    assert p.kind == "bad_mapper" and (oc.case, len(oc.chunks)) == (case, nchunks), (oc, p.describe())
+    _idx, t, rd = bad_access(p)
+    m = p.shapes[rd.buffer][0]
+    result = run_on_cluster(p, cfg)
+    assert all(o is not None for o in result["ranks"]), result["cluster_error"]
+    errors = [o["error"] for o in result["ranks"]]
+    if case == "none":
+        assert errors == [None] * cfg.ranks, errors
+        # one chunk reads rows of the buffer (compared with the model); several read nothing
+        rows = bad_rows(rd.form, rd.k, 0, t.range_shape[0], m)
+        assert (rows[0] < rows[1]) == (nchunks == 1), rows
+    else:
+        cls = cl.RangeMapperError if case == "local_outside:ranks" else cl.DiagnosticError
+        own = [r for r, e in enumerate(errors) if type(e) is cls]
+        assert own, errors
+        for r in own:
+            msg = str(errors[r])
+            assert re.match(r'T\d+ "%s": the range mapper of its access to buffer B\d+ "b%d" %s' % (
+                BAD_TASK, rd.buffer, re.escape(where)), msg), msg
+        if case == "rank_outside":
+            # every rank's command graph raises it, unless another rank's error aborted the cluster first
+            assert all(r in own or _aborted(e) for r, e in enumerate(errors)), errors
+        else:
+            failing = int(re.search(r"of rank (\d+)", where).group(1))
+            assert own == [failing], errors
+            if cfg.ranks > 1:
+                assert t.write is not None     # (why the others cannot finish: they fence its output)
+                assert all(_aborted(e) for r, e in enumerate(errors) if r != failing), errors
+    check(p, run_model(p), result, cfg)     # and the harness's verdict agrees
+
+
+@pytest.mark.parametrize("seed,cfg", [(27, Config(ranks=3, devices=2)),                        # rank_outside
+                                      (27, Config(ranks=1, devices=4, oversubscribe=3))])      # one rank
+def test_bad_mapper_check_fails_when_the_diagnostic_is_missing(monkeypatch, seed, cfg):
+    """With diagnostics only warning, the diagnostics of a rank's chunk outside the whole range,
+    and of a device chunk outside its rank's chunk on one rank, let the program run through:
+    the check says so."""
+    env = Config.env
+    monkeypatch.setattr(Config, "env", lambda self: {**env(self), "CELERITAS_DIAGNOSTICS": "warn"})
+    p = generate(random.Random(seed), kind="bad_mapper")
+    assert bad_mapper_outcome(p, cfg).case in ("rank_outside", "local_outside:one_rank")
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "bad_mapper:missed", str(info.value)
+
+
+@pytest.mark.parametrize("diagnostics", ["off", "warn"])
+def test_bad_mapper_local_chunk_on_several_ranks_fails_whatever_the_setting(monkeypatch, diagnostics):
+    """A device chunk mapped outside its rank's chunk on several ranks is a RangeMapperError
+    under every diagnostics setting: the check (made for ``error``) passes under the others."""
+    env = Config.env
+    monkeypatch.setattr(Config, "env", lambda self: {**env(self), "CELERITAS_DIAGNOSTICS": diagnostics})
+    p = generate(random.Random(10), kind="bad_mapper")
+    cfg = Config(ranks=3, devices=1, oversubscribe=3)
+    assert bad_mapper_outcome(p, cfg).case == "local_outside:ranks"
+    run_and_check(p, cfg)
+
+
+@pytest.mark.parametrize("seed,cfg", [(50, Config(ranks=1, devices=4, oversubscribe=3)),    # kernel
+                                      (0, Config(ranks=2, devices=2))])                     # master-node task
+def test_bad_mapper_check_fails_on_stale_reads(monkeypatch, seed, cfg):
+    """The chunks' reads through the bad mapper are compared with the model: a model that
+    expects other data makes a run without error (whose chunk reads rows) fail."""
+    import differential
+    p = generate(random.Random(seed), kind="bad_mapper")
+    oc = bad_mapper_outcome(p, cfg)
+    _idx, t, rd = bad_access(p)
+    rows = bad_rows(rd.form, rd.k, 0, t.range_shape[0], p.shapes[rd.buffer][0])
+    assert oc.case == "none" and len(oc.chunks) == 1 and rows[0] < rows[1]
+    run_and_check(p, cfg)       # (right as it is)
+    before = differential.bad_mapper_before
+
+    def off_by_one(q):
+        a = before(q)
+        return ~a if a.dtype == bool else (a + 1).astype(a.dtype)
+    monkeypatch.setattr(differential, "bad_mapper_before", off_by_one)
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "bad_mapper:stale_read", str(info.value)
+
+
+def _outcome(*errors, obs=None):
+    """A made-up ``run_on_cluster`` result: per rank an error (or None: finished, with ``obs``)."""
+    return {"ranks": [{"error": e, "stage": "run"} if e is not None else {"error": None, "obs": obs}
+                      for e in errors], "cluster_error": None, "ran": []}
+
+
+def _tag(p, result, cfg, want=None):
+    try:
+        check(p, want, result, cfg)
+    except Mismatch as exc:
+        return exc.tag
+    return None
+
+
+def test_bad_mapper_check_judges_the_diagnostic():
+    """Outcomes made up for a command-graph case: the check accepts only the diagnostic that
+    names the task, the buffer and the first rank whose chunk is mapped outside, and ranks
+    that raise it or are aborted."""
+    p = generate(random.Random(27), kind="bad_mapper")
+    cfg = Config(ranks=3, devices=2)
+    assert bad_mapper_outcome(p, cfg).case == "rank_outside"
+
+    def diag(task=BAD_TASK, buffer="b2", rank=1, cls=cl.DiagnosticError):
+        return cls(f'T5 "{task}": the range mapper of its access to buffer B2 "{buffer}" maps rank {rank}\'s chunk '
+                   f'Box([{rank}, 0, 0], [{rank + 1}, 3, 2]) to Region([[{rank}, 0], [{rank + 1}, 6]]), which is not '
+                   f'inside what it maps the whole range Box([0, 0, 0], [3, 3, 2]) to (Region()); a range mapper '
+                   f'must map a part of the range into what it maps the whole range to')
+    aborted = cl.CeleritasError("rank 1: internal error: CommunicatorError: rank 1: cluster aborted")
+    assert _tag(p, _outcome(diag(), aborted, diag()), cfg) is None
+    assert _tag(p, _outcome(diag(), diag(), diag()), cfg) is None
+    assert _tag(p, _outcome(diag(buffer="b9"), diag(), diag()), cfg) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(diag(task="kernel_T3"), aborted, aborted), cfg) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(diag(rank=2), aborted, aborted), cfg) == "bad_mapper:wrong_error"  # (inside)
+    assert _tag(p, _outcome(diag(cls=cl.RangeMapperError), aborted, aborted), cfg) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(aborted, aborted, aborted), cfg) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(diag(), cl.CeleritasError("other"), diag()), cfg) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(diag(), None, diag()), cfg) == "bad_mapper:rank_finished"
+    assert _tag(p, _outcome(diag(), ValueError("boom"), diag()), cfg) == "crash"
+    assert _tag(p, _outcome(None, None, None), cfg) == "bad_mapper:missed"
+    # one rank: one chunk, cut into three (one row each) that the device check accepts
+    # only as its own DiagnosticError; a command-graph diagnostic there is wrong
+    one = Config(ranks=1, devices=3)
+    assert bad_mapper_outcome(p, one).case == "local_outside:one_rank"
+    assert _tag(p, _outcome(diag()), one) == "bad_mapper:wrong_error"
+    # and no chunk of a single device: the diagnostic is spurious
+    assert bad_mapper_outcome(p, Config(ranks=1, devices=1)).case == "none"
+    assert _tag(p, _outcome(diag()), Config(ranks=1, devices=1)) == "bad_mapper:spurious"
+
+
+def test_bad_mapper_check_judges_the_local_error():
+    """Outcomes made up for an instruction-graph case on two ranks (rank 0's first part is
+    outside): the check wants that RangeMapperError from rank 0, and rank 1 aborted or
+    finished with the model's data."""
+    import numpy as np
+    p = generate(random.Random(16), kind="bad_mapper")
+    cfg = Config(ranks=2, devices=1, oversubscribe=3)
+    assert bad_mapper_outcome(p, cfg).case == "local_outside:ranks"
+    want = run_model(p)
+
+    def err(part="the chunk Box([0, 0], [2, 5])", rank=0, cls=cl.RangeMapperError):
+        return cls(f'T3 "{BAD_TASK}": the range mapper of its access to buffer B1 "b1" maps {part} of rank {rank} to '
+                   f'Region([[2, 0], [4, 8]]), which is not inside what it maps the rank\'s chunk Box([0, 0], [4, 5]) '
+                   f'to (Region()); a range mapper must map a part of a chunk into what it maps the chunk to (data '
+                   f'moves between ranks by the rank\'s chunk: the part would read data that never arrived)')
+    aborted = cl.CeleritasError("rank 1: internal error: CommunicatorError: rank 1: cluster aborted")
+    obs = {"fences": want["fences"], "buffers": want["buffers"], "targets": want["targets"], "log": [],
+           "log_fences": [[] for _ in want["log_fences"]], "violations": [], "plain": [], "wait_snapshots": [],
+           "partitions": [], "bad_reads": []}
+    assert _tag(p, _outcome(err(), aborted), cfg, want) is None
+    assert _tag(p, _outcome(err(), None, obs=obs), cfg, want) is None      # rank 1 finished, right data
+    wrong = dict(obs, buffers=[b.copy() for b in obs["buffers"]])
+    wrong["buffers"][0].reshape(-1)[0] += np.ones((), wrong["buffers"][0].dtype)
+    assert _tag(p, _outcome(err(), None, obs=wrong), cfg, want) == "buffer"
+    assert _tag(p, _outcome(err(), None, obs=dict(obs, bad_reads=[(3, 1, "Box", "Box", "differ")])), cfg,
+                want) == "bad_mapper:stale_read"
+    assert _tag(p, _outcome(err(cls=cl.DiagnosticError), aborted), cfg, want) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(err(part="the chunk Box([2, 0], [4, 5])"), aborted), cfg, want) == \
+        "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(err(part="device 0's chunk Box([0, 0], [2, 5])"), aborted), cfg, want) == \
+        "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(aborted, err(rank=1)), cfg, want) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(aborted, aborted), cfg, want) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(err(), cl.CeleritasError("rank 1: other")), cfg, want) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(err(), ValueError("boom")), cfg, want) == "crash"
+    assert _tag(p, _outcome(None, aborted, obs=obs), cfg, want) == "bad_mapper:rank_finished"
+    assert _tag(p, _outcome(None, None, obs=obs), cfg, want) == "bad_mapper:missed"
+    # on one rank the whole range (8 rows) is cut into three parts (3, 3, 2 rows), and the
+    # first is outside: a DiagnosticError, not a RangeMapperError
+    one = Config(ranks=1, devices=1, oversubscribe=3)
+    oc = bad_mapper_outcome(p, one)
+    assert oc.case == "local_outside:one_rank" and oc.local == {0: (0, 3, None)}
+    rme = cl.RangeMapperError(f'T3 "{BAD_TASK}": the range mapper of its access to buffer B1 "b1" maps the chunk '
+                              f'Box([0, 0], [3, 5]) of rank 0 to Region([[3, 0], [4, 8]]), which is not inside what '
+                              f'it maps the rank\'s chunk Box([0, 0], [8, 5]) to (Region()); a range mapper must map '
+                              f'a part of a chunk into what it maps the chunk to')
+    assert _tag(p, _outcome(rme), one, want) == "bad_mapper:wrong_error"
+    assert _tag(p, _outcome(cl.DiagnosticError(str(rme))), one, want) is None
 
 
 def test_model_pins_the_reduction_cast_rule():
