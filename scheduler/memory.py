@@ -234,6 +234,9 @@ class MemoryManagement:
         """Free allocations on ``memory`` until ``nbytes`` more fit: those whose data is not
         only here first, then the least recently used (their data saved to host memory)."""
         cap = self._capacity[memory]
+        # any buffer may lose an allocation here, not only the command's: replay may have
+        # left some as shapes (their objects behind), so they are brought up to date first
+        self._sync_buffers(None)
         cands = []
         for b in self._buffers.values():
             for a in b.allocs.get(memory, ()):
@@ -288,6 +291,7 @@ class MemoryManagement:
 
         b.newest.apply(a.box, drop)
         b.allocs[memory].remove(a)
+        self._shapes.pop(b.info.id, None)   # (its replay shape, if any, is no longer its state)
         self._free(a)
         self.memory_stats["evictions"] += 1
         self.memory_stats["bytes_evicted"] += a.nbytes

@@ -546,3 +546,56 @@ def test_templates_of_one_structure_share_their_compiled_builder(monkeypatch):
         assert len(built) >= 16 and len(igg._builder_code) <= len(built) // 4, (len(built), len(igg._builder_code))
     finally:
         q.shutdown()
+
+
+def _evicts_a_buffer_replay_left_stale(replay: str, monkeypatch) -> tuple[list, tuple]:
+    """b1 is written once; four replayed steps on b3 (with horizons every task: max
+    parallelism 1) leave b1 as a replay shape; b2's first write needs room on the bounded
+    device memory and evicts b1, a buffer the command does not touch."""
+    import json
+
+    import celeritas as cl
+    for k, v in dict(CELERITAS_DEVICES="host:1", CELERITAS_LOOKAHEAD="none", CELERITAS_HORIZON_STEP="4",
+                     CELERITAS_HORIZON_MAX_PARALLELISM="1", CELERITAS_REPLAY=replay,
+                     CELERITAS_HOST_DEVICE_MEMORY="672").items():
+        monkeypatch.setenv(k, v)
+    q = cl.Queue(record=True)
+    b1 = cl.Buffer(np.zeros((6, 6), np.int64), name="b1")
+    b2 = cl.Buffer(np.zeros((4, 4), np.int64), name="b2")
+    b3 = cl.Buffer(np.zeros((6, 6), np.int64), name="b3")
+    r1 = cl.Buffer(np.array([28], np.int32), name="r1")
+
+    def fill(buf, shape, value, red=None):
+        def cgf(cgh):
+            w = buf.access(cgh, cl.one_to_one(), cl.discard_write)
+            reds = [cl.reduction(red, cgh, cl.minimum)] if red is not None else []
+
+            def kernel(chunk, *reducers):
+                w[chunk] = value
+                for r in reducers:
+                    r.combine(np.int32(value))
+            cgh.parallel_for(shape, kernel, reductions=reds, name=f"fill_{buf.name}")
+        return cgf
+    try:
+        q.submit(fill(b1, (6, 6), 1))
+        for step in range(4):
+            q.submit(fill(b3, (6, 6), step, red=r1))
+        q.submit(fill(b2, (4, 4), 2))
+        got = tuple(int(q.fence(b).result().sum()) for b in (b1, b2, b3, r1))
+        graph = [json.dumps(i, sort_keys=True, default=str) for i in q.graphs()["instructions"]]
+    finally:
+        q.shutdown()
+    return graph, got
+
+
+def test_an_eviction_of_a_buffer_replay_left_as_a_shape_is_exact(monkeypatch):
+    """An eviction may take any buffer's allocation, not only the command's: it read b1's
+    objects, which replay had left behind its shape (the eviction copy ordered after an
+    old epoch), and b1's shape, restored later, brought the evicted allocation back (the
+    executor then failed on a free of an allocation it no longer had).  Found by the
+    fuzzer with CELERITAS_HORIZON_MAX_PARALLELISM=1."""
+    on, got_on = _evicts_a_buffer_replay_left_stale("on", monkeypatch)
+    off, got_off = _evicts_a_buffer_replay_left_stale("off", monkeypatch)
+    assert got_on == got_off == (36, 32, 108, 0)
+    assert on == off
+    assert any('"evict": true' in i for i in on)
