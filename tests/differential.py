@@ -48,6 +48,23 @@ it); that kernel chunks consist of whole work groups of ``local_range``; that
 every chunk submitted before a ``q.wait()`` had run when it returned; and that
 side-effect host tasks ran in submission order.
 
+``main`` programs also draw (groups ``collectives``, ``lifetimes``, ``lookahead_steps``):
+
+* collective host tasks (``on=cl.collective``, ``cl.collective()``, ``cl.collective(group)``
+  of 2-3 ``cl.CollectiveGroup``s), alone and in loops, whose part on every rank sums what it
+  reads (``all`` / ``fixed``), adds its rank and maybe allreduces that through
+  ``partition.comm``; every rank's records per group must be the model's, in the group's
+  submission order (``collective_record``, ``_collective_problems``);
+* master-node tasks placed by ``cl.once`` or by nothing (partition checked);
+* data buffers made without data, or made by a task later (after tasks, after a wait), and
+  destroyed in the middle (``Buffer.destroy()``, maybe right after a fence or a writer);
+  extra host objects with side effects of collective and master-node tasks, fenced, made
+  later and destroyed (``HostObject.destroy()``); ``lifecycle`` is the rule they follow;
+* ``q.set_lookahead(mode)`` and ``q.flush()`` between tasks (no effect on the model).
+
+``Config`` also sets ``CELERITAS_HORIZON_STEP`` (1, 2, 4, 7) and
+``CELERITAS_HORIZON_MAX_PARALLELISM`` (1, 2, 3 or the default).
+
 Semantics the model pins (API.md): a reduction casts the values with numpy's
 ``same_kind`` rule into the target dtype, then reduces in the target dtype
 (integers wrap), and combines with the target's current value unless
@@ -88,7 +105,13 @@ MODES = ("discard_write", "write", "read_write", "discard_read_write")
 
 # Optional feature groups (``generate(groups=...)``); "base" features are always on.
 GROUPS = ("dtypes", "reductions", "int_wrap", "remote_target", "cross_dtype", "local_range", "custom_mappers",
-          "stencils", "host_range", "host_object_fence", "epochs", "loops", "timing")
+          "stencils", "host_range", "host_object_fence", "epochs", "loops", "timing",
+          "collectives", "lifetimes", "lookahead_steps")
+# (the last three: ``main`` only; see ``_gen_extra``.  A program of any other kind draws
+# exactly what it drew before they existed.)
+LOOKAHEAD_MODES = ("none", "auto", "infinite")
+HORIZON_STEP_CHOICES = (1, 2, 4, 7)                     # CELERITAS_HORIZON_STEP
+HORIZON_PARALLELISM_CHOICES = (1, 2, 3, None)           # CELERITAS_HORIZON_MAX_PARALLELISM (None: default 64)
 KINDS = ("main", "fail", "bad_reduction", "overlap", "bad_mapper")
 MAIN_LIKE = ("main", "bad_mapper")     # run by run_celeritas and compared with run_model (unless an error is due)
 FAIL_KERNEL = "fail_here"
@@ -147,6 +170,10 @@ class RedSpec:
 @dataclass
 class Task:
     # kernel | host | master | fence | fence_log | wait
+    # | collective                     a host task on every rank (``on=cl.collective`` / ``cl.collective(group)``)
+    # | create | destroy               data buffer ``fence_index`` made / ``Buffer.destroy()``ed here
+    # | hcreate | hfence | hdestroy    extra host object ``fence_index``: made / fenced / ``destroy()``ed here
+    # | lookahead | flush              ``q.set_lookahead(mode)`` / ``q.flush()`` (no effect on any result)
     kind: str
     range_shape: tuple = ()
     reads: list[Read] = field(default_factory=list)
@@ -167,6 +194,12 @@ class Task:
     delay: float = 0.0          # seconds the chunk holding the range's first index sleeps (timing)
     name: str | None = None     # kernel name shared by a loop's repetitions of one task (default:
                                 # one per task), so that their measured cost lets them run inline
+    group: int = 0              # collective: 0 the default group, k >= 1 the program's k-th CollectiveGroup
+    form: str = ""              # collective group 0: "attr" (on=cl.collective) | "call" (cl.collective());
+                                # master: "" (on_master_node) | "once" (on=cl.once) | "default" (no range, no on)
+    comm: bool = False          # collective: also allreduce the recorded value through partition.comm
+    hobj: int | None = None     # collective / master: side effect on the extra host object hobj (records there)
+    mode: str = ""              # lookahead: the mode set
 
 
 @dataclass
@@ -181,18 +214,26 @@ class Program:
     kind: str
     shapes: list[tuple[int, ...]]
     dtypes: list[str]
-    init: list[np.ndarray]
+    init: list[np.ndarray | None]   # None: made without data (``cl.Buffer(shape=, dtype=)``), written in full
+                                    # by a discard-mode task before anything reads it (``lifecycle_problem``)
     targets: list[TargetSpec]
     tasks: list[Task]
     features: set[str] = field(default_factory=set)
     sync: str = "end"           # fail / bad_reduction / overlap: wait | fence | shutdown | fence_log
-                                # (main / bad_mapper: "end", every buffer is fenced at the end)
+                                # (main / bad_mapper: "end", every live, written buffer is fenced at the end)
+    ngroups: int = 0            # cl.CollectiveGroup()s made at the start (collective tasks' groups 1..ngroups)
+    hobjs: int = 0              # extra host objects (besides the log); made at the start unless an
+                                # ``hcreate`` task makes them later
 
     def describe(self) -> str:
         """A readable listing (for failure reports and minimisation)."""
         lines = [f"kind={self.kind} sync={self.sync}" + (f" features={sorted(self.features)}" if self.features else "")]
+        late = {t.fence_index for t in self.tasks if t.kind == "create"}
         for k, (s, d) in enumerate(zip(self.shapes, self.dtypes)):
-            lines.append(f"  b{k}: shape {s} {d}")
+            lines.append(f"  b{k}: shape {s} {d}" + (" uninitialized" if self.init[k] is None else "")
+                         + (" (made by a task)" if k in late else ""))
+        if self.ngroups or self.hobjs:
+            lines.append(f"  {self.ngroups} collective group(s), {self.hobjs} extra host object(s)")
         for k, t in enumerate(self.targets):
             lines.append(f"  r{k}: shape {t.shape} {t.dtype} init={t.init}")
         for k, t in enumerate(self.tasks):
@@ -208,7 +249,19 @@ def _describe_task(t: Task) -> str:
         return "fence(log host object)"
     if t.kind == "wait":
         return f"q.wait(barrier={t.barrier})"
-    parts = [t.kind, f"range={t.range_shape}", f"c0={t.c0}"]
+    if t.kind in ("create", "destroy"):
+        return f"{'cl.Buffer(...)' if t.kind == 'create' else 'destroy()'} b{t.fence_index}"
+    if t.kind in ("hcreate", "hfence", "hdestroy"):
+        return {"hcreate": "cl.HostObject([])", "hfence": "fence", "hdestroy": "destroy()"}[t.kind] + \
+            f" h{t.fence_index}"
+    if t.kind == "lookahead":
+        return f"q.set_lookahead({t.mode!r})"
+    if t.kind == "flush":
+        return "q.flush()"
+    parts = [t.kind] + ([f"range={t.range_shape}"] if t.kind != "collective" else
+                        [f"group {t.group}" + (f" ({t.form})" if t.form else "")]) + [f"c0={t.c0}"]
+    if t.kind == "master" and t.form:
+        parts[0] = f"master(on={t.form})"
     for rd in t.reads:
         name = ("b" if rd.space == "data" else "r") + str(rd.buffer)
         extra = {"fixed": f" {rd.fixed_box}", "slice": f"({rd.dim})", "mirror": f"(dim {rd.dim})",
@@ -237,11 +290,15 @@ def _describe_task(t: Task) -> str:
     if not t.side_effect:
         parts.append("no side_effect")
     if t.delay:
-        parts.append(f"first chunk sleeps {t.delay * 1000:.0f} ms")
+        parts.append(f"{'rank 0' if t.kind == 'collective' else 'first chunk'} sleeps {t.delay * 1000:.0f} ms")
     if t.fail_at is not None:
         parts.append(f"RAISES on chunk holding {t.fail_at}")
     if t.marker:
         parts.append("marker")
+    if t.comm:
+        parts.append("allreduce")
+    if t.hobj is not None:
+        parts.append(f"side_effect h{t.hobj}")
     return " ".join(parts)
 
 
@@ -562,6 +619,8 @@ class _Gen:
         self.groups = groups
         self.repeat = repeat    # loops and stencil loops this many times longer (replay's exactness)
         self.features: set[str] = set()
+        self.extras = False     # main: _gen_step may draw collective, lookahead and extra host-object
+                                # steps (off for the other kinds, which keep their draws and seeds)
 
     def on(self, group: str) -> bool:
         return group in self.groups
@@ -647,6 +706,22 @@ class _State:
         self.targets = targets
         self.defined = [t.init is not None for t in targets]
         self.written_remote = [False] * len(targets)     # current value written by a point-mapper chunk
+        self.live = [True] * len(shapes)         # data buffers made and not destroyed
+        self.ddef = [True] * len(shapes)         # data buffers holding defined values (host data or a full write)
+        self.ngroups = 0                         # collective groups besides the default one
+        self.hlive: list[bool] = []              # extra host objects made and not destroyed
+
+    def usable(self) -> list[int]:
+        """Data buffers a task may read, write or fence."""
+        return [b for b in range(len(self.shapes)) if self.live[b] and self.ddef[b]]
+
+
+def _pick_buf(g: _Gen, st: _State) -> int:
+    """A usable data buffer (while all are, the same draw as before lifetimes existed)."""
+    ok = st.usable()
+    if len(ok) == len(st.shapes):
+        return g.rng.randrange(len(st.shapes))
+    return g.rng.choice(ok)
 
 
 def _pick_reads(g: _Gen, st: _State, range_shape, *, avoid_data: set, own: int | None,
@@ -662,7 +737,7 @@ def _pick_reads(g: _Gen, st: _State, range_shape, *, avoid_data: set, own: int |
             reads.append(Read("target", k, "all"))
             g.feat("read:target_in_task")
             continue
-        b = rng.randrange(len(st.shapes))
+        b = _pick_buf(g, st)
         if b in avoid_data:
             continue
         if b == own:
@@ -769,6 +844,7 @@ def _gen_main(g: _Gen) -> Program:
         init[1] = _init_data(rng, shapes[1], dtypes[1])
     targets = _gen_targets(g)
     st = _State(shapes, dtypes, targets)
+    plan = _plan_extras(g, st, init)
     tasks: list[Task] = []
     n = rng.randint(3, 12)
     while len(tasks) < n:
@@ -783,11 +859,17 @@ def _gen_main(g: _Gen) -> Program:
             for _ in range(reps):
                 tasks += copy.deepcopy(block)
             g.feat("loop")
-        elif r < 0.14 and g.on("stencils") and shapes[0] == shapes[1] and len(shapes[0]) >= 2:
+        elif r < 0.14 and g.on("stencils") and shapes[0] == shapes[1] and len(shapes[0]) >= 2 \
+                and {0, 1} <= set(st.usable()):
             tasks += _gen_stencil_loop(g, st)
+        elif r < 0.30 and plan.any:
+            _gen_extra(g, st, tasks, plan)
         else:
             _gen_step(g, st, tasks)
-    p = Program("main", shapes, dtypes, init, targets, tasks)
+    _finish_extras(g, st, tasks, plan)
+    p = Program("main", shapes, dtypes, init, targets, tasks, ngroups=plan.ngroups, hobjs=len(st.hlive))
+    problem, _observed = lifecycle(p)
+    assert problem is None, f"generator bug: {problem}\n{p.describe()}"
     defined_at_end = [t.init is not None or any(s.target == k for x in tasks for s in x.reds)
                       for k, t in enumerate(targets)]
     if any(d and not f for d, f in zip(defined_at_end, fenced_at_end(p))):
@@ -799,7 +881,19 @@ def _gen_step(g: _Gen, st: _State, tasks: list[Task]) -> None:
     """Append one random task."""
     rng = g.rng
     shapes = st.shapes
-    nb = len(shapes)
+    if g.extras:
+        x = rng.random()
+        if x < 0.07 and g.on("collectives"):
+            tasks.append(_gen_collective(g, st))
+            return
+        if x < 0.11 and g.on("lookahead_steps"):
+            tasks.append(_gen_lookahead(g))
+            return
+        if x < 0.13 and st.hlive and any(st.hlive):
+            k = rng.choice([k for k, a in enumerate(st.hlive) if a])
+            tasks.append(Task("hfence", fence_index=k))
+            g.feat("hobj:fence")
+            return
     r = rng.random()
     if r < 0.10:
         if rng.random() < 0.3 and any(st.defined):
@@ -807,7 +901,7 @@ def _gen_step(g: _Gen, st: _State, tasks: list[Task]) -> None:
             tasks.append(Task("fence", fence_space="target", fence_index=k))
             g.feat("fence:target")
             return
-        b = rng.randrange(nb)
+        b = _pick_buf(g, st)
         t = Task("fence", fence_index=b)
         if g.on("epochs") and rng.random() < 0.3:
             lo = tuple(rng.randrange(s) for s in shapes[b])
@@ -822,8 +916,10 @@ def _gen_step(g: _Gen, st: _State, tasks: list[Task]) -> None:
             tasks.append(Task("master", reads=[Read("target", k, "all")]))
             g.feat("master:target")
         else:
-            tasks.append(Task("master", reads=[Read("data", rng.randrange(nb), "all")]))
+            tasks.append(Task("master", reads=[Read("data", _pick_buf(g, st), "all")]))
             g.feat("master:data")
+        if g.extras:
+            _master_extras(g, st, tasks[-1])
     elif r < 0.25 and g.on("epochs"):
         t = Task("wait", barrier=rng.random() < 0.3)
         tasks.append(t)
@@ -847,6 +943,237 @@ def _gen_step(g: _Gen, st: _State, tasks: list[Task]) -> None:
         # a slow chunk: later work, fences and epochs must still wait for it
         t.delay = rng.choice([0.002, 0.01, 0.03])
         g.feat("timing:slow_chunk")
+
+
+@dataclass
+class _Plan:
+    """What a ``main`` program's extra steps (``_gen_extra``) may do."""
+    late: list[int]                 # data buffers still to be made (by a ``create`` task)
+    hlate: list[int]                # extra host objects still to be made (``hcreate``)
+    ngroups: int                    # collective groups besides the default one
+    collectives: bool
+    lifetimes: bool
+    lookahead: bool
+
+    @property
+    def any(self) -> bool:
+        return self.collectives or self.lifetimes or self.lookahead
+
+
+def _plan_extras(g: _Gen, st: _State, init: list) -> _Plan:
+    """Draw a ``main`` program's lifetimes (data buffers made without data, or made by a task
+    later: ``late``; extra host objects, maybe one made later) and its collective groups."""
+    rng = g.rng
+    g.extras = True
+    shapes, dtypes = st.shapes, st.dtypes
+    late: list[int] = []
+    hlate: list[int] = []
+    if g.on("lifetimes"):
+        if len(shapes) >= 3 and rng.random() < 0.25:
+            b = rng.randrange(2, len(shapes))       # (b0 and b1, a stencil pair, keep their data)
+            init[b] = None
+            st.ddef[b] = False
+            g.feat("lifetime:uninit")
+        if rng.random() < 0.4:
+            for _ in range(rng.randint(1, 2)):
+                b = len(shapes)
+                shape = _shapes(g, 1)[0]
+                dt = rng.choice(DATA_DTYPES) if g.on("dtypes") and rng.random() < 0.5 else "int64"
+                shapes.append(shape)
+                dtypes.append(dt)
+                init.append(None if rng.random() < 0.5 else _init_data(rng, shape, dt))
+                st.live.append(False)
+                st.ddef.append(init[b] is not None)
+                late.append(b)
+    if (g.on("collectives") or g.on("lifetimes")) and rng.random() < 0.6:
+        st.hlive = [True] * rng.randint(1, 2)
+        if g.on("lifetimes") and rng.random() < 0.3:
+            hlate.append(len(st.hlive) - 1)
+            st.hlive[-1] = False
+        if len(st.hlive) > 1 or hlate:
+            g.feat("hobj:second")
+    if g.on("collectives") and rng.random() < 0.6:
+        st.ngroups = rng.randint(2, 3)
+    return _Plan(late, hlate, st.ngroups, g.on("collectives"), g.on("lifetimes"), g.on("lookahead_steps"))
+
+
+def _gen_extra(g: _Gen, st: _State, tasks: list[Task], plan: _Plan) -> None:
+    """One of the steps of the ``collectives``, ``lifetimes`` and ``lookahead_steps`` groups."""
+    rng = g.rng
+    options: list[tuple[str, float]] = []
+    if any(st.live[b] and not st.ddef[b] for b in range(len(st.shapes))):
+        options.append(("init", 3))
+    if plan.late:
+        options.append(("create", 2))
+    if plan.lifetimes and len(st.usable()) >= 3:
+        options.append(("destroy", 1))
+    if plan.hlate:
+        options.append(("hcreate", 1))
+    if plan.lifetimes and any(st.hlive):
+        options.append(("hdestroy", 0.5))
+    if plan.collectives:
+        options += [("collective_loop", 2), ("collective", 1)]
+    if plan.lookahead:
+        options.append(("lookahead", 1))
+    if not options:
+        _gen_step(g, st, tasks)
+        return
+    what = rng.choices([o for o, _w in options], [w for _o, w in options])[0]
+    if what == "init":
+        b = rng.choice([b for b in range(len(st.shapes)) if st.live[b] and not st.ddef[b]])
+        tasks.append(_gen_init_write(g, st, b))
+    elif what == "create":
+        _gen_create(g, st, tasks, plan)
+    elif what == "destroy":
+        b = rng.choice(st.usable())
+        if rng.random() < 0.4:
+            # a writer that may still run (or sleep) when the buffer goes
+            shape = st.shapes[b]
+            t = Task("kernel", shape, _pick_reads(g, st, shape, avoid_data=set(), own=b, avoid_targets=set(),
+                                                  max_reads=2),
+                     Write("data", b, "one_to_one", rng.choice(MODES)), c0=rng.randint(0, 9))
+            if g.on("timing") and rng.random() < 0.4:
+                t.delay = 0.01
+                g.feat("timing:slow_chunk")
+            tasks.append(t)
+            g.feat("lifetime:destroy_after_write")
+        if rng.random() < 0.6:
+            tasks.append(Task("fence", fence_index=b))
+            g.feat("fence", "lifetime:fence_then_destroy")
+        tasks.append(Task("destroy", fence_index=b))
+        st.live[b] = False
+        g.feat("lifetime:destroy")
+    elif what == "hcreate":
+        k = plan.hlate.pop(0)
+        tasks.append(Task("hcreate", fence_index=k))
+        st.hlive[k] = True
+        g.feat("hobj:create")
+    elif what == "hdestroy":
+        k = rng.choice([k for k, a in enumerate(st.hlive) if a])
+        if rng.random() < 0.5:
+            tasks.append(Task("hfence", fence_index=k))
+            g.feat("hobj:fence")
+        tasks.append(Task("hdestroy", fence_index=k))
+        st.hlive[k] = False
+        g.feat("hobj:destroy")
+    elif what == "collective_loop":
+        _gen_collective_loop(g, st, tasks)
+    elif what == "collective":
+        tasks.append(_gen_collective(g, st))
+    else:
+        tasks.append(_gen_lookahead(g))
+
+
+def _finish_extras(g: _Gen, st: _State, tasks: list[Task], plan: _Plan) -> None:
+    """Every late buffer made and every buffer made without data written before the end."""
+    while plan.late:
+        _gen_create(g, st, tasks, plan)
+    for b in range(len(st.shapes)):
+        if st.live[b] and not st.ddef[b]:
+            tasks.append(_gen_init_write(g, st, b))
+
+
+def _gen_create(g: _Gen, st: _State, tasks: list[Task], plan: _Plan) -> None:
+    rng = g.rng
+    b = plan.late.pop(0)
+    if any(t.kind in ("kernel", "host", "master", "collective") for t in tasks):
+        g.feat("lifetime:create_after_tasks")
+        if rng.random() < 0.4:
+            tasks.append(Task("wait"))
+            g.feat("wait", "lifetime:create_after_wait")
+    tasks.append(Task("create", fence_index=b))
+    st.live[b] = True
+    g.feat("lifetime:create")
+    if not st.ddef[b]:
+        g.feat("lifetime:create_uninit")
+        if rng.random() < 0.5:
+            tasks.append(_gen_init_write(g, st, b))
+
+
+def _gen_init_write(g: _Gen, st: _State, b: int) -> Task:
+    """The first write of a buffer made without data: a kernel or host task over its whole
+    shape, one_to_one in a discard mode (so nothing reads its unspecified contents)."""
+    rng = g.rng
+    shape = st.shapes[b]
+    host = g.on("host_range") and rng.random() < 0.3
+    mode = rng.choice(["discard_write", "discard_read_write"])
+    t = Task("host" if host else "kernel", shape, write=Write("data", b, "one_to_one", mode), c0=rng.randint(0, 9))
+    t.reads = _pick_reads(g, st, shape, avoid_data={b}, own=None, avoid_targets=set(), max_reads=2)
+    if not host:
+        _kernel_options(g, t)
+    st.ddef[b] = True
+    g.feat("lifetime:first_write_" + ("host" if host else "kernel"), f"mode:{mode}")
+    return t
+
+
+def _gen_collective(g: _Gen, st: _State) -> Task:
+    """A collective host task: every rank's part sums what it reads (``all`` / ``fixed``
+    reads, split-independent) and records that plus its rank (``collective_record``)."""
+    rng = g.rng
+    t = Task("collective", c0=rng.randint(0, 9), group=rng.randint(0, st.ngroups))
+    if t.group == 0:
+        t.form = rng.choice(["attr", "call"])
+        g.feat(f"collective:default:{t.form}")
+    else:
+        g.feat("collective:group")
+    t.reads = _pick_reads(g, st, (), avoid_data=set(), own=None, avoid_targets=set(), max_reads=2)
+    t.comm = rng.random() < 0.5
+    live = [k for k, a in enumerate(st.hlive) if a]
+    if live and rng.random() < 0.5:
+        t.hobj = rng.choice(live)
+        g.feat("collective:hobj", "hobj:side_effect")
+    if g.on("timing") and rng.random() < 0.2:
+        t.delay = rng.choice([0.002, 0.01])     # (rank 0's part only: the ranks' parts start apart)
+        g.feat("timing:slow_chunk", "collective:slow")
+    g.feat("collective")
+    if t.comm:
+        g.feat("collective:comm")
+    if t.reads:
+        g.feat("collective:reads")
+    return t
+
+
+def _gen_collective_loop(g: _Gen, st: _State, tasks: list[Task]) -> None:
+    """A loop body of collective tasks (of several groups) and ordinary steps, repeated."""
+    rng = g.rng
+    block: list[Task] = []
+    for _ in range(rng.randint(2, 4)):
+        if rng.random() < 0.7:
+            block.append(_gen_collective(g, st))
+        else:
+            _gen_step(g, st, block)
+    if not any(t.kind == "collective" for t in block):
+        block.append(_gen_collective(g, st))
+    for j, t in enumerate(block):
+        t.name = f"loop{len(tasks)}_{j}"
+    for _ in range(rng.randint(2, 4) * g.repeat):
+        tasks += copy.deepcopy(block)
+    g.feat("loop", "collective:loop")
+    if len({t.group for t in block if t.kind == "collective"}) >= 2:
+        g.feat("collective:loop:groups")
+
+
+def _gen_lookahead(g: _Gen) -> Task:
+    rng = g.rng
+    if rng.random() < 0.7:
+        t = Task("lookahead", mode=rng.choice(LOOKAHEAD_MODES))
+        g.feat(f"lookahead:set:{t.mode}")
+        return t
+    g.feat("lookahead:flush")
+    return Task("flush")
+
+
+def _master_extras(g: _Gen, st: _State, t: Task) -> None:
+    """A master-node task's placement (``on_master_node``, ``cl.once`` or none) and maybe a
+    side effect on an extra host object."""
+    rng = g.rng
+    t.form = rng.choice(["", "", "once", "default"])
+    if t.form:
+        g.feat(f"master:{t.form}")
+    live = [k for k, a in enumerate(st.hlive) if a]
+    if live and rng.random() < 0.4:
+        t.hobj = rng.choice(live)
+        g.feat("master:hobj", "hobj:side_effect")
 
 
 def _gen_stencil_loop(g: _Gen, st: _State) -> list[Task]:
@@ -876,7 +1203,7 @@ def _gen_stencil_loop(g: _Gen, st: _State) -> list[Task]:
 
 def _gen_kernel(g: _Gen, st: _State) -> Task:
     rng = g.rng
-    w = rng.randrange(len(st.shapes))
+    w = _pick_buf(g, st)
     shape = st.shapes[w]
     mapper = "one_to_one"
     if g.on("custom_mappers") and rng.random() < 0.35:
@@ -967,7 +1294,7 @@ def _gen_target_write(g: _Gen, st: _State) -> Task:
 
 def _gen_host_range(g: _Gen, st: _State) -> Task:
     rng = g.rng
-    w = rng.randrange(len(st.shapes))
+    w = _pick_buf(g, st)
     write = rng.random() < 0.5
     t = Task("host", st.shapes[w], c0=rng.randint(0, 9))
     if write:
@@ -1155,10 +1482,107 @@ def _target_shape(p: Program, rd: Read):
     return p.shapes[rd.buffer] if rd.space == "data" else p.targets[rd.buffer].shape
 
 
+FULL_WRITE_MAPPERS = ("one_to_one", "mirror", "shift")     # over a range of the buffer's shape: every element
+DISCARD_MODES = ("discard_write", "discard_read_write")
+
+
+def lifecycle(p: Program) -> tuple[str | None, list[bool]]:
+    """(the first misuse of a buffer's or host object's lifetime, or None; which data buffers
+    are fenced at the end: made, not destroyed and written).  A data buffer is used (read,
+    written, fenced) only between its ``create`` task (if any: else from the start) and its
+    ``destroy``; one made without data is read only after a task wrote all of it in a
+    discard mode; an extra host object is used only between its ``hcreate`` and ``hdestroy``;
+    a collective task's group exists."""
+    nb = len(p.shapes)
+    late = {t.fence_index for t in p.tasks if t.kind == "create"}
+    hlate = {t.fence_index for t in p.tasks if t.kind == "hcreate"}
+    state = ["new" if k in late else "live" for k in range(nb)]
+    defined = [a is not None for a in p.init]
+    hstate = ["new" if k in hlate else "live" for k in range(p.hobjs)]
+    for idx, t in enumerate(p.tasks):
+        k = t.fence_index
+        if t.kind in ("create", "destroy"):
+            want, then = ("new", "live") if t.kind == "create" else ("live", "dead")
+            if not 0 <= k < nb or state[k] != want:
+                return f"T{idx}: {t.kind} of b{k}, which is {state[k] if 0 <= k < nb else 'unknown'}", []
+            state[k] = then
+            continue
+        if t.kind in ("hcreate", "hfence", "hdestroy"):
+            want, then = {"hcreate": ("new", "live"), "hfence": ("live", "live"),
+                          "hdestroy": ("live", "dead")}[t.kind]
+            if not 0 <= k < p.hobjs or hstate[k] != want:
+                return f"T{idx}: {t.kind} of h{k}, which is {hstate[k] if 0 <= k < p.hobjs else 'unknown'}", []
+            hstate[k] = then
+            continue
+        if t.hobj is not None and (not 0 <= t.hobj < p.hobjs or hstate[t.hobj] != "live"):
+            return f"T{idx}: side effect on h{t.hobj}, which is not live", []
+        if t.kind == "collective" and not 0 <= t.group <= p.ngroups:
+            return f"T{idx}: collective group {t.group} of {p.ngroups}", []
+        used = [rd.buffer for rd in t.reads if rd.space == "data"]
+        if t.kind == "fence" and t.fence_space == "data":
+            used.append(k)
+        for b in used:
+            if state[b] != "live" or not defined[b]:
+                return f"T{idx} reads b{b}, which is {state[b] if state[b] != 'live' else 'not written yet'}", []
+        w = t.write
+        if w is not None and w.space == "data":
+            b = w.buffer
+            if state[b] != "live":
+                return f"T{idx} writes b{b}, which is {state[b]}", []
+            if not defined[b]:
+                if not (w.mapper in FULL_WRITE_MAPPERS and w.mode in DISCARD_MODES
+                        and tuple(t.range_shape) == tuple(p.shapes[b])):
+                    return f"T{idx}: the first write of b{b} (made without data) does not discard all of it", []
+                defined[b] = True
+    return None, [state[k] == "live" and defined[k] for k in range(nb)]
+
+
+def collective_value(t: Task, getters: dict, shape_of) -> int:
+    """What every rank's part of a collective task computes before adding its rank."""
+    one = Box((0,), (1,), 1)
+    return (t.c0 + sum(int(contribution(rd, one, shape_of(rd), getters[(rd.space, rd.buffer)]))
+                       for rd in t.reads)) % MOD
+
+
+def collective_record(idx: int, group: int, s: int, comm: bool, rank: int, ranks: int) -> tuple:
+    """What rank ``rank`` of ``ranks`` records for collective task ``idx`` whose value is ``s``:
+    its partition (box ``[rank, rank + 1)`` of ``(ranks,)``), ``s + rank``, and with ``comm`` the
+    allreduce (sum) of every rank's ``s + rank`` and the communicator's (rank, size)."""
+    return ("c", idx, group, rank, (rank,), (rank + 1,), (ranks,), s + rank,
+            ranks * s + ranks * (ranks - 1) // 2 if comm else None, (rank, ranks) if comm else None)
+
+
+def host_object_records(entries: list, rank: int, ranks: int) -> list:
+    """A model's list of an extra host object (``("m", task, value)``: master-node tasks;
+    ``("c", task, group, value, comm)``: collective tasks) as rank ``rank`` holds it."""
+    out = []
+    for e in entries:
+        if e[0] == "m":
+            if rank == 0:
+                out.append(e)
+        else:
+            out.append(collective_record(e[1], e[2], e[3], e[4], rank, ranks))
+    return out
+
+
+MASTER_GEOMETRY = {"": ((), (), ()), "once": ((1,), (0,), (1,)), "default": ((1,), (0,), (1,))}
+
+
 def run_model(p: Program) -> dict:
     """What every rank must observe.  ``log`` lists host-task entries in task order:
-    ``("m", task, value)`` (master node, rank 0 only) and ``("h", task, flat index, value)``."""
-    bufs = [a.copy() for a in p.init]
+    ``("m", task, value)`` (master node, rank 0 only) and ``("h", task, flat index, value)``.
+    ``coll`` lists collective tasks as ``(task, group, value, comm)`` (``collective_record``
+    gives each rank's record), ``hlog`` each extra host object's entries
+    (``host_object_records``), ``hfences`` those lists when each ``hfence`` ran."""
+    late = {t.fence_index for t in p.tasks if t.kind == "create"}
+
+    def made(k):
+        a = p.init[k]
+        return a.copy() if a is not None else np.zeros(p.shapes[k], dtype=p.dtypes[k])   # (never read)
+    bufs: list = [None if k in late else made(k) for k in range(len(p.init))]
+    coll: list = []
+    hlog: list[list] = [[] for _ in range(p.hobjs)]
+    hfences: list = []
     tvals: list[np.ndarray | None] = [None if t.init is None else np.asarray(t.init, dtype=t.dtype).reshape(t.shape)
                                       for t in p.targets]
     fences, log, log_fences, plain = [], [], [], []
@@ -1182,14 +1606,25 @@ def run_model(p: Program) -> dict:
                 fences.append(bufs[t.fence_index].copy())
         elif t.kind == "fence_log":
             log_fences.append(list(log))
-        elif t.kind == "wait":
+        elif t.kind in ("wait", "destroy", "hcreate", "hdestroy", "lookahead", "flush"):
             pass
+        elif t.kind == "create":
+            bufs[t.fence_index] = made(t.fence_index)
+        elif t.kind == "hfence":
+            hfences.append(list(hlog[t.fence_index]))
+        elif t.kind == "collective":
+            v = collective_value(t, getters, shape_of)
+            coll.append((idx, t.group, v, t.comm))
+            if t.hobj is not None:
+                hlog[t.hobj].append(("c", idx, t.group, v, t.comm))
         elif t.kind == "master":
             if t.reads:
                 rd = t.reads[0]
                 log.append(("m", idx, int(getters[(rd.space, rd.buffer)](Box.full(shape_of(rd))).sum())))
             else:
                 log.append(("m", idx, 0))
+            if t.hobj is not None:
+                hlog[t.hobj].append(log[-1])
         else:
             full = Box.full(t.range_shape)
             vals = element_values(t, full, shape_of, getters)
@@ -1215,8 +1650,10 @@ def run_model(p: Program) -> dict:
                     v = np.flip(v, w.dim)
                 old = bufs[w.buffer][dest.slices]
                 bufs[w.buffer][dest.slices] = apply_mode(w.mode, v, old, dest, p.dtypes[w.buffer])
+    _problem, observed = lifecycle(p)
+    bufs = [b if keep else None for b, keep in zip(bufs, observed)]
     return {"buffers": bufs, "targets": tvals, "fences": fences, "log": log, "log_fences": log_fences,
-            "plain": plain}
+            "plain": plain, "coll": coll, "hlog": hlog, "hfences": hfences}
 
 
 def overlap_expects_error(p: Program, chunks_possible: int) -> bool:
@@ -1425,7 +1862,8 @@ class _Run:
         self.rank = q.rank
         self.oversubscribe = oversubscribe
         self.ran = ran if ran is not None else []
-        self.bufs = [cl.Buffer(a, name=f"b{k}") for k, a in enumerate(p.init)]
+        late = {t.fence_index for t in p.tasks if t.kind == "create"}
+        self.bufs: list = [None if k in late else self._make_buffer(k) for k in range(len(p.init))]
         self.tbufs = []
         for k, t in enumerate(p.targets):
             if t.init is None:
@@ -1433,6 +1871,14 @@ class _Run:
             else:
                 self.tbufs.append(cl.Buffer(np.asarray(t.init, dtype=t.dtype).reshape(t.shape), name=f"r{k}"))
         self.log = cl.HostObject([])
+        self.groups = [cl.CollectiveGroup() for _ in range(p.ngroups)]   # (every rank, in the same order)
+        hlate = {t.fence_index for t in p.tasks if t.kind == "hcreate"}
+        self.hobjs: list = [None if k in hlate else cl.HostObject([]) for k in range(p.hobjs)]
+        # the extra host objects' lists, held here: they are read at the end even when destroyed
+        self.hlists: list = [h.obj if h is not None else None for h in self.hobjs]
+        self.hfence_futures: list = []
+        self.coll: list = []            # every record of this rank's parts of collective tasks, as they ran
+        self.geometry: list = []        # (task, global_range, box min, box max) of master-node tasks' partitions
         self.violations: list = []
         self.plain: list = []           # entries of host tasks without a side effect
         self.executed: list = []        # (task, elements) of every kernel chunk and host-task partition
@@ -1445,6 +1891,12 @@ class _Run:
 
     def buffer(self, space: str, k: int) -> cl.Buffer:
         return self.bufs[k] if space == "data" else self.tbufs[k]
+
+    def _make_buffer(self, k: int) -> cl.Buffer:
+        a = self.p.init[k]
+        if a is None:
+            return cl.Buffer(shape=self.p.shapes[k], dtype=self.p.dtypes[k], name=f"b{k}")
+        return cl.Buffer(a, name=f"b{k}")
 
     def submit(self, idx: int, t: Task) -> None:
         q = self.q
@@ -1463,6 +1915,25 @@ class _Run:
             self.wait_snapshots.append((idx, dict(done)))
         elif t.kind == "master":
             q.submit(self._master_cgf(idx, t))
+        elif t.kind == "collective":
+            q.submit(self._collective_cgf(idx, t))
+        elif t.kind == "create":
+            self.bufs[t.fence_index] = self._make_buffer(t.fence_index)
+        elif t.kind == "destroy":
+            self.bufs[t.fence_index].destroy()
+            self.bufs[t.fence_index] = None
+        elif t.kind == "hcreate":
+            self.hobjs[t.fence_index] = cl.HostObject([])
+            self.hlists[t.fence_index] = self.hobjs[t.fence_index].obj
+        elif t.kind == "hfence":
+            self.hfence_futures.append(q.fence(self.hobjs[t.fence_index]))
+        elif t.kind == "hdestroy":
+            self.hobjs[t.fence_index].destroy()
+            self.hobjs[t.fence_index] = None
+        elif t.kind == "lookahead":
+            q.set_lookahead(t.mode)
+        elif t.kind == "flush":
+            q.flush()
         elif t.kind == "host":
             q.submit(self._host_cgf(idx, t))
         else:
@@ -1503,6 +1974,7 @@ class _Run:
         def cgf(cgh):
             getters = run._reads(cgh, t)
             lst = cl.side_effect(run.log, cgh)
+            extra = cl.side_effect(run.hobjs[t.hobj], cgh) if t.hobj is not None else None
 
             def fn(part):
                 if t.delay:
@@ -1510,12 +1982,43 @@ class _Run:
                 run.executed.append((idx, 1))
                 if t.marker:
                     run.ran.append(("master", idx, run.rank))
+                if t.form:
+                    run.geometry.append((idx, tuple(part.global_range), tuple(part.box.min), tuple(part.box.max)))
                 if t.reads:
                     rd = t.reads[0]
                     lst.append(("m", idx, int(getters[(rd.space, rd.buffer)](Box.full(run._shape_of(rd))).sum())))
                 else:
                     lst.append(("m", idx, 0))
-            cgh.host_task(fn, on=cl.on_master_node, name=f"master_T{idx}")
+                if extra is not None:
+                    extra.append(lst[-1])
+            on = {"": cl.on_master_node, "once": cl.once, "default": None}[t.form]
+            cgh.host_task(fn, on=on, name=f"master_T{idx}")
+        return cgf
+
+    def _collective_cgf(self, idx: int, t: Task):
+        run = self
+
+        def cgf(cgh):
+            getters = run._reads(cgh, t)
+            extra = cl.side_effect(run.hobjs[t.hobj], cgh) if t.hobj is not None else None
+            on = cl.collective(run.groups[t.group - 1]) if t.group else \
+                cl.collective() if t.form == "call" else cl.collective
+
+            def fn(part):
+                if t.delay and part.rank == 0:
+                    time.sleep(t.delay)
+                run.executed.append((idx, 1))
+                v = collective_value(t, getters, run._shape_of) + part.rank
+                tot = cr = None
+                if t.comm:
+                    tot = part.comm.allreduce(v)
+                    cr = (part.comm.rank, part.comm.size)
+                rec = ("c", idx, t.group, part.rank, tuple(part.box.min), tuple(part.box.max),
+                       tuple(part.global_range), v, tot, cr)
+                run.coll.append(rec)
+                if extra is not None:
+                    extra.append(rec)
+            cgh.host_task(fn, on=on, name=t.name or f"coll_T{idx}")
         return cgf
 
     def _host_cgf(self, idx: int, t: Task):
@@ -1635,7 +2138,8 @@ class _Run:
     def observe(self) -> dict:
         q = self.q
         out = {"fences": [f.result() for f in self.fence_futures]}
-        out["buffers"] = [q.fence(b).result() for b in self.bufs]
+        _problem, observed = lifecycle(self.p)
+        out["buffers"] = [q.fence(b).result() if keep else None for b, keep in zip(self.bufs, observed)]
         out["targets"] = [q.fence(b).result() if d else None
                           for b, d in zip(self.tbufs, fenced_at_end(self.p))]
         out["log"] = list(q.fence(self.log).result())
@@ -1648,6 +2152,10 @@ class _Run:
         out["wait_snapshots"] = list(self.wait_snapshots)
         out["partitions"] = list(self.partitions)
         out["bad_reads"] = list(self.bad_reads)
+        out["coll"] = list(self.coll)
+        out["hobjs"] = [list(h) if h is not None else None for h in self.hlists]
+        out["hfences"] = [list(f.result()) for f in self.hfence_futures]
+        out["geometry"] = list(self.geometry)
         return out
 
 
@@ -1786,12 +2294,16 @@ class Config:
     pause: str | None = None        # CELERITAS_PAUSE_AHEAD: "2" pauses the application thread after most submits
     inline: str | None = None       # CELERITAS_INLINE_US: "0" sends all work to the lanes, "1000000" runs
                                     # every kernel inline (and then directly from its batch) once measured
+    horizon_step: int = 2           # CELERITAS_HORIZON_STEP (HORIZON_STEP_CHOICES)
+    horizon_parallelism: int | None = None  # CELERITAS_HORIZON_MAX_PARALLELISM (None: the default, 64)
 
     def env(self) -> dict:
-        env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": "2",
+        env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": str(self.horizon_step),
                "CELERITAS_MPI_DEVICE_MEMORY": self.transfers,
                "CELERITAS_DIAGNOSTICS": "error", "CELERITAS_REPLAY": self.replay,
                "CELERITAS_ACCESSOR_CHECKS": "1" if self.accessor_checks else "0"}
+        if self.horizon_parallelism is not None:
+            env["CELERITAS_HORIZON_MAX_PARALLELISM"] = str(self.horizon_parallelism)
         if self.ahead is not None:
             env["CELERITAS_MAX_TASKS_AHEAD"] = str(self.ahead)
         if self.huge is not None:
@@ -1813,7 +2325,10 @@ class Config:
                 + (f" ahead={self.ahead}" if self.ahead is not None else "")
                 + (f" huge={self.huge}" if self.huge is not None else "")
                 + (f" inline={self.inline}" if self.inline is not None else "")
-                + (f" pause={self.pause}" if self.pause is not None else ""))
+                + (f" pause={self.pause}" if self.pause is not None else "")
+                + (f" horizon_step={self.horizon_step}" if self.horizon_step != 2 else "")
+                + (f" horizon_parallelism={self.horizon_parallelism}" if self.horizon_parallelism is not None
+                   else ""))
 
     def fields(self) -> str:
         """The ``--config`` text of ``tests.fuzz`` that pins this configuration."""
@@ -1835,7 +2350,10 @@ def random_config(rng: random.Random) -> Config:
                   transfers=rng.choice(["staged", "direct"]), replay=rng.choice(REPLAY_CHOICES),
                   memory=rng.choice(MEMORY_CHOICES), ahead=rng.choice(AHEAD_CHOICES),
                   huge=rng.choice(HUGE_CHOICES), inline=rng.choice(INLINE_CHOICES),
-                  pause=rng.choice(PAUSE_CHOICES))
+                  pause=rng.choice(PAUSE_CHOICES),
+                  # (drawn last: every earlier field is what the seed gave before these existed)
+                  horizon_step=rng.choice(HORIZON_STEP_CHOICES),
+                  horizon_parallelism=rng.choice(HORIZON_PARALLELISM_CHOICES))
 
 
 def device_memory_for(p: Program, fraction: float) -> int:
@@ -1971,7 +2489,7 @@ def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubsc
     plain_union: Counter = Counter()
     want_h = Counter(e for e in want["log"] if e[0] == "h")
     for r, o in enumerate(per_rank):
-        probs += _rank_problems(p, want, r, o, oversubscribe)
+        probs += _rank_problems(p, want, r, o, oversubscribe, len(per_rank))
         h_union.update(e for e in o["log"] if e[0] == "h")
         plain_union.update(o["plain"])
     if h_union != want_h:
@@ -2003,10 +2521,12 @@ def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubsc
 
 # the order in which ``compare_observations`` reports its problems (the first one's tag is the mismatch's)
 _RANK_PROBLEM_ORDER = ["bad_mapper:stale_read", "reduction", "local_range", "host_object_fence", "host_range",
-                       "master", "log_order", "epoch", "host_oversubscribe", "fence", "buffer"]
+                       "master", "collective", "host_object", "log_order", "epoch", "host_oversubscribe", "fence",
+                       "buffer"]
 
 
-def _rank_problems(p: Program, want: dict, r: int, o: dict, oversubscribe: int) -> list[tuple[str, str]]:
+def _rank_problems(p: Program, want: dict, r: int, o: dict, oversubscribe: int,
+                   ranks: int) -> list[tuple[str, str]]:
     """What rank ``r``'s own observations ``o`` show against the model, without the other
     ranks' (the checks over the union of all ranks are ``compare_observations``')."""
     probs: list[tuple[str, str]] = []
@@ -2019,7 +2539,11 @@ def _rank_problems(p: Program, want: dict, r: int, o: dict, oversubscribe: int) 
             probs.append(("fence", f"rank {r}: fence T{fence_tasks[j]} of "
                                    f"{'b' if t.fence_space == 'data' else 'r'}{t.fence_index}: {d}"))
     for k, (g, w) in enumerate(zip(o["buffers"], want["buffers"])):
-        d = _array_diff(g, w)
+        if (g is None) != (w is None):      # (destroyed or never written: not fenced at the end)
+            probs.append(("buffer", f"rank {r}: buffer b{k} was {'not ' if g is None else ''}fenced at the end, "
+                                    f"the model {'has' if w is not None else 'has no'} final contents"))
+            continue
+        d = _array_diff(g, w) if w is not None else None
         if d:
             probs.append(("buffer", f"rank {r}: buffer b{k}: {d}"))
     for k, (g, w) in enumerate(zip(o["targets"], want["targets"])):
@@ -2049,10 +2573,58 @@ def _rank_problems(p: Program, want: dict, r: int, o: dict, oversubscribe: int) 
         probs.append(("master", f"rank {r}: partitions of an on_master_node host task ran here: "
                                 f"{on_master[:4]}"))
     probs += _partition_problems(p, r, o["partitions"], oversubscribe)
+    probs += _collective_problems(p, want, r, o, ranks)
     for j, snap in enumerate(o["log_fences"]):
         if snap != log[: len(snap)]:
             probs.append(("host_object_fence", f"rank {r}: fence {j} of the host object is not a snapshot "
                                                f"(not a prefix of the final object)"))
+    return probs
+
+
+def _collective_problems(p: Program, want: dict, r: int, o: dict, ranks: int) -> list[tuple[str, str]]:
+    """Rank ``r``'s records of collective tasks (every group's in its submission order: tasks
+    of one group run in order), of the extra host objects (exactly, in order: side effects
+    serialize), of their fences (snapshots), and the partitions of master-node tasks placed
+    by ``cl.once`` or by nothing."""
+    probs: list[tuple[str, str]] = []
+    got = o.get("coll", [])
+    for g in range(p.ngroups + 1):
+        mine = [e for e in got if e[2] == g]
+        exp = [collective_record(i, gg, s, c, r, ranks) for i, gg, s, c in want["coll"] if gg == g]
+        if mine != exp:
+            how = "in another order" if sorted(mine) == sorted(exp) else "other records"
+            first = next((j for j, (a, b) in enumerate(zip(mine, exp)) if a != b), min(len(mine), len(exp)))
+            probs.append(("collective", f"rank {r}: collective group {g}: {how} ({len(mine)} records, expected "
+                                        f"{len(exp)}); first difference at {first}: got "
+                                        f"{mine[first] if first < len(mine) else None}, expected "
+                                        f"{exp[first] if first < len(exp) else None}"))
+    stray = [e for e in got if not 0 <= e[2] <= p.ngroups]
+    if stray:
+        probs.append(("collective", f"rank {r}: records of unknown collective groups: {stray[:3]}"))
+    hobjs = o.get("hobjs", [])
+    if len(hobjs) != len(want["hlog"]):
+        probs.append(("host_object", f"rank {r}: {len(hobjs)} extra host objects, expected {len(want['hlog'])}"))
+    for k, (g, w) in enumerate(zip(hobjs, want["hlog"])):
+        exp = host_object_records(w, r, ranks)
+        if g != exp:
+            probs.append(("host_object", f"rank {r}: host object h{k} holds {g[:4] if g else g}..., expected "
+                                         f"{exp[:4]}... ({len(g or ())} vs {len(exp)} entries)"))
+    hf = o.get("hfences", [])
+    ftasks = [t.fence_index for t in p.tasks if t.kind == "hfence"]
+    if len(hf) != len(want["hfences"]):
+        probs.append(("host_object", f"rank {r}: {len(hf)} fences of extra host objects, expected "
+                                     f"{len(want['hfences'])}"))
+    for j, (g, w) in enumerate(zip(hf, want["hfences"])):
+        exp = host_object_records(w, r, ranks)
+        if g != exp:
+            probs.append(("host_object", f"rank {r}: fence {j} of h{ftasks[j]} holds {len(g)} entries "
+                                         f"{g[:3]}..., expected {len(exp)} {exp[:3]}... (a snapshot when it ran)"))
+    for idx, *geom in o.get("geometry", []):
+        exp = MASTER_GEOMETRY[p.tasks[idx].form]
+        if tuple(geom) != exp:
+            probs.append(("master", f"rank {r}: T{idx} (master, on={p.tasks[idx].form or 'on_master_node'}) got a "
+                                    f"partition of global range {geom[0]}, box {geom[1]}-{geom[2]}; expected "
+                                    f"{exp[0]}, {exp[1]}-{exp[2]}"))
     return probs
 
 
@@ -2068,6 +2640,8 @@ def _epoch_problems(p: Program, per_rank: list[dict]) -> list[tuple[str, str]]:
                 want = int(np.prod(t.range_shape))
             elif t.kind == "master":
                 want = 1
+            elif t.kind == "collective":
+                want = len(per_rank)
             else:
                 continue
             if done[idx] != want:
@@ -2317,7 +2891,7 @@ def check_bad_mapper(p: Program, want: dict, result: dict, cfg: Config) -> None:
             failing_probs = failing_probs or len(probs) > n_probs
         elif e is None:
             probs += [(tag, f"rank {r} (finished normally while rank(s) {failing} failed): {msg}")
-                      for tag, msg in _rank_problems(p, want, r, o["obs"], cfg.oversubscribe)]
+                      for tag, msg in _rank_problems(p, want, r, o["obs"], cfg.oversubscribe, cfg.ranks)]
         elif not _aborted(e):
             probs.append(("crash" if not isinstance(e, cl.CeleritasError) else "bad_mapper:wrong_error",
                           f"rank {r} raised at {o['stage']}, expected to be aborted or to finish ({what}): "

@@ -32,7 +32,8 @@ for _p in (_TESTS.parent, _TESTS):
         sys.path.insert(0, str(_p))
 
 from differential import (BAD_TASK, GROUPS, KINDS, Config, Mismatch, Program, bad_mapper_outcome,  # noqa: E402
-                          chunks_possible, generate, overlap_expects_error, random_config, run_and_check)
+                          chunks_possible, generate, lifecycle, overlap_expects_error, random_config,
+                          run_and_check)
 
 
 @dataclass
@@ -66,8 +67,9 @@ def parse_config(text: str | None) -> dict | None:
         k = k.strip()
         if k not in Config.__dataclass_fields__:
             raise SystemExit(f"--config: unknown field {k!r}; use {', '.join(Config.__dataclass_fields__)}")
-        out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe") else v == "1" if k == "accessor_checks"
-                  else (None if v == "None" else int(v)) if k == "ahead"
+        out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe", "horizon_step") else v == "1"
+                  if k == "accessor_checks"
+                  else (None if v in ("None", "default") else int(v)) if k in ("ahead", "horizon_parallelism")
                   else (None if v == "None" else float(v)) if k == "memory" else v)
     return out
 
@@ -109,7 +111,9 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
             f"config:ahead:{cfg.ahead if cfg.ahead is not None else 'default'}",
             f"config:huge:{cfg.huge if cfg.huge is not None else 'default'}",
             f"config:inline:{cfg.inline if cfg.inline is not None else 'default'}",
-            f"config:pause:{cfg.pause if cfg.pause is not None else 'default'}"]
+            f"config:pause:{cfg.pause if cfg.pause is not None else 'default'}",
+            f"config:horizon_step:{cfg.horizon_step}",
+            f"config:horizon_parallelism:{cfg.horizon_parallelism if cfg.horizon_parallelism is not None else 'default'}"]
     dims += expected_outcome(p, cfg)
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 
@@ -147,7 +151,10 @@ def _run_one_args(args):
 # ---- minimisation ------------------------------------------------------------------------------
 def valid(p: Program) -> bool:
     """Targets are read, fenced or reduced without initialize_to_identity only once defined;
-    the error kinds keep what makes them that kind."""
+    buffers and host objects are used only while they exist (and buffers made without data
+    only once written: ``lifecycle``); the error kinds keep what makes them that kind."""
+    if lifecycle(p)[0] is not None:
+        return False
     defined = [t.init is not None for t in p.targets]
     for t in p.tasks:
         for rd in t.reads:
@@ -232,7 +239,9 @@ def _task_variants(p: Program, i: int):
             del q.tasks[i].reds[j]
             yield q
     simpler = {"local_range": None, "split2d": False, "oversub": None, "c0": 0, "on_master": False,
-               "fence_box": None, "barrier": False, "delay": 0.0, "side_effect": True}
+               "fence_box": None, "barrier": False, "delay": 0.0, "side_effect": True, "comm": False,
+               "hobj": None, "group": 0, "form": "" if t.kind == "master" else "attr" if t.kind == "collective"
+               else t.form}
     for attr, value in simpler.items():
         if getattr(t, attr) != value:
             q = copy.deepcopy(p)
@@ -279,6 +288,8 @@ def _drop_unused(p: Program) -> Program:
             used_t.add(s.target)
         if t.kind == "fence":
             (used_d if t.fence_space == "data" else used_t).add(t.fence_index)
+        if t.kind in ("create", "destroy"):
+            used_d.add(t.fence_index)       # (a buffer only made or destroyed still tests its lifetime)
     if p.kind not in ("main", "bad_mapper"):
         return p
     dmap = {old: new for new, old in enumerate(sorted(used_d))}
@@ -297,6 +308,8 @@ def _drop_unused(p: Program) -> Program:
             s.target = tmap[s.target]
         if t.kind == "fence":
             t.fence_index = (dmap if t.fence_space == "data" else tmap)[t.fence_index]
+        if t.kind in ("create", "destroy"):
+            t.fence_index = dmap[t.fence_index]
     return q
 
 
@@ -347,6 +360,11 @@ def summarize(results: list[Result], out=print) -> None:
     out("\nprograms per feature family: " + ", ".join(f"{g} {n}" for g, n in sorted(families.items())))
     out("configurations: " + ", ".join(f"{f[7:]} {n}" for f, n in sorted(present.items())
                                       if f.startswith("config:")))
+    # the features of the collectives / lifetimes / lookahead_steps groups, one by one
+    extras = [(f, n) for f, n in sorted(present.items())
+              if f.split(":")[0] in ("collective", "lifetime", "hobj", "lookahead") or f.startswith("master:")]
+    if extras:
+        out("collective, lifetime and lookahead features: " + ", ".join(f"{f} {n}" for f, n in extras))
     expected = [(f[7:], n) for f, n in sorted(present.items()) if f.startswith("expect:")]
     if expected:
         out("expected outcomes: " + ", ".join(f"{f} {n}" for f, n in expected))

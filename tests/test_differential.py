@@ -7,17 +7,20 @@ oversubscription 1/3 x staged/direct transfers.  A seed is not a size, so shrink
 means nothing: the shrink phase is off and every failure names the command that shows
 and minimises that program on that configuration.
 """
+import copy
 import os
 import random
 import re
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import celeritas as cl
-from differential import (BAD_TASK, GROUPS, HUGE_CHOICES, INLINE_CHOICES, MEMORY_CHOICES, PAUSE_CHOICES,
-                          REPLAY_CHOICES, Config, Mismatch, bad_access, bad_mapper_outcome, bad_rows, check, generate,
+from differential import (BAD_TASK, GROUPS, HORIZON_PARALLELISM_CHOICES, HORIZON_STEP_CHOICES, HUGE_CHOICES,
+                          INLINE_CHOICES, MEMORY_CHOICES, MOD, PAUSE_CHOICES, REPLAY_CHOICES, Config, Mismatch,
+                          bad_access, bad_mapper_outcome, bad_rows, check, generate, lifecycle, random_config,
                           run_and_check, run_model, run_on_cluster)
 
 EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_EXAMPLES", "200"))
@@ -30,7 +33,9 @@ configs = st.builds(Config, ranks=st.integers(1, 4), devices=st.integers(1, 4),
                     lookahead=st.sampled_from(["none", "auto", "infinite"]), oversubscribe=st.sampled_from([1, 3]),
                     transfers=st.sampled_from(["staged", "direct"]), replay=st.sampled_from(REPLAY_CHOICES),
                     memory=st.sampled_from(MEMORY_CHOICES), huge=st.sampled_from(HUGE_CHOICES),
-                    inline=st.sampled_from(INLINE_CHOICES), pause=st.sampled_from(PAUSE_CHOICES))
+                    inline=st.sampled_from(INLINE_CHOICES), pause=st.sampled_from(PAUSE_CHOICES),
+                    horizon_step=st.sampled_from(HORIZON_STEP_CHOICES),
+                    horizon_parallelism=st.sampled_from(HORIZON_PARALLELISM_CHOICES))
 
 
 def _check(seed: int, cfg: Config, kind=None, groups=GROUPS) -> None:
@@ -69,6 +74,9 @@ FOCUS = {
     "host_range": ("host_range",),
     "host_object_fence": ("host_object_fence", "host_range"),
     "epochs": ("epochs", "loops", "timing"),
+    "collectives": ("collectives", "loops", "reductions"),
+    "lifetimes": ("lifetimes", "host_range", "epochs", "timing"),
+    "lookahead_steps": ("lookahead_steps", "loops", "epochs"),
 }
 
 
@@ -111,7 +119,15 @@ def test_generator_reaches_every_feature_group():
                    "read:neighborhood:along_axes", "red:consumed_by_master_only", "loop", "timing:slow_chunk",
                    "fail:kernel", "fail:host_task", "overlap:all", "dtype:float32", "red:target_0d",
                    "bad_mapper:offset_eq", "bad_mapper:next_block", "bad_mapper:prev_block",
-                   "bad_mapper:first_only", "bad_mapper:host", "bad_mapper:kernel"]:
+                   "bad_mapper:first_only", "bad_mapper:host", "bad_mapper:kernel",
+                   "collective", "collective:group", "collective:default:attr", "collective:default:call",
+                   "collective:comm", "collective:hobj", "collective:loop", "collective:loop:groups",
+                   "master:once", "master:default", "master:hobj", "hobj:second", "hobj:side_effect", "hobj:fence",
+                   "hobj:destroy", "hobj:create", "lifetime:uninit", "lifetime:create", "lifetime:create_uninit",
+                   "lifetime:create_after_tasks", "lifetime:create_after_wait", "lifetime:destroy",
+                   "lifetime:fence_then_destroy", "lifetime:destroy_after_write", "lifetime:first_write_host",
+                   "lifetime:first_write_kernel", "lookahead:flush", "lookahead:set:none", "lookahead:set:auto",
+                   "lookahead:set:infinite"]:
         assert needle in seen, needle
     kinds = {generate(random.Random(s)).kind for s in range(400)}
     assert kinds == {"main", "fail", "bad_reduction", "overlap", "bad_mapper"}
@@ -375,3 +391,336 @@ def _have_opencl() -> bool:
        huge=st.sampled_from(HUGE_CHOICES))
 def test_random_programs_match_numpy_on_opencl(seed, ranks, lookahead, huge):
     _check(seed, Config(ranks=ranks, devices=2, lookahead=lookahead, backend="opencl", huge=huge), kind="main")
+
+
+# ---- collective host tasks ------------------------------------------------------------------------
+def _run_clean(p, cfg):
+    """Run ``p`` on ``cfg``; every rank's observations (no rank may have raised)."""
+    result = run_on_cluster(p, cfg)
+    assert all(o is not None and o["error"] is None for o in result["ranks"]), (result["cluster_error"], [
+        o and o["error"] for o in result["ranks"]])
+    return result, [o["obs"] for o in result["ranks"]]
+
+
+# (seed, configuration): main programs whose collective tasks of two or three groups repeat in a loop
+COLLECTIVE_CASES = [
+    (1453, Config(ranks=3, devices=2)),                         # groups 0 (cl.collective) and 1, allreduce
+    (1453, Config(ranks=1, devices=2, lookahead="none")),       # one rank: comm of size 1
+    (665, Config(ranks=2, devices=1, horizon_step=1)),          # groups 2 and 3, x3, one allreduces
+    (2875, Config(ranks=4, devices=1, lookahead="none", replay="off")),   # groups 0 (cl.collective(), rank 0
+]                                                                         # slow) and 3; two host objects
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg", COLLECTIVE_CASES)
+def test_collective_host_tasks_record_per_group_and_rank(seed, cfg):
+    """Every rank runs its part of every collective task, with partition [rank, rank + 1) of
+    (ranks,); each group's parts run in submission order on every rank; every rank's part
+    computes the same value from what it reads (and adds its rank), the allreduce through
+    the group's communicator is the sum over the ranks; all of it as the model says."""
+    p = generate(random.Random(seed), kind="main")
+    colls = [(i, t) for i, t in enumerate(p.tasks) if t.kind == "collective"]
+    groups = sorted({t.group for _i, t in colls})
+    assert len(groups) >= 2 and "collective:loop" in p.features, p.describe()
+    want = run_model(p)
+    model_value = {i: v for i, _g, v, _c in want["coll"]}
+    result, obs = _run_clean(p, cfg)
+    n = cfg.ranks
+    for g in groups:
+        idxs = [i for i, t in colls if t.group == g]
+        assert len(idxs) >= 2      # (repeated by the loop)
+        recs = []
+        for r, o in enumerate(obs):
+            mine = [e for e in o["coll"] if e[2] == g]
+            assert [e[1] for e in mine] == idxs, (r, g, mine)          # submission order within the group
+            for e in mine:
+                assert e[3:7] == (r, (r,), (r + 1,), (n,)), e          # rank, partition box, global range
+            recs.append(mine)
+        for j, i in enumerate(idxs):
+            values = {recs[r][j][7] - r for r in range(n)}
+            assert values == {model_value[i]}, (i, values, model_value[i])
+            total = sum(model_value[i] + r for r in range(n))
+            for r in range(n):
+                assert recs[r][j][8:] == ((total, (r, n)) if p.tasks[i].comm else (None, None)), recs[r][j]
+    if seed == 1453:
+        # by hand: T1 and T3 (group 0) read b1[0, 2:4] and r1 (29), c0 2; T2 and T4 (group 1,
+        # rank 0 slow) read b0[3:6, 2:4] (booleans), c0 3; nothing writes b0, b1 or r1
+        s1 = (2 + int(p.init[1][0, 2:4].sum()) % MOD + 29) % MOD
+        s2 = (3 + int(p.init[0][3:6, 2:4].astype(np.int64).sum()) % MOD) % MOD
+        assert [e[1:3] + (e[7],) for e in obs[0]["coll"] if e[1] in (1, 3)] == [(1, 0, s1), (3, 0, s1)]
+        assert [e[7:9] for e in obs[-1]["coll"] if e[1] in (2, 4)] == [(s2 + n - 1, n * s2 + n * (n - 1) // 2)] * 2
+    check(p, want, result, cfg)
+
+
+def test_collective_check_fails_on_wrong_order_values_or_records():
+    """The check of the collective records fails on two records of one group swapped (or the
+    model's order of a group changed), on a wrong value or a missing record, and accepts
+    records of different groups in any interleaving (the groups are not ordered)."""
+    p = generate(random.Random(1453), kind="main")
+    cfg = Config(ranks=2, devices=1)
+    want = run_model(p)
+    result, _obs = _run_clean(p, cfg)
+    assert _tag(p, result, cfg, want) is None
+
+    def tampered(fn, rank=1):
+        res = copy.deepcopy(result)
+        fn(res["ranks"][rank]["obs"]["coll"])
+        return _tag(p, res, cfg, want)
+
+    def positions(coll, g):
+        return [k for k, e in enumerate(coll) if e[2] == g]
+
+    def swap_in_group(coll):
+        a, b = positions(coll, 0)[:2]
+        coll[a], coll[b] = coll[b], coll[a]
+
+    def regroup(coll):                  # every group-1 record first: another interleaving
+        coll.sort(key=lambda e: e[2] != 1)
+
+    def off_by_one(coll):
+        e = coll[-1]
+        coll[-1] = e[:7] + (e[7] + 1,) + e[8:]
+
+    assert tampered(swap_in_group) == "collective"
+    assert tampered(swap_in_group, rank=0) == "collective"
+    assert tampered(regroup) is None
+    assert tampered(off_by_one) == "collective"
+    assert tampered(lambda coll: coll.pop()) == "collective"
+    assert tampered(lambda coll: coll.append(coll[0])) == "collective"
+    # the model's order of one group reversed
+    bad = dict(want, coll=[c for c in want["coll"] if c[1] != 0] + [c for c in want["coll"] if c[1] == 0][::-1])
+    with pytest.raises(Mismatch) as info:
+        check(p, bad, result, cfg)
+    assert info.value.tag == "collective", str(info.value)
+
+
+# ---- buffer and host-object lifetimes --------------------------------------------------------------
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg", [(2513, Config(ranks=3, devices=2, lookahead="infinite")),
+                                      (2513, Config(ranks=1, devices=1, memory=0.3)),
+                                      (315, Config(ranks=2, devices=2, oversubscribe=3))])
+def test_buffer_lifetimes(seed, cfg):
+    """A buffer fenced and then destroyed (maybe while a writer runs): the fence holds its
+    data, it is not observed at the end, the rest runs on; a buffer made by a task after
+    others ran (after a wait) and one made without data, both written in full in a discard
+    mode before anything reads them: the model's values, here also computed by hand."""
+    p = generate(random.Random(seed), kind="main")
+    destroyed = [t.fence_index for t in p.tasks if t.kind == "destroy"]
+    uninit = [k for k, a in enumerate(p.init) if a is None]
+    assert destroyed and uninit, p.describe()
+    want = run_model(p)
+    result, obs = _run_clean(p, cfg)
+    fences = [t.fence_index for t in p.tasks if t.kind == "fence"]
+    for o in obs:
+        for b in destroyed:
+            assert o["buffers"][b] is None
+            j = fences.index(b)
+            assert (o["fences"][j] == want["fences"][j]).all()
+        for b in uninit:
+            assert (o["buffers"][b] == want["buffers"][b]).all()
+    if seed == 2513:
+        # T1 fences b1 (never written: its data) and T2 destroys it; T3 makes b3 (no data)
+        # after tasks ran and T4 (a host task) writes it from sum(b0), c0 5; T6 makes b4 (no
+        # data) after a wait, T7 writes it: (4 + i) % MOD
+        assert [t.kind for t in p.tasks[1:8]] == ["fence", "destroy", "create", "host", "wait", "create", "kernel"]
+        b3 = (5 + int(p.init[0].sum()) % MOD) % MOD
+        for o in obs:
+            assert (o["fences"][0] == p.init[1]).all()
+            assert o["buffers"][1] is None
+            assert o["buffers"][3].tolist() == [[b3]]
+            assert o["buffers"][4].tolist() == list(range(4, 12))
+    if seed == 315:
+        # b2 is made without data; T0 discard_read_writes it from b0[3, 2, 0]
+        b2 = (8 + int(p.init[0][3, 2, 0]) + np.arange(5)) % MOD
+        for o in obs:
+            assert o["buffers"][2].tolist() == b2.tolist()
+    check(p, want, result, cfg)
+
+
+def test_buffer_lifetime_check_fails():
+    """A wrong fence of a buffer before its destruction, a wrong buffer made later, a
+    destroyed buffer that shows up at the end: each is reported."""
+    p = generate(random.Random(2513), kind="main")
+    cfg = Config(ranks=2, devices=1)
+    want = run_model(p)
+    result, _obs = _run_clean(p, cfg)
+    assert _tag(p, result, cfg, want) is None
+
+    def tampered(fn):
+        res = copy.deepcopy(result)
+        fn(res["ranks"][1]["obs"])
+        return _tag(p, res, cfg, want)
+
+    def flip(a):
+        return ~a if a.dtype == bool else (a + 1).astype(a.dtype)
+    assert tampered(lambda o: o["fences"].__setitem__(0, flip(o["fences"][0]))) == "fence"
+    assert tampered(lambda o: o["buffers"].__setitem__(4, flip(o["buffers"][4]))) == "buffer"
+    assert tampered(lambda o: o["buffers"].__setitem__(1, p.init[1].copy())) == "buffer"
+    # and a model that forgot the destruction
+    with pytest.raises(Mismatch) as info:
+        check(p, dict(want, buffers=[b if b is not None else p.init[k] for k, b in enumerate(want["buffers"])]),
+              result, cfg)
+    assert info.value.tag == "buffer"
+
+
+def test_lifecycle_rejects_misuse():
+    """Programs that use a buffer or host object outside its lifetime, or read a buffer made
+    without data before a full write, are not valid (the generator asserts it; the minimiser
+    skips them)."""
+    p = generate(random.Random(2513), kind="main")
+    assert lifecycle(p)[0] is None
+    q = copy.deepcopy(p)
+    q.tasks[6], q.tasks[7] = q.tasks[7], q.tasks[6]     # T7 writes b4 before it is made
+    assert "writes b4, which is new" in lifecycle(q)[0]
+    q = copy.deepcopy(p)
+    del q.tasks[7]                          # b4 (made without data by T6) fenced unwritten
+    q.tasks.append(copy.deepcopy(q.tasks[1]))
+    q.tasks[-1].fence_index = 4
+    assert "reads b4, which is not written yet" in lifecycle(q)[0]
+    q = copy.deepcopy(p)
+    q.tasks[7].write.mode = "write"         # the first write of b4 keeps unspecified values
+    assert "does not discard" in lifecycle(q)[0]
+    q = copy.deepcopy(p)
+    q.tasks.insert(3, copy.deepcopy(q.tasks[1]))      # a fence of b1 after its destroy
+    assert "reads b1, which is dead" in lifecycle(q)[0]
+    q = copy.deepcopy(p)
+    q.tasks.append(copy.deepcopy(q.tasks[2]))         # destroyed twice
+    assert "destroy of b1, which is dead" in lifecycle(q)[0]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg", [(1830, Config(ranks=3, devices=2)), (1830, Config(ranks=1, devices=1)),
+                                      (921, Config(ranks=2, devices=2, lookahead="none")),
+                                      (5642, Config(ranks=3, devices=1, oversubscribe=3))])
+def test_extra_host_objects(seed, cfg):
+    """A second host object with side effects of collective and master-node tasks: each rank's
+    object holds its own collective records and (rank 0) the master's, in submission order;
+    a fence of it is a snapshot; destroy() after the fence leaves what ran in the object; one
+    made by a task after others ran works like the first."""
+    p = generate(random.Random(seed), kind="main")
+    assert [t for t in p.tasks if t.hobj is not None], p.describe()
+    want = run_model(p)
+    result, obs = _run_clean(p, cfg)
+    n = cfg.ranks
+    for r, o in enumerate(obs):
+        for k, lst in enumerate(o["hobjs"]):
+            mine = [i for i, t in enumerate(p.tasks) if t.hobj == k and (t.kind == "collective" or r == 0)]
+            assert [e[1] for e in lst] == mine, (r, k, lst)
+            assert all(e[3] == r for e in lst if e[0] == "c")
+    if seed == 1830:
+        # T0 makes h0; T1 (collective, group 2) reads b3 whole and b3[0:3, 4, 2:4], c0 6; T3
+        # (master, slow) sums b1; nothing writes b1 or b3
+        assert p.tasks[0].kind == "hcreate"
+        b3 = p.init[3].astype(np.int64)
+        s1 = (6 + int(b3.sum()) % MOD + int(b3[0:3, 4:5, 2:4].sum()) % MOD) % MOD
+        for r, o in enumerate(obs):
+            assert [e[:3] + (e[7],) if e[0] == "c" else e for e in o["hobjs"][0]] == [("c", 1, 2, s1 + r)] + \
+                ([("m", 3, int(p.init[1].sum()))] if r == 0 else [])
+    if seed == 921:
+        # h1: T2 (master) only; T5 fences it, T6 destroys it: rank 0 holds one entry, the others none
+        assert [t.kind for t in p.tasks[5:7]] == ["hfence", "hdestroy"]
+        for r, o in enumerate(obs):
+            assert o["hfences"] == [o["hobjs"][1]] and len(o["hobjs"][1]) == (r == 0)
+    if seed == 5642:
+        # T4 fences h0 before T6, T9 (collective) and T10 (master) use it: the snapshot is empty
+        for r, o in enumerate(obs):
+            assert o["hfences"] == [[]] and [e[1] for e in o["hobjs"][0]] == [6, 9] + ([10] if r == 0 else [])
+    check(p, want, result, cfg)
+
+
+def test_extra_host_object_check_fails():
+    p = generate(random.Random(5642), kind="main")
+    cfg = Config(ranks=2, devices=1)
+    want = run_model(p)
+    result, _obs = _run_clean(p, cfg)
+    assert _tag(p, result, cfg, want) is None
+
+    def tampered(fn, rank=0):
+        res = copy.deepcopy(result)
+        fn(res["ranks"][rank]["obs"])
+        return _tag(p, res, cfg, want)
+    assert tampered(lambda o: o["hobjs"][0].reverse()) == "host_object"
+    assert tampered(lambda o: o["hobjs"][0].pop()) == "host_object"
+    # a fence that handed out the live object instead of a snapshot
+    assert tampered(lambda o: o["hfences"][0].extend(o["hobjs"][0])) == "host_object"
+    assert tampered(lambda o: o["hobjs"][0].append(o["hobjs"][0][-1]), rank=1) == "host_object"
+    # a master-node task placed by cl.once / by nothing: its partition is checked too
+    q = generate(random.Random(2150), kind="main")
+    qwant = run_model(q)
+    res, _ = _run_clean(q, cfg)
+    assert _tag(q, res, cfg, qwant) is None and res["ranks"][0]["obs"]["geometry"]
+    res["ranks"][0]["obs"]["geometry"][0] = (1, (), (), ())
+    assert _tag(q, res, cfg, qwant) == "master"
+
+
+# ---- lookahead changes during a run ----------------------------------------------------------------
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("cfg", [Config(ranks=2, devices=2, lookahead="auto"),
+                                 Config(ranks=3, devices=1, lookahead="none", horizon_step=1),
+                                 Config(ranks=1, devices=3, lookahead="infinite", replay="off")])
+def test_lookahead_changes_during_a_run(cfg):
+    """``q.set_lookahead`` and ``q.flush`` between tasks change nothing: the program gives the
+    model's values, and exactly what it gives with those steps taken out."""
+    p = generate(random.Random(2489), kind="main")
+    steps = [t.kind for t in p.tasks if t.kind in ("lookahead", "flush")]
+    assert steps.count("lookahead") >= 2 and "flush" in steps, p.describe()
+    want = run_model(p)
+    result, obs = _run_clean(p, cfg)
+    check(p, want, result, cfg)
+    plain = copy.deepcopy(p)
+    plain.tasks = [t for t in p.tasks if t.kind not in ("lookahead", "flush")]
+    _res, plain_obs = _run_clean(plain, cfg)
+    for o, po in zip(obs, plain_obs):
+        assert [b.tolist() for b in o["buffers"]] == [b.tolist() for b in po["buffers"]]
+        assert [b.tolist() for b in o["targets"] if b is not None] == \
+            [b.tolist() for b in po["targets"] if b is not None]
+    assert [b.tolist() for b in obs[0]["buffers"]] == [b.tolist() for b in want["buffers"]]
+
+
+# ---- horizon settings ------------------------------------------------------------------------------
+def test_random_config_draws_the_horizon_settings():
+    """Every horizon step and max parallelism is drawn, and reaches the environment; the other
+    fields are drawn first, as before these existed (the same configuration per seed)."""
+    cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(300)]
+    assert {c.horizon_step for c in cfgs} == set(HORIZON_STEP_CHOICES)
+    assert {c.horizon_parallelism for c in cfgs} == set(HORIZON_PARALLELISM_CHOICES)
+    for c in cfgs[:20]:
+        env = c.env()
+        assert env["CELERITAS_HORIZON_STEP"] == str(c.horizon_step)
+        assert env.get("CELERITAS_HORIZON_MAX_PARALLELISM") == \
+            (str(c.horizon_parallelism) if c.horizon_parallelism is not None else None)
+    # seed 0's configuration as it was before (ranks, devices, lookahead, ... pause)
+    c0 = cfgs[0]
+    rng = random.Random(17)
+    assert (c0.ranks, c0.devices, c0.lookahead) == (rng.randint(1, 4), rng.randint(1, 4),
+                                                    rng.choice(["none", "auto", "infinite"]))
+
+
+@pytest.mark.timeout(600)
+def test_horizon_settings_take_effect_and_keep_results():
+    """The step and the max parallelism reach the runtime (horizon tasks in the task graph:
+    many with step 1, none with 7 in this short program, many again with max parallelism 1),
+    and results stay the model's under each."""
+    import celeritas as cl
+    from celeritas.testing import run_cluster
+    from differential import _Run
+    p = generate(random.Random(1453), kind="main")
+
+    def horizons(cfg):
+        def program(rank):
+            q = cl.Queue(record=True)
+            run = _Run(p, q, 1, None)
+            for idx, t in enumerate(p.tasks):
+                run.submit(idx, t)
+            run.observe()
+            q.wait()
+            return sum(t["kind"] == "horizon" for t in q.graphs()["tasks"])
+        return run_cluster(program, nodes=1, **cfg.env())[0]
+    step1 = horizons(Config(horizon_step=1))
+    step7 = horizons(Config(horizon_step=7))
+    narrow = horizons(Config(horizon_step=7, horizon_parallelism=1))
+    assert step7 == 0 and step1 >= 5 and narrow >= 5, (step1, step7, narrow)
+    for cfg in (Config(ranks=2, devices=2, horizon_step=1, horizon_parallelism=1),
+                Config(ranks=3, devices=1, horizon_step=7, horizon_parallelism=2),
+                Config(ranks=2, devices=3, horizon_step=4, horizon_parallelism=3)):
+        run_and_check(p, cfg)
