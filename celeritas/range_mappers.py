@@ -153,6 +153,8 @@ class even_split(RangeMapper):
         if not shape:
             return Box.full(shape)
         total = shape[0]
+        if not g[0]:     # (an empty kernel range: no chunk of it reads anything)
+            return Subrange((0,) * len(shape), (0,) + tuple(shape[1:]))
         gran = self.granularity
         units = -(-total // gran)
 

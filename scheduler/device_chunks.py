@@ -233,8 +233,9 @@ class ChunkPlanning:
                     return parts
                 if len(boxes) < k:
                     break   # as fine as the granularity allows
-                # (grow towards the number of batches the worst one suggests)
-                k = max(k + 1, -(-k * worst // budget))
+                # (grow towards the number of batches the worst one suggests, but never past
+                # one granule per batch, the finest split: jumping over it gave up too soon)
+                k = min(max(k + 1, -(-k * worst // budget)), max(rows, k + 1))
         names = ", ".join(self._buffers[bid].info.label for bid in sorted(plan.bbox))
         raise OutOfMemoryError(
             f"{task.label}: one row of its chunk {plan.box} on device {plan.device} (memory M{plan.memory}) "

@@ -356,3 +356,29 @@ def test_trace_names_evicting_copies_and_batches(tmp_path):
     assert any(n.startswith("evicting copy") for n in names)
     batches = [n for n in names if "(batch " in n]
     assert batches and all(" of " in n for n in batches)
+
+
+@pytest.mark.parametrize("rows,capacity", [(3, 36), (5, 36), (5, 40)])
+def test_batches_reach_one_row_each_when_only_that_fits(monkeypatch, rows, capacity):
+    """One row of an (rows, 8) int32 buffer is 32 bytes; with a capacity under 64 only one
+    row per batch fits.  The search grew the number of batches from 2 straight to the
+    worst part's suggestion (4 for 3 rows, 6 for 5), past the rows, and raised
+    OutOfMemoryError without trying one row per batch.  Found by the fuzzer."""
+    monkeypatch.setenv("CELERITAS_HOST_DEVICE_MEMORY", str(capacity))
+    q = cl.Queue(devices="host:1", record=True)
+    try:
+        b = cl.Buffer(np.arange(rows * 8, dtype=np.int32).reshape(rows, 8), name="b")
+
+        def cgf(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+            @cgh.parallel_for((rows, 8), name="inc")
+            def kernel(chunk):
+                w[chunk] = w[chunk] + 1
+        q.submit(cgf)
+        got = q.fence(b).result()
+        kernels = [i for i in q.graphs()["instructions"] if i["kind"] == "device_kernel"]
+    finally:
+        q.shutdown()
+    assert got.tolist() == (np.arange(rows * 8).reshape(rows, 8) + 1).tolist()
+    assert len(kernels) == rows      # (one batch per row)

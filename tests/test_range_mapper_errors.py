@@ -212,3 +212,29 @@ def test_bad_mapper_arguments_fail_where_the_mapper_is_written(make, words):
     # no task or buffer exists yet at construction; the error points at the bad argument
     with pytest.raises(cl.RangeMapperError, match=re.escape(words)):
         make()
+
+
+def test_even_split_of_an_empty_kernel_range_maps_nothing():
+    """A kernel over an empty range runs no chunk; ``cl.even_split`` divided by the range
+    and raised ZeroDivisionError at submit.  Found by the fuzzer."""
+    import numpy as np
+
+    import celeritas as cl
+    got = cl.even_split()(cl.Subrange((0,), (0,)), (8, 3))
+    assert tuple(got.range) == (0, 3)
+    q = cl.Queue(devices="host:1")
+    try:
+        a = cl.Buffer(np.arange(8), name="a")
+        b = cl.Buffer(np.arange(8), name="b")
+
+        def cgf(cgh):
+            r = a.access(cgh, cl.even_split(), cl.read)
+            w = b.access(cgh, cl.one_to_one(), cl.write)
+
+            @cgh.parallel_for((0,), name="empty")
+            def kernel(chunk):
+                w[chunk] = r[chunk]
+        q.submit(cgf)
+        assert q.fence(b).result().tolist() == list(range(8))
+    finally:
+        q.shutdown()
