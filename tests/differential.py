@@ -65,6 +65,25 @@ side-effect host tasks ran in submission order.
 ``Config`` also sets ``CELERITAS_HORIZON_STEP`` (1, 2, 4, 7) and
 ``CELERITAS_HORIZON_MAX_PARALLELISM`` (1, 2, 3 or the default).
 
+Drawn after the whole program (so that every seed keeps the program it gave before):
+
+* how each kernel and host task indexes its accessors (``INDEX_STYLES``: boxes, the chunk,
+  bounded slices, integer indices, ``...``, mixed; ``acc_get`` / ``acc_set``); ``Config``
+  turns accessor checks off in about 40% of configurations (the fast paths
+  ``Accessor._plain2`` / ``_plain`` / ``_local``'s tuples) and ``main`` programs run under
+  ``CELERITAS_DIAGNOSTICS`` warn or off too (``program_config``);
+* ``main``: kernels with ``offset=`` over a sub-range of the buffer they write, ranges that
+  are no buffer's shape, size 1 and empty ranges (``_draw_geometry``, ``task_box``; chunks
+  checked against the index space, ``_check_geometry``);
+* ``main``: split controls (``_draw_splits``): per-kernel ``cl.oversubscribe(k)``,
+  ``cl.split_1d()``, ``cl.constrain_split`` (cuts checked, ``split_granularity``), split
+  hints on host tasks, reads through ``cl.even_split`` (granted rows and data checked per
+  chunk, ``even_split_rows``);
+* ``main``: a pair of kernels over larger buffers (``_draw_ooc``); ``Config.batch`` sets the
+  capacity between the largest one-row working set and the largest footprint
+  (``device_memory_batched``), so that chunks are cut into batches, and
+  ``CELERITAS_OUT_OF_CORE_OVERLAP`` is drawn.
+
 Semantics the model pins (API.md): a reduction casts the values with numpy's
 ``same_kind`` rule into the target dtype, then reduces in the target dtype
 (integers wrap), and combines with the target's current value unless
@@ -75,13 +94,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import random
 import re
 import threading
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -123,6 +143,16 @@ BAD_TASK = "bad_mapper"     # the name of a bad_mapper program's task with the b
 #   prev_block   the chunk reads the block of its own size before it (the whole range: before 0)
 #   first_only   only the chunk at offset 0 maps anything: the rows after it
 BAD_FORMS = ("offset_eq", "next_block", "prev_block", "first_only")
+# How a kernel or host task indexes its accessors (``acc_get`` / ``acc_set``): ``acc[box]``; the
+# chunk or partition itself (``acc[chunk]``, a Box otherwise); bounded slices (1-D: a bare slice or
+# a 1-tuple); one integer index per element; ``acc[...]`` (the allocation, shifted by ``acc.offset``);
+# or a different one of those per access.  Without accessor checks 2-D slices, boxes and chunks take
+# the fast paths (``Accessor._plain2`` / ``_plain``) and tuples of slices or ints ``_local``'s.
+INDEX_STYLES = ("box", "chunk", "slices", "ints", "ellipsis", "mixed")
+INDEX_DRAW = ("box", "box", "chunk", "slices", "slices", "ints", "ellipsis", "mixed")
+OOC_DRAWS = True            # main: a pair of kernels over larger buffers, for out-of-core batching
+SPLIT_DRAWS = True          # main: per-kernel oversubscribe, split_1d, constrain_split, host hints, even_split
+GEOMETRY_DRAWS = True       # main: kernels with offset=, ranges that are no buffer's shape, size 1 and empty
 
 
 # ---- programs as data -------------------------------------------------------------------
@@ -200,6 +230,10 @@ class Task:
     comm: bool = False          # collective: also allreduce the recorded value through partition.comm
     hobj: int | None = None     # collective / master: side effect on the extra host object hobj (records there)
     mode: str = ""              # lookahead: the mode set
+    index: str = "box"          # kernels / host tasks: how they index their accessors (INDEX_STYLES)
+    offset: tuple | None = None  # kernels: parallel_for(range_shape, offset=offset); index space task_box(t)
+    split1d: bool = False       # kernels / host tasks: cl.hint(cgh, cl.split_1d()) (host tasks: split2d too)
+    gran: Any = None            # kernels / host tasks: cl.constrain_split(cgh, gran) (an int or a tuple)
 
 
 @dataclass
@@ -258,7 +292,8 @@ def _describe_task(t: Task) -> str:
         return f"q.set_lookahead({t.mode!r})"
     if t.kind == "flush":
         return "q.flush()"
-    parts = [t.kind] + ([f"range={t.range_shape}"] if t.kind != "collective" else
+    parts = [t.kind] + ([f"range={t.range_shape}" + (f" offset={t.offset}" if t.offset is not None else "")]
+                        if t.kind != "collective" else
                         [f"group {t.group}" + (f" ({t.form})" if t.form else "")]) + [f"c0={t.c0}"]
     if t.kind == "master" and t.form:
         parts[0] = f"master(on={t.form})"
@@ -267,6 +302,7 @@ def _describe_task(t: Task) -> str:
         extra = {"fixed": f" {rd.fixed_box}", "slice": f"({rd.dim})", "mirror": f"(dim {rd.dim})",
                  "shift": f"(dim {rd.dim}, by {rd.shift})",
                  "neighborhood": f"({rd.extent}, {rd.shape})",
+                 "even_split": f"(granularity {rd.k or None})",
                  "bad": f" {rd.form}" + (f"(k={rd.k})" if rd.form == "offset_eq" else "")
                  + (" opaque" if rd.opaque else "")}.get(rd.mapper, "")
         parts.append(f"read {name} {rd.mapper}{extra}")
@@ -281,8 +317,14 @@ def _describe_task(t: Task) -> str:
                      f"{'' if r.init else ' (no init)'}{' identity=' if r.identity else ''} combine={r.combine}")
     if t.local_range:
         parts.append(f"local_range={t.local_range}")
+    if t.index != "box":
+        parts.append(f"index={t.index}")
     if t.split2d:
         parts.append("split_2d")
+    if t.split1d:
+        parts.append("split_1d")
+    if t.gran is not None:
+        parts.append(f"constrain_split({t.gran})")
     if t.oversub:
         parts.append(f"oversubscribe({t.oversub})")
     if t.on_master:
@@ -481,9 +523,10 @@ def contribution(rd: Read, chunk: Box, shape, get: Callable[[Box], np.ndarray]):
 def element_values(t: Task, chunk: Box, shape_of: Callable[[Read], tuple], getters: dict) -> np.ndarray:
     out = np.full(chunk.range, t.c0, dtype=np.int64)
     for rd in t.reads:
-        if rd.mapper == "bad":
-            # what a bad mapper grants depends on the split: its data is checked against the
-            # model's buffer instead (``_Run._check_bad_reads``) and adds nothing to the values
+        if rd.mapper in ("bad", "even_split"):
+            # what a bad or even_split mapper grants depends on the split: its data is checked
+            # against the model's buffer instead (``_Run._check_bad_reads`` / ``_check_even_split``)
+            # and adds nothing to the values
             continue
         out = out + contribution(rd, chunk, shape_of(rd), getters[(rd.space, rd.buffer)])
     return (out + _weighted_index(chunk)) % MOD
@@ -536,7 +579,7 @@ def _make_write_mapper(w: Write, shape):
         hi = tuple(o + r for o, r in zip(chunk.offset, chunk.range))
         boxes = [_with_dim(lo, hi, dim, ba, bb)
                  for _ka, _kb, ba, bb, _f in perm_pieces(kind, lo[dim], hi[dim], buffer_shape[dim], shift)]
-        if kind == "mirror":     # a Subrange result; shift answers with a Region
+        if kind == "mirror" and boxes:     # a Subrange result; shift (and an empty chunk) a Region
             return cl.Subrange(boxes[0].offset, boxes[0].range)
         return cl.Region(boxes)
     return perm_mapper
@@ -567,6 +610,8 @@ def _make_read_mapper(rd: Read):
     if rd.mapper == "fixed":
         lo, hi = rd.fixed_box
         return cl.fixed(cl.Subrange(lo, tuple(h - l for l, h in zip(lo, hi))))
+    if rd.mapper == "even_split":
+        return cl.even_split(rd.k) if rd.k else cl.even_split()
     if rd.mapper == "slice":
         return cl.slice(rd.dim)
     if rd.mapper == "neighborhood":
@@ -665,7 +710,203 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     else:
         raise ValueError(f"unknown program kind {kind!r}")
     p.features |= g.features
+    _draw_index_styles(g, p)
+    if kind == "main" and GEOMETRY_DRAWS:
+        _draw_geometry(g, p)
+    if kind == "main" and SPLIT_DRAWS:
+        _draw_splits(g, p)
+    if kind == "main" and OOC_DRAWS:
+        _draw_ooc(g, p)
     return p
+
+
+def _draw_ooc(g: _Gen, p: Program) -> None:
+    """Sometimes (drawn after the whole program, so that every seed keeps its program) a pair
+    of kernels over two larger buffers (16-48 rows of 4-8 columns, beside the at most 9-row
+    ones): a read_write of the first through one_to_one, then a 3x3 neighborhood read of it
+    into the second.  Their rows are small and their chunks large, so that under
+    ``device_memory_batched`` their chunks are cut into batches (``batching:pair``)."""
+    rng = g.rng
+    if rng.random() >= 0.3:
+        return
+    shape = (rng.randint(16, 48), rng.randint(4, 8))
+    dtype = rng.choice(("int64", "int32"))
+    a, b = len(p.shapes), len(p.shapes) + 1
+    for _ in range(2):
+        p.shapes.append(shape)
+        p.dtypes.append(dtype)
+        p.init.append(_init_data(rng, shape, dtype))
+    first = Task("kernel", shape, [Read("data", a, "one_to_one")], Write("data", a, "one_to_one", "read_write"),
+                 c0=rng.randint(0, 9), name="ooc_rw")
+    second = Task("kernel", shape, [Read("data", a, "neighborhood", extent=(1, 1))],
+                  Write("data", b, "one_to_one", rng.choice(MODES)), c0=rng.randint(0, 9), name="ooc_stencil")
+    for t in (first, second):
+        t.index = rng.choice(INDEX_DRAW)
+        if rng.random() < 0.3:
+            t.oversub = rng.choice((2, 3))
+    at = rng.randint(0, len(p.tasks))
+    p.tasks[at:at] = [first, second]
+    p.features.add("batching:pair")
+
+
+def split_granularity(t: Task) -> tuple:
+    """Where a task's chunks (partitions) may be cut, per dimension, counted from its index
+    space's minimum: the lcm of its local range and its ``constrain_split`` granularity (an
+    int applies to dimension 0 only; missing dimensions are 1), as the API documents."""
+    n = len(t.range_shape)
+    g = [1] * n
+    if t.gran is not None:
+        given = (t.gran,) if isinstance(t.gran, int) else tuple(t.gran)
+        for d, x in enumerate(given[:n]):
+            g[d] = x
+    if t.local_range is not None:
+        g = [math.lcm(a, b) for a, b in zip(g, t.local_range)]
+    return tuple(g)
+
+
+def even_split_rows(total: int, gran: int, part: tuple[int, int], whole: int) -> tuple[int, int]:
+    """Rows ``[start, end)`` of a buffer's dimension 0 that ``cl.even_split(gran)`` grants the
+    chunk ``part`` (rows of the index space's dimension 0, relative to its offset) of a kernel
+    over ``whole`` rows: the same share of the rows, in whole units of ``gran`` rows (the last
+    unit clipped to the buffer)."""
+    gran = gran or 1
+    units = -(-total // gran)
+
+    def at(p: int) -> int:
+        return min(total, (p * units // whole) * gran)
+    return at(part[0]), at(part[1])
+
+
+def _draw_splits(g: _Gen, p: Program) -> None:
+    """Split controls (drawn after the whole program, so that every seed keeps its program):
+    per-kernel ``cl.oversubscribe(k)`` (k 1, 2, 3, 5), an explicit ``cl.split_1d()``,
+    ``cl.constrain_split`` (an int or one per dimension) on kernels and host tasks, split
+    hints on host tasks, and reads through ``cl.even_split(granularity)``, which add nothing to
+    the values (their rows depend on the split) but whose granted rows and data are checked
+    per chunk (``even_split_rows``, the model's buffer before the task)."""
+    rng = g.rng
+    for idx, t in enumerate(p.tasks):
+        if t.kind not in ("kernel", "host") or not t.range_shape:
+            continue
+        n = len(t.range_shape)
+        if t.kind == "kernel" and rng.random() < 0.25:
+            t.oversub = rng.choice((1, 2, 3, 5))
+            p.features.add(f"split:oversubscribe:{t.oversub}")
+        if t.kind == "host" and rng.random() < 0.3:
+            if n >= 2 and rng.random() < 0.5:
+                t.split2d = True
+                p.features.add("split:host:split_2d")
+            else:
+                t.split1d = True
+                p.features.add("split:host:split_1d")
+        elif t.kind == "kernel" and not t.split2d and rng.random() < 0.2:
+            t.split1d = True
+            p.features.add("split:split_1d")
+        if rng.random() < 0.25:
+            if rng.random() < 0.5:
+                t.gran = rng.randint(1, 4)
+                p.features.add("split:constrain:int")
+            else:
+                t.gran = tuple(rng.randint(1, 3) for _ in range(rng.randint(1, n)))
+                p.features.add("split:constrain:dims")
+            p.features.add(f"split:constrain:{t.kind}")
+            if t.local_range is not None:
+                p.features.add("split:constrain:local_range")
+        if t.kind == "kernel" and rng.random() < 0.15:
+            avoid = t.write.buffer if t.write is not None and t.write.space == "data" else None
+            cands = [b for b in range(len(p.shapes)) if b != avoid]
+            if cands:
+                rd = Read("data", rng.choice(cands), "even_split", k=rng.choice((0, 0, 1, 2, 3)))
+                t.reads.append(rd)
+                if lifecycle(p)[0] is not None:     # (the buffer is not there, or not written yet)
+                    t.reads.pop()
+                else:
+                    p.features.add("split:even_split" + (":granularity" if rd.k else ""))
+
+
+def task_box(t: Task) -> Box:
+    """A kernel's or host task's whole index space: ``Box(offset, offset + range)``."""
+    if t.offset is None:
+        return Box.full(t.range_shape)
+    return Box(tuple(t.offset), tuple(o + r for o, r in zip(t.offset, t.range_shape)), len(t.range_shape))
+
+
+def _sub_extent(rng: random.Random, n: int, lr: int) -> tuple[int, int]:
+    """(offset, extent) of a non-empty part of ``[0, n)``, the extent a multiple of ``lr``."""
+    k = rng.randint(1, n // lr)
+    e = k * lr
+    return rng.randint(0, n - e), e
+
+
+def _draw_geometry(g: _Gen, p: Program) -> None:
+    """Kernels over other index spaces than a buffer's shape (drawn after the whole program, so
+    that every seed keeps the program it gave before): a global ``offset=`` and a sub-range of
+    the written buffer (``geometry:offset``), a range of the kernel's own for kernels that write
+    no data buffer through a full-range mapper (``geometry:free_range``), all-ones ranges
+    (``geometry:size1``) and empty ones (``geometry:empty``: no chunk runs, nothing is written;
+    never with reductions, whose result over nothing the API leaves open, nor for a target's
+    point write, which defines the target).  Dropped again where
+    the program would stop being valid (the first write of a buffer made without data)."""
+    rng = g.rng
+    for t in p.tasks:
+        if t.kind != "kernel" or rng.random() >= 0.35:
+            continue
+        old = (t.range_shape, t.offset, t.local_range, t.write.point if t.write is not None else None)
+        w = t.write
+        n = len(t.range_shape)
+        lr = t.local_range or (1,) * n
+        what = []
+        if w is not None and w.space == "data" and w.mapper in FULL_WRITE_MAPPERS:
+            # a sub-range of the written buffer's index space, shifted by the offset
+            shape = p.shapes[w.buffer]
+            if any(l > s for l, s in zip(lr, shape)):
+                t.local_range, lr = None, (1,) * n
+            parts = [_sub_extent(rng, s, l) for s, l in zip(shape, lr)]
+            if rng.random() < 0.15:
+                parts = [(rng.randrange(s), 1) for s in shape]
+                t.local_range = None
+                what.append("geometry:size1")
+            t.offset = tuple(o for o, _ in parts)
+            t.range_shape = tuple(e for _, e in parts)
+            what.append("geometry:offset")
+        else:
+            # (reductions only, or a point write): any range and offset of the same dimensionality
+            t.local_range = None
+            ext = [rng.randint(1, 9 if n < 3 else 5) for _ in range(n)]
+            if rng.random() < 0.15:
+                ext = [1] * n
+                what.append("geometry:size1")
+            t.range_shape = tuple(ext)
+            t.offset = tuple(rng.randint(0, 6) for _ in range(n)) if rng.random() < 0.7 else None
+            if w is not None:
+                # the point writes from a chunk inside the new index space
+                w.point = tuple(rng.randrange(lo, hi) for lo, hi in zip(task_box(t).min, task_box(t).max))
+            what.append("geometry:free_range" + (":offset" if t.offset is not None else ""))
+        if not t.reds and not (w is not None and w.space == "target") and rng.random() < 0.12:
+            # an empty range (one extent 0): the kernel never runs, nothing is written
+            d = rng.randrange(n)
+            t.range_shape = tuple(0 if i == d else e for i, e in enumerate(t.range_shape))
+            t.local_range = None
+            what = ["geometry:empty"] + [f for f in what if f.startswith("geometry:offset")]
+        if t.offset is not None and all(o == 0 for o in t.offset):
+            what.append("geometry:offset_zero")
+        if lifecycle(p)[0] is not None:
+            t.range_shape, t.offset, t.local_range = old[:3]
+            if w is not None:
+                w.point = old[3]
+            continue
+        p.features.update(what)
+        if t.local_range is not None and t.offset is not None:
+            p.features.add("geometry:offset:local_range")
+
+
+def _draw_index_styles(g: _Gen, p: Program) -> None:
+    """Each kernel's and host task's accessor indexing (drawn after the whole program, so that
+    every seed keeps the program it gave before)."""
+    for t in p.tasks:
+        if t.kind in ("kernel", "host"):
+            t.index = g.rng.choice(INDEX_DRAW)
+            p.features.add(f"index:{t.index}")
 
 
 def _gen_buffers(g: _Gen, lo: int, hi: int):
@@ -1531,7 +1772,8 @@ def lifecycle(p: Program) -> tuple[str | None, list[bool]]:
                 return f"T{idx} writes b{b}, which is {state[b]}", []
             if not defined[b]:
                 if not (w.mapper in FULL_WRITE_MAPPERS and w.mode in DISCARD_MODES
-                        and tuple(t.range_shape) == tuple(p.shapes[b])):
+                        and t.kind in ("kernel", "host") and task_box(t) == Box.full(p.shapes[b])
+                        and len(t.range_shape) == len(p.shapes[b])):
                     return f"T{idx}: the first write of b{b} (made without data) does not discard all of it", []
                 defined[b] = True
     return None, [state[k] == "live" and defined[k] for k in range(nb)]
@@ -1626,7 +1868,7 @@ def run_model(p: Program) -> dict:
             if t.hobj is not None:
                 hlog[t.hobj].append(log[-1])
         else:
-            full = Box.full(t.range_shape)
+            full = task_box(t)
             vals = element_values(t, full, shape_of, getters)
             if t.kind == "host":
                 flat = np.ravel_multi_index(np.indices(t.range_shape).reshape(len(t.range_shape), -1),
@@ -1637,15 +1879,16 @@ def run_model(p: Program) -> dict:
                 tv = p.targets[spec.target]
                 tvals[spec.target] = reduce_model(vals, spec, tv.dtype, tvals[spec.target]).reshape(tv.shape)
             w = t.write
-            if w is None:
+            if w is None or full.empty:     # (an empty range runs no chunk: nothing is written)
                 continue
             if w.space == "target":
                 tv = p.targets[w.buffer]
-                tvals[w.buffer] = store(vals[w.point], tv.dtype).reshape(tv.shape)
+                tvals[w.buffer] = store(vals[tuple(a - o for a, o in zip(w.point, full.min))], tv.dtype
+                                        ).reshape(tv.shape)
                 continue
             shape = p.shapes[w.buffer]
             for src, dest, flip in write_pieces(w, full, shape):
-                v = vals[src.slices]
+                v = vals[src.slices_in(full)]
                 if flip:
                     v = np.flip(v, w.dim)
                 old = bufs[w.buffer][dest.slices]
@@ -1853,6 +2096,24 @@ def _prefix(p: Program, n: int) -> Program:
 
 
 # ---- celeritas ----------------------------------------------------------------------------------
+class _Getters:
+    """The getters of a task's reads, ``{(space, buffer): box -> int64 array}``, indexing the
+    accessors in the task's style (``at(chunk)``: the same, for that chunk or partition)."""
+
+    def __init__(self, accs: dict, style: str, chunk=None):
+        self.accs, self.style, self.chunk = accs, style, chunk
+
+    def at(self, chunk) -> "_Getters":
+        return _Getters(self.accs, self.style, chunk)
+
+    def __getitem__(self, key):
+        lst = self.accs[key]
+        return lambda box: _read_any(lst, box, self.style, self.chunk)
+
+    def __contains__(self, key) -> bool:
+        return key in self.accs
+
+
 class _Run:
     """One rank's run of a program: its buffers, host object and recorded observations."""
 
@@ -1880,6 +2141,10 @@ class _Run:
         self.coll: list = []            # every record of this rank's parts of collective tasks, as they ran
         self.geometry: list = []        # (task, global_range, box min, box max) of master-node tasks' partitions
         self.violations: list = []
+        self.geometry_problems: list = []   # (task, rank, chunk, (global range, offset), index space)
+        self.split_problems: list = []      # (task, rank, chunk, what): split controls not honoured
+        self.even_before: dict = {}         # (task, buffer): the model's buffer before an even_split read
+        self.even_lock = threading.Lock()
         self.plain: list = []           # entries of host tasks without a side effect
         self.executed: list = []        # (task, elements) of every kernel chunk and host-task partition
         self.wait_snapshots: list = []  # what had executed when each q.wait() returned
@@ -1947,16 +2212,19 @@ class _Run:
         for rd in t.reads:
             m = make_read_mapper(rd)
             acc = self.buffer(rd.space, rd.buffer).access(cgh, m, cl.read)
-            if rd.mapper == "bad":
+            if rd.mapper in ("bad", "even_split"):
                 bad.append((rd, acc))
                 continue
             accs.setdefault((rd.space, rd.buffer), []).append(acc)
-        return {key: (lambda box, lst=lst: _read_any(lst, box)) for key, lst in accs.items()}
+        return _Getters(accs, t.index)
 
     def _check_bad_reads(self, idx: int, box: Box, bad: list) -> None:
         """A chunk (or partition) ``box`` reads what its bad mapper maps it to, as a kernel
         that trusts its mapper would: the data must be the model's at that task."""
         for rd, acc in bad:
+            if rd.mapper == "even_split":
+                self._check_even_split(idx, box, rd, acc)
+                continue
             shape = self.p.shapes[rd.buffer]
             dest = bad_box(bad_rows(rd.form, rd.k, box.min[0], box.range[0], shape[0]), shape)
             if dest is None:
@@ -1964,6 +2232,43 @@ class _Run:
             d = _array_diff(np.asarray(acc[dest]), self.bad_before[dest.slices])
             if d:
                 self.bad_reads.append((idx, self.rank, str(box), str(dest), d))
+
+    def _check_even_split(self, idx: int, box: Box, rd: Read, acc) -> None:
+        """A chunk reading through ``cl.even_split``: granted exactly ``even_split_rows`` of the
+        buffer, and they hold the model's data at this task."""
+        t = self.p.tasks[idx]
+        shape = self.p.shapes[rd.buffer]
+        base = task_box(t).min[0]
+        lo, hi = even_split_rows(shape[0], rd.k, (box.min[0] - base, box.max[0] - base), t.range_shape[0])
+        want = Box((lo,) + (0,) * (len(shape) - 1), (hi,) + tuple(shape[1:]), len(shape))
+        reg = acc.region
+        got = Region([]) if reg is None else reg
+        if not (got == (Region([want]) if not want.empty else Region([]))):
+            self.split_problems.append((idx, self.rank, str(box), f"even_split granted {got}, expected {want}"))
+            return
+        if want.empty:
+            return
+        with self.even_lock:        # (chunks run concurrently)
+            before = self.even_before.get((idx, rd.buffer))
+            if before is None:
+                before = self.even_before[(idx, rd.buffer)] = run_model(_prefix(self.p, idx))["buffers"][rd.buffer]
+        d = _array_diff(np.asarray(acc_get(acc, want, t.index, None)), before[want.slices])
+        if d:
+            self.split_problems.append((idx, self.rank, str(box), f"even_split rows {lo}-{hi} read: {d}"))
+
+    def _check_split(self, idx: int, t: Task, box: Box) -> None:
+        """A chunk (or partition) is cut at multiples of ``split_granularity`` from the index
+        space's minimum (or at its end), and under ``split_1d`` spans every other dimension."""
+        whole = task_box(t) if t.kind == "kernel" else Box.full(t.range_shape)
+        for d, gr in enumerate(split_granularity(t)):
+            lo, hi = box.min[d] - whole.min[d], box.max[d] - whole.min[d]
+            if lo % gr or (hi % gr and hi != t.range_shape[d]):
+                self.split_problems.append((idx, self.rank, str(box), f"not cut at multiples of "
+                                            f"{split_granularity(t)} from {whole.min}"))
+                return
+        if t.split1d and any(box.min[d] != whole.min[d] or box.max[d] != whole.max[d]
+                             for d in range(1, box.dims)):
+            self.split_problems.append((idx, self.rank, str(box), f"split_1d, but cut in dimension >= 1 of {whole}"))
 
     def _shape_of(self, rd: Read):
         return _target_shape(self.p, rd)
@@ -2034,17 +2339,25 @@ class _Run:
             k = t.oversub or run.oversubscribe
             if k > 1:
                 cl.hint(cgh, cl.oversubscribe(k))
+            if t.split2d or t.split1d:
+                cl.hint(cgh, cl.split_2d() if t.split2d else cl.split_1d())
+            if t.gran is not None:
+                cl.constrain_split(cgh, t.gran)
 
             def fn(part):
                 box = part.box
                 run._enter("host", idx, t, box)
+                if t.split1d or t.split2d or t.gran is not None:
+                    run._check_split(idx, t, box)
                 if bad:
                     run._check_bad_reads(idx, box, bad)
                 if not t.side_effect:
                     run.partitions.append((idx, box))
-                vals = element_values(t, box, run._shape_of, getters)
+                vals = element_values(t, box, run._shape_of, getters.at(part))
                 if w is not None:
-                    w[box] = apply_mode(t.write.mode, vals, np.asarray(w[box]), box, run.p.dtypes[t.write.buffer])
+                    old = np.asarray(acc_get(w, box, t.index, part))
+                    acc_set(w, box, apply_mode(t.write.mode, vals, old, box, run.p.dtypes[t.write.buffer]),
+                            t.index, part)
                 flat = np.ravel_multi_index(np.indices(box.range).reshape(box.dims, -1)
                                             + np.asarray(box.min).reshape(-1, 1), t.range_shape)
                 lst.extend([("h", idx, int(f), int(v)) for f, v in zip(flat, vals.reshape(-1))])
@@ -2074,31 +2387,39 @@ class _Run:
                                          initialize_to_identity=spec.init, **kw))
             if t.split2d:
                 cl.hint(cgh, cl.split_2d())
-            k = t.oversub or run.oversubscribe
-            if k > 1:
+            if t.split1d:
+                cl.hint(cgh, cl.split_1d())
+            if t.gran is not None:
+                cl.constrain_split(cgh, t.gran)
+            k = t.oversub if t.oversub is not None else run.oversubscribe
+            if k > 1 or t.oversub is not None:     # (an explicit oversubscribe(1) too)
                 cl.hint(cgh, cl.oversubscribe(k))
 
             def kernel(chunk, *reducers):
                 box = chunk.box
+                run._check_geometry(idx, t, chunk)
                 run._enter("kernel", idx, t, box)
+                if t.split1d or t.gran is not None:
+                    run._check_split(idx, t, box)
                 if bad:
                     run._check_bad_reads(idx, box, bad)
                 if t.local_range is not None:
                     run._check_local_range(idx, t, box)
-                vals = element_values(t, box, run._shape_of, getters)
+                vals = element_values(t, box, run._shape_of, getters.at(chunk))
                 if w is not None:
-                    run._write(t, w, wacc, box, vals)
+                    run._write(t, w, wacc, box, vals, chunk)
                 for spec, red in zip(t.reds, reducers):
                     _combine(red, red_values(vals, spec, p.targets[spec.target].dtype), spec.combine)
 
             name = FAIL_KERNEL if t.fail_at is not None else t.name or f"kernel_T{idx}"
-            cgh.parallel_for(t.range_shape, kernel, name=name, reductions=reds, local_range=t.local_range)
+            cgh.parallel_for(t.range_shape, kernel, name=name, reductions=reds, local_range=t.local_range,
+                             **({"offset": t.offset} if t.offset is not None else {}))
         return cgf
 
     def _enter(self, what: str, idx: int, t: Task, box: Box) -> None:
         """What every chunk of a host task or kernel does first: its injected delay and
         failure, then the bookkeeping the checks read (what ran, where)."""
-        if t.delay and box.contains((0,) * box.dims):
+        if t.delay and box.contains(task_box(t).min if t.kind == "kernel" else (0,) * box.dims):
             time.sleep(t.delay)
         if t.fail_at is not None and box.contains(t.fail_at):
             where = "partition" if what == "host" else "chunk"
@@ -2107,7 +2428,7 @@ class _Run:
         if t.marker:
             self.ran.append((what, idx, self.rank, box))
 
-    def _write(self, t: Task, w: Write, wacc, box: Box, vals: np.ndarray) -> None:
+    def _write(self, t: Task, w: Write, wacc, box: Box, vals: np.ndarray, chunk=None) -> None:
         p = self.p
         if w.space == "target":
             if box.contains(w.point):
@@ -2118,19 +2439,29 @@ class _Run:
         if w.mapper in ("all", "fixed", "neighborhood"):      # overlap kind: values by destination index
             granted = wacc.region
             for dest in granted:
-                wacc[dest] = (_weighted_index(dest) + t.c0) % MOD
+                acc_set(wacc, dest, (_weighted_index(dest) + t.c0) % MOD, t.index, chunk)
             return
         dtype = p.dtypes[w.buffer]
         for src, dest, flip in write_pieces(w, box, p.shapes[w.buffer]):
             v = vals[src.slices_in(box)]
             if flip:
                 v = np.flip(v, w.dim)
-            old = np.asarray(wacc[dest])
-            wacc[dest] = apply_mode(w.mode, v, old, dest, dtype)
+            old = np.asarray(acc_get(wacc, dest, t.index, chunk))
+            acc_set(wacc, dest, apply_mode(w.mode, v, old, dest, dtype), t.index, chunk)
+
+    def _check_geometry(self, idx: int, t: Task, chunk) -> None:
+        """A kernel's chunk lies in its index space ``task_box(t)`` and is never empty, and it
+        reports the task's global range and offset."""
+        whole = task_box(t)
+        got = (tuple(chunk.global_range), tuple(chunk.global_offset))
+        want = (tuple(t.range_shape), tuple(whole.min))
+        if chunk.box.empty or chunk.box.dims != whole.dims or not whole.contains(chunk.box) or got != want:
+            self.geometry_problems.append((idx, self.rank, str(chunk.box), got, str(whole)))
 
     def _check_local_range(self, idx: int, t: Task, box: Box) -> None:
+        base = task_box(t).min      # (work groups are aligned to the offset)
         for d, lr in enumerate(t.local_range):
-            lo, hi, n = box.min[d], box.max[d], t.range_shape[d]
+            lo, hi, n = box.min[d] - base[d], box.max[d] - base[d], t.range_shape[d]
             if lo % lr or ((hi - lo) % lr and hi != n):
                 self.violations.append((idx, self.rank, str(box), t.local_range))
                 return
@@ -2148,6 +2479,8 @@ class _Run:
         out["log_fences"] = [list(f.result()) for f in self.log_fence_futures]
         q.wait()    # side-effect-free host tasks need not be done before any fence above
         out["violations"] = list(self.violations)
+        out["kernel_geometry"] = list(self.geometry_problems)
+        out["split"] = list(self.split_problems)
         out["plain"] = list(self.plain)
         out["wait_snapshots"] = list(self.wait_snapshots)
         out["partitions"] = list(self.partitions)
@@ -2208,13 +2541,93 @@ def _combine(red, values: np.ndarray, how: str) -> None:
         red.combine(values)
 
 
-def _read_any(accessors, box: Box) -> np.ndarray:
+def _read_any(accessors, box: Box, style: str = "box", chunk=None) -> np.ndarray:
     """Several accessors of one buffer: the first whose granted region holds the box (as int64)."""
     for a in accessors:
         reg = a.region
         if reg is not None and (box.empty or reg.contains(box)):
-            return as_int(a[box])
-    return as_int(accessors[0][box])
+            return as_int(acc_get(a, box, style, chunk))
+    return as_int(acc_get(accessors[0], box, style, chunk))
+
+
+class _BoxKey:
+    """A key with a ``box`` attribute, as a chunk or partition has (``acc[chunk]`` for a box
+    that is not the chunk's own)."""
+    __slots__ = ("box",)
+
+    def __init__(self, box: Box):
+        self.box = box
+
+
+def _style_for(style: str, box: Box) -> str:
+    if box.dims == 0:
+        return "box"            # (0-D targets: no slices, no integer index)
+    if style == "mixed":
+        return INDEX_STYLES[(sum(box.min) * 7 + box.area + box.dims) % 5]
+    return style
+
+
+def _slices_key(box: Box):
+    key = tuple(slice(a, b) for a, b in zip(box.min, box.max))
+    if box.dims == 1 and box.min[0] % 2:
+        return key[0]           # 1-D: a bare slice (the general path) or a 1-tuple (the fast one)
+    return key
+
+
+def _int_key(box: Box, idx: tuple):
+    g = tuple(int(a + i) for a, i in zip(box.min, idx))
+    if box.dims == 1 and g[0] % 2:
+        return g[0]
+    return g
+
+
+def _chunk_key(chunk, box: Box):
+    """The chunk (or partition) itself where its box is ``box`` (the same dimensionality too:
+    boxes compare as their 3-D embedding), else a key holding ``box``."""
+    if chunk is not None and chunk.box.dims == box.dims and chunk.box == box:
+        return chunk
+    return _BoxKey(box)
+
+
+def acc_get(acc, box: Box, style: str = "box", chunk=None):
+    """``acc``'s elements in ``box``, read with the key ``style`` gives."""
+    style = _style_for(style, box)
+    if style == "box":
+        return acc[box]
+    if style == "chunk":
+        return acc[_chunk_key(chunk, box)]
+    if style == "slices":
+        return acc[_slices_key(box)]
+    if style == "ints":
+        out = np.empty(box.range, dtype=acc.dtype)
+        for idx in np.ndindex(*box.range):
+            out[idx] = acc[_int_key(box, idx)]
+        return out
+    if style == "ellipsis":
+        whole = acc[...]
+        return whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))]
+    raise ValueError(style)
+
+
+def acc_set(acc, box: Box, value, style: str = "box", chunk=None) -> None:
+    """Write ``value`` (of ``box``'s shape) to ``acc``'s elements in ``box``, with the key ``style`` gives."""
+    style = _style_for(style, box)
+    if style == "box":
+        acc[box] = value
+    elif style == "chunk":
+        acc[_chunk_key(chunk, box)] = value
+    elif style == "slices":
+        acc[_slices_key(box)] = value
+    elif style == "ints":
+        value = np.asarray(value)       # (shaped as numpy's setitem would: a point write's (1, 1) to (1,))
+        value = value.reshape(box.range) if value.size == box.area else np.broadcast_to(value, tuple(box.range))
+        for idx in np.ndindex(*box.range):
+            acc[_int_key(box, idx)] = value[idx]
+    elif style == "ellipsis":
+        whole = acc[...]
+        whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))] = value
+    else:
+        raise ValueError(style)
 
 
 def run_celeritas(p: Program, q: cl.Queue, *, oversubscribe: int = 1, ran: list | None = None,
@@ -2296,11 +2709,16 @@ class Config:
                                     # every kernel inline (and then directly from its batch) once measured
     horizon_step: int = 2           # CELERITAS_HORIZON_STEP (HORIZON_STEP_CHOICES)
     horizon_parallelism: int | None = None  # CELERITAS_HORIZON_MAX_PARALLELISM (None: the default, 64)
+    diagnostics: str = "error"      # CELERITAS_DIAGNOSTICS: warn / off only for main programs (program_config)
+    batch: float | None = None      # main only: host devices' capacity this fraction of the way from the
+                                    # largest one-row working set to the largest task footprint
+                                    # (device_memory_batched), so that chunks are cut into batches
+    ooc_overlap: str | None = None  # CELERITAS_OUT_OF_CORE_OVERLAP: on / off (None: the default, on)
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": str(self.horizon_step),
                "CELERITAS_MPI_DEVICE_MEMORY": self.transfers,
-               "CELERITAS_DIAGNOSTICS": "error", "CELERITAS_REPLAY": self.replay,
+               "CELERITAS_DIAGNOSTICS": self.diagnostics, "CELERITAS_REPLAY": self.replay,
                "CELERITAS_ACCESSOR_CHECKS": "1" if self.accessor_checks else "0"}
         if self.horizon_parallelism is not None:
             env["CELERITAS_HORIZON_MAX_PARALLELISM"] = str(self.horizon_parallelism)
@@ -2312,6 +2730,8 @@ class Config:
             env["CELERITAS_INLINE_US"] = self.inline
         if self.pause is not None:
             env["CELERITAS_PAUSE_AHEAD"] = self.pause
+        if self.ooc_overlap is not None:
+            env["CELERITAS_OUT_OF_CORE_OVERLAP"] = self.ooc_overlap
         if self.backend == "opencl":
             env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
         else:
@@ -2328,12 +2748,16 @@ class Config:
                 + (f" pause={self.pause}" if self.pause is not None else "")
                 + (f" horizon_step={self.horizon_step}" if self.horizon_step != 2 else "")
                 + (f" horizon_parallelism={self.horizon_parallelism}" if self.horizon_parallelism is not None
-                   else ""))
+                   else "")
+                + ("" if self.accessor_checks else " accessor_checks=0")
+                + (f" batch={self.batch}" if self.batch is not None else "")
+                + (f" ooc_overlap={self.ooc_overlap}" if self.ooc_overlap is not None else "")
+                + (f" diagnostics={self.diagnostics}" if self.diagnostics != "error" else ""))
 
     def fields(self) -> str:
         """The ``--config`` text of ``tests.fuzz`` that pins this configuration."""
-        return ",".join(f"{k}={getattr(self, k)}" for k in self.__dataclass_fields__
-                        if k != "accessor_checks" and getattr(self, k) is not None)
+        return ",".join(f"{k}={int(v) if k == 'accessor_checks' else v}" for k in self.__dataclass_fields__
+                        if (v := getattr(self, k)) is not None)
 
 
 REPLAY_CHOICES = ("on", "on", "off")                # replay is the default: mostly on
@@ -2342,6 +2766,10 @@ AHEAD_CHOICES = (None, None, None, 2, 4, 8)        # the default bound, or one t
 HUGE_CHOICES = (None, None, None, None, "0", "off")  # the default (2 MiB up), every allocation, none
 INLINE_CHOICES = (None, None, None, "0", "1000000")  # the default (100 us), never, every measured kernel
 PAUSE_CHOICES = (None, None, None, "2", "0")         # the default (128 ahead), after most submits, never
+ACCESSOR_CHECKS_OFF = 0.4                           # share of configurations without accessor checks
+DIAGNOSTICS_CHOICES = ("error", "error", "error", "warn", "off")   # warn / off: main programs only
+BATCH_CHOICES = (None, None, None, None, 0.0, 0.0, 0.0, 0.3)      # main programs only (program_config)
+OOC_OVERLAP_CHOICES = (None, "on", "off")
 
 
 def random_config(rng: random.Random) -> Config:
@@ -2353,7 +2781,22 @@ def random_config(rng: random.Random) -> Config:
                   pause=rng.choice(PAUSE_CHOICES),
                   # (drawn last: every earlier field is what the seed gave before these existed)
                   horizon_step=rng.choice(HORIZON_STEP_CHOICES),
-                  horizon_parallelism=rng.choice(HORIZON_PARALLELISM_CHOICES))
+                  horizon_parallelism=rng.choice(HORIZON_PARALLELISM_CHOICES),
+                  # (and these after those)
+                  accessor_checks=rng.random() >= ACCESSOR_CHECKS_OFF,
+                  diagnostics=rng.choice(DIAGNOSTICS_CHOICES),
+                  # (and these after those)
+                  batch=rng.choice(BATCH_CHOICES), ooc_overlap=rng.choice(OOC_OVERLAP_CHOICES))
+
+
+def program_config(p: Program, cfg: Config) -> Config:
+    """``cfg`` for ``p``: the error kinds (and bad_mapper, whose diagnostics are modelled as
+    errors) run under ``CELERITAS_DIAGNOSTICS=error``; only ``main`` programs keep warn / off,
+    and only they are run with the capacity that cuts chunks into batches (``batch``)."""
+    if p.kind != "main" and (cfg.diagnostics != "error" or cfg.batch is not None):
+        # (and no batching: bad_mapper's model relies on unbatched chunks, _assert_unbatched)
+        return replace(cfg, diagnostics="error", batch=None)
+    return cfg
 
 
 def device_memory_for(p: Program, fraction: float) -> int:
@@ -2374,8 +2817,113 @@ def device_memory_for(p: Program, fraction: float) -> int:
         if t.write is not None:
             touched.add((t.write.space, t.write.buffer))
         touched |= {("target", r.target) for r in t.reds}
-        need = max(need, sum(nbytes(*b) for b in touched) + 16 * len(t.reds))
+        # (reduction scratch: 16 B up to oversubscribe(3); a scratch value per part beyond)
+        scratch = 16 if t.oversub is None or t.oversub <= 3 else 8 * (t.oversub + 1)
+        need = max(need, sum(nbytes(*b) for b in touched) + scratch * len(t.reds))
     return max(need, int(total * fraction))
+
+
+def _nbytes(p: Program, space: str, idx: int, box: Box | None = None) -> int:
+    shape, dtype = (p.shapes[idx], p.dtypes[idx]) if space == "data" else (p.targets[idx].shape, p.targets[idx].dtype)
+    area = int(np.prod(shape, dtype=np.int64)) if box is None else box.area
+    return area * np.dtype(dtype).itemsize
+
+
+def _bound_box(boxes: list[Box], dims: int) -> Box | None:
+    live = [b for b in boxes if not b.empty]
+    if not live:
+        return None
+    return Box(tuple(min(b.min[d] for b in live) for d in range(dims)),
+               tuple(max(b.max[d] for b in live) for d in range(dims)), dims)
+
+
+def _read_rows_bound(p: Program, t: Task, rd: Read, row: Box) -> Box:
+    """A bound on what ``rd``'s mapper grants the part ``row`` of ``t``'s index space (any part
+    of it: the mappers are monotonic), in the buffer's coordinates."""
+    shape = _target_shape(p, rd)
+    full = Box.full(shape)
+    m = rd.mapper
+    if m == "one_to_one":
+        return row & full
+    if m == "fixed":
+        lo, hi = rd.fixed_box
+        return Box(lo, hi, len(lo))
+    if m == "neighborhood":
+        return Box(tuple(a - e for a, e in zip(row.min, rd.extent)), tuple(b + e for b, e in zip(row.max, rd.extent)),
+                   row.dims) & full
+    if m == "transposed":
+        return Box(tuple(reversed(row.min)), tuple(reversed(row.max)), row.dims) & full
+    if m in ("slice", "mirror", "shift"):
+        return _with_dim(row.min, row.max, rd.dim, 0, shape[rd.dim]) & full
+    if m == "even_split":
+        base = task_box(t).min[0]
+        lo, hi = even_split_rows(shape[0], rd.k, (row.min[0] - base, row.max[0] - base), t.range_shape[0])
+        return Box((lo,) + (0,) * (len(shape) - 1), (hi,) + tuple(shape[1:]), len(shape))
+    return full     # all (and anything else: the whole buffer)
+
+
+def _write_rows_bound(p: Program, t: Task, w: Write, row: Box) -> Box | None:
+    if w.space == "target":
+        return Box.full(p.targets[w.buffer].shape) if row.contains(w.point) else None
+    shape = p.shapes[w.buffer]
+    full = Box.full(shape)
+    if w.mapper == "one_to_one":
+        return row & full
+    if w.mapper == "point":
+        return Box(w.dest, tuple(a + 1 for a in w.dest), len(w.dest)) if row.contains(w.point) else None
+    if w.mapper in ("mirror", "shift"):
+        return _with_dim(row.min, row.max, w.dim, 0, shape[w.dim]) & full
+    return full
+
+
+def row_working_set(p: Program, t: Task) -> int:
+    """A bound on the largest working set of one granule row of kernel ``t`` (rows of dimension
+    0 in units of ``split_granularity``, from its index space's minimum, each with up to
+    ``granularity - 1`` rows left over: the runtime never cuts a chunk finer): per buffer the bounding
+    box of what its accessors grant the row, plus the reduction targets and their scratch.  No
+    batch can be smaller, so a capacity below it fails with ``cl.OutOfMemoryError``."""
+    whole = task_box(t)
+    if t.kind != "kernel" or whole.empty or not t.range_shape:
+        return 0
+    g0 = split_granularity(t)[0]
+    # (reduction scratch as device_memory_for counts it: a value per part beyond oversubscribe(3))
+    scratch = 16 if t.oversub is None or t.oversub <= 3 else 8 * (t.oversub + 1)
+    reds = sum(_nbytes(p, "target", s.target) + scratch for s in t.reds)
+    worst = 0
+    for a in range(whole.min[0], whole.max[0], g0):
+        # (a granule: g0 rows, but the last of a chunk takes the rows left over, fewer than g0
+        # more: split_sizes cuts whole units only)
+        row = _with_dim(whole.min, whole.max, 0, a, min(a + 2 * g0 - 1, whole.max[0]))
+        boxes: dict = {}
+        for rd in t.reads:
+            boxes.setdefault((rd.space, rd.buffer), []).append(_read_rows_bound(p, t, rd, row))
+        if t.write is not None:
+            wb = _write_rows_bound(p, t, t.write, row)
+            if wb is not None:
+                boxes.setdefault((t.write.space, t.write.buffer), []).append(wb)
+        total = reds
+        for (space, b), bs in boxes.items():
+            dims = len(p.shapes[b]) if space == "data" else len(p.targets[b].shape)
+            bb = _bound_box(bs, dims) if dims else Box.full(())
+            if bb is not None:
+                total += _nbytes(p, space, b, bb) if dims else _nbytes(p, space, b)
+        worst = max(worst, total)
+    return worst
+
+
+def device_memory_batched(p: Program, fraction: float) -> int:
+    """Bytes per host device between the largest one-row working set of any kernel
+    (``row_working_set``: every batch fits, so no ``OutOfMemoryError``) and the largest whole
+    footprint (``device_memory_for``), ``fraction`` of the way: where a chunk's working set
+    does not fit, ``_batches`` cuts it into batches."""
+    row = max((row_working_set(p, t) for t in p.tasks), default=0)
+    # (twice the bound: a batch also holds what the bound does not model exactly, the
+    # reduction scratch of every part of a device and the allocations sequenced batches
+    # pin together; capacities between one and two rows, where one row per batch is the
+    # only split that fits, are tested in test_out_of_core)
+    row *= 2
+    foot = device_memory_for(p, 0.0)
+    return max(1, row, int(row + fraction * max(0, foot - row)))     # (1: a program without kernels)
 
 
 def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
@@ -2407,7 +2955,9 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
 
     cluster_error = None
     env = cfg.env()
-    if cfg.memory is not None and cfg.backend == "host":
+    if cfg.batch is not None and cfg.backend == "host":
+        env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_batched(p, cfg.batch))
+    elif cfg.memory is not None and cfg.backend == "host":
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_for(p, cfg.memory))
     try:
         run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
@@ -2520,7 +3070,7 @@ def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubsc
 
 
 # the order in which ``compare_observations`` reports its problems (the first one's tag is the mismatch's)
-_RANK_PROBLEM_ORDER = ["bad_mapper:stale_read", "reduction", "local_range", "host_object_fence", "host_range",
+_RANK_PROBLEM_ORDER = ["bad_mapper:stale_read", "reduction", "geometry", "split", "local_range", "host_object_fence", "host_range",
                        "master", "collective", "host_object", "log_order", "epoch", "host_oversubscribe", "fence",
                        "buffer"]
 
@@ -2556,6 +3106,13 @@ def _rank_problems(p: Program, want: dict, r: int, o: dict, oversubscribe: int,
         probs.append(("bad_mapper:stale_read", f"rank {r}: chunks of the bad_mapper task read other data than "
                                                f"the model's where their mapper maps them (task, rank, chunk, "
                                                f"rows, difference): {o['bad_reads'][:4]}"))
+    if o.get("split"):
+        probs.append(("split", f"rank {r}: split controls not honoured (task, rank, chunk, what): "
+                               f"{o['split'][:4]}"))
+    if o.get("kernel_geometry"):
+        probs.append(("geometry", f"rank {r}: kernel chunks outside their task's index space, empty, or "
+                                  f"with another global range / offset (task, rank, chunk, (range, offset) "
+                                  f"seen, index space): {o['kernel_geometry'][:4]}"))
     if o["violations"]:
         probs.append(("local_range", f"rank {r}: chunks not made of whole work groups "
                                      f"(task, rank, chunk, local_range): {o['violations'][:4]}"))
@@ -2667,8 +3224,10 @@ def _partition_problems(p: Program, rank: int, partitions: list, oversubscribe: 
             probs.append(("host_range", f"rank {rank}: partitions of host task T{idx} do not form one box: {boxes}"))
             continue
         k = t.oversub or oversubscribe
-        want_n = len(split_1d(whole, None, k))
-        if k > 1 and not t.on_master and len(boxes) != want_n:
+        # (cut at the task's split granularity: whole units of constrain_split; a split_2d hint
+        # may cut the rank's chunk in two dimensions, so only the count is left unchecked there)
+        want_n = len(split_1d(whole, split_granularity(t) if t.gran is not None else None, k))
+        if k > 1 and not t.on_master and not t.split2d and len(boxes) != want_n:
             probs.append(("host_oversubscribe", f"rank {rank}: host task T{idx} over {whole} with "
                                                 f"oversubscribe({k}) ran as {len(boxes)} partition(s), "
                                                 f"expected {want_n}"))
@@ -2907,6 +3466,9 @@ def check_bad_mapper(p: Program, want: dict, result: dict, cfg: Config) -> None:
 
 def run_and_check(p: Program, cfg: Config, timeout: float = 120.0) -> None:
     """Model, run and compare one program on one configuration (raises ``Mismatch``)."""
+    assert p.kind == "main" or cfg.diagnostics == "error", \
+        f"a {p.kind} program's outcome is modelled under CELERITAS_DIAGNOSTICS=error only (program_config)"
+    assert p.kind == "main" or cfg.batch is None, f"a {p.kind} program is never batched (program_config)"
     want = run_model(p) if p.kind in MAIN_LIKE else None
     result = run_on_cluster(p, cfg, timeout)
     check(p, want, result, cfg)

@@ -32,8 +32,8 @@ for _p in (_TESTS.parent, _TESTS):
         sys.path.insert(0, str(_p))
 
 from differential import (BAD_TASK, GROUPS, KINDS, Config, Mismatch, Program, bad_mapper_outcome,  # noqa: E402
-                          chunks_possible, generate, lifecycle, overlap_expects_error, random_config,
-                          run_and_check)
+                          chunks_possible, device_memory_batched, device_memory_for, generate, lifecycle,
+                          overlap_expects_error, program_config, random_config, run_and_check)
 
 
 @dataclass
@@ -67,10 +67,10 @@ def parse_config(text: str | None) -> dict | None:
         k = k.strip()
         if k not in Config.__dataclass_fields__:
             raise SystemExit(f"--config: unknown field {k!r}; use {', '.join(Config.__dataclass_fields__)}")
-        out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe", "horizon_step") else v == "1"
-                  if k == "accessor_checks"
+        out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe", "horizon_step")
+                  else v in ("1", "True", "true", "on") if k == "accessor_checks"
                   else (None if v in ("None", "default") else int(v)) if k in ("ahead", "horizon_parallelism")
-                  else (None if v == "None" else float(v)) if k == "memory" else v)
+                  else (None if v == "None" else float(v)) if k in ("memory", "batch") else v)
     return out
 
 
@@ -96,7 +96,7 @@ def quiet_runtime_logs() -> None:
 def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None, timeout: float) -> Result:
     quiet_runtime_logs()
     p = generate(random.Random(seed), kind=kind, groups=groups)
-    cfg = config_for(seed, pinned)
+    cfg = program_config(p, config_for(seed, pinned))
     t0 = time.perf_counter()
     tag, msg = None, ""
     try:
@@ -113,7 +113,10 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
             f"config:inline:{cfg.inline if cfg.inline is not None else 'default'}",
             f"config:pause:{cfg.pause if cfg.pause is not None else 'default'}",
             f"config:horizon_step:{cfg.horizon_step}",
-            f"config:horizon_parallelism:{cfg.horizon_parallelism if cfg.horizon_parallelism is not None else 'default'}"]
+            f"config:horizon_parallelism:{cfg.horizon_parallelism if cfg.horizon_parallelism is not None else 'default'}",
+            f"config:accessor_checks:{'on' if cfg.accessor_checks else 'off'}", f"config:diagnostics:{cfg.diagnostics}",
+            f"config:batch:{cfg.batch if cfg.batch is not None else 'none'}",
+            f"config:ooc_overlap:{cfg.ooc_overlap if cfg.ooc_overlap is not None else 'default'}"]
     dims += expected_outcome(p, cfg)
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 
@@ -141,6 +144,11 @@ def expected_outcome(p: Program, cfg: Config) -> list[str]:
     if p.kind == "overlap":
         diagnosed = overlap_expects_error(p, chunks_possible(cfg))
         return ["expect:overlap:" + ("diagnostic" if diagnosed else "single_chunk")]
+    if cfg.batch is not None and cfg.backend == "host":
+        # (whether a chunk is cut depends on the split: below the footprint, the largest task's
+        # chunk on one device would be)
+        below = device_memory_batched(p, cfg.batch) < device_memory_for(p, 0.0)
+        return ["expect:batching:" + ("capacity_below_footprint" if below else "capacity_holds_footprint")]
     return []
 
 
@@ -241,7 +249,7 @@ def _task_variants(p: Program, i: int):
     simpler = {"local_range": None, "split2d": False, "oversub": None, "c0": 0, "on_master": False,
                "fence_box": None, "barrier": False, "delay": 0.0, "side_effect": True, "comm": False,
                "hobj": None, "group": 0, "form": "" if t.kind == "master" else "attr" if t.kind == "collective"
-               else t.form}
+               else t.form, "index": "box", "split1d": False, "gran": None}
     for attr, value in simpler.items():
         if getattr(t, attr) != value:
             q = copy.deepcopy(p)
@@ -274,6 +282,14 @@ def _config_variants(cfg: Config):
         yield replace(cfg, lookahead="none")
     if cfg.transfers != "staged":
         yield replace(cfg, transfers="staged")
+    if not cfg.accessor_checks:
+        yield replace(cfg, accessor_checks=True)
+    if cfg.diagnostics != "error":
+        yield replace(cfg, diagnostics="error")
+    if cfg.batch is not None:
+        yield replace(cfg, batch=None)
+    if cfg.ooc_overlap is not None:
+        yield replace(cfg, ooc_overlap=None)
 
 
 def _drop_unused(p: Program) -> Program:
@@ -346,6 +362,9 @@ def _failure_reruns(p: Program, cfg: Config, tag: str, n: int, timeout: float) -
 
 
 # ---- reporting -----------------------------------------------------------------------------------
+NEWER_FAMILIES = ("index", "geometry", "split", "batching")
+
+
 def summarize(results: list[Result], out=print) -> None:
     failed = [r for r in results if r.tag is not None]
     by_kind = Counter(r.kind for r in results)
@@ -365,6 +384,10 @@ def summarize(results: list[Result], out=print) -> None:
               if f.split(":")[0] in ("collective", "lifetime", "hobj", "lookahead") or f.startswith("master:")]
     if extras:
         out("collective, lifetime and lookahead features: " + ", ".join(f"{f} {n}" for f, n in extras))
+    # the accessor index styles, kernel geometry, split controls and out-of-core batching, one by one
+    newer = [(f, n) for f, n in sorted(present.items()) if f.split(":")[0] in NEWER_FAMILIES]
+    if newer:
+        out("index, geometry, split and batching features: " + ", ".join(f"{f} {n}" for f, n in newer))
     expected = [(f[7:], n) for f, n in sorted(present.items()) if f.startswith("expect:")]
     if expected:
         out("expected outcomes: " + ", ".join(f"{f} {n}" for f, n in expected))

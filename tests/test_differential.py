@@ -9,6 +9,7 @@ and minimises that program on that configuration.
 """
 import copy
 import os
+from dataclasses import replace
 import random
 import re
 
@@ -18,10 +19,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import celeritas as cl
-from differential import (BAD_TASK, GROUPS, HORIZON_PARALLELISM_CHOICES, HORIZON_STEP_CHOICES, HUGE_CHOICES,
-                          INLINE_CHOICES, MEMORY_CHOICES, MOD, PAUSE_CHOICES, REPLAY_CHOICES, Config, Mismatch,
-                          bad_access, bad_mapper_outcome, bad_rows, check, generate, lifecycle, random_config,
-                          run_and_check, run_model, run_on_cluster)
+from differential import (BAD_TASK, BATCH_CHOICES, DIAGNOSTICS_CHOICES, GROUPS, HORIZON_PARALLELISM_CHOICES,
+                          HORIZON_STEP_CHOICES, HUGE_CHOICES, INDEX_STYLES, INLINE_CHOICES, MEMORY_CHOICES, MOD,
+                          OOC_OVERLAP_CHOICES, PAUSE_CHOICES, REPLAY_CHOICES, Config, Mismatch, Program, Read, Task,
+                          Write, bad_access, bad_mapper_outcome, bad_rows, check, device_memory_batched,
+                          device_memory_for, even_split_rows, generate, lifecycle, program_config, random_config,
+                          row_working_set, run_and_check, run_model, run_on_cluster, split_granularity, task_box)
 
 EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_EXAMPLES", "200"))
 GROUP_EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_GROUP_EXAMPLES", "40"))
@@ -35,7 +38,12 @@ configs = st.builds(Config, ranks=st.integers(1, 4), devices=st.integers(1, 4),
                     memory=st.sampled_from(MEMORY_CHOICES), huge=st.sampled_from(HUGE_CHOICES),
                     inline=st.sampled_from(INLINE_CHOICES), pause=st.sampled_from(PAUSE_CHOICES),
                     horizon_step=st.sampled_from(HORIZON_STEP_CHOICES),
-                    horizon_parallelism=st.sampled_from(HORIZON_PARALLELISM_CHOICES))
+                    horizon_parallelism=st.sampled_from(HORIZON_PARALLELISM_CHOICES),
+                    accessor_checks=st.booleans())
+# main programs also run under diagnostics warn / off and with the capacity that cuts chunks into batches
+main_configs = st.tuples(configs, st.sampled_from(DIAGNOSTICS_CHOICES), st.sampled_from(BATCH_CHOICES),
+                         st.sampled_from(OOC_OVERLAP_CHOICES)).map(
+    lambda c: replace(c[0], diagnostics=c[1], batch=c[2], ooc_overlap=c[3]))
 
 
 def _check(seed: int, cfg: Config, kind=None, groups=GROUPS) -> None:
@@ -85,7 +93,7 @@ FOCUS = {
 def test_feature_group_matches_numpy(focus):
     @settings(max_examples=GROUP_EXAMPLES, deadline=None, phases=NO_SHRINK, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-    @given(seed=st.integers(0, 2**31 - 1), cfg=configs)
+    @given(seed=st.integers(0, 2**31 - 1), cfg=main_configs)
     def run(seed, cfg):
         _check(seed, cfg, kind="main", groups=FOCUS[focus])
     run()
@@ -724,3 +732,408 @@ def test_horizon_settings_take_effect_and_keep_results():
                 Config(ranks=3, devices=1, horizon_step=7, horizon_parallelism=2),
                 Config(ranks=2, devices=3, horizon_step=4, horizon_parallelism=3)):
         run_and_check(p, cfg)
+
+
+# ---- checking modes and accessor index styles ----------------------------------------------------
+def test_random_config_draws_the_checking_modes():
+    """About 40% of configurations run without accessor checks; warn and off are drawn; they reach
+    the environment; the other fields are drawn first (the same configuration per seed); the
+    error kinds always run under diagnostics=error."""
+    cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(500)]
+    off = sum(not c.accessor_checks for c in cfgs)
+    assert 150 <= off <= 250, off
+    assert {c.diagnostics for c in cfgs} == set(DIAGNOSTICS_CHOICES) == {"error", "warn", "off"}
+    for c in cfgs[:30]:
+        env = c.env()
+        assert env["CELERITAS_ACCESSOR_CHECKS"] == ("1" if c.accessor_checks else "0")
+        assert env["CELERITAS_DIAGNOSTICS"] == c.diagnostics
+    c0 = cfgs[0]
+    rng = random.Random(17)
+    assert (c0.ranks, c0.devices, c0.lookahead) == (rng.randint(1, 4), rng.randint(1, 4),
+                                                    rng.choice(["none", "auto", "infinite"]))
+    warn = Config(diagnostics="warn", accessor_checks=False)
+    for kind in ("fail", "bad_reduction", "overlap", "bad_mapper"):
+        p = generate(random.Random(3), kind=kind)
+        assert program_config(p, warn) == Config(diagnostics="error", accessor_checks=False)
+        with pytest.raises(AssertionError, match="DIAGNOSTICS=error only"):
+            run_and_check(p, warn)
+    assert program_config(generate(random.Random(3), kind="main"), warn) is warn
+    # --config round-trips the new fields
+    from fuzz import parse_config
+    assert Config(**parse_config(warn.fields())) == warn
+
+
+def test_generator_draws_every_index_style():
+    seen = set()
+    for seed in range(60):
+        p = generate(random.Random(seed))
+        seen |= {t.index for t in p.tasks if t.kind in ("kernel", "host")}
+        assert all(t.index == "box" for t in p.tasks if t.kind not in ("kernel", "host"))
+    assert seen == set(INDEX_STYLES)
+
+
+def _accessor_calls(monkeypatch):
+    """Count the keys that reach the accessor fast paths (checks off): two bounded slices on a
+    2-D accessor (``__getitem__``'s inline path), ``_plain``'s hits (2-D slices / box / chunk)
+    and ``_local``'s fast-path tuples (slices and ints, any dimensionality)."""
+    from collections import Counter
+    from celeritas.accessor import Accessor
+    calls = Counter()
+    get, plain, local = Accessor.__getitem__, Accessor._plain, Accessor._local
+
+    def counting_get(self, key):
+        if self._plain2 and type(key) is tuple and len(key) == 2 and all(
+                type(k) is slice and k.start is not None and k.stop is not None for k in key):
+            calls["inline"] += 1
+        return get(self, key)
+
+    def counting_plain(self, key):
+        got = plain(self, key)
+        if got is not None:
+            calls["plain:" + ("slices" if type(key) is tuple else "box" if type(key) is cl.Box else "chunk")] += 1
+        return got
+
+    def counting_local(self, key):
+        if not self._checks and type(key) is tuple and len(key) == self.dims:
+            kinds = {type(k) for k in key}
+            calls[f"local:{self.dims}d:" + ("ints" if kinds == {int} else "slices")] += 1
+        if key is Ellipsis:
+            calls["ellipsis"] += 1
+        return local(self, key)
+    monkeypatch.setattr(Accessor, "__getitem__", counting_get)
+    monkeypatch.setattr(Accessor, "_plain", counting_plain)
+    monkeypatch.setattr(Accessor, "_local", counting_local)
+    return calls
+
+
+@pytest.mark.parametrize("seed,cfg,reached", [
+    # 2-D kernels indexing by slices, chunk, box, ints and ...: the inline path and _plain
+    (115, Config(ranks=2, devices=2, accessor_checks=False), {"inline", "plain:slices", "plain:box", "plain:chunk",
+                                                              "local:2d:ints", "ellipsis"}),
+    (115, Config(ranks=1, devices=3, accessor_checks=False, diagnostics="warn", replay="off"),
+     {"inline", "plain:chunk"}),
+    # 1-D and 3-D: _local's fast path for slices (1-tuples too) and integer indices
+    (29, Config(ranks=3, devices=1, accessor_checks=False, oversubscribe=3, diagnostics="off"),
+     {"local:3d:slices", "local:3d:ints", "local:1d:ints", "ellipsis"}),
+    (249, Config(ranks=2, devices=2, accessor_checks=False), {"local:1d:slices", "local:3d:ints"}),
+])
+def test_index_styles_without_checks_reach_the_fast_paths(monkeypatch, seed, cfg, reached):
+    calls = _accessor_calls(monkeypatch)
+    p = generate(random.Random(seed), kind="main")
+    run_and_check(p, cfg)
+    assert reached <= set(calls), dict(calls)
+    # with checks on, the same keys take the checked path: none of the fast ones
+    calls.clear()
+    run_and_check(p, replace(cfg, accessor_checks=True))
+    assert set(calls) <= {"ellipsis"}, dict(calls)
+
+
+def _reversed_rows(orig):
+    """A broken fast path: the rows of what it returns reversed (reads and writes)."""
+    def broken(self, key):
+        got = orig(self, key)
+        if got is None or self._checks:
+            return got
+        arr, idx = got
+        if type(idx) is not tuple or not idx or type(idx[0]) is not slice:
+            return got
+        return arr[idx[0]][::-1], (slice(None),) + tuple(idx[1:])
+    return broken
+
+
+@pytest.mark.parametrize("seed,cfg,path", [
+    (115, Config(ranks=2, devices=2, accessor_checks=False), "_plain"),
+    (29, Config(ranks=2, devices=1, accessor_checks=False), "_local"),
+])
+def test_index_style_check_fails_on_a_broken_fast_path(monkeypatch, seed, cfg, path):
+    from celeritas.accessor import Accessor
+    p = generate(random.Random(seed), kind="main")
+    monkeypatch.setattr(Accessor, path, _reversed_rows(getattr(Accessor, path)))
+    with pytest.raises(Mismatch):
+        run_and_check(p, cfg)
+    run_and_check(p, replace(cfg, accessor_checks=True))     # (the checked path is not broken)
+
+
+# ---- kernel geometry: offset=, ranges that are no buffer's shape, size 1, empty ------------------
+def _geometry_tasks(p):
+    return [(i, t) for i, t in enumerate(p.tasks) if t.kind == "kernel"
+            and (t.offset is not None or task_box(t) != cl.Box.full(t.range_shape) or 0 in t.range_shape
+                 or t.range_shape not in p.shapes)]
+
+
+@pytest.mark.parametrize("seed,cfg,features", [
+    # a point write from a 7x5 kernel at offset (3, 4); a one_to_one write of rows 0-4, cols 3-7
+    (41, Config(ranks=2, devices=2), {"geometry:free_range:offset", "geometry:offset", "geometry:size1"}),
+    (41, Config(ranks=3, devices=1, oversubscribe=3, accessor_checks=False, replay="off"), set()),
+    # a 1x1 kernel at (1, 1), and an empty (2, 0) range writing a buffer: nothing runs or changes
+    (343, Config(ranks=2, devices=3, lookahead="none"), {"geometry:empty", "geometry:size1"}),
+    # a reduction over range (2,) at offset (4,), a one_to_one write with a local range
+    (98, Config(ranks=1, devices=4, oversubscribe=3, memory=0.3), {"geometry:free_range:offset",
+                                                                 "geometry:offset:local_range"}),
+    # a 1x1x1 point-writing kernel at (6, 0, 5) and a sub-range write at (1, 0, 0)
+    (29, Config(ranks=4, devices=2, lookahead="infinite", horizon_step=1), {"geometry:free_range:offset"}),
+])
+def test_kernel_geometry_fixed_seeds(seed, cfg, features):
+    p = generate(random.Random(seed), kind="main")
+    assert features <= p.features
+    assert _geometry_tasks(p)
+    run_and_check(p, cfg)
+    # the model depends on the geometry: without the offsets (and with the empty ranges made
+    # non-empty again) it gives other buffers
+    q = copy.deepcopy(p)
+    for _i, t in _geometry_tasks(q):
+        t.offset = None
+        t.range_shape = tuple(max(1, e) for e in t.range_shape)
+        if t.write is not None and t.write.mapper == "point":
+            t.write.point = tuple(min(a, e - 1) for a, e in zip(t.write.point, t.range_shape))
+    want, other = run_model(p), run_model(q)
+    assert any(not np.array_equal(a, b) for a, b in zip(want["buffers"], other["buffers"]) if a is not None) or \
+        any(not np.array_equal(a, b) for a, b in zip(want["targets"], other["targets"]) if a is not None)
+
+
+def _hand_program(tasks, shapes=((9,), (9,)), init=True):
+    rng = np.random.default_rng(5)
+    return Program("main", list(shapes), ["int64"] * len(shapes),
+                   [rng.integers(0, 50, size=s) if init else None for s in shapes], [], tasks)
+
+
+def test_kernel_offset_with_local_range_and_empty_range_by_hand():
+    """An offset kernel's work groups are aligned to the offset (chunks of 2 from 3); a size-1
+    kernel writes one element; an empty range writes nothing, even in discard mode; the
+    chunks report the task's global range and offset."""
+    tasks = [Task("kernel", (6,), [Read("data", 0, "one_to_one")], Write("data", 1, "one_to_one", "discard_write"),
+                  c0=3, offset=(3,), local_range=(2,)),
+             Task("kernel", (1,), [Read("data", 1, "all")], Write("data", 0, "one_to_one", "read_write"),
+                  c0=1, offset=(8,)),
+             Task("kernel", (0,), [], Write("data", 1, "one_to_one", "discard_write"), c0=2, offset=(4,)),
+             Task("kernel", (0,), [], Write("data", 0, "one_to_one", "discard_write"), c0=2)]
+    p = _hand_program(tasks)
+    want = run_model(p)
+    b1 = p.init[1].copy()
+    b1[3:9] = (p.init[0][3:9] + 3 + np.arange(3, 9)) % MOD
+    assert want["buffers"][1].tolist() == b1.tolist()
+    b0 = p.init[0].copy()
+    b0[8] = ((b1.sum() % MOD + 1 + 8) % MOD + p.init[0][8]) % MOD     # (read_write adds the old value)
+    assert want["buffers"][0].tolist() == b0.tolist()
+    for cfg in (Config(ranks=1, devices=3), Config(ranks=3, devices=2, oversubscribe=3),
+                Config(ranks=2, devices=1, accessor_checks=False, replay="off")):
+        run_and_check(p, cfg)
+
+
+@pytest.mark.parametrize("break_it,tag", [("offset", "geometry"), ("range", "geometry"), ("ignore", None)])
+def test_kernel_geometry_check_fails(monkeypatch, break_it, tag):
+    """Chunks that report another global offset or range are caught (``geometry``); a kernel run
+    without its offset writes elsewhere (values differ)."""
+    import celeritas.handler as h
+    p = generate(random.Random(41), kind="main")
+    cfg = Config(ranks=2, devices=2)
+    if break_it == "ignore":
+        q = copy.deepcopy(p)
+        for t in q.tasks:
+            if t.kind == "kernel" and t.write is not None and t.write.mapper == "one_to_one" and t.offset:
+                t.offset = None
+        with pytest.raises(Mismatch) as err:
+            check(p, run_model(p), run_on_cluster(q, cfg), cfg)
+        assert err.value.tag in ("buffer", "fence", "reduction"), err.value
+        return
+    init = h.Chunk.__init__
+
+    def wrong(self, box, xp, device, global_range, global_offset):
+        if break_it == "offset":
+            global_offset = (0,) * len(global_offset)
+        else:
+            global_range = tuple(r + 1 for r in global_range)
+        init(self, box, xp, device, global_range, global_offset)
+    monkeypatch.setattr(h.Chunk, "__init__", wrong)
+    with pytest.raises(Mismatch) as err:
+        run_and_check(p, cfg)
+    assert err.value.tag == tag, err.value
+
+
+# ---- split controls: oversubscribe(k), split_1d, constrain_split, host hints, even_split ---------
+def _split_calls(monkeypatch):
+    """Count the per-chunk split checks that ran (and so could fail)."""
+    from collections import Counter
+    import differential
+    calls = Counter()
+    check_split, check_even = differential._Run._check_split, differential._Run._check_even_split
+
+    def counting_split(self, idx, t, box):
+        calls[f"split:{t.kind}" + (":1d" if t.split1d else "") + (":gran" if t.gran is not None else "")] += 1
+        return check_split(self, idx, t, box)
+
+    def counting_even(self, idx, box, rd, acc):
+        calls["even_split" + (":granularity" if rd.k else "")] += 1
+        return check_even(self, idx, box, rd, acc)
+    monkeypatch.setattr(differential._Run, "_check_split", counting_split)
+    monkeypatch.setattr(differential._Run, "_check_even_split", counting_even)
+    return calls
+
+
+@pytest.mark.parametrize("seed,cfg,features,checked", [
+    # per-kernel oversubscribe 2 and 5, split_1d, constrain_split int and per dimension, even_split
+    (71, Config(ranks=2, devices=3), {"split:oversubscribe:5", "split:constrain:dims", "split:even_split:granularity"},
+     {"split:kernel:1d:gran", "split:kernel:gran", "even_split", "even_split:granularity"}),
+    (71, Config(ranks=1, devices=4, oversubscribe=3, accessor_checks=False, replay="off"), set(),
+     {"split:kernel:gran", "even_split"}),
+    # a host task with split_1d and constrain_split, an even_split read with granularity
+    (51, Config(ranks=3, devices=2), {"split:host:split_1d", "split:constrain:host"},
+     {"split:host:1d", "split:host:gran", "even_split:granularity"}),
+    # host tasks with split_2d (oversubscribed 3) next to a kernel with constrain_split
+    (163, Config(ranks=4, devices=1, lookahead="none"), {"split:host:split_2d", "split:constrain:int"},
+     {"split:kernel:gran"}),
+    # constrain_split with a local range, oversubscribe(3), split_1d, even_split
+    (36, Config(ranks=2, devices=2, memory=0.6), {"split:constrain:local_range", "split:oversubscribe:3"},
+     {"split:kernel:1d:gran", "even_split"}),
+])
+def test_split_controls_fixed_seeds(monkeypatch, seed, cfg, features, checked):
+    calls = _split_calls(monkeypatch)
+    p = generate(random.Random(seed), kind="main")
+    assert features <= p.features
+    run_and_check(p, cfg)
+    assert checked <= set(calls), dict(calls)
+
+
+def test_split_controls_by_hand():
+    """constrain_split(3) over 9 rows on 3 devices x oversubscribe(2): every cut at a multiple of
+    3; per-dimension (1, 2) on a 2-D kernel with split_1d; even_split(2) of a 7-row buffer, each
+    chunk granted its share (``even_split_rows``) and the model's data; explicit oversubscribe(1)."""
+    assert even_split_rows(7, 2, (0, 3), 9) == (0, 2) and even_split_rows(7, 2, (3, 9), 9) == (2, 7)
+    assert even_split_rows(7, 0, (0, 9), 9) == (0, 7) and even_split_rows(8, 1, (2, 4), 8) == (2, 4)
+    assert split_granularity(Task("kernel", (9, 4), gran=3)) == (3, 1)
+    assert split_granularity(Task("kernel", (8, 4), gran=(2, 3), local_range=(4, 2))) == (4, 6)
+    tasks = [Task("kernel", (9,), [Read("data", 0, "one_to_one"), Read("data", 2, "even_split", k=2)],
+                  Write("data", 1, "one_to_one", "discard_write"), c0=2, gran=3, oversub=2),
+             Task("kernel", (6, 4), [Read("data", 0, "all"), Read("data", 2, "even_split")],
+                  Write("data", 3, "one_to_one", "read_write"), c0=1, gran=(1, 2), split1d=True, oversub=5),
+             Task("kernel", (9,), [Read("data", 1, "one_to_one")], Write("data", 0, "one_to_one", "write"),
+                  oversub=1, gran=2, offset=None),
+             Task("host", (6, 4), [Read("data", 3, "one_to_one")], None, split2d=True, gran=(2, 2), oversub=2)]
+    p = _hand_program(tasks, shapes=((9,), (9,), (7, 2), (6, 4)))
+    for cfg in (Config(ranks=1, devices=3), Config(ranks=2, devices=2, oversubscribe=3),
+                Config(ranks=3, devices=1, accessor_checks=False)):
+        run_and_check(p, cfg)
+
+
+@pytest.mark.parametrize("break_it", ["even_rows", "granularity", "split_1d", "constrain_split"])
+def test_split_check_fails(monkeypatch, break_it):
+    """A wrong even_split grant or data, chunks not cut at the granularity, a split_1d kernel
+    cut in two dimensions: each a ``split`` mismatch."""
+    import differential
+    tasks = [Task("kernel", (9,), [Read("data", 0, "one_to_one"), Read("data", 2, "even_split", k=2)],
+                  Write("data", 1, "one_to_one", "discard_write"), c0=2, gran=3),
+             Task("kernel", (6, 4), [Read("data", 0, "all")], Write("data", 3, "one_to_one", "read_write"),
+                  split1d=True)]
+    p = _hand_program(tasks, shapes=((9,), (9,), (7, 2), (6, 4)))
+    cfg = Config(ranks=2, devices=2)
+    if break_it == "even_rows":
+        rows = differential.even_split_rows
+        monkeypatch.setattr(differential, "even_split_rows", lambda *a: tuple(min(7, x + 1) for x in rows(*a)))
+    elif break_it == "granularity":
+        monkeypatch.setattr(differential, "split_granularity", lambda t: (4,) * len(t.range_shape))
+    elif break_it == "split_1d":
+        monkeypatch.setattr(cl, "split_1d", cl.split_2d)       # the runtime is asked for a 2-D split
+        cfg = Config(ranks=4, devices=1)                        # (a 2 x 2 grid of rank chunks)
+    else:
+        monkeypatch.setattr(cl, "constrain_split", lambda cgh, g: None)    # never reaches the runtime
+    with pytest.raises(Mismatch) as err:
+        run_and_check(p, cfg)
+    assert err.value.tag == "split", err.value
+
+
+# ---- out-of-core batching ------------------------------------------------------------------------
+def test_random_config_draws_batching():
+    """batch and the out-of-core overlap are drawn (after every other field), reach the
+    environment, and only main programs keep batch (bad_mapper's model needs unbatched chunks)."""
+    cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(400)]
+    assert {c.batch for c in cfgs} == set(BATCH_CHOICES)
+    assert {c.ooc_overlap for c in cfgs} == set(OOC_OVERLAP_CHOICES)
+    # (drawn last: the fields before are those the seed gave before)
+    c0, rng = cfgs[0], random.Random(17)
+    assert (c0.ranks, c0.devices) == (rng.randint(1, 4), rng.randint(1, 4))
+    c = Config(batch=0.0, ooc_overlap="off")
+    assert c.env()["CELERITAS_OUT_OF_CORE_OVERLAP"] == "off"
+    for kind in ("fail", "bad_reduction", "overlap", "bad_mapper"):
+        assert program_config(generate(random.Random(3), kind=kind), c).batch is None
+    from fuzz import parse_config
+    assert Config(**parse_config(c.fields())) == c
+
+
+def _count_batches(monkeypatch):
+    from collections import Counter
+    from scheduler.device_chunks import ChunkPlanning
+    cuts = Counter()
+    orig = ChunkPlanning._batches
+
+    def counting(self, plan, cmd):
+        parts = orig(self, plan, cmd)
+        if len(parts) > 1:
+            cuts[cmd.task.label] += 1
+        return parts
+    monkeypatch.setattr(ChunkPlanning, "_batches", counting)
+    return cuts
+
+
+@pytest.mark.parametrize("seed,cfg", [
+    (20, Config(ranks=1, devices=1, batch=0.0)),
+    (20, Config(ranks=2, devices=1, batch=0.0, ooc_overlap="off", replay="off")),
+    (38, Config(ranks=1, devices=2, batch=0.0, ooc_overlap="on", lookahead="none")),
+    (5, Config(ranks=1, devices=1, batch=0.0, ooc_overlap="off", accessor_checks=False, horizon_step=1)),
+])
+def test_batching_fixed_seeds(monkeypatch, seed, cfg):
+    """The capacity (between the largest one-row working set and the largest footprint) cuts
+    chunks into batches, and the values stay the model's, with overlap on or off."""
+    p = generate(random.Random(seed), kind="main")
+    row = max(row_working_set(p, t) for t in p.tasks)
+    cap = device_memory_batched(p, cfg.batch)
+    assert row <= cap < device_memory_for(p, 0.0)
+    cuts = _count_batches(monkeypatch)
+    run_and_check(p, cfg)
+    assert cuts, "no chunk was cut into batches"
+
+
+def test_row_working_set_is_the_runtime_limit_by_hand():
+    """``row_working_set`` takes granules as the runtime cuts them (9 rows in units of 6: one
+    unit), and for one_to_one accesses it is exact: a capacity of one row's working set runs in
+    batches with the model's values, one byte less is ``cl.OutOfMemoryError``."""
+    from celeritas.testing import run_cluster
+    t = Task("kernel", (9, 7), [Read("data", 0, "one_to_one")], Write("data", 1, "one_to_one", "discard_write"),
+             gran=6)
+    p = _hand_program([t], shapes=((9, 7), (9, 7)))
+    assert row_working_set(p, t) == 2 * 9 * 7 * 8
+    t = Task("kernel", (10, 7), [Read("data", 0, "one_to_one")], Write("data", 1, "one_to_one", "discard_write"))
+    p = _hand_program([t], shapes=((10, 7), (10, 7)))
+    assert row_working_set(p, t) == 2 * 7 * 8
+    want = run_model(p)["buffers"][1]
+
+    def run(cap):
+        def program(rank):
+            from differential import _Run
+            q = cl.Queue()
+            r = _Run(p, q, 1, None)
+            r.submit(0, p.tasks[0])
+            return q.fence(r.bufs[1]).result()
+        try:
+            return run_cluster(program, nodes=1, **Config().env(), CELERITAS_HOST_DEVICE_MEMORY=str(cap))[0]
+        except Exception as exc:    # noqa: BLE001 - judged below
+            return exc
+    got = run(2 * 7 * 8)
+    assert isinstance(got, np.ndarray) and got.tolist() == want.tolist(), got
+    assert isinstance(run(2 * 7 * 8 - 1), cl.OutOfMemoryError)
+
+
+def test_batching_check_fails_on_a_lost_batch(monkeypatch):
+    from scheduler.device_chunks import ChunkPlanning
+    orig = ChunkPlanning._batches
+
+    def lose_last(self, plan, cmd):
+        parts = orig(self, plan, cmd)
+        if len(parts) > 1:
+            parts = parts[:-1]
+            for i, q in enumerate(parts):
+                q.batch = (i, len(parts))
+        return parts
+    monkeypatch.setattr(ChunkPlanning, "_batches", lose_last)
+    p = generate(random.Random(20), kind="main")
+    with pytest.raises(Mismatch):
+        run_and_check(p, Config(ranks=1, devices=1, batch=0.0))
