@@ -460,20 +460,31 @@ def test_collective_host_tasks_record_per_group_and_rank(seed, cfg):
     check(p, want, result, cfg)
 
 
-def test_collective_check_fails_on_wrong_order_values_or_records():
-    """The check of the collective records fails on two records of one group swapped (or the
-    model's order of a group changed), on a wrong value or a missing record, and accepts
-    records of different groups in any interleaving (the groups are not ordered)."""
-    p = generate(random.Random(1453), kind="main")
+def _clean_two_rank_run(seed: int):
+    """Main program ``seed`` run cleanly on 2 ranks × 1 device (its check passes): the
+    program, configuration, model, result and ``tampered(fn, rank)``, the check's tag
+    after ``fn`` changed that rank's observations."""
+    p = generate(random.Random(seed), kind="main")
     cfg = Config(ranks=2, devices=1)
     want = run_model(p)
     result, _obs = _run_clean(p, cfg)
     assert _tag(p, result, cfg, want) is None
 
-    def tampered(fn, rank=1):
+    def tampered(fn, rank):
         res = copy.deepcopy(result)
-        fn(res["ranks"][rank]["obs"]["coll"])
+        fn(res["ranks"][rank]["obs"])
         return _tag(p, res, cfg, want)
+    return p, cfg, want, result, tampered
+
+
+def test_collective_check_fails_on_wrong_order_values_or_records():
+    """The check of the collective records fails on two records of one group swapped (or the
+    model's order of a group changed), on a wrong value or a missing record, and accepts
+    records of different groups in any interleaving (the groups are not ordered)."""
+    p, cfg, want, result, run = _clean_two_rank_run(1453)
+
+    def tampered(fn, rank=1):
+        return run(lambda obs: fn(obs["coll"]), rank)
 
     def positions(coll, g):
         return [k for k, e in enumerate(coll) if e[2] == g]
@@ -637,16 +648,10 @@ def test_extra_host_objects(seed, cfg):
 
 
 def test_extra_host_object_check_fails():
-    p = generate(random.Random(5642), kind="main")
-    cfg = Config(ranks=2, devices=1)
-    want = run_model(p)
-    result, _obs = _run_clean(p, cfg)
-    assert _tag(p, result, cfg, want) is None
+    p, cfg, want, result, run = _clean_two_rank_run(5642)
 
     def tampered(fn, rank=0):
-        res = copy.deepcopy(result)
-        fn(res["ranks"][rank]["obs"])
-        return _tag(p, res, cfg, want)
+        return run(fn, rank)
     assert tampered(lambda o: o["hobjs"][0].reverse()) == "host_object"
     assert tampered(lambda o: o["hobjs"][0].pop()) == "host_object"
     # a fence that handed out the live object instead of a snapshot
