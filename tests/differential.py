@@ -40,6 +40,15 @@ Program kinds:
   the other ranks are aborted or finish with the model's data; otherwise
   everything ``main`` checks, and the task's chunks (on every device) read the
   data their mapper names as it was when the task was submitted.
+* ``misuse`` (3% of the mix, taken from ``main``): ordinary steps, then one task that
+  misuses the API (``MISUSE_FORMS``): an access outside what a ``cl.fixed`` mapper grants
+  (accessor checks forced on) or an assignment through a ``cl.read`` accessor in the chunk
+  holding one index (``cl.AccessError`` on that chunk's rank, naming buffer, task, rank and
+  chunk); an accessor indexed outside its kernel; a ``cl.Buffer`` whose data, shape and dtype
+  do not fit (``cl.BufferError``); a user mapper that raises or returns another dimensionality
+  (``cl.RangeMapperError`` from submit naming task, buffer and chunk).  Expected
+  (``misuse_error``, ``check_misuse``): exactly that class and message, where it is raised,
+  no hang; peers aborted or finished as ``check_bad_mapper`` allows.
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -132,7 +141,7 @@ GROUPS = ("dtypes", "reductions", "int_wrap", "remote_target", "cross_dtype", "l
 LOOKAHEAD_MODES = ("none", "auto", "infinite")
 HORIZON_STEP_CHOICES = (1, 2, 4, 7)                     # CELERITAS_HORIZON_STEP
 HORIZON_PARALLELISM_CHOICES = (1, 2, 3, None)           # CELERITAS_HORIZON_MAX_PARALLELISM (None: default 64)
-KINDS = ("main", "fail", "bad_reduction", "overlap", "bad_mapper")
+KINDS = ("main", "fail", "bad_reduction", "overlap", "bad_mapper", "misuse")
 MAIN_LIKE = ("main", "bad_mapper")     # run by run_celeritas and compared with run_model (unless an error is due)
 FAIL_KERNEL = "fail_here"
 BAD_TASK = "bad_mapper"     # the name of a bad_mapper program's task with the bad access
@@ -153,6 +162,20 @@ INDEX_DRAW = ("box", "box", "chunk", "slices", "slices", "ints", "ellipsis", "mi
 OOC_DRAWS = True            # main: a pair of kernels over larger buffers, for out-of-core batching
 SPLIT_DRAWS = True          # main: per-kernel oversubscribe, split_1d, constrain_split, host hints, even_split
 GEOMETRY_DRAWS = True       # main: kernels with offset=, ranges that are no buffer's shape, size 1 and empty
+MISUSE_TASK = "misuse"      # the name of a misuse program's task that misuses the API
+# misuse kind (``_gen_misuse``): what the program does wrong (``misuse_error`` models the error)
+#   outside         a chunk reads an element outside what its (cl.fixed) mapper grants: cl.AccessError
+#                   in the kernel / host task (accessor checks forced on: program_config)
+#   write_read      a chunk assigns through a ``cl.read`` accessor: cl.AccessError (with or without checks)
+#   outside_kernel  an accessor indexed in the command group ("cgf") or after the submit ("after"):
+#                   cl.AccessError on the application thread
+#   buffer          ``cl.Buffer`` with data, shape and dtype that do not fit (BUFFER_FORMS): cl.BufferError
+#   mapper_raises   a user mapper that raises: cl.RangeMapperError from submit, its cause the exception
+#   mapper_dims     a user mapper whose result has the wrong dimensionality or type (MAPPER_DIMS_FORMS)
+MISUSE_FORMS = ("outside", "write_read", "outside_kernel", "buffer", "mapper_raises", "mapper_dims")
+BUFFER_FORMS = ("shape", "dtype", "not_dtype", "cast", "ndim", "negative")
+MAPPER_DIMS_FORMS = ("box", "subrange", "region", "type")
+RAISING_MAPPER_MSG = "raising_mapper refuses every chunk"
 
 
 # ---- programs as data -------------------------------------------------------------------
@@ -234,6 +257,12 @@ class Task:
     offset: tuple | None = None  # kernels: parallel_for(range_shape, offset=offset); index space task_box(t)
     split1d: bool = False       # kernels / host tasks: cl.hint(cgh, cl.split_1d()) (host tasks: split2d too)
     gran: Any = None            # kernels / host tasks: cl.constrain_split(cgh, gran) (an int or a tuple)
+    misuse: str = ""            # misuse kind: the task that misuses the API (MISUSE_FORMS), else ""
+    misuse_form: str = ""       # misuse: outside_kernel "cgf" | "after"; buffer BUFFER_FORMS;
+                                # mapper_dims MAPPER_DIMS_FORMS
+    misuse_at: tuple | None = None   # misuse outside / write_read: the chunk holding this index misbehaves
+    misuse_elem: tuple = ()     # misuse outside / write_read / outside_kernel: the element of the read
+                                # buffer it indexes
 
 
 @dataclass
@@ -290,6 +319,8 @@ def _describe_task(t: Task) -> str:
             f" h{t.fence_index}"
     if t.kind == "lookahead":
         return f"q.set_lookahead({t.mode!r})"
+    if t.kind == "bad_buffer":
+        return f"cl.Buffer(...) for b{t.fence_index} that does not fit ({t.misuse_form})"
     if t.kind == "flush":
         return "q.flush()"
     parts = [t.kind] + ([f"range={t.range_shape}" + (f" offset={t.offset}" if t.offset is not None else "")]
@@ -303,6 +334,7 @@ def _describe_task(t: Task) -> str:
                  "shift": f"(dim {rd.dim}, by {rd.shift})",
                  "neighborhood": f"({rd.extent}, {rd.shape})",
                  "even_split": f"(granularity {rd.k or None})",
+         "raising": " (raises)", "wrong_dims": " (wrong dimensionality or type)",
                  "bad": f" {rd.form}" + (f"(k={rd.k})" if rd.form == "offset_eq" else "")
                  + (" opaque" if rd.opaque else "")}.get(rd.mapper, "")
         parts.append(f"read {name} {rd.mapper}{extra}")
@@ -341,6 +373,10 @@ def _describe_task(t: Task) -> str:
         parts.append("allreduce")
     if t.hobj is not None:
         parts.append(f"side_effect h{t.hobj}")
+    if t.misuse:
+        parts.append(f"MISUSE {t.misuse}" + (f"({t.misuse_form})" if t.misuse_form else "")
+                     + (f" on the chunk holding {t.misuse_at}" if t.misuse_at is not None else "")
+                     + (f" at element {t.misuse_elem}" if t.misuse_elem else ""))
     return " ".join(parts)
 
 
@@ -594,12 +630,62 @@ def _opaque(mapper, record):
     return opaque
 
 
+def make_bad_buffer(form: str, shape: tuple, dtype: str) -> None:
+    """misuse buffer: a ``cl.Buffer`` whose data, shape and dtype do not fit (raises)."""
+    if form == "shape":
+        cl.Buffer(np.zeros(shape, dtype=dtype), shape=bad_buffer_shape(form, shape), name="bad")
+    elif form == "dtype":
+        cl.Buffer(shape=shape, dtype="U3", name="bad")
+    elif form == "not_dtype":
+        cl.Buffer(shape=shape, dtype="no_such_dtype", name="bad")
+    elif form == "cast":
+        cl.Buffer(np.zeros(shape, dtype="float64"), dtype="int64" if dtype != "int64" else "int32", name="bad")
+    else:
+        cl.Buffer(shape=bad_buffer_shape(form, shape), dtype=dtype, name="bad")
+
+
+def bad_buffer_shape(form: str, shape: tuple) -> tuple:
+    if form == "shape":
+        return (shape[0] + 1,) + tuple(shape[1:])
+    if form == "ndim":
+        return tuple(shape) + (1,) * (4 - len(shape))
+    return (-1,) + tuple(shape[1:])     # negative
+
+
 def make_read_mapper(rd: Read):
     m = _make_read_mapper(rd)
     return _opaque(m, rd) if rd.opaque else m
 
 
+def raising_mapper(chunk, buffer_shape):
+    """misuse mapper_raises: a user mapper that raises for every chunk."""
+    raise ValueError(RAISING_MAPPER_MSG)
+
+
+def wrong_dims_mapper(form: str):
+    """misuse mapper_dims: a user mapper whose result is of another dimensionality (a box,
+    subrange or region of ``wrong_dims``) or no region at all (a tuple)."""
+    def wrong_dims(chunk, buffer_shape):
+        k = wrong_dims_of(len(buffer_shape))
+        if form == "box":
+            return cl.Box((0,) * k, (1,) * k)
+        if form == "subrange":
+            return cl.Subrange((0,) * k, (1,) * k)
+        if form == "region":
+            return cl.Region([cl.Box((0,) * k, (1,) * k)])
+        return (0,) * len(buffer_shape)
+    return wrong_dims
+
+
+def wrong_dims_of(dims: int) -> int:
+    return dims + 1 if dims < 3 else dims - 1
+
+
 def _make_read_mapper(rd: Read):
+    if rd.mapper == "raising":
+        return raising_mapper
+    if rd.mapper == "wrong_dims":
+        return wrong_dims_mapper(rd.form)
     if rd.mapper == "bad":
         form, k = rd.form, rd.k     # (plain values: the runtime keys the mapper, unless opaque)
 
@@ -695,12 +781,15 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     if kind is None:
         r = rng.random()
         # (bad_mapper's 5% is taken from main: the other kinds keep their shares and seeds)
-        kind = "main" if r < 0.75 else "bad_mapper" if r < 0.8 else "fail" if r < 0.88 else \
-            "bad_reduction" if r < 0.94 else "overlap"
+        # (misuse's 3% too: seeds drawn below 0.72 keep their main programs)
+        kind = "main" if r < 0.72 else "misuse" if r < 0.75 else "bad_mapper" if r < 0.8 else \
+            "fail" if r < 0.88 else "bad_reduction" if r < 0.94 else "overlap"
     if kind == "main":
         p = _gen_main(g)
     elif kind == "bad_mapper":
         p = _gen_bad_mapper(g)
+    elif kind == "misuse":
+        p = _gen_misuse(g)
     elif kind == "fail":
         p = _gen_fail(g)
     elif kind == "bad_reduction":
@@ -1718,6 +1807,75 @@ def _gen_bad_mapper(g: _Gen) -> Program:
     return Program("bad_mapper", shapes, dtypes, init, targets, tasks)
 
 
+def _gen_misuse(g: _Gen) -> Program:
+    """Ordinary steps, then one task that misuses the API (``MISUSE_FORMS``, named
+    ``MISUSE_TASK``): a kernel or host task with a range (maybe on the master node, maybe
+    oversubscribed, never with a split_2d hint: ``bad_rank_chunks`` / ``bad_local_chunks``
+    model which chunk misbehaves) writing one buffer and reading another through the mapper
+    or accessor it misuses; or a ``cl.Buffer`` that does not fit.  The error ends the program."""
+    rng = g.rng
+    shapes, dtypes, init = _gen_buffers(g, 2, 3)
+    form = rng.choice(MISUSE_FORMS)
+    w = rng.randrange(len(shapes))
+    b = rng.choice([k for k in range(len(shapes)) if k != w])
+    if form == "outside" and shapes[b][0] < 2:
+        shapes[b] = (rng.randint(2, 9),) + shapes[b][1:]    # (rows outside a fixed box of at least one)
+        init[b] = _init_data(rng, shapes[b], dtypes[b])
+    targets = _gen_targets(g)
+    st = _State(shapes, dtypes, targets)
+    tasks: list[Task] = []
+    for _ in range(rng.randint(0, 2)):
+        _gen_step(g, st, tasks)
+    g.feat(f"misuse:{form}")
+    if form == "buffer":
+        t = Task("bad_buffer", fence_index=b, name=MISUSE_TASK, misuse=form, misuse_form=rng.choice(BUFFER_FORMS))
+        g.feat(f"misuse:buffer:{t.misuse_form}")
+        tasks.append(t)
+        return Program("misuse", shapes, dtypes, init, targets, tasks, sync="wait")
+    host = g.on("host_range") and rng.random() < 0.35
+    t = Task("host" if host else "kernel", shapes[w], write=Write("data", w, "one_to_one", "discard_write"),
+             c0=rng.randint(0, 9), name=MISUSE_TASK, misuse=form)
+    if host:
+        if rng.random() < 0.25:
+            t.on_master = True
+            g.feat("misuse:on_master")
+        if rng.random() < 0.3:
+            t.oversub = rng.randint(2, 3)
+        g.feat("misuse:host")
+    else:
+        t.local_range = _pick_local_range(g, shapes[w])
+        g.feat("misuse:kernel")
+    t.reads = _pick_reads(g, st, shapes[w], avoid_data=set(), own=w, avoid_targets=set(), max_reads=1)
+    shape = shapes[b]
+    elem = tuple(rng.randrange(n) for n in shape)
+    if form == "outside":
+        k = rng.randint(1, shape[0] - 1)
+        rd = Read("data", b, "fixed", fixed_box=((0,) * len(shape), (k,) + tuple(shape[1:])), form="misuse")
+        elem = (rng.randrange(k, shape[0]),) + elem[1:]
+    elif form in ("write_read", "outside_kernel"):
+        rd = Read("data", b, "all", form="misuse")
+        if form == "outside_kernel":
+            t.misuse_form = rng.choice(["cgf", "after"])
+            g.feat(f"misuse:outside_kernel:{t.misuse_form}")
+    elif form == "mapper_raises":
+        rd = Read("data", b, "raising")
+        elem = ()
+    else:
+        t.misuse_form = rng.choice(MAPPER_DIMS_FORMS)
+        rd = Read("data", b, "wrong_dims", form=t.misuse_form)
+        g.feat(f"misuse:mapper_dims:{t.misuse_form}")
+        elem = ()
+    rd.opaque = form != "outside" and rng.random() < 0.3
+    t.misuse_elem = elem
+    if form in ("outside", "write_read"):
+        t.misuse_at = tuple(rng.randrange(n) for n in shapes[w])
+    t.reads.insert(rng.randint(0, len(t.reads)), rd)
+    tasks.append(t)
+    sync = rng.choice(["wait", "fence", "shutdown"]) if form in ("outside", "write_read") else "wait"
+    g.feat(f"misuse:sync:{sync}")
+    return Program("misuse", shapes, dtypes, init, targets, tasks, sync=sync)
+
+
 # ---- sequential model ---------------------------------------------------------------------
 def _target_shape(p: Program, rd: Read):
     return p.shapes[rd.buffer] if rd.space == "data" else p.targets[rd.buffer].shape
@@ -2153,6 +2311,7 @@ class _Run:
         self.log_fence_futures: list = []
         self.bad_reads: list = []       # bad_mapper: (task, rank, chunk, rows, what differed) of wrong data
         self.bad_before = bad_mapper_before(p) if p.kind == "bad_mapper" else None
+        self.misuse_acc = None          # misuse: the accessor the misuse task misuses
 
     def buffer(self, space: str, k: int) -> cl.Buffer:
         return self.bufs[k] if space == "data" else self.tbufs[k]
@@ -2199,10 +2358,14 @@ class _Run:
             q.set_lookahead(t.mode)
         elif t.kind == "flush":
             q.flush()
+        elif t.kind == "bad_buffer":
+            make_bad_buffer(t.misuse_form, self.p.shapes[t.fence_index], self.p.dtypes[t.fence_index])
         elif t.kind == "host":
             q.submit(self._host_cgf(idx, t))
         else:
             q.submit(self._kernel_cgf(idx, t))
+        if t.misuse == "outside_kernel" and t.misuse_form == "after":
+            self.misuse_acc[Box(t.misuse_elem, tuple(e + 1 for e in t.misuse_elem), len(t.misuse_elem))]
 
     # -- helpers building accessors and getters
     def _reads(self, cgh, t: Task, bad: list | None = None) -> dict:
@@ -2212,6 +2375,11 @@ class _Run:
         for rd in t.reads:
             m = make_read_mapper(rd)
             acc = self.buffer(rd.space, rd.buffer).access(cgh, m, cl.read)
+            if rd.form == "misuse":
+                self.misuse_acc = acc
+                if t.misuse == "outside_kernel" and t.misuse_form == "cgf":
+                    acc[Box(t.misuse_elem, tuple(e + 1 for e in t.misuse_elem), len(t.misuse_elem))]
+                bad.append((rd, acc))   # (and a read like any other: element_values reads what it grants)
             if rd.mapper in ("bad", "even_split"):
                 bad.append((rd, acc))
                 continue
@@ -2222,6 +2390,9 @@ class _Run:
         """A chunk (or partition) ``box`` reads what its bad mapper maps it to, as a kernel
         that trusts its mapper would: the data must be the model's at that task."""
         for rd, acc in bad:
+            if rd.form == "misuse":
+                self._misuse(idx, box, acc)
+                continue
             if rd.mapper == "even_split":
                 self._check_even_split(idx, box, rd, acc)
                 continue
@@ -2232,6 +2403,18 @@ class _Run:
             d = _array_diff(np.asarray(acc[dest]), self.bad_before[dest.slices])
             if d:
                 self.bad_reads.append((idx, self.rank, str(box), str(dest), d))
+
+    def _misuse(self, idx: int, box: Box, acc) -> None:
+        """misuse outside / write_read: the chunk (or partition) holding ``misuse_at`` reads
+        an element its mapper does not grant, or assigns through the read accessor."""
+        t = self.p.tasks[idx]
+        if t.misuse_at is None or not box.contains(t.misuse_at):
+            return
+        e = Box(t.misuse_elem, tuple(x + 1 for x in t.misuse_elem), len(t.misuse_elem))
+        if t.misuse == "outside":
+            acc[e]
+        elif t.misuse == "write_read":
+            acc[e] = 0
 
     def _check_even_split(self, idx: int, box: Box, rd: Read, acc) -> None:
         """A chunk reading through ``cl.even_split``: granted exactly ``even_split_rows`` of the
@@ -2362,7 +2545,7 @@ class _Run:
                                             + np.asarray(box.min).reshape(-1, 1), t.range_shape)
                 lst.extend([("h", idx, int(f), int(v)) for f, v in zip(flat, vals.reshape(-1))])
             cgh.host_task(fn, range=t.range_shape, on=cl.on_master_node if t.on_master else None,
-                          name=FAIL_KERNEL if t.fail_at is not None else BAD_TASK if t.name == BAD_TASK
+                          name=FAIL_KERNEL if t.fail_at is not None else t.name if t.name in (BAD_TASK, MISUSE_TASK)
                           else f"host_T{idx}")
         return cgf
 
@@ -2667,6 +2850,8 @@ def run_expecting_error(p: Program, q: cl.Queue, *, oversubscribe: int = 1, ran:
             written = [t.write.buffer for t in p.tasks if t.write is not None and t.write.space == "data"]
             if p.kind == "bad_reduction":
                 buf = run.tbufs[0]
+            elif p.kind == "misuse":
+                buf = run.bufs[p.tasks[-1].write.buffer]     # (what the misuse task writes)
             elif p.kind == "fail":
                 # the last buffer a dependent wrote, else the failing task's own output
                 after = [t.write.buffer for t in p.tasks if t.marker and t.write is not None]
@@ -2793,6 +2978,8 @@ def program_config(p: Program, cfg: Config) -> Config:
     """``cfg`` for ``p``: the error kinds (and bad_mapper, whose diagnostics are modelled as
     errors) run under ``CELERITAS_DIAGNOSTICS=error``; only ``main`` programs keep warn / off,
     and only they are run with the capacity that cuts chunks into batches (``batch``)."""
+    if p.kind == "misuse" and p.tasks[-1].misuse == "outside" and not cfg.accessor_checks:
+        cfg = replace(cfg, accessor_checks=True)     # (without checks an access outside is not an error)
     if p.kind != "main" and (cfg.diagnostics != "error" or cfg.batch is not None):
         # (and no batching: bad_mapper's model relies on unbatched chunks, _assert_unbatched)
         return replace(cfg, diagnostics="error", batch=None)
@@ -3008,6 +3195,8 @@ def check(p: Program, want: dict | None, result: dict, cfg: Config) -> None:
         check_overlap(p, result, cfg)
     elif p.kind == "bad_mapper":
         check_bad_mapper(p, want, result, cfg)
+    elif p.kind == "misuse":
+        check_misuse(p, result, cfg)
     else:
         raise ValueError(p.kind)
 
@@ -3464,11 +3653,156 @@ def check_bad_mapper(p: Program, want: dict, result: dict, cfg: Config) -> None:
         raise Mismatch(probs)
 
 
+def misuse_task(p: Program) -> tuple[int, Task]:
+    for idx, t in enumerate(p.tasks):
+        if t.misuse:
+            return idx, t
+    raise ValueError("a misuse program without a misuse task")
+
+
+def _misuse_read(t: Task) -> Read:
+    return next(rd for rd in t.reads if rd.form == "misuse" or rd.mapper in ("raising", "wrong_dims"))
+
+
+@dataclass
+class MisuseOutcome:
+    """What a misuse program raises on one configuration (``misuse_error``)."""
+    failing: list[int]          # the ranks that raise it: every rank (an error on the application
+                                # thread: buffer, outside_kernel, the mappers), or the one holding
+                                # the misbehaving chunk (outside, write_read)
+    cls: type                   # the exact class
+    pattern: str                # the whole message, a regex
+    stage: str                  # where in run_expecting_error it is raised, a regex
+    cause: type | None = None   # the class of its __cause__ (mapper_raises: the mapper's exception)
+
+
+def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
+    """The error of a misuse program, exactly (the messages of celeritas/buffer.py,
+    accessor.py, handler.py's chunk suffix and range_mappers.py's mapper wrapper; docs/api.md
+    says what each names: the buffer, the task, the rank and chunk, the mapper)."""
+    idx, t = misuse_task(p)
+    every = list(range(cfg.ranks))
+    submit = re.escape(f"submit T{idx}")
+    if t.misuse == "buffer":
+        shape, dtype = p.shapes[t.fence_index], p.dtypes[t.fence_index]
+        f = t.misuse_form
+        text = {"shape": f"data of shape {shape} does not match shape {bad_buffer_shape(f, shape)}",
+                "dtype": f"buffers hold booleans or numbers; dtype {np.dtype('U3')} is not supported",
+                "not_dtype": "'no_such_dtype' is not a numpy dtype",
+                "cast": f"data of dtype float64 cannot be stored in a buffer of dtype "
+                        f"{'int64' if dtype != 'int64' else 'int32'}",
+                "ndim": f"buffers have 0 to 3 dimensions, got shape {bad_buffer_shape(f, shape)}",
+                "negative": f"negative extent in shape {bad_buffer_shape(f, shape)}"}[f]
+        return MisuseOutcome(every, cl.BufferError, re.escape(text), submit)
+    rd = _misuse_read(t)
+    buf = r'B\d+ "b%d"' % rd.buffer
+    what = "host task" if t.kind == "host" else "kernel"
+    if t.misuse == "outside_kernel":
+        return MisuseOutcome(every, cl.AccessError, f"accessor of buffer {buf} used outside its kernel or host task",
+                             submit)
+    if t.misuse in ("mapper_raises", "mapper_dims"):
+        d = len(p.shapes[rd.buffer])
+        n = len(t.range_shape)
+        head = (f"{what} '{MISUSE_TASK}' \\(submitted at [^()]*\\): range mapper .+ for buffer {buf}, chunk "
+                + re.escape(f"Subrange(offset={(0,) * n}, range={tuple(t.range_shape)}): "))
+        if t.misuse == "mapper_raises":
+            return MisuseOutcome(every, cl.RangeMapperError,
+                                 head + re.escape(f"the mapper raised ValueError: {RAISING_MAPPER_MSG}"), submit,
+                                 ValueError)
+        k = wrong_dims_of(d)
+        text = (f"the mapper returned tuple; a range mapper must return a cl.Subrange, cl.Box or cl.Region"
+                if t.misuse_form == "type" else f"the mapper returned a {k}-D {t.misuse_form} for a {d}-D buffer")
+        return MisuseOutcome(every, cl.RangeMapperError, head + re.escape(text), submit, cl.RangeMapperError)
+    # outside / write_read: the chunk holding misuse_at, on the rank whose chunk holds it
+    row = t.misuse_at[0]
+    chunks = bad_rank_chunks(t, cfg.ranks)
+    rank = next(r for r, (o, s) in enumerate(chunks) if o <= row < o + s)
+    o, s, _dev = next(c for c in bad_local_chunks(t, cfg, chunks[rank]) if c[0] <= row < c[0] + c[1])
+    e = t.misuse_elem
+    ebox = Box(e, tuple(x + 1 for x in e), len(e))
+    if t.misuse == "outside":
+        lo, hi = rd.fixed_box
+        text = (f"access to {ebox} of buffer \x00 is outside what its range mapper grants this chunk "
+                f"({Region([Box(lo, hi, len(lo))])}); mode read")
+    else:
+        text = "buffer \x00 is accessed read-only here"
+    text += f" (in {what} '{MISUSE_TASK}' of task T\x01, rank {rank}, chunk {_task_box(t, (o, s))})"
+    pattern = re.escape(text).replace("\x00", buf).replace("\x01", r"\d+")
+    # (at the sync, or at the misuse task's own submit when that waits for the executor:
+    # CELERITAS_MAX_TASKS_AHEAD, CELERITAS_PAUSE_AHEAD)
+    return MisuseOutcome([rank], cl.AccessError, pattern, submit + r"|sync \w+|final wait")
+
+
+def check_misuse(p: Program, result: dict, cfg: Config) -> None:
+    """The error ``misuse_error`` predicts, of exactly that class and message (and cause),
+    raised where it says, by the ranks at fault; no rank hangs.  Several ranks at fault (an
+    error on the application thread, the same on every rank): each raises it, or is aborted
+    by another's (but at least one raises it), and none finishes.  One rank at fault (a
+    chunk in a kernel or host task): every other rank is aborted or finishes normally, as
+    ``check_bad_mapper`` allows; but a rank whose sync fenced the buffer the misuse task
+    writes cannot finish (the failed rank's part of it is never sent)."""
+    oc = misuse_error(p, cfg)
+    idx, t = misuse_task(p)
+    what = f"T{idx} ({_describe_task(t)}) on {cfg.describe()}"
+    outs = result["ranks"]
+    probs: list[tuple[str, str]] = []
+    primary = []
+    failing_probs = False
+    for r, o in enumerate(outs):
+        if o is None:
+            probs.append(("hang", f"rank {r} did not finish: "
+                                  f"{_err_text(result['cluster_error']) if result['cluster_error'] else '?'}"))
+            continue
+        e = o["error"]
+        if r in oc.failing:
+            n = len(probs)
+            if e is None:
+                probs.append(("misuse:missed" if all(q is not None and q["error"] is None for q in outs)
+                              else "misuse:rank_finished",
+                              f"rank {r} finished normally; {what}: it must raise {oc.cls.__name__}"))
+            elif type(e) is oc.cls and re.fullmatch(oc.pattern, str(e)):
+                if not re.fullmatch(oc.stage, o["stage"]):
+                    probs.append(("misuse:wrong_stage", f"rank {r}: {what}: raised at {o['stage']}, expected "
+                                                        f"at {oc.stage!r}"))
+                elif oc.cause is not None and type(e.__cause__) is not oc.cause:
+                    probs.append(("misuse:wrong_error", f"rank {r}: {what}: the cause is {e.__cause__!r}, "
+                                                        f"expected a {oc.cause.__name__}"))
+                else:
+                    primary.append(r)
+            elif _aborted(e) and len(oc.failing) > 1:
+                pass    # (another rank's error stopped the cluster first)
+            elif not isinstance(e, cl.CeleritasError):
+                probs.append(("crash", f"rank {r} raised at {o['stage']}: {_err_text(e)}"))
+            else:
+                probs.append(("misuse:wrong_error", f"rank {r}: {what}: expected {oc.cls.__name__} matching "
+                                                    f"{oc.pattern!r}, got at {o['stage']}: {_err_text(e)}"))
+            failing_probs = failing_probs or len(probs) > n
+        elif e is None:
+            if p.sync == "fence":
+                probs.append(("misuse:peer_finished", f"rank {r} finished a fence of b{t.write.buffer}, which "
+                                                      f"needs rank(s) {oc.failing}'s failed part ({what})"))
+        elif not _aborted(e):
+            probs.append(("crash" if not isinstance(e, cl.CeleritasError) else "misuse:wrong_error",
+                          f"rank {r} raised at {o['stage']}, expected to be aborted or to finish ({what}): "
+                          f"{_err_text(e)}"))
+    if not primary and not failing_probs:
+        seen = "; ".join(f"rank {r}: " + ("hang" if o is None else "no error" if o["error"] is None
+                                          else _err_text(o["error"])) for r, o in enumerate(outs))
+        probs.append(("misuse:wrong_error", f"{what}: no rank raised the expected error: {seen}"))
+    if probs:
+        order = ["misuse:missed", "misuse:wrong_error", "misuse:wrong_stage", "crash", "hang",
+                 "misuse:rank_finished", "misuse:peer_finished"]
+        probs.sort(key=lambda pr: order.index(pr[0]))
+        raise Mismatch(probs)
+
+
 def run_and_check(p: Program, cfg: Config, timeout: float = 120.0) -> None:
     """Model, run and compare one program on one configuration (raises ``Mismatch``)."""
     assert p.kind == "main" or cfg.diagnostics == "error", \
         f"a {p.kind} program's outcome is modelled under CELERITAS_DIAGNOSTICS=error only (program_config)"
     assert p.kind == "main" or cfg.batch is None, f"a {p.kind} program is never batched (program_config)"
+    assert not (p.kind == "misuse" and p.tasks[-1].misuse == "outside" and not cfg.accessor_checks), \
+        "a misuse outside program needs accessor checks (program_config)"
     want = run_model(p) if p.kind in MAIN_LIKE else None
     result = run_on_cluster(p, cfg, timeout)
     check(p, want, result, cfg)

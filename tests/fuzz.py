@@ -185,6 +185,8 @@ def valid(p: Program) -> bool:
         return False
     if p.kind == "bad_mapper" and not _keeps_bad_access(p):
         return False
+    if p.kind == "misuse" and not (p.tasks and p.tasks[-1].misuse):
+        return False        # (the misuse task, last, is what the kind checks)
     return True
 
 

@@ -24,7 +24,8 @@ from differential import (BAD_TASK, BATCH_CHOICES, DIAGNOSTICS_CHOICES, GROUPS, 
                           OOC_OVERLAP_CHOICES, PAUSE_CHOICES, REPLAY_CHOICES, Config, Mismatch, Program, Read, Task,
                           Write, bad_access, bad_mapper_outcome, bad_rows, check, device_memory_batched,
                           device_memory_for, even_split_rows, generate, lifecycle, program_config, random_config,
-                          row_working_set, run_and_check, run_model, run_on_cluster, split_granularity, task_box)
+                          row_working_set, run_and_check, run_model, run_on_cluster, split_granularity, task_box,
+                          MISUSE_FORMS, _misuse_read, misuse_error, misuse_task)
 
 EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_EXAMPLES", "200"))
 GROUP_EXAMPLES = int(os.environ.get("CELERITAS_DIFFERENTIAL_GROUP_EXAMPLES", "40"))
@@ -48,6 +49,7 @@ main_configs = st.tuples(configs, st.sampled_from(DIAGNOSTICS_CHOICES), st.sampl
 
 def _check(seed: int, cfg: Config, kind=None, groups=GROUPS) -> None:
     prog = generate(random.Random(seed), kind=kind, groups=groups)
+    cfg = program_config(prog, cfg)     # (misuse outside: accessor checks on; a no-op for the others here)
     try:
         run_and_check(prog, cfg)
     except Mismatch as exc:
@@ -100,7 +102,7 @@ def test_feature_group_matches_numpy(focus):
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("kind", ["fail", "bad_reduction", "overlap", "bad_mapper"])
+@pytest.mark.parametrize("kind", ["fail", "bad_reduction", "overlap", "bad_mapper", "misuse"])
 def test_error_kinds(kind):
     """fail: a KernelError at the next sync and no dependent ran; bad_reduction: an error
     naming the target and both dtypes; overlap: a DiagnosticError whenever chunks overlap;
@@ -138,7 +140,7 @@ def test_generator_reaches_every_feature_group():
                    "lookahead:set:infinite"]:
         assert needle in seen, needle
     kinds = {generate(random.Random(s)).kind for s in range(400)}
-    assert kinds == {"main", "fail", "bad_reduction", "overlap", "bad_mapper"}
+    assert kinds == {"main", "fail", "bad_reduction", "overlap", "bad_mapper", "misuse"}
 
 
 # bad_mapper programs on fixed configurations: (seed, configuration, what the split makes of
@@ -1142,3 +1144,144 @@ def test_batching_check_fails_on_a_lost_batch(monkeypatch):
     p = generate(random.Random(20), kind="main")
     with pytest.raises(Mismatch):
         run_and_check(p, Config(ranks=1, devices=1, batch=0.0))
+
+
+# misuse programs (``_gen_misuse``): the API misused in one task; (seed, configuration, the misuse,
+# its sub-form, the error class).  Kernel-time misuses (outside, write_read) fail on the rank
+# holding the misbehaving chunk; the others on every rank, at the submit.
+MISUSE_CASES = [
+    (21, Config(ranks=2, devices=1), "outside", "", cl.AccessError),                 # kernel, wait
+    (29, Config(ranks=3, devices=2, oversubscribe=3), "outside", "", cl.AccessError),  # kernel, fence
+    (6, Config(ranks=2, devices=2, accessor_checks=False), "outside", "", cl.AccessError),   # host; checks forced on
+    (79, Config(ranks=3, devices=2, accessor_checks=False), "write_read", "", cl.AccessError),  # host, fence
+    (7, Config(ranks=4, devices=2), "write_read", "", cl.AccessError),               # kernel, wait
+    (45, Config(ranks=2, devices=2), "outside_kernel", "cgf", cl.AccessError),
+    (18, Config(ranks=3, devices=1), "outside_kernel", "after", cl.AccessError),
+    (12, Config(ranks=2, devices=1), "buffer", "shape", cl.BufferError),
+    (20, Config(ranks=1, devices=2), "buffer", "dtype", cl.BufferError),
+    (24, Config(ranks=2, devices=1), "buffer", "not_dtype", cl.BufferError),
+    (49, Config(ranks=3, devices=1), "buffer", "cast", cl.BufferError),
+    (51, Config(ranks=1, devices=1), "buffer", "ndim", cl.BufferError),
+    (90, Config(ranks=2, devices=2), "buffer", "negative", cl.BufferError),
+    (3, Config(ranks=2, devices=2), "mapper_raises", "", cl.RangeMapperError),       # kernel
+    (10, Config(ranks=3, devices=1), "mapper_raises", "", cl.RangeMapperError),      # host task
+    (9, Config(ranks=2, devices=2), "mapper_dims", "box", cl.RangeMapperError),
+    (2, Config(ranks=3, devices=1), "mapper_dims", "subrange", cl.RangeMapperError),
+    (61, Config(ranks=2, devices=1), "mapper_dims", "region", cl.RangeMapperError),
+    (44, Config(ranks=2, devices=3), "mapper_dims", "type", cl.RangeMapperError),
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,form,sub,cls", MISUSE_CASES)
+def test_misuse_fixed_seeds(seed, cfg, form, sub, cls):
+    """The program reaches its misuse, and the run raises exactly the modelled error: class,
+    the whole message (buffer, task, rank, chunk, mapper), where, by the ranks at fault."""
+    p = generate(random.Random(seed), kind="misuse")
+    cfg = program_config(p, cfg)
+    idx, t = misuse_task(p)
+    assert (t.misuse, t.misuse_form) == (form, sub)
+    oc = misuse_error(p, cfg)
+    assert oc.cls is cls
+    if form in ("outside", "write_read"):
+        assert len(oc.failing) == 1 and "rank %d, chunk" % oc.failing[0] in oc.pattern.replace("\\", "")
+        assert cfg.accessor_checks or form == "write_read"
+    else:
+        assert oc.failing == list(range(cfg.ranks))
+    if form != "buffer":
+        assert re.search(r'B\\d\+ "b%d"' % _misuse_read(t).buffer, oc.pattern)
+    result = run_on_cluster(p, cfg)
+    check(p, None, result, cfg)
+    raised = [o["error"] for o in result["ranks"] if o["error"] is not None and type(o["error"]) is cls]
+    assert raised and all(re.fullmatch(oc.pattern, str(e)) for e in raised)
+
+
+def test_misuse_share_of_the_mix():
+    """misuse programs are drawn in the default mix (3%, taken from main)."""
+    kinds = [generate(random.Random(s)).kind for s in range(1000)]
+    assert 10 <= kinds.count("misuse") <= 60
+    forms = {misuse_task(generate(random.Random(s), kind="misuse"))[1].misuse for s in range(200)}
+    assert forms == set(MISUSE_FORMS)
+
+
+def test_misuse_check_fails_when_the_error_is_missing(monkeypatch):
+    """The runs stop misusing the API: every case is reported as missed."""
+    import differential
+    p = generate(random.Random(21), kind="misuse")
+    cfg = Config(ranks=2, devices=1)
+    monkeypatch.setattr(differential._Run, "_misuse", lambda self, idx, box, acc: None)
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:missed", str(info.value)
+    monkeypatch.undo()
+    p = generate(random.Random(12), kind="misuse")
+    monkeypatch.setattr(differential, "make_bad_buffer", lambda form, shape, dtype: cl.Buffer(shape=shape))
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:missed", str(info.value)
+    monkeypatch.undo()
+    p = generate(random.Random(3), kind="misuse")
+    monkeypatch.setattr(differential, "raising_mapper", lambda chunk, shape: cl.Subrange((0,) * len(shape), shape))
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    # (the kernel then runs, and its chunks fail on the mapper the model does not interpret)
+    assert info.value.tag in ("misuse:missed", "misuse:wrong_error"), str(info.value)
+
+
+def test_misuse_check_judges_the_outcome():
+    """Made-up outcomes: the wrong class, a message naming another rank, chunk or buffer, a
+    missing cause, a peer that finished a fence it cannot have, a rank not aborted, a hang."""
+    p = generate(random.Random(29), kind="misuse")          # kernel outside, fence
+    cfg = program_config(p, Config(ranks=3, devices=2, oversubscribe=3))
+    oc = misuse_error(p, cfg)
+    r = oc.failing[0]
+    good = cl.AccessError(_fill(oc.pattern))
+    assert re.fullmatch(oc.pattern, str(good))
+    abort = cl.CeleritasError(f"rank 1: internal error: CommunicatorError: cluster aborted")
+
+    def outcome(errs, stage="sync fence"):
+        res = _outcome(*errs)
+        for o in res["ranks"]:
+            o["stage"] = stage
+        return res
+    errs = [abort] * 3
+    errs[r] = good
+    assert _tag(p, outcome(errs), cfg) is None
+    errs2 = list(errs)
+    errs2[r] = cl.KernelError(str(good))
+    assert _tag(p, outcome(errs2), cfg) == "misuse:wrong_error"
+    errs2[r] = cl.AccessError(str(good).replace(f"rank {r},", f"rank {(r + 1) % 3},"))
+    assert _tag(p, outcome(errs2), cfg) == "misuse:wrong_error"
+    errs2[r] = cl.AccessError(str(good).replace('"b', '"c'))
+    assert _tag(p, outcome(errs2), cfg) == "misuse:wrong_error"
+    errs2 = list(errs)
+    errs2[(r + 1) % 3] = None
+    assert _tag(p, outcome(errs2), cfg) == "misuse:peer_finished"
+    errs2[(r + 1) % 3] = cl.AccessError("some other error")
+    assert _tag(p, outcome(errs2), cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome(errs, stage="setup"), cfg) == "misuse:wrong_stage"
+    res = outcome(errs)
+    res["ranks"][(r + 2) % 3] = None
+    assert _tag(p, res, cfg) == "hang"
+    # every rank at fault: each raises or is aborted, none finishes; the cause is checked
+    p = generate(random.Random(3), kind="misuse")           # mapper_raises
+    cfg = Config(ranks=2, devices=2)
+    oc = misuse_error(p, cfg)
+    idx, _t = misuse_task(p)
+    e = cl.RangeMapperError(_fill(oc.pattern))
+    try:
+        raise e from ValueError("x")
+    except cl.RangeMapperError:
+        pass
+    stage = f"submit T{idx}"
+    assert _tag(p, outcome([e, abort], stage), cfg) is None
+    assert _tag(p, outcome([abort, abort], stage), cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome([e, None], stage), cfg) == "misuse:rank_finished"
+    bare = cl.RangeMapperError(str(e))
+    assert _tag(p, outcome([bare, e], stage), cfg) == "misuse:wrong_error"
+
+
+def _fill(pattern: str) -> str:
+    """A message the regex ``pattern`` of ``misuse_error`` matches (its wildcards filled in)."""
+    text = pattern.replace(r"\d+", "7").replace(r"[^()]*", "x.py:1").replace(".+", "m")
+    return re.sub(r"\\(.)", r"\1", text)
