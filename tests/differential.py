@@ -3570,6 +3570,14 @@ def _aborted(exc) -> bool:
         r"CommunicatorError: (rank \d+: )?(cluster aborted$|collective aborted \()", str(exc)) is not None
 
 
+def _wrong_error(kind: str, r: int, o: dict, e: BaseException, expected: str) -> tuple[str, str]:
+    """A failing rank's error that is not the expected one: a crash if it is not a
+    celeritas error, else ``<kind>:wrong_error``."""
+    if not isinstance(e, cl.CeleritasError):
+        return ("crash", f"rank {r} raised at {o['stage']}: {_err_text(e)}")
+    return (f"{kind}:wrong_error", f"rank {r}: {expected}: {_err_text(e)}")
+
+
 def check_bad_mapper(p: Program, want: dict, result: dict, cfg: Config) -> None:
     """The outcome ``bad_mapper_outcome`` predicts, exactly:
 
@@ -3631,11 +3639,9 @@ def check_bad_mapper(p: Program, want: dict, result: dict, cfg: Config) -> None:
                 primary.append(r)
             elif _aborted(e) and (case == "rank_outside" or len(failing) > 1):
                 pass    # (another rank's error stopped the cluster first)
-            elif not isinstance(e, cl.CeleritasError):
-                probs.append(("crash", f"rank {r} raised at {o['stage']}: {_err_text(e)}"))
             else:
-                probs.append(("bad_mapper:wrong_error", f"rank {r}: {what}: expected {cls.__name__} matching "
-                                                        f"{pattern!r}, got: {_err_text(e)}"))
+                probs.append(_wrong_error("bad_mapper", r, o, e, f"{what}: expected {cls.__name__} matching "
+                                                                 f"{pattern!r}, got"))
             failing_probs = failing_probs or len(probs) > n_probs
         elif e is None:
             probs += [(tag, f"rank {r} (finished normally while rank(s) {failing} failed): {msg}")
@@ -3771,11 +3777,9 @@ def check_misuse(p: Program, result: dict, cfg: Config) -> None:
                     primary.append(r)
             elif _aborted(e) and len(oc.failing) > 1:
                 pass    # (another rank's error stopped the cluster first)
-            elif not isinstance(e, cl.CeleritasError):
-                probs.append(("crash", f"rank {r} raised at {o['stage']}: {_err_text(e)}"))
             else:
-                probs.append(("misuse:wrong_error", f"rank {r}: {what}: expected {oc.cls.__name__} matching "
-                                                    f"{oc.pattern!r}, got at {o['stage']}: {_err_text(e)}"))
+                probs.append(_wrong_error("misuse", r, o, e, f"{what}: expected {oc.cls.__name__} matching "
+                                                             f"{oc.pattern!r}, got at {o['stage']}"))
             failing_probs = failing_probs or len(probs) > n
         elif e is None:
             if p.sync == "fence":
