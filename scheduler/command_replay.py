@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from . import task_graph as tg
-from .replay import absolute, newest_named, relative
+from .replay import absolute, absolute_id, own_base_shape, relative_id
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
 
@@ -147,7 +147,7 @@ class CommandReplayMixin:
                 pend = "kept"
             else:
                 pend = (task.reductions.index(p[0]), p[1])
-            post.append((bid, sid, shape, pend, None if top is None else top - base))
+            post.append((bid, sid, shape, pend, relative_id(top, base)))
         live = self._live
         if task.kind == tg.HORIZON:
             h = self._horizons
@@ -207,7 +207,7 @@ class CommandReplayMixin:
                 buffers[bid].pending = None
             elif pend != "kept":
                 buffers[bid].pending = (task.reductions[pend[0]], pend[1])
-            shapes[bid] = stale[bid] = (sid, None if top is None else base + top, shape)
+            shapes[bid] = stale[bid] = (sid, absolute_id(top, base), shape)
         if task.kind == tg.HORIZON:
             se, coll, cur, ep = effects
             self._last_side_effect = {k: live[base + v] for k, v in se}
@@ -240,13 +240,12 @@ def _rel_command(c, base: int, live: dict) -> int | None:
 
 def _buffer_shape(st) -> tuple[tuple, int | None]:
     """A buffer's distribution and access state, and the base its command ids are
-    relative to (the newest command it names, see ``newest_named``).  The pending
+    relative to (the newest command it names, see ``own_base_shape``).  The pending
     reduction by its participants only: the reduction object is the producing task's,
     and the lowering uses nothing else of it."""
-    top = newest_named(st.access)
+    access, top = own_base_shape(st.access)
     p = st.pending
-    return (st.mine.snapshot(), st.mine_bb, st.held, st.uninit,
-            st.access.snapshot(relative(0 if top is None else top)), None if p is None else p[1]), top
+    return (st.mine.snapshot(), st.mine_bb, st.held, st.uninit, access, None if p is None else p[1]), top
 
 
 def _restore_buffer(st, shape: tuple, absolute_ids) -> None:

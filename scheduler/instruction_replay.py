@@ -16,6 +16,8 @@ from . import command_graph as cg
 from .instruction_graph import AccessAllocation, Pilot, ReductionAllocation
 from .memory import Allocation
 from .replay import absolute_epoch, newest_named, relative_epoch
+from .replay import absolute_id as _abs
+from .replay import relative_id as _rel
 
 _REPLAYABLE = frozenset((cg.EXECUTION, cg.PUSH, cg.AWAIT_PUSH, cg.REDUCTION, cg.HORIZON))
 
@@ -430,14 +432,6 @@ class _Env:
 
     def transfer(self, t: tuple) -> tuple:
         return (t[0] - self.tid, t[1], self.rid(t[2]))
-
-
-def _rel(i: int | None, base: int) -> int | None:
-    return None if i is None else i - base
-
-
-def _abs(r: int | None, base: int) -> int | None:
-    return None if r is None else r + base
 
 
 def _encode(ins, env: _Env) -> tuple:

@@ -138,6 +138,23 @@ def newest_named(access, top: int | None = None, skip: int | None = None) -> int
     return top
 
 
+def relative_id(i: int | None, base: int) -> int | None:
+    """An id (or None) relative to ``base``."""
+    return None if i is None else i - base
+
+
+def absolute_id(r: int | None, base: int) -> int | None:
+    """The inverse of ``relative_id``."""
+    return None if r is None else r + base
+
+
+def own_base_shape(access) -> tuple[tuple, int | None]:
+    """An access map's snapshot with its ids relative to the newest one it names, and that
+    id (its base; None where it names none): a state is one shape whenever it is taken."""
+    top = newest_named(access)
+    return access.snapshot(relative(0 if top is None else top)), top
+
+
 EPOCH_ID = "epoch"   # a state's reference to the epoch for new nodes, in a shape
 
 

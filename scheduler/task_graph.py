@@ -14,7 +14,7 @@ from .errors import DiagnosticError, RangeMapperError
 from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_map
 from .recorders import TaskRecorder
-from .replay import Replay, absolute, newest_named, relative
+from .replay import Replay, absolute, absolute_id, own_base_shape, relative_id
 
 log = logging.getLogger("celeritas.task_graph")
 
@@ -487,7 +487,7 @@ class TaskManager:
                 return None   # parts never written (or no such buffer): diagnose every time
             sh = shapes.get(bid)
             if sh is None:
-                snap, top = _access_shape(self._access[bid])
+                snap, top = own_base_shape(self._access[bid])
                 sh = shapes[bid] = (self.replay.intern(snap), top, snap)
             parts.append(sh[0])
             parts.append(None if sh[1] is None else sh[1] - tid)
@@ -506,10 +506,10 @@ class TaskManager:
         deps = tuple([(d - tid, k, o) for d, (k, o) in t.deps.items()])
         post = []
         for bid in bids:
-            snap, top = _access_shape(self._access[bid])
+            snap, top = own_base_shape(self._access[bid])
             sid = self.replay.intern(snap)
             self._shapes[bid] = (sid, top, snap)
-            post.append((bid, sid, snap, None if top is None else top - tid))
+            post.append((bid, sid, snap, relative_id(top, tid)))
         return deps, tuple(post)
 
     def _sync(self, bid: int) -> None:
@@ -526,7 +526,7 @@ class TaskManager:
         shapes = self._shapes
         stale = self._stale
         for bid, sid, snap, top in post:   # (the map is rebuilt when read: _sync)
-            shapes[bid] = stale[bid] = (sid, None if top is None else tid + top, snap)
+            shapes[bid] = stale[bid] = (sid, absolute_id(top, tid), snap)
         for ho in t.side_effects:
             self._last_side_effect[ho] = t
         if t.collective_group is not None:
@@ -612,15 +612,14 @@ class TaskManager:
                 if bid in self._stale:
                     self._sync(bid)
                 acc.apply_all(partial(_collapse_task_access, eid=eid))
-                snap, top = _access_shape(acc)
-                hit = (self.replay.intern(snap), snap, None if top is None else top - anchor)
+                snap, top = own_base_shape(acc)
+                hit = (self.replay.intern(snap), snap, relative_id(top, anchor))
                 if len(self._collapsed) >= 4096:
                     self._collapsed.clear()
                 self._collapsed[key] = hit
                 shapes[bid] = (hit[0], top, snap)
             else:
-                top = None if hit[2] is None else anchor + hit[2]
-                shapes[bid] = self._stale[bid] = (hit[0], top, hit[1])
+                shapes[bid] = self._stale[bid] = (hit[0], absolute_id(hit[2], anchor), hit[1])
         for d in (self._last_side_effect, self._last_collective):
             collapse_map(d, eid, epoch, key=_task_id)
 
@@ -681,13 +680,6 @@ def replay_signature(t: Task) -> tuple | None:
                tuple(t.side_effects), t.collective_group)
     t.replay_sig = sig
     return sig
-
-
-def _access_shape(acc) -> tuple[tuple, int | None]:
-    """A buffer's access map as a shape, ids relative to the newest task it names (its
-    base, None where it names none: see ``newest_named``)."""
-    top = newest_named(acc)
-    return acc.snapshot(relative(0 if top is None else top)), top
 
 
 def _collapse_task_access(value: tuple, eid: int) -> tuple:

@@ -471,13 +471,13 @@ def _shapes_taken_now(ctx) -> list:
     beside the shape of the same state taken now: (level, buffer, held, fresh), with the
     shape's interned id and its base (absolute) in each."""
     from scheduler.command_replay import _buffer_shape
-    from scheduler.task_graph import _access_shape
+    from scheduler.replay import own_base_shape
     out = []
     tm = ctx.tm
     for bid, (sid, base, _snap) in list(tm._shapes.items()):
         if bid in tm._stale:
             tm._sync(bid)
-        snap, top = _access_shape(tm._access[bid])
+        snap, top = own_base_shape(tm._access[bid])
         out.append(("task", bid, (sid, base), (tm.replay.intern(snap), top)))
     for r, cdag in enumerate(ctx.cdags):
         for bid, (sid, base, _shape) in list(cdag._shapes.items()):
