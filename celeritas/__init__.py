@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from scheduler.errors import (AccessError, CeleritasError, CommunicationError, ConfigError,  # noqa: F401
-                              DiagnosticError, DivergenceError, KernelError, OutOfMemoryError,
+                              DiagnosticError, DivergenceError, GeometryError, KernelError, OutOfMemoryError,
                               RangeMapperError)
 from scheduler.geometry import Box, Region, Subrange  # noqa: F401
 

@@ -202,12 +202,24 @@ class Accessor:
                         i = self.index
                         o = ctx.accesses[i].allocation_box.lo
                         o0, o1 = o[0], o[1]
-                        return ctx.arrays[i][a0 - o0:b0 - o0, a1 - o1:b1 - o1]
+                        try:
+                            return ctx.arrays[i][a0 - o0:b0 - o0, a1 - o1:b1 - o1]
+                        except TypeError:
+                            self._check_mapped(key)
+                            raise
             got = self._plain(key)
             if got is not None:
-                return got[0][got[1]]
+                try:
+                    return got[0][got[1]]
+                except TypeError:
+                    self._check_mapped(key)
+                    raise
         arr, idx = self._local(key)
-        return arr[idx]
+        try:
+            return arr[idx]
+        except TypeError:
+            self._check_mapped(key)
+            raise
 
     def __setitem__(self, key, value) -> None:
         if self.mode == READ:
@@ -215,10 +227,29 @@ class Accessor:
         if self._plain2:
             got = self._plain(key)
             if got is not None:
-                got[0][got[1]] = value
+                try:
+                    got[0][got[1]] = value
+                except TypeError:
+                    self._check_mapped(key)
+                    raise
                 return
         arr, idx = self._local(key)
-        arr[idx] = value
+        try:
+            arr[idx] = value
+        except TypeError:
+            self._check_mapped(key)
+            raise
+
+    def _check_mapped(self, key) -> None:
+        """After a TypeError from numpy: an index into a chunk that holds none of the buffer
+        (its range mapper maps the chunk to nothing, e.g. a one_to_one kernel range larger
+        than the buffer) is an AccessError, not numpy's complaint about the missing array.
+        Anything else (a value numpy cannot store) stays numpy's own error."""
+        ctx = self._hydration.ctx
+        if ctx is not None and ctx.arrays[self.index] is None:
+            raise AccessError(f"index {key!r} into buffer {self.buffer_name}: its range mapper maps nothing "
+                              f"of it to this chunk (region {ctx.accesses[self.index].region}); "
+                              f"mode {self.mode}") from None
 
     def view(self, key=Ellipsis):
         return self[key]

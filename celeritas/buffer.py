@@ -1,6 +1,7 @@
 """Buffers: n-d arrays distributed by the runtime, accessed through range mappers."""
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,6 +26,14 @@ def _check_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
+def _extents(shape: Any) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints; a float or a string extent is an error, not truncated."""
+    try:
+        return tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise BufferError(f"shape {shape!r} must be a sequence of integers") from None
+
+
 class Buffer:
     """A 0- to 3-D array the runtime distributes; host-initialized data is copied at construction."""
 
@@ -44,7 +53,7 @@ class Buffer:
                     arr = arr.astype(dt)
             else:
                 _check_dtype(arr.dtype)
-            if shape is not None and tuple(shape) != arr.shape:
+            if shape is not None and _extents(shape) != arr.shape:
                 raise BufferError(f"data of shape {arr.shape} does not match shape {tuple(shape)}")
             data = np.array(arr, copy=True, order="C")   # the user may reuse their array
             shape = data.shape
@@ -53,7 +62,7 @@ class Buffer:
             if shape is None:
                 raise BufferError("a Buffer needs data or a shape")
             dtype = _check_dtype(np.float32 if dtype is None else dtype)
-        shape = tuple(int(s) for s in shape)
+        shape = _extents(shape)
         if len(shape) > 3:
             raise BufferError(f"buffers have 0 to 3 dimensions, got shape {shape}")
         if any(s < 0 for s in shape):

@@ -6,6 +6,7 @@ Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable
 
 import numpy as np
@@ -45,6 +46,28 @@ def identity_of(op: Any, dtype: np.dtype) -> Any:
     return ident
 
 
+def _identity_fits(identity: Any, dtype: np.dtype) -> bool:
+    """Whether ``identity`` casts into ``dtype`` by numpy's ``same_kind`` rule, the rule
+    reduction values follow; a Python number by its value (numpy's weak scalars: ``0``
+    fits a uint8 target, ``-1`` does not)."""
+    if isinstance(identity, (bool, np.bool_)):
+        return True
+    if isinstance(identity, int):
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            return info.min <= identity <= info.max
+        return dtype.kind in "fc"
+    if isinstance(identity, float):
+        return dtype.kind in "fc"
+    if isinstance(identity, complex):
+        return dtype.kind == "c"
+    try:
+        value = np.asarray(identity)
+        return value.ndim == 0 and bool(np.can_cast(value.dtype, dtype, casting="same_kind"))
+    except (TypeError, ValueError):
+        return False
+
+
 class ReductionDescriptor:
     """What ``cl.reduction`` returns: passed to ``parallel_for(reductions=...)``."""
 
@@ -67,7 +90,13 @@ def reduction(buffer, cgh, op, *, identity=None, initialize_to_identity: bool = 
     if buffer.size != 1:
         raise AccessError(f"reduction into buffer {buffer.label} of shape {buffer.shape}: a reduction target "
                           f"holds exactly one element")
-    ident = identity_of(op, buffer.dtype) if identity is None else identity
+    if identity is None:
+        ident = identity_of(op, buffer.dtype)
+    else:
+        ident = identity
+        if not _identity_fits(identity, buffer.dtype):
+            raise CeleritasError(f"reduction into buffer {buffer.label}: identity {identity!r} is not a scalar that "
+                                 f"casts same_kind into the buffer's dtype {buffer.dtype}")
     d = ReductionDescriptor(buffer, op, ident, initialize_to_identity)
     cgh._reductions.append(d)
     return d
@@ -164,10 +193,19 @@ def hint(cgh, h: _Hint) -> None:
         cgh._split = "2d" if h.kind == "split_2d" else "1d"
 
 
+def _integers(value, what: str) -> tuple[int, ...]:
+    """An int or a sequence of ints as a tuple; anything else (None, a string, a float
+    that would be truncated) is a CeleritasError naming ``what``."""
+    if isinstance(value, (int, np.integer)):
+        return (int(value),)
+    try:
+        return tuple([operator.index(x) for x in value])
+    except TypeError:
+        raise CeleritasError(f"{what} {value!r} must be an integer or a sequence of integers") from None
+
+
 def constrain_split(cgh, granularity) -> None:
-    if isinstance(granularity, int):
-        granularity = (granularity,)
-    g = tuple(int(x) for x in granularity)
+    g = _integers(granularity, "cl.constrain_split granularity")
     if any(x < 1 for x in g):
         raise CeleritasError(f"cl.constrain_split granularity must be >= 1, got {g}")
     cgh._granularity = g
@@ -327,17 +365,13 @@ class CommandGroupHandler:
 
     @staticmethod
     def _make_geometry(global_range, offset) -> tg.TaskGeometry:
-        if isinstance(global_range, (int, np.integer)):
-            global_range = (int(global_range),)
-        rng = tuple(int(x) for x in global_range)
+        rng = _integers(global_range, "global range")
         if len(rng) > 3 or any(x < 0 for x in rng):
             raise CeleritasError(f"global range {global_range} must have 0 to 3 non-negative extents")
         if offset is None:
             off = (0,) * len(rng)
         else:
-            if isinstance(offset, (int, np.integer)):
-                offset = (int(offset),)
-            off = tuple(int(x) for x in offset)
+            off = _integers(offset, "offset")
             if len(off) != len(rng):
                 raise CeleritasError(f"offset {offset} and global range {global_range} differ in dimensionality")
         geom = tg.TaskGeometry(len(rng), rng, off, (1,) * len(rng))
@@ -390,6 +424,9 @@ class CommandGroupHandler:
             return geom.granularity   # (the common case: nothing to combine)
         gran = list(geom.granularity) if geom.granularity else [1] * geom.dims
         if self._granularity is not None:
+            if len(self._granularity) > geom.dims:
+                raise CeleritasError(f"cl.constrain_split granularity {self._granularity} has more dimensions than "
+                                     f"the {geom.dims}-D range {geom.global_range} of {self._name or 'the task'!r}")
             g = self._granularity + (1,) * (geom.dims - len(self._granularity))
             gran = [math.lcm(a, b) for a, b in zip(gran, g[: geom.dims])]
         if self._local_range is not None:

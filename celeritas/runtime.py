@@ -556,6 +556,9 @@ class Runtime:
                     box = sbox
                 fut.task = self.task_manager.fence(buffer=obj.id, box=box, promise=fut).id
             elif isinstance(obj, HostObject):
+                if subrange is not None:
+                    raise CeleritasError(f"fence of host object H{obj.id}: a subrange {subrange!r} applies to "
+                                         f"buffers only")
                 fut.task = self.task_manager.fence(host_object=obj.id, promise=fut).id
             else:
                 raise CeleritasError(f"fence takes a cl.Buffer or cl.HostObject, got {type(obj).__name__}")

@@ -14,6 +14,11 @@ class ConfigError(CeleritasError, ValueError):
     """An invalid configuration value (environment variable or argument)."""
 
 
+class GeometryError(CeleritasError, ValueError, TypeError):
+    """A ``Box``, ``Subrange`` or ``Region`` was built from values that do not make one
+    (also a ValueError and a TypeError, what such arguments raise elsewhere in Python)."""
+
+
 class RangeMapperError(CeleritasError):
     """A range mapper failed or returned something that is not a region of the buffer."""
 

@@ -553,3 +553,122 @@ def test_a_mapper_that_tests_whether_a_device_chunk_holds_the_item_is_fine():
     got = run_cluster(_device_chunk_program(holds_2), nodes=2, timeout=60, CELERITAS_DEVICES="host:2",
                       CELERITAS_DIAGNOSTICS="error")
     assert got == [[102], []]
+
+
+# ---- bad arguments found by probing the API: each a clear cl.*Error, never a bare TypeError,
+# ---- a silent truncation or numpy's complaint from inside a kernel
+
+@pytest.mark.parametrize("make", [
+    lambda: cl.Subrange((0,), (1, 2)),
+    lambda: cl.Subrange(("a",), (1,)),
+    lambda: cl.Subrange((0.5,), (2,)),
+    lambda: cl.Subrange((0, 0, 0, 0), (1, 1, 1, 1)),
+    lambda: cl.Box((0,), (1, 2)),
+    lambda: cl.Box(5, 6),
+    lambda: cl.Box((0.5,), (2,)),
+    lambda: cl.Region([5]),
+])
+def test_bad_geometry_raises_geometry_error_which_is_also_value_and_type_error(make):
+    with pytest.raises(cl.GeometryError) as ei:
+        make()
+    assert isinstance(ei.value, cl.CeleritasError)
+    assert isinstance(ei.value, ValueError) and isinstance(ei.value, TypeError)
+
+
+def test_geometry_accepts_numpy_integers():
+    s = cl.Subrange((np.int64(1),), (np.int32(3),))
+    assert s.offset == (1,) and s.range == (3,) and type(s.offset[0]) is int
+    assert cl.Box((np.int64(0), 1), (2, np.int16(3))).max == (2, 3)
+
+
+def test_buffer_shape_must_be_integers_not_truncated():
+    with pytest.raises(cl.BufferError, match=r"shape \(2\.5,\)"):
+        cl.Buffer(shape=(2.5,), dtype=np.float32)
+    with pytest.raises(cl.BufferError, match="shape"):
+        cl.Buffer(shape="ab", dtype=np.float32)
+    with pytest.raises(cl.BufferError, match=r"shape \(4\.0,\) must be a sequence of integers"):
+        cl.Buffer(np.zeros(4), shape=(4.0,))
+    assert cl.Buffer(shape=(np.int64(3),), dtype=np.float32).shape == (3,)
+
+
+@pytest.mark.parametrize("rng, what", [("abc", "global range 'abc'"), (None, "global range None"),
+                                       ((2.5,), r"global range \(2\.5,\)")])
+def test_parallel_for_range_must_be_integers(rng, what):
+    q = cl.Queue()
+    with pytest.raises(cl.CeleritasError, match=what):
+        q.submit(lambda cgh: cgh.parallel_for(rng, lambda c: None))
+    with pytest.raises(cl.CeleritasError, match=r"offset \(0\.5,\)"):
+        q.submit(lambda cgh: cgh.parallel_for((4,), lambda c: None, offset=(0.5,)))
+    q.wait()   # the queue still works
+    q.shutdown()
+
+
+def test_constrain_split_with_more_dimensions_than_the_range_is_an_error():
+    q = cl.Queue()
+
+    def cgf(cgh):
+        cl.constrain_split(cgh, (2, 2))
+        cgh.parallel_for((4,), lambda c: None, name="one_d")
+
+    with pytest.raises(cl.CeleritasError, match=r"granularity \(2, 2\).*1-D range \(4,\) of 'one_d'"):
+        q.submit(cgf)
+    with pytest.raises(cl.CeleritasError, match="granularity"):
+        q.submit(lambda cgh: (cl.constrain_split(cgh, "x"), cgh.parallel_for((4,), lambda c: None)))
+    q.shutdown()
+
+
+def test_fence_of_a_host_object_with_a_subrange_is_an_error():
+    q = cl.Queue()
+    h = cl.HostObject([1])
+    with pytest.raises(cl.CeleritasError, match="host object H.*applies to buffers only"):
+        q.fence(h, cl.Subrange((0,), (1,)))
+    assert q.fence(h).result() == [1]
+    q.shutdown()
+
+
+@pytest.mark.parametrize("dtype, identity, ok", [
+    (np.float64, "x", False), (np.float64, [0.0, 1.0], False), (np.int32, np.inf, False),
+    (np.uint8, -1, False), (np.uint8, 0, True), (np.uint8, 255, True), (np.uint8, 256, False),
+    (np.float32, np.float64(0.0), True), (np.float32, 0, True), (np.int64, np.int32(5), True),
+    (np.bool_, True, True), (np.int32, 1.5, False),
+])
+def test_reduction_identity_must_cast_same_kind_into_the_target(dtype, identity, ok):
+    q = cl.Queue()
+    t = cl.Buffer(np.zeros(1, dtype), name="target")
+
+    def cgf(cgh):
+        r = cl.reduction(t, cgh, cl.maximum, identity=identity, initialize_to_identity=True)
+        cgh.parallel_for((4,), lambda c, red: red.combine(np.arange(c.offset[0], c.offset[0] + c.range[0]).astype(dtype)),
+                         reductions=[r])
+
+    if ok:
+        q.submit(cgf)
+        assert q.fence(t).result()[0] == max(np.asarray(identity).astype(dtype), np.asarray(3).astype(dtype))
+    else:
+        with pytest.raises(cl.CeleritasError, match=r'reduction into buffer B\d+ "target": identity'):
+            q.submit(cgf)
+    q.shutdown()
+
+
+@pytest.mark.parametrize("checks", ["0", "1"])
+@pytest.mark.parametrize("dims", [1, 2])
+def test_indexing_a_chunk_that_holds_none_of_the_buffer_is_an_access_error(monkeypatch, checks, dims):
+    """A one_to_one kernel range larger than the buffer: the chunks past the buffer hold
+    none of it.  Indexing there is an AccessError naming the buffer (with accessor checks
+    on or off), not numpy's TypeError about a missing array."""
+    monkeypatch.setenv("CELERITAS_ACCESSOR_CHECKS", checks)
+    q = cl.Queue(devices="host:2")
+    shape = (4,) if dims == 1 else (4, 4)
+    b = cl.Buffer(np.zeros(shape), name="small")
+
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+        @cgh.parallel_for((8,) + shape[1:], name="too_wide")
+        def k(c):
+            w[c] = 1
+
+    q.submit(cgf)
+    with pytest.raises(cl.AccessError, match=r'buffer B\d+ "small"') as ei:
+        q.wait()
+    assert "too_wide" in str(ei.value)

@@ -7,7 +7,10 @@ scheduler's hot paths compare directly.
 """
 from __future__ import annotations
 
+from operator import index as _index
 from typing import TYPE_CHECKING, Sequence
+
+from ..errors import GeometryError
 
 if TYPE_CHECKING:
     from .region import Region
@@ -18,16 +21,26 @@ _UNIT_HI = (1, 1, 1)
 
 
 def _pad(values: Sequence[int], fill: int) -> tuple[int, int, int]:
-    n = len(values)
-    if n == 3:
-        return (int(values[0]), int(values[1]), int(values[2]))
-    if n == 2:
-        return (int(values[0]), int(values[1]), fill)
-    if n == 1:
-        return (int(values[0]), fill, fill)
+    try:
+        n = len(values)
+        if n == 3:
+            return (_index(values[0]), _index(values[1]), _index(values[2]))
+        if n == 2:
+            return (_index(values[0]), _index(values[1]), fill)
+        if n == 1:
+            return (_index(values[0]), fill, fill)
+    except TypeError:
+        raise GeometryError(f"coordinates {values!r} must be integers (a float is not truncated)") from None
     if n == 0:
         return (0, 0, 0) if fill == 0 else (1, 1, 1)
-    raise ValueError(f"at most 3 dimensions are supported, got {n}")
+    raise GeometryError(f"at most 3 dimensions are supported, got {n}")
+
+
+def _ints(values: Sequence[int], what: str) -> tuple[int, ...]:
+    try:
+        return tuple([_index(v) for v in values])
+    except TypeError:
+        raise GeometryError(f"{what} {values!r} must be a sequence of integers") from None
 
 
 _new_object = object.__new__
@@ -39,10 +52,15 @@ class Box:
     __slots__ = ("lo", "hi", "dims", "_h")   # (_h: the hash, set at first use)
 
     def __init__(self, min: Sequence[int] = (), max: Sequence[int] = (), dims: int | None = None):
+        try:
+            n = len(min)
+            different = len(max) != n
+        except TypeError:
+            raise GeometryError(f"box min and max must be sequences of integers, got {min!r} and {max!r}") from None
+        if different:
+            raise GeometryError(f"box min {tuple(min)} and max {tuple(max)} differ in dimensionality")
         if dims is None:
-            dims = len(min)
-        if len(max) != len(min):
-            raise ValueError(f"box min {tuple(min)} and max {tuple(max)} differ in dimensionality")
+            dims = n
         lo = _pad(min, 0)
         hi = _pad(max, 1)
         if hi[0] <= lo[0] or hi[1] <= lo[1] or hi[2] <= lo[2]:
@@ -301,10 +319,14 @@ class Subrange:
     __slots__ = ("offset", "range")
 
     def __init__(self, offset: Sequence[int], range: Sequence[int]):
+        offset = _ints(offset, "subrange offset")
+        range = _ints(range, "subrange range")
         if len(offset) != len(range):
-            raise ValueError(f"subrange offset {tuple(offset)} and range {tuple(range)} differ in dimensionality")
-        self.offset = tuple(int(o) for o in offset)
-        self.range = tuple(int(r) for r in range)
+            raise GeometryError(f"subrange offset {offset} and range {range} differ in dimensionality")
+        if len(offset) > 3:
+            raise GeometryError(f"at most 3 dimensions are supported, got {len(offset)}")
+        self.offset = offset
+        self.range = range
 
     @property
     def dims(self) -> int:

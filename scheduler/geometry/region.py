@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Sequence
 
+from ..errors import GeometryError
 from .box import _EMPTY_HI, _EMPTY_LO, Box, _box_minus, _empty_box, _isect, _pad
 
 # ----------------------------------------------------------------------------------
@@ -378,7 +379,7 @@ class Region:
                     d = b.dims
                 continue
             if not isinstance(b, Box):
-                raise TypeError(f"Region takes Box objects, got {type(b).__name__}")
+                raise GeometryError(f"Region takes Box objects, got {type(b).__name__}")
             if b.dims > d:
                 d = b.dims
             if not b.empty:
