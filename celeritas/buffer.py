@@ -80,8 +80,8 @@ class Buffer:
         return self._name
 
     @name.setter
-    def name(self, value: str) -> None:
-        self._name = str(value)
+    def name(self, value: str | None) -> None:
+        self._name = "" if value is None else str(value)
         self._label = f"B{self.id}" + (f' "{self._name}"' if self._name else "")
         self._runtime.rename_buffer(self.id, self._name)
 

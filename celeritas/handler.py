@@ -124,6 +124,8 @@ class Reducer:
 
     def combine(self, values) -> None:
         acc = self._acc
+        if acc is None:
+            raise AccessError(f"reducer of buffer {self._label} used outside its kernel")
         flat = acc.reshape(-1)
         target = self._dtype
         vdt = getattr(values, "dtype", None)
@@ -487,6 +489,17 @@ class CommandGroupHandler:
             reductions.append(tg.Reduction(d.id, d.buffer.id, d.op, d.identity, not d.initialize_to_identity))
         if self._kind != tg.DEVICE_COMPUTE and reductions:
             raise CeleritasError("reductions are only supported in parallel_for")
+        if self._reductions:
+            accessed = {buf.id for buf, _m, _mode in self._accesses}
+            seen: set = set()
+            for d in self._reductions:
+                b = d.buffer
+                if b.id in seen:
+                    raise AccessError(f"{task_label}: more than one reduction writes buffer {b.label}")
+                if b.id in accessed:
+                    raise AccessError(f"{task_label}: buffer {b.label} is both accessed through an accessor and the "
+                                      f"target of a reduction")
+                seen.add(b.id)
         launcher = _make_launcher(self, rt)
         return dict(name=self._name, geometry=geom, accesses=accesses,
                     side_effects=[h.id for h in self._side_effects], collective_group=self._collective_group,
@@ -516,7 +529,8 @@ class _Launcher:
     """
 
     __slots__ = ("fn", "device", "hydration", "task_name", "geom", "rank", "red_ops", "args", "device_args",
-                 "backend", "local_range", "source", "what", "plain", "global_range", "global_offset")
+                 "backend", "local_range", "source", "what", "plain", "global_range", "global_offset", "inside",
+                 "where")
 
     def __init__(self, cgh: CommandGroupHandler, rt, fn, kind: str, name: str, source: bool):
         self.fn = fn
@@ -539,6 +553,8 @@ class _Launcher:
         self.plain = self.device and not self.red_ops and not self.source
         self.global_range = self.geom.global_range if self.geom is not None else None
         self.global_offset = self.geom.offset if self.geom is not None else None
+        self.inside = rt.inside_task       # (what Runtime._refuse_inside_task reads)
+        self.where = f"{self.what} {name!r}"
 
     def __call__(self, ctx: LaunchContext) -> None:
         # accessors read their chunk's arrays and boxes from the context itself, at their
@@ -548,6 +564,9 @@ class _Launcher:
         if hydration is not None:
             prev = hydration.ctx
             hydration.ctx = ctx
+        inside = self.inside
+        outer = inside.where
+        inside.where = self.where
         try:
             if self.plain:
                 self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset), *self.args)
@@ -560,11 +579,15 @@ class _Launcher:
                         reducers.append(Reducer(arr, op, dt, label))
                 else:
                     reducers = ()
-                if self.source:
-                    self.backend.launch_source_kernel(self.fn, ctx, self.device_args, self.local_range)
-                else:
-                    self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset),
-                            *reducers, *self.args)
+                try:
+                    if self.source:
+                        self.backend.launch_source_kernel(self.fn, ctx, self.device_args, self.local_range)
+                    else:
+                        self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset),
+                                *reducers, *self.args)
+                finally:
+                    for r in reducers:      # (a reducer kept past its kernel combines into nothing)
+                        r._acc = None
             else:
                 self.fn(Partition(ctx.box, self.global_range, ctx.communicator, self.rank))
         except CeleritasError as exc:
@@ -578,6 +601,7 @@ class _Launcher:
                               f"{'' if ctx.device is None else f', device {ctx.device}'}: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
+            inside.where = outer
             if hydration is not None:
                 hydration.ctx = prev
 

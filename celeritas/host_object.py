@@ -15,6 +15,11 @@ class HostObject:
         self.id: int = self._runtime.create_host_object(self)
         self._alive = True
 
+    def _require_alive(self) -> None:
+        if not self._alive:
+            from scheduler.errors import AccessError
+            raise AccessError(f"host object H{self.id} was destroyed (HostObject.destroy()); it cannot be used any more")
+
     def destroy(self) -> None:
         if getattr(self, "_alive", False):
             self._alive = False
@@ -35,6 +40,7 @@ def side_effect(host_object: HostObject, cgh) -> Any:
     if not isinstance(host_object, HostObject):
         from scheduler.errors import CeleritasError
         raise CeleritasError(f"cl.side_effect takes a cl.HostObject, got {type(host_object).__name__}")
+    host_object._require_alive()
     if host_object not in cgh._side_effects:
         cgh._side_effects.append(host_object)
     return host_object.obj

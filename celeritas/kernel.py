@@ -17,11 +17,13 @@ class Kernel:
     def __init__(self, source: Mapping[str, str] | str, name: str, *, options: tuple[str, ...] = ()):
         if isinstance(source, str):
             source = {"cuda": source, "opencl": source}
-        if not source or not all(isinstance(v, str) for v in source.values()):
+        if not isinstance(source, Mapping) or not source or not all(isinstance(v, str) for v in source.values()):
             raise CeleritasError("cl.Kernel needs source={'cuda': '...', 'opencl': '...'}")
         unknown = set(source) - {"cuda", "opencl"}
         if unknown:
             raise CeleritasError(f"cl.Kernel source languages are 'cuda' and 'opencl', got {sorted(unknown)}")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise CeleritasError(f"cl.Kernel name must be the entry point's identifier, got {name!r}")
         self.source = dict(source)
         self.name = name
         self.__name__ = name

@@ -11,6 +11,7 @@ knows.
 from __future__ import annotations
 
 import inspect
+import operator
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -68,13 +69,20 @@ class fixed(RangeMapper):
         return f"cl.fixed({self.subrange})"
 
 
+def _integer(value, what: str) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise RangeMapperError(f"{what} must be an integer, got {value!r}") from None
+
+
 class slice(RangeMapper):  # noqa: A001 - the API name is cl.slice
     """The chunk's extent in every dimension except ``dim``, where it spans the buffer."""
 
     name = "slice"
 
     def __init__(self, dim: int):
-        self.dim = int(dim)
+        self.dim = _integer(dim, "cl.slice dimension")
 
     def __call__(self, chunk, shape):
         if not 0 <= self.dim < len(shape):
@@ -102,7 +110,7 @@ class neighborhood(RangeMapper):
             raise RangeMapperError(f"cl.neighborhood shape must be 'bounding_box' or 'along_axes', got {shape!r}")
         for e in extent:   # (made at every submit of a stencil: plain ints take the short way)
             if type(e) is not int:
-                extent = tuple([int(x) for x in extent])
+                extent = tuple([_integer(x, "cl.neighborhood extent") for x in extent])
                 break
         if not extent or min(extent) < 0:
             raise RangeMapperError(f"cl.neighborhood needs non-negative extents, got {extent}")
@@ -146,7 +154,9 @@ class even_split(RangeMapper):
     name = "even_split"
 
     def __init__(self, granularity: int | None = None):
-        self.granularity = int(granularity) if granularity else 1
+        self.granularity = 1 if granularity is None else _integer(granularity, "cl.even_split granularity")
+        if self.granularity < 1:
+            raise RangeMapperError(f"cl.even_split granularity must be >= 1, got {granularity!r}")
 
     def __call__(self, chunk, shape):
         g = getattr(chunk, "global_range", None) or chunk.range

@@ -195,6 +195,12 @@ class _FenceFuture(concurrent.futures.Future):
         return exc
 
 
+class _InsideTask(threading.local):
+    """Per thread: the kernel or host task running on it (``where``), None outside one."""
+
+    where: str | None = None
+
+
 class Runtime:
     """Everything one rank runs: task manager, scheduler thread, executor thread."""
 
@@ -209,6 +215,7 @@ class Runtime:
         self.config = config
         logging.getLogger("celeritas").setLevel(cfg.LOG_LEVELS[config.log_level])
         self._lock = threading.RLock()
+        self.inside_task = _InsideTask()   # set by a launcher while its kernel or host task runs
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._error_shown = False     # raised to the user once already: not printed again at exit
@@ -395,6 +402,7 @@ class Runtime:
             self.task_manager.prune_before(h)
 
     def create_buffer(self, buffer, data: np.ndarray | None) -> int:
+        self._refuse_inside_task("cl.Buffer()")
         with self._lock:
             self._check_alive()
             bid = self._next_buffer
@@ -422,6 +430,7 @@ class Runtime:
             self.scheduler.notify_buffer_destroyed(bid)
 
     def create_host_object(self, ho) -> int:
+        self._refuse_inside_task("cl.HostObject()")
         with self._lock:
             self._check_alive()
             hid = self._next_host_object
@@ -443,7 +452,17 @@ class Runtime:
         with self._lock:
             self.scheduler.notify_host_object_destroyed(hid)
 
+    def _refuse_inside_task(self, call: str) -> None:
+        """A kernel or host task that submits, waits or fences would wait for itself (a
+        hang) or, on several ranks, make the task stream depend on timing: refused."""
+        where = self.inside_task.where
+        if where is not None:
+            raise CeleritasError(f"{call} inside {where}: a kernel or host task cannot submit, wait, fence or "
+                                 f"create buffers (it would wait for itself); do it from the application thread")
+
     def submit(self, cgf) -> None:
+        if self.inside_task.where is not None:
+            self._refuse_inside_task("q.submit()")
         self._check_alive()
         cgh = CommandGroupHandler(self)
         cgf(cgh)
@@ -536,6 +555,7 @@ class Runtime:
         self._check_alive()
 
     def fence(self, obj, subrange=None) -> concurrent.futures.Future:
+        self._refuse_inside_task("q.fence()")
         fut = _FenceFuture(self, obj.label if isinstance(obj, Buffer) else
                            f"host object H{obj.id}" if isinstance(obj, HostObject) else "?")
         with self._lock:
@@ -556,6 +576,7 @@ class Runtime:
                     box = sbox
                 fut.task = self.task_manager.fence(buffer=obj.id, box=box, promise=fut).id
             elif isinstance(obj, HostObject):
+                obj._require_alive()
                 if subrange is not None:
                     raise CeleritasError(f"fence of host object H{obj.id}: a subrange {subrange!r} applies to "
                                          f"buffers only")
@@ -566,6 +587,7 @@ class Runtime:
         return fut
 
     def epoch(self, action: str = tg.EPOCH_NONE) -> None:
+        self._refuse_inside_task("q.wait()")
         with self._lock:
             self._check_alive()
             t = self.task_manager.epoch(action)

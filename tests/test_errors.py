@@ -672,3 +672,111 @@ def test_indexing_a_chunk_that_holds_none_of_the_buffer_is_an_access_error(monke
     with pytest.raises(cl.AccessError, match=r'buffer B\d+ "small"') as ei:
         q.wait()
     assert "too_wide" in str(ei.value)
+
+
+@pytest.mark.parametrize("body, call", [
+    (lambda q, b: q.wait(), r"q\.wait\(\)"),
+    (lambda q, b: q.submit(lambda cgh: cgh.parallel_for((1,), lambda c: None)), r"q\.submit\(\)"),
+    (lambda q, b: q.fence(b), r"q\.fence\(\)"),
+    (lambda q, b: cl.Buffer(np.zeros(2)), r"cl\.Buffer\(\)"),
+    (lambda q, b: cl.HostObject([]), r"cl\.HostObject\(\)"),
+])
+@pytest.mark.parametrize("where", ["kernel", "host task"])
+def test_submit_wait_or_fence_inside_a_task_is_an_error_not_a_hang(body, call, where):
+    """q.wait() or a fence's result inside a kernel waited for the kernel itself (a hang);
+    a submit from a kernel made the task stream depend on timing."""
+    q = cl.Queue(devices="host:2")
+    b = cl.Buffer(np.zeros(4), name="b")
+
+    def cgf(cgh):
+        if where == "kernel":
+            cgh.parallel_for((4,), lambda c: body(q, b), name="nested")
+        else:
+            cgh.host_task(lambda p: body(q, b), on=cl.on_master_node, name="nested")
+
+    q.submit(cgf)
+    with pytest.raises(cl.CeleritasError, match=call + f" inside {where} 'nested'.*cannot submit, wait"):
+        q.wait()
+    assert _no_runtime_threads_left()
+
+
+def test_after_a_task_the_application_thread_may_submit_again():
+    """The marker is per thread and cleared after every launch (host:1 runs kernels inline on
+    the executor thread, a lane per device otherwise)."""
+    for devices in ("host:1", "host:3"):
+        q = cl.Queue(devices=devices)
+        b = cl.Buffer(np.zeros(6), name="b")
+        for _ in range(3):
+            def cgf(cgh):
+                w = b.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.parallel_for((6,), lambda c: w.__setitem__(c, w[c] + 1))
+            q.submit(cgf)
+            q.wait()
+        np.testing.assert_array_equal(q.fence(b).result(), np.full(6, 3.0))
+        q.shutdown()
+
+
+def test_destroyed_host_object_cannot_be_fenced_or_used():
+    q = cl.Queue()
+    h = cl.HostObject([1])
+    h.destroy()
+    with pytest.raises(cl.AccessError, match=r"host object H\d+ was destroyed"):
+        q.fence(h)
+    with pytest.raises(cl.AccessError, match=r"host object H\d+ was destroyed"):
+        q.submit(lambda cgh: (cl.side_effect(h, cgh), cgh.host_task(lambda p: None, on=cl.on_master_node)))
+    q.wait()
+    q.shutdown()
+
+
+def test_reduction_target_cannot_be_reduced_twice_or_also_accessed():
+    """As Celerity's task manager: one reduction per target and task, and a target is not
+    also accessed through an accessor in that task."""
+    q = cl.Queue()
+    t = cl.Buffer(np.zeros(1), name="t")
+    with pytest.raises(cl.AccessError, match=r"kernel 'twice': more than one reduction writes buffer B\d+ \"t\""):
+        q.submit(lambda cgh: cgh.parallel_for((4,), lambda c, r1, r2: None, name="twice",
+                                              reductions=[cl.reduction(t, cgh, cl.plus), cl.reduction(t, cgh, cl.plus)]))
+    with pytest.raises(cl.AccessError, match=r"kernel 'both': buffer B\d+ \"t\" is both accessed"):
+        q.submit(lambda cgh: (t.access(cgh, cl.all(), cl.read),
+                              cgh.parallel_for((4,), lambda c, r: None, name="both",
+                                               reductions=[cl.reduction(t, cgh, cl.plus)])))
+    q.wait()
+    q.shutdown()
+
+
+def test_a_reducer_kept_past_its_kernel_cannot_combine():
+    q = cl.Queue()
+    t = cl.Buffer(np.zeros(1), name="t")
+    kept = []
+
+    def k(c, r):
+        r.combine(1.0)
+        kept.append(r)
+
+    q.submit(lambda cgh: cgh.parallel_for((4,), k, reductions=[cl.reduction(t, cgh, cl.plus,
+                                                                            initialize_to_identity=True)]))
+    assert q.fence(t).result()[0] == 1.0 * len(kept)
+    with pytest.raises(cl.AccessError, match=r"reducer of buffer B\d+ \"t\" used outside its kernel"):
+        kept[0].combine(5.0)
+    q.shutdown()
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: cl.Kernel(source=5, name="k"), "cl.Kernel needs source"),
+    (lambda: cl.Kernel(source={"opencl": "x"}, name="not an identifier"), "name must be the entry point"),
+    (lambda: cl.even_split("x"), "granularity must be an integer"),
+    (lambda: cl.even_split(0), "granularity must be >= 1"),
+    (lambda: cl.slice("x"), "dimension must be an integer"),
+    (lambda: cl.neighborhood(1.5), "extent must be an integer"),
+])
+def test_bad_kernel_and_mapper_arguments(make, match):
+    with pytest.raises(cl.CeleritasError, match=match):
+        make()
+
+
+def test_buffer_name_none_clears_it():
+    q = cl.Queue()
+    b = cl.Buffer(np.zeros(2), name="x")
+    b.name = None
+    assert b.name == "" and '"' not in b.label
+    q.shutdown()
