@@ -203,6 +203,7 @@ _EMPTY_BOX0 = Box((), ())
 # one DIGEST_MORE entry says from which task on the tasks are hashed only.
 DIGEST_LIMIT = 4096
 DIGEST_MORE = "more"
+BUFFER_CREATED = "buffer"    # a digest entry of a buffer made before task ``id``, named "B<id> <dtype>"
 
 
 class _StableStrIds(dict):
@@ -267,6 +268,12 @@ class TaskManager:
                       host_initialized: bool) -> BufferInfo:
         info = BufferInfo(bid, tuple(shape), dtype, name, host_initialized)
         self.buffers[bid] = info
+        # (a buffer another rank makes with another shape or dtype, or not at all, diverges
+        # as a task would: in the stream hash, and in the digest before the next task)
+        dt = str(dtype)
+        self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt], host_initialized))
+        if len(self._digest) < DIGEST_LIMIT:
+            self._digest.append((self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape)))
         box = info.box
         init = self._horizons.epoch if host_initialized else None
         self._access[bid] = RegionMap(box, (init, _NO_READERS))

@@ -208,6 +208,11 @@ def test_divergent_task_streams_name_the_first_differing_task():
     ("different", "T2 (device_compute 'update', range [64])", "T2 (device_compute 'update_v2', range [32])"),
     # rank 1 never reaches an epoch: it compares what it submitted with rank 0's stretch at once
     ("stuck", "T3 (shutdown epoch", "T3 (device_compute 'only_on_rank_1', range [64])"),
+    # buffers are part of the stream: their shapes and dtypes, and that every rank makes them
+    ("buffer_shape", "buffer B1 float32 of shape (32,) (made before T2)",
+     "buffer B1 float32 of shape (33,) (made before T2)"),
+    ("buffer_extra", "buffer B1 float32 of shape (32,) (made before T2)",
+     "buffer B1 int32 of shape (8,) (made before T2)"),
 ])
 def test_divergence_names_the_first_task_that_differs(mode, rank0, rank1):
     r = mpirun(2, "divergence.py", mode, env={"CELERITAS_DIVERGENCE_TIMEOUT": "60"}, timeout=60)

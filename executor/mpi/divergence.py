@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
-from scheduler.task_graph import DIGEST_MORE
+from scheduler.task_graph import BUFFER_CREATED, DIGEST_MORE
 
 from .wire import EPOCH_TAG
 
@@ -52,12 +52,22 @@ def _describe(e: tuple | None) -> str:
         return f"T{tid} and the tasks after it (compared by hash only: the digest lists the first tasks after an epoch)"
     if kind == "epoch":
         return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
+    if kind == BUFFER_CREATED:
+        return f"buffer {name} of shape {tuple(rng)} (made before T{tid})"
     return f"T{tid} ({kind} {name!r}, range {list(rng)})"
 
 
 def _stretch(info: _EpochInfo) -> list[tuple]:
     """The tasks of the stretch that ``info``'s epoch closes, the epoch itself last."""
     return info.digest + [(info.task, "epoch", info.action, ())]
+
+
+def _order(e: tuple) -> tuple:
+    """Where an entry lies in the stream: a task by its id; a buffer made before task
+    ``id`` before that task, by its buffer id (the name starts with it)."""
+    if e[1] == BUFFER_CREATED:
+        return e[0], 0, int(e[2].split()[0][1:])
+    return e[0], 1, 0
 
 
 def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | None, tuple | None] | None:
@@ -67,8 +77,8 @@ def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | N
     rank: a task only one rank submitted, or submitted under another name, kind
     or range, shows up as the first id whose entries differ (one of them may be
     the other rank's epoch, or missing where one stream ends first)."""
-    a = {e[0]: e for e in mine}
-    b = {e[0]: e for e in theirs}
+    a = {_order(e): e for e in mine}
+    b = {_order(e): e for e in theirs}
     for tid in sorted(a.keys() | b.keys()):
         ea, eb = a.get(tid), b.get(tid)
         if ea != eb:
@@ -236,7 +246,8 @@ class EpochCheck:
         last = self._last_announced_task
         if not pending or last is None or pending[0][0] != last + 1:
             return                     # an epoch of this rank sits in between, not yet announced
-        stretch = [e for e in _stretch(theirs) if e[0] <= pending[-1][0]]
+        end = _order(pending[-1])
+        stretch = [e for e in _stretch(theirs) if _order(e) <= end]
         diff = _first_difference(pending, stretch)
         if diff is not None:
             self._failed = True

@@ -7,6 +7,8 @@ mode ``different``: rank 1 submits its kernel under another name and range.
 mode ``stuck``: rank 1 submits a kernel that rank 0 does not and then blocks on a
 fence that needs data rank 0 never sends, so it never reaches an epoch; rank 0
 reaches its shutdown epoch.
+mode ``buffer_shape``: rank 1 makes its second buffer one element longer.
+mode ``buffer_extra``: rank 1 makes a buffer rank 0 does not (so their later buffer ids differ).
 mode ``silent``: rank 1 never reaches its epoch and submits nothing different (it
 blocks in its own code): rank 0 can only time out.
 """
@@ -57,6 +59,17 @@ elif mode == "stuck":
     if q.rank == 1:
         q.submit(touch("only_on_rank_1"))
         print(f"rank {q.rank}: {q.fence(b).result().sum()}", flush=True)
+elif mode == "buffer_shape":
+    q.submit(touch("step"))
+    c = cl.Buffer(np.zeros(32 + q.rank, np.float32), name="c")
+    q.submit(touch("after"))
+    q.wait()
+elif mode == "buffer_extra":
+    q.submit(touch("step"))
+    if q.rank == 1:
+        cl.Buffer(np.zeros(8, np.int32), name="only_on_rank_1")
+    c = cl.Buffer(np.zeros(32, np.float32), name="c")
+    q.wait()
 elif mode == "silent":
     q.submit(touch("step"))
     q.wait()
