@@ -5,6 +5,7 @@ from scheduler.errors import (AccessError, CeleritasError, CommunicationError, C
                               DiagnosticError, DivergenceError, GeometryError, KernelError, OutOfMemoryError,
                               RangeMapperError)
 from scheduler.geometry import Box, Region, Subrange  # noqa: F401
+from executor.backends.backend import BackendError  # noqa: F401
 
 from .accessor import DISCARD_READ_WRITE as discard_read_write  # noqa: F401
 from .accessor import DISCARD_WRITE as discard_write  # noqa: F401

@@ -198,3 +198,28 @@ def test_device_arrays_are_page_aligned_and_large_ones_huge_page_aligned():
     assert small.shape == (3, 5) and large.shape == (1024, 1024) and large.dtype == np.float32
     large[...] = 2
     assert large.sum() == 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize("source, name, args, match", [
+    ("__kernel void k(__global float* a, int n) { a[0] = n; }", "k", "acc",
+     r"kernel 'k' has 2 parameters, but its arguments make 13: CHUNK_PARAMS \(6\), 1 accessor"),
+    ("__kernel void k(CHUNK_PARAMS) { }", "other", "",
+     r"kernel 'other': its OpenCL source defines no __kernel named 'other'"),
+    ("__kernel void k(CHUNK_PARAMS, int n) { }", "k", "object", r"argument <object .*> is neither an accessor nor a scalar"),
+    ("__kernel void k(CHUNK_PARAMS) { syntax error }", "k", "", r"(?s)OpenCL kernel 'k' failed to build.*undeclared identifier 'syntax'"),
+])
+def test_source_kernel_mistakes_are_backend_errors_naming_the_kernel(source, name, args, match):
+    """A BackendError is a cl.CeleritasError (cl.BackendError), with the task and chunk added."""
+    q = cl.Queue(devices="opencl")
+    b = cl.Buffer(np.zeros(4, np.float32))
+    kernel = cl.Kernel(source={"opencl": source}, name=name)
+
+    def cgf(cgh):
+        acc = b.access(cgh, cl.one_to_one(), cl.write)
+        a = {"acc": (acc,), "object": (object(),), "": ()}[args]
+        cgh.parallel_for((4,), kernel, args=a)
+
+    with pytest.raises(cl.BackendError, match=match) as ei:
+        q.submit(cgf)
+        q.wait()
+    assert isinstance(ei.value, cl.CeleritasError)

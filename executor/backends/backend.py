@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple
 
+from scheduler.errors import CeleritasError
 from scheduler.geometry import Box
 import numpy as np
 
@@ -38,7 +39,7 @@ def blocked_ns() -> int:
     return getattr(_blocked, "ns", 0)
 
 
-class BackendError(RuntimeError):
+class BackendError(CeleritasError, RuntimeError):
     """A backend operation failed in a way the executor cannot recover from."""
 
 
@@ -307,3 +308,17 @@ def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[
         else:
             raise BackendError(f"kernel {name!r}: argument {a!r} is neither an accessor nor a scalar")
     return out
+
+
+def check_argument_count(name: str, expected: int, given: list, args: tuple) -> None:
+    """A source kernel whose parameter list does not match what ``args`` marshals to
+    would fail deep in the driver (pyopencl: "set_args() takes 3 positional arguments
+    but 14 were given"); this says which parameters are missing."""
+    if expected == len(given):
+        return
+    accessors = sum(1 for a in args if isinstance(a, AccessorArg))
+    raise BackendError(
+        f"kernel {name!r} has {expected} parameters, but its arguments make {len(given)}: CHUNK_PARAMS (6), "
+        f"{accessors} accessor(s) as ACCESSOR(T, name) (7 each) and {len(args) - accessors} scalar(s) from "
+        f"args={tuple('accessor' if isinstance(a, AccessorArg) else a for a in args)}; declare it as "
+        f"__kernel void {name}(CHUNK_PARAMS, ACCESSOR(T, a), ..., scalars...)")

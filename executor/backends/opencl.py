@@ -21,7 +21,8 @@ import numpy as np
 
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, AccessorArg, device_memory
 
-from .backend import BackendError, Lane, BackendInfo, default_copy_pairs, note_blocked, source_kernel_arguments
+from .backend import (BackendError, BackendInfo, Lane, check_argument_count, default_copy_pairs, note_blocked,
+                      source_kernel_arguments)
 from .host import HUGE_PAGE, HostBackend, host_empty
 
 log = logging.getLogger("celeritas.executor")
@@ -230,7 +231,13 @@ class OpenCLBackend(HostBackend):
         kkey = (id(queue), kernel.name, kernel.source.get("opencl"))
         k = self._kernels.get(kkey)
         if k is None:   # one kernel object per queue: set_args is not thread-safe
-            k = self._kernels[kkey] = cl.Kernel(self._program(kernel, device), kernel.name)
+            program = self._program(kernel, device)
+            try:
+                k = cl.Kernel(program, kernel.name)
+            except cl.LogicError as exc:
+                raise BackendError(f"kernel {kernel.name!r}: its OpenCL source defines no __kernel named "
+                                   f"{kernel.name!r} ({exc})") from None
+            self._kernels[kkey] = k
         syncs = []
 
         def pointer(_index: int, arr: Any):
@@ -245,6 +252,7 @@ class OpenCLBackend(HostBackend):
         key = _arguments_key(ctx, args)
         if key is None or self._kernel_args.get(id(k)) != key or not self._cpu[device]:
             cl_args = source_kernel_arguments(kernel.name, ctx, args, pointer)
+            check_argument_count(kernel.name, k.num_args, cl_args, args)
             for buf, arr in syncs:   # push host writes to the device
                 m, ev = cl.enqueue_map_buffer(queue, buf, cl.map_flags.WRITE_INVALIDATE_REGION, 0,
                                               (arr.nbytes,), np.uint8)
