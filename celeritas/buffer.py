@@ -111,6 +111,9 @@ class Buffer:
 
     def _require_alive(self) -> None:
         if not self._alive:
+            if self._runtime.is_shut_down:
+                raise AccessError(f"buffer {self.label} belongs to a runtime that was shut down (q.shutdown() or an "
+                                  f"error); make the buffer again after the new Queue")
             raise AccessError(f"buffer {self.label} was destroyed (Buffer.destroy()); it cannot be used any more")
 
     def destroy(self) -> None:

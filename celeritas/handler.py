@@ -595,7 +595,7 @@ class _Launcher:
                 raise
             raise type(exc)(f"{exc} (in {self.what} {self.task_name!r} "
                             f"of task T{ctx_task(ctx)}, rank {self.rank}, chunk {ctx.box})") from exc
-        except Exception as exc:
+        except (Exception, KeyboardInterrupt, SystemExit) as exc:   # (the last two: raised by the kernel itself)
             raise KernelError(f"{self.what} {self.task_name!r} of task "
                               f"T{ctx_task(ctx)} failed on rank {self.rank}, chunk {ctx.box}"
                               f"{'' if ctx.device is None else f', device {ctx.device}'}: "

@@ -18,6 +18,9 @@ class HostObject:
     def _require_alive(self) -> None:
         if not self._alive:
             from scheduler.errors import AccessError
+            if self._runtime.is_shut_down:
+                raise AccessError(f"host object H{self.id} belongs to a runtime that was shut down (q.shutdown() or "
+                                  f"an error); make it again after the new Queue")
             raise AccessError(f"host object H{self.id} was destroyed (HostObject.destroy()); it cannot be used any more")
 
     def destroy(self) -> None:

@@ -780,3 +780,29 @@ def test_buffer_name_none_clears_it():
     b.name = None
     assert b.name == "" and '"' not in b.label
     q.shutdown()
+
+
+def test_a_buffer_of_a_shut_down_runtime_says_so_not_that_it_was_destroyed():
+    q = cl.Queue()
+    b = cl.Buffer(np.zeros(4), name="old")
+    h = cl.HostObject([])
+    q.shutdown()
+    q2 = cl.Queue()
+    with pytest.raises(cl.AccessError, match=r'buffer B\d+ "old" belongs to a runtime that was shut down'):
+        q2.fence(b)
+    with pytest.raises(cl.AccessError, match=r"host object H\d+ belongs to a runtime that was shut down"):
+        q2.fence(h)
+    q2.shutdown()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_a_kernel_raising_keyboard_interrupt_or_system_exit_is_a_kernel_error(exc):
+    """Not 'internal error': the kernel raised it, so the message names the kernel."""
+    q = cl.Queue(devices="host:2")
+
+    def k(c):
+        raise exc(3)
+
+    q.submit(lambda cgh: cgh.parallel_for((4,), k, name="quits"))
+    with pytest.raises(cl.KernelError, match=rf"kernel 'quits' of task T\d+ failed on rank 0.*{exc.__name__}"):
+        q.wait()
