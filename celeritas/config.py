@@ -251,6 +251,21 @@ def _tristate(env: Mapping[str, str], var: str) -> bool | None:
     return v == "1"
 
 
+def check_output_paths(config: Config) -> None:
+    """The graph-dump folder and the trace file's folder can be written: found out when
+    the runtime starts (the folders are made then), not at shutdown after the whole run."""
+    for var, folder in (("CELERITAS_PRINT_GRAPHS", config.print_graphs),
+                        ("CELERITAS_TRACE", os.path.dirname(os.path.abspath(config.trace)) if config.trace else None)):
+        if not folder:
+            continue
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{var}: cannot create the folder {folder!r} ({exc.strerror or exc})") from None
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"{var}: the folder {folder!r} is not writable")
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     devices = DeviceSpec.parse(env["CELERITAS_DEVICES"]) if env.get("CELERITAS_DEVICES") else DeviceSpec("default")

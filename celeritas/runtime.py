@@ -212,6 +212,7 @@ class Runtime:
 
     # ---- construction ----------------------------------------------------------------
     def __init__(self, config: cfg.Config, communicator=None):
+        cfg.check_output_paths(config)
         self.config = config
         logging.getLogger("celeritas").setLevel(cfg.LOG_LEVELS[config.log_level])
         self._lock = threading.RLock()

@@ -806,3 +806,20 @@ def test_a_kernel_raising_keyboard_interrupt_or_system_exit_is_a_kernel_error(ex
     q.submit(lambda cgh: cgh.parallel_for((4,), k, name="quits"))
     with pytest.raises(cl.KernelError, match=rf"kernel 'quits' of task T\d+ failed on rank 0.*{exc.__name__}"):
         q.wait()
+
+
+@pytest.mark.parametrize("var, value, match", [
+    ("CELERITAS_PRINT_GRAPHS", "/proc/celeritas_no_such_folder", "CELERITAS_PRINT_GRAPHS: cannot create the folder"),
+    ("CELERITAS_TRACE", "{file}/trace.json", "CELERITAS_TRACE: cannot create the folder"),
+])
+def test_an_unwritable_output_path_is_a_config_error_at_start_not_a_log_at_shutdown(
+        monkeypatch, tmp_path, var, value, match):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    monkeypatch.setenv(var, value.format(file=a_file))
+    with pytest.raises(cl.ConfigError, match=match):
+        cl.Queue()
+    monkeypatch.delenv(var)
+    q = cl.Queue()      # nothing was left half-started
+    q.wait()
+    q.shutdown()
