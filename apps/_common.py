@@ -23,6 +23,28 @@ def base_parser(description: str, *, timed: bool = False) -> argparse.ArgumentPa
     return p
 
 
+def positive(text: str) -> int:
+    """argparse type of sizes and step counts: a negative or zero size is a usage error,
+    not a numpy traceback or a silent empty run."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def print_timing(app: str, ranks: int, devices: int, size: int, steps: int, seconds: float, **extra) -> None:
     """The ``--json`` line for job scripts: the fields of cluster/run_app.py's records, which
     ``cluster.scaling.parse_timing`` also finds among other output."""

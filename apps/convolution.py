@@ -19,7 +19,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, print_timing, progress_bar, report_verification
+from ._common import Timer, base_parser, console, nonnegative, positive, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -169,12 +169,12 @@ def run(q: cl.Queue, image: np.ndarray | int, *, radius: int = 2, sigma: float |
 
 def main(argv=None) -> int:
     p = base_parser(__doc__, timed=True)
-    p.add_argument("-N", "--size", type=int, default=1024, help="edge length of the synthetic image")
+    p.add_argument("-N", "--size", type=positive, default=1024, help="edge length of the synthetic image")
     p.add_argument("--input", default=None, help="a picture to filter instead of the synthetic one")
     p.add_argument("--output", default="convolution.png", help="PNG written by rank 0 ('' for none)")
-    p.add_argument("--radius", type=int, default=2, help="Gaussian radius in pixels")
+    p.add_argument("--radius", type=nonnegative, default=2, help="Gaussian radius in pixels")
     p.add_argument("--sigma", type=float, default=None)
-    p.add_argument("-T", "--iterations", type=int, default=1, help="blur + sharpen passes")
+    p.add_argument("-T", "--iterations", type=positive, default=1, help="blur + sharpen passes")
     args = p.parse_args(argv)
     image = load_image(args.input) if args.input else synthetic_image(args.size, args.size)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)

@@ -23,7 +23,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, print_timing, progress_bar, report_verification
+from ._common import Timer, base_parser, console, positive, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -96,8 +96,8 @@ def run(q: cl.Queue, n: int, steps: int, *, fetch: bool = True, progress: bool =
 
 def main(argv=None) -> int:
     p = base_parser(__doc__, timed=True)
-    p.add_argument("-N", "--size", type=int, default=1024, help="number of patches")
-    p.add_argument("-T", "--steps", type=int, default=100, help="time steps (rows of the result)")
+    p.add_argument("-N", "--size", type=positive, default=1024, help="number of patches")
+    p.add_argument("-T", "--steps", type=positive, default=100, help="time steps (rows of the result)")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:

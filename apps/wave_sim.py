@@ -13,7 +13,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, report_verification
+from ._common import Timer, base_parser, console, nonnegative, positive, report_verification
 
 
 def initial_condition(n: int, dtype=np.float32) -> np.ndarray:
@@ -127,10 +127,10 @@ def _write_frame(q, u, frames, step, output):
 
 def main(argv=None) -> int:
     p = base_parser(__doc__)
-    p.add_argument("-N", "--size", type=int, default=512, help="grid edge length")
-    p.add_argument("-T", "--steps", type=int, default=100)
+    p.add_argument("-N", "--size", type=positive, default=512, help="grid edge length")
+    p.add_argument("-T", "--steps", type=positive, default=100)
     p.add_argument("--output", default=None, help="folder for .npy frames (written by a master-node host task)")
-    p.add_argument("--output-every", type=int, default=0)
+    p.add_argument("--output-every", type=nonnegative, default=0)
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
