@@ -56,7 +56,9 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
             if n > 0:
                 return CudaBackend(list(range(n)))
         from executor.backends.host import HostBackend
-        return HostBackend(1, huge_pages=huge_pages)
+        # (the default without a GPU is host:1, and CELERITAS_HOST_DEVICE_MEMORY bounds it as it
+        # bounds an explicit host:N: it was ignored here, so the limit held only with devices set)
+        return HostBackend(1, memory_capacity=host_device_memory, huge_pages=huge_pages)
     if spec.backend == "host":
         from executor.backends.host import HostBackend
         return HostBackend(spec.count, memory_capacity=host_device_memory, huge_pages=huge_pages)

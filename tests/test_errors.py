@@ -823,3 +823,26 @@ def test_an_unwritable_output_path_is_a_config_error_at_start_not_a_log_at_shutd
     q = cl.Queue()      # nothing was left half-started
     q.wait()
     q.shutdown()
+
+
+def test_host_device_memory_bounds_the_default_devices_too(monkeypatch):
+    """Without a GPU the default devices are host:1; CELERITAS_HOST_DEVICE_MEMORY held only
+    when CELERITAS_DEVICES named host:N, so the same program ran unbounded by default."""
+    monkeypatch.delenv("CELERITAS_DEVICES", raising=False)
+    monkeypatch.setenv("CELERITAS_HOST_DEVICE_MEMORY", str(64 * 1024))
+    q = cl.Queue()
+    if q.runtime.backend_name != "host":
+        q.shutdown()
+        pytest.skip("the default devices here are GPUs")
+    big = cl.Buffer(np.arange(1 << 16, dtype=np.float32), name="big")
+
+    def cgf(cgh):
+        w = big.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for(big.shape, lambda chunk: w.__setitem__(chunk, w[chunk] * 2 + 1))
+
+    q.submit(cgf)
+    np.testing.assert_array_equal(q.fence(big).result(), np.arange(1 << 16, dtype=np.float32) * 2 + 1)
+    assert q.runtime.scheduler.igg.memory_stats["batches"] > 0
+    q.submit(lambda cgh: (big.access(cgh, cl.all(), cl.read), cgh.parallel_for((4,), lambda c: None, name="reads_all")))
+    with pytest.raises(cl.OutOfMemoryError, match=r"reads_all.*capacity is 65536 bytes"):
+        q.wait()
