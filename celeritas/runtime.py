@@ -159,6 +159,14 @@ class _FenceFuture(concurrent.futures.Future):
         self._rt = weakref.ref(rt)
         self.what = what
         self.task: int | None = None
+        self.shape: tuple[int, ...] | None = None   # of an empty buffer or subrange (see set_result)
+
+    def set_result(self, result: Any) -> None:
+        # (an empty box is one box whatever its extents, so its allocation comes back as
+        # (0, 0) for a (0, 4) buffer: the fence's array keeps the shape the user fenced)
+        if self.shape is not None and isinstance(result, np.ndarray) and result.size == 0:
+            result = result.reshape(self.shape)
+        super().set_result(result)
 
     def _wait(self, timeout: float | None) -> float | None:
         """Block like ``result(timeout)`` would, with the wait warning; the time left."""
@@ -577,6 +585,10 @@ class Runtime:
                         raise CeleritasError(f"fence subrange {subrange} is not inside buffer {obj.label} of "
                                              f"shape {obj.shape}")
                     box = sbox
+                if box.empty:
+                    fut.shape = tuple(subrange.range) if isinstance(subrange, Subrange) else (
+                        tuple(h - l for l, h in zip(subrange.min, subrange.max)) if isinstance(subrange, Box)
+                        else tuple(Subrange(*subrange).range) if subrange is not None else tuple(obj.shape))
                 fut.task = self.task_manager.fence(buffer=obj.id, box=box, promise=fut).id
             elif isinstance(obj, HostObject):
                 obj._require_alive()

@@ -615,6 +615,16 @@ class CommandGraphGenerator(CommandReplayMixin):
             participants = frozenset(r for r, _ in chunks)
             for red in task.reductions:
                 st = buffers[red.buffer]
+                if not chunks:
+                    # An empty range reduces nothing: folded into the current value that is the
+                    # current value, left as it is (a pending reduction included); without it
+                    # the result is the identity, which a reduction without participants
+                    # gathers (on one rank too: there is no chunk to fill it).  The current
+                    # value was lost on several ranks, where no chunk folded it in.
+                    if not red.include_current:
+                        st.pending = (red, participants)
+                        self._dist_all(st)
+                    continue
                 if self.num_ranks > 1:
                     st.pending = (red, participants)
                 self._dist_all(st)

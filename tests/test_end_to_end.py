@@ -381,3 +381,50 @@ def test_2d_accessor_index_forms_agree(monkeypatch, checks):
         expect[y0:y1] = res
     np.testing.assert_array_equal(got, expect)
     q.shutdown()
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)])
+@pytest.mark.parametrize("initialize", [False, True])
+@pytest.mark.parametrize("prior", [False, True])
+@pytest.mark.parametrize("replay", ["on", "off"])
+def test_reduction_over_an_empty_range(nodes, devices, initialize, prior, replay):
+    """Nothing is reduced: folded into the current value (a pending reduction included) the
+    result is that value, with initialize_to_identity the identity.  On several ranks the
+    current value was lost (0.0 instead of 5.0): no chunk folded it in.  Read by a kernel
+    afterwards too, not only by a fence."""
+    def program(rank):
+        q = cl.Queue()
+        t = cl.Buffer(np.array([5.0]), name="t")
+        if prior:
+            q.submit(lambda cgh: cgh.parallel_for((4,), lambda c, r: r.combine(float(c.range[0])),
+                                                  reductions=[cl.reduction(t, cgh, cl.plus)]))
+        q.submit(lambda cgh: cgh.parallel_for((0,), lambda c, r: r.combine(1.0), name="empty",
+                                              reductions=[cl.reduction(t, cgh, cl.plus,
+                                                                       initialize_to_identity=initialize)]))
+        out = cl.Buffer(np.zeros(4), name="out")
+
+        def cgf(cgh):
+            r = t.access(cgh, cl.all(), cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.write)
+            cgh.parallel_for((4,), lambda c: w.__setitem__(c, r[0]))
+
+        q.submit(cgf)
+        return q.fence(t).result()[0], q.fence(out).result().tolist()
+
+    want = 0.0 if initialize else (9.0 if prior else 5.0)
+    for value, read in run_cluster(program, nodes=nodes, devices=devices, CELERITAS_REPLAY=replay):
+        assert value == want and read == [want] * 4
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_fence_of_an_empty_buffer_or_subrange_keeps_its_shape(nodes):
+    """An empty box is one box whatever its extents: the fence of a (0, 4) buffer gave (0, 0)."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.zeros((0, 4), np.float32))
+        c = cl.Buffer(np.arange(12, dtype=np.int32).reshape(3, 4))
+        return (q.fence(b).result().shape, q.fence(c, cl.Subrange((1, 0), (0, 4))).result().shape,
+                q.fence(c, cl.Subrange((1, 1), (2, 2))).result().tolist(), q.fence(b).result().dtype)
+
+    for empty, sub_empty, sub, dtype in run_cluster(program, nodes=nodes, devices=2):
+        assert empty == (0, 4) and sub_empty == (0, 4) and sub == [[5, 6], [9, 10]] and dtype == np.float32
