@@ -23,26 +23,22 @@ def base_parser(description: str, *, timed: bool = False) -> argparse.ArgumentPa
     return p
 
 
-def positive(text: str) -> int:
-    """argparse type of sizes and step counts: a negative or zero size is a usage error,
-    not a numpy traceback or a silent empty run."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(minimum: int):
+    """An argparse type: an integer of at least ``minimum``.  Sizes and step counts use it, so
+    a negative or zero size is a usage error, not a numpy traceback or a silent empty run."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
 
 
-def nonnegative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+positive = _at_least(1)
+nonnegative = _at_least(0)
 
 
 def print_timing(app: str, ranks: int, devices: int, size: int, steps: int, seconds: float, **extra) -> None:
