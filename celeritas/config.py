@@ -122,8 +122,12 @@ class Config:
 
     def with_overrides(self, **kw) -> "Config":
         kw = {k: v for k, v in kw.items() if v is not None}
-        if "devices" in kw and isinstance(kw["devices"], str):
-            kw["devices"] = DeviceSpec.parse(kw["devices"], "devices")
+        if "devices" in kw:
+            if isinstance(kw["devices"], str):
+                kw["devices"] = DeviceSpec.parse(kw["devices"], "devices")
+            elif not isinstance(kw["devices"], DeviceSpec):
+                raise ConfigError(f"devices={kw['devices']!r} is not a device list; use a string such as 'host:2', "
+                                  f"'cuda', 'cuda:0,1', 'opencl' or 'opencl:P:D,...'")
         if "lookahead" in kw and kw["lookahead"] not in LOOKAHEAD_MODES:
             raise ConfigError(f"lookahead={kw['lookahead']!r}; use one of {', '.join(LOOKAHEAD_MODES)}")
         return replace(self, **kw)
@@ -176,13 +180,15 @@ def _memory_limit(env: Mapping[str, str], var: str) -> int | float | None:
     try:
         if "." in v and scale == 1:
             x = float(v)
-            if not 0 < x <= 1:
-                raise ConfigError(f"{var}={raw!r}: a fraction of the device memory must be in (0, 1]")
-            return x
-        n = int(v) * scale
+        else:
+            n = int(v) * scale
     except ValueError:
         raise ConfigError(f"{var}={raw!r} is neither a number of bytes (e.g. 2G) nor a fraction "
                           f"such as 0.8") from None
+    if "." in v and scale == 1:
+        if not 0 < x <= 1:
+            raise ConfigError(f"{var}={raw!r}: a fraction of the device memory must be in (0, 1]")
+        return x
     if n < 1:
         raise ConfigError(f"{var}={raw!r} must be at least 1 byte")
     return n

@@ -186,10 +186,10 @@ def split_task(task: Task, num_ranks: int, cache: dict | None = None) -> list[tu
         full = geom.box
     if kind == tg.FENCE:
         out = [(r, full) for r in range(num_ranks)]
+    elif full.empty:     # (a master-node task over an empty range too: it has no partition to run)
+        out = []
     elif kind == tg.MASTER_NODE:
         out = [(0, full)]
-    elif full.empty:
-        out = []
     elif kind == tg.COLLECTIVE:
         out = [(r, b) for r, b in enumerate(split_1d(full, (1,) * max(1, geom.dims), num_ranks))]
     elif geom.dims == 0:
@@ -625,8 +625,10 @@ class CommandGraphGenerator(CommandReplayMixin):
                         st.pending = (red, participants)
                         self._dist_all(st)
                     continue
-                if self.num_ranks > 1:
-                    st.pending = (red, participants)
+                # (on one rank nothing is pending after a reduction: an older pending one, from
+                # an empty range, is resolved above if this one folds in the current value,
+                # and dead otherwise; it used to survive and overwrite this result)
+                st.pending = (red, participants) if self.num_ranks > 1 else None
                 self._dist_all(st)
 
     def _resolve_reduction(self, task: Task, st: _BufferState, consumers: frozenset[int],

@@ -428,3 +428,50 @@ def test_fence_of_an_empty_buffer_or_subrange_keeps_its_shape(nodes):
 
     for empty, sub_empty, sub, dtype in run_cluster(program, nodes=nodes, devices=2):
         assert empty == (0, 4) and sub_empty == (0, 4) and sub == [[5, 6], [9, 10]] and dtype == np.float32
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+@pytest.mark.parametrize("op, values, want", [
+    (cl.plus, [0, 4], 4.0), (cl.maximum, [0, 5], 4.0), (cl.plus, [0, 0, 3], 3.0), (cl.plus, [2, 0], 0.0),
+])
+def test_reductions_into_one_buffer_after_an_empty_one(nodes, op, values, want):
+    """Found by the fuzzer: on one rank the empty reduction's result (the identity) stayed
+    pending and overwrote the next reduction's when read.  Each kernel over n items
+    combines 0..n-1; with initialize_to_identity the last one decides."""
+    def program(rank):
+        q = cl.Queue()
+        r = cl.Buffer(shape=(1,), dtype=np.float32, name="r")
+        for n in values:
+            def cgf(cgh, n=n):
+                red = cl.reduction(r, cgh, op, initialize_to_identity=True)
+                cgh.parallel_for((n,), lambda c, s: s.combine(c.arange(0).astype(np.float32) if op is cl.maximum
+                                                              else np.ones(c.range, np.float32)),
+                                 reductions=[red], name=f"red{n}")
+            q.submit(cgf)
+        return q.fence(r).result()[0]
+
+    for got in run_cluster(program, nodes=nodes, devices=2):
+        assert got == (want if op is not cl.maximum else max(values) - 1)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_master_node_host_task_over_an_empty_range_does_not_run(nodes):
+    """Found by the fuzzer: it ran once on rank 0 with an empty partition (and with a write
+    accessor and checks on, failed with an AccessError there)."""
+    def program(rank):
+        q = cl.Queue()
+        a = cl.Buffer(np.arange(8, dtype=np.int64), name="a")
+        ran = []
+
+        def cgf(cgh):
+            a.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.host_task(lambda part: ran.append(part.box), range=(0,), on=cl.on_master_node, name="empty")
+
+        q.submit(cgf)
+        q.submit(lambda cgh: cgh.host_task(lambda part: ran.append("0-d"), on=cl.on_master_node))
+        q.wait()
+        return ran, q.fence(a).result().tolist()
+
+    res = run_cluster(program, nodes=nodes, CELERITAS_ACCESSOR_CHECKS="1")
+    assert res[0] == (["0-d"], list(range(8)))
+    assert all(r == ([], list(range(8))) for r in res[1:])

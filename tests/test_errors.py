@@ -846,3 +846,25 @@ def test_host_device_memory_bounds_the_default_devices_too(monkeypatch):
     q.submit(lambda cgh: (big.access(cgh, cl.all(), cl.read), cgh.parallel_for((4,), lambda c: None, name="reads_all")))
     with pytest.raises(cl.OutOfMemoryError, match=r"reads_all.*capacity is 65536 bytes"):
         q.wait()
+
+
+@pytest.mark.parametrize("devices", [2, ("host", 2), 2.0])
+def test_queue_devices_that_are_not_a_string_are_a_config_error(devices):
+    """Found by the fuzzer: an int reached the runtime and failed with AttributeError."""
+    with pytest.raises(cl.ConfigError, match=r"devices=.* is not a device list; use a string such as 'host:2'"):
+        cl.Queue(devices=devices)
+    q = cl.Queue(devices="host:2")
+    assert q.num_devices == 2
+    q.shutdown()
+
+
+@pytest.mark.parametrize("value, match", [
+    ("1.5", r"CELERITAS_DEVICE_MEMORY_LIMIT='1.5': a fraction of the device memory must be in \(0, 1\]"),
+    ("x", r"CELERITAS_DEVICE_MEMORY_LIMIT='x' is neither a number of bytes"),
+    ("0", r"CELERITAS_DEVICE_MEMORY_LIMIT='0' must be at least 1 byte"),
+])
+def test_device_memory_limit_messages_say_what_is_wrong(monkeypatch, value, match):
+    """Found by the fuzzer: 1.5 got the generic 'neither bytes nor a fraction' message."""
+    monkeypatch.setenv("CELERITAS_DEVICE_MEMORY_LIMIT", value)
+    with pytest.raises(cl.ConfigError, match=match):
+        cl.Queue()
