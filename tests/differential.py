@@ -162,6 +162,7 @@ INDEX_DRAW = ("box", "box", "chunk", "slices", "slices", "ints", "ellipsis", "mi
 OOC_DRAWS = True            # main: a pair of kernels over larger buffers, for out-of-core batching
 SPLIT_DRAWS = True          # main: per-kernel oversubscribe, split_1d, constrain_split, host hints, even_split
 GEOMETRY_DRAWS = True       # main: kernels with offset=, ranges that are no buffer's shape, size 1 and empty
+EMPTY_DRAWS = True          # main: empty ranges of kernels with reductions and of host tasks (``_draw_empty``)
 MISUSE_TASK = "misuse"      # the name of a misuse program's task that misuses the API
 # misuse kind (``_gen_misuse``): what the program does wrong (``misuse_error`` models the error)
 #   outside         a chunk reads an element outside what its (cl.fixed) mapper grants: cl.AccessError
@@ -437,8 +438,11 @@ def reduce_model(vals: np.ndarray, spec: RedSpec, tdtype: str, current) -> np.nd
     op = OPS[spec.op]
     with np.errstate(all="ignore"):
         tv = np.asarray(red_values(vals, spec, tdtype)).reshape(-1).astype(td)
-        red = np.asarray([op.reduce(tv, dtype=td)], dtype=td) if td.kind != "b" else \
-            np.asarray([op.reduce(tv)], dtype=td)
+        if not tv.size:     # an empty range: the identity (minimum and maximum have none in numpy)
+            red = np.asarray([_identity(spec.op, tdtype)], dtype=td)
+        else:
+            red = np.asarray([op.reduce(tv, dtype=td)], dtype=td) if td.kind != "b" else \
+                np.asarray([op.reduce(tv)], dtype=td)
         if not spec.init:
             red = op(np.asarray(current, dtype=td).reshape(1), red).astype(td)
     return red
@@ -806,7 +810,52 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
         _draw_splits(g, p)
     if kind == "main" and OOC_DRAWS:
         _draw_ooc(g, p)
+    if kind == "main" and EMPTY_DRAWS:
+        _draw_empty(g, p)
     return p
+
+
+def _draw_empty(g: _Gen, p: Program) -> None:
+    """Empty index spaces where ``_draw_geometry`` draws none (drawn after the whole program, so
+    that every seed keeps the program it gave before): kernels with reductions (``geometry:
+    empty:reduction``; maybe beside reads and a data write through any write mapper, maybe at an
+    offset, maybe with split hints: no chunk runs, nothing is written, and every reduction's
+    result is its identity, folded into the target's current value unless
+    ``initialize_to_identity``: ``reduce_model``) and host tasks with a range (``geometry:empty:
+    host``, maybe ``on_master_node``: no partition runs anywhere).  A kernel with a point write
+    into a target keeps its range (that write defines the target); so does a task whose
+    emptiness would leave a buffer made without data unwritten (``lifecycle``)."""
+    rng = g.rng
+    for t in p.tasks:
+        if t.kind == "kernel" and t.reds:
+            if (t.write is not None and t.write.space == "target") or 0 in t.range_shape or rng.random() >= 0.1:
+                continue
+        elif t.kind == "host" and t.range_shape:
+            if 0 in t.range_shape or rng.random() >= 0.05:
+                continue
+        else:
+            continue
+        old = (t.range_shape, t.local_range)
+        d = rng.randrange(len(t.range_shape))
+        t.range_shape = tuple(0 if i == d else e for i, e in enumerate(t.range_shape))
+        t.local_range = None
+        if lifecycle(p)[0] is not None:
+            t.range_shape, t.local_range = old
+            continue
+        if t.kind == "host":
+            p.features.add("geometry:empty:host" + (":on_master" if t.on_master else ""))
+            continue
+        p.features.add("geometry:empty:reduction")
+        if any(not s.init for s in t.reds):
+            p.features.add("geometry:empty:reduction:include_current")
+        if any(s.init for s in t.reds):
+            p.features.add("geometry:empty:reduction:initialize_to_identity")
+        if t.write is not None:
+            p.features.add("geometry:empty:reduction:with_write")
+        if t.reads:
+            p.features.add("geometry:empty:reduction:with_reads")
+        if t.offset is not None:
+            p.features.add("geometry:empty:reduction:offset")
 
 
 def _draw_ooc(g: _Gen, p: Program) -> None:
@@ -933,8 +982,8 @@ def _draw_geometry(g: _Gen, p: Program) -> None:
     the written buffer (``geometry:offset``), a range of the kernel's own for kernels that write
     no data buffer through a full-range mapper (``geometry:free_range``), all-ones ranges
     (``geometry:size1``) and empty ones (``geometry:empty``: no chunk runs, nothing is written;
-    never with reductions, whose result over nothing the API leaves open, nor for a target's
-    point write, which defines the target).  Dropped again where
+    not for a target's point write, which defines the target; reductions' empty ranges are
+    ``_draw_empty``'s, drawn later so that older seeds keep their programs).  Dropped again where
     the program would stop being valid (the first write of a buffer made without data)."""
     rng = g.rng
     for t in p.tasks:
@@ -2529,6 +2578,10 @@ class _Run:
 
             def fn(part):
                 box = part.box
+                if box.empty or tuple(part.global_range) != tuple(t.range_shape):
+                    # (an empty range runs no partition, on the master node too, as a kernel's runs no chunk)
+                    run.geometry_problems.append((idx, run.rank, str(box), (tuple(part.global_range),),
+                                                  str(Box.full(t.range_shape))))
                 run._enter("host", idx, t, box)
                 if t.split1d or t.split2d or t.gran is not None:
                     run._check_split(idx, t, box)

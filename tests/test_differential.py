@@ -957,6 +957,142 @@ def test_kernel_geometry_check_fails(monkeypatch, break_it, tag):
     assert err.value.tag == tag, err.value
 
 
+# ---- empty index spaces with reductions, and host tasks over empty ranges (``_draw_empty``) --------
+def _empty_tasks(p):
+    return [(i, t) for i, t in enumerate(p.tasks) if t.kind in ("kernel", "host") and 0 in t.range_shape]
+
+
+@pytest.mark.parametrize("seed,cfg,features", [
+    # (6, 0): a plus reduction (initialize_to_identity) beside a read of b0 and a write of b1
+    (50, Config(ranks=2, devices=2), {"geometry:empty:reduction:initialize_to_identity",
+                                      "geometry:empty:reduction:with_write"}),
+    # (3, 0, 1): a bit_or folding in the current value of r0, written by the kernels before, beside a write
+    (201, Config(ranks=3, devices=1, oversubscribe=3, replay="off"), {"geometry:empty:reduction:include_current",
+                                                                      "geometry:empty:reduction:with_write"}),
+    # (0, 2, 5) at an offset: both kinds of reduction beside three reads; later (0, 8): minimum into r1
+    (398, Config(ranks=4, devices=2, lookahead="infinite", horizon_step=1),
+     {"geometry:empty:reduction:offset", "geometry:empty:reduction:include_current",
+      "geometry:empty:reduction:initialize_to_identity", "geometry:empty:reduction:with_reads"}),
+    # a host task over (0,) with three reads
+    (310, Config(ranks=2, devices=2, lookahead="none"), {"geometry:empty:host"}),
+])
+def test_empty_ranges_fixed_seeds(seed, cfg, features):
+    """The programs reach their empty index spaces and match the model; the model gives every
+    empty reduction's target the identity (initialize_to_identity) or keeps its value."""
+    p = generate(random.Random(seed), kind="main")
+    assert features <= p.features
+    assert _empty_tasks(p)
+    run_and_check(p, cfg)
+
+
+def test_empty_reductions_by_hand():
+    """Reductions over an empty index space (two shapes, one at an offset), beside a read and a
+    data write: ``initialize_to_identity`` gives the identity (minimum's is inf), otherwise the
+    current value stays (5 for plus, False for logical_and, 7 for bit_and), and a kernel reading
+    the result sees it; the data write writes nothing.  On one and several ranks and devices."""
+    p = _empty_reductions_program()
+    want = run_model(p)
+    assert [t.tolist() for t in want["targets"]] == [[5], float("inf"), [False], [7]]
+    assert want["fences"][0] == np.float32(np.inf)
+    b1 = (p.init[1] + 1 + 5 + np.arange(9)) % MOD      # (read_write adds the old value; r0 is still 5)
+    assert want["buffers"][1].tolist() == b1.tolist()
+    for cfg in (Config(ranks=1, devices=1), Config(ranks=2, devices=1),
+                Config(ranks=3, devices=2, oversubscribe=3, replay="off"),
+                Config(ranks=2, devices=3, lookahead="none", accessor_checks=False)):
+        run_and_check(p, cfg)
+
+
+def _empty_reductions_program():
+    from differential import RedSpec, TargetSpec
+    tasks = [Task("kernel", (0,), [Read("data", 0, "one_to_one")], Write("data", 1, "one_to_one", "discard_write"),
+                  offset=(2,), reds=[RedSpec(0, "plus", "int64", False), RedSpec(1, "minimum", "float32", True),
+                                     RedSpec(2, "logical_and", "bool", False), RedSpec(3, "bit_and", "int32", False)]),
+             Task("kernel", (3, 0), [], None, reds=[RedSpec(0, "maximum", "int64", False, combine="halves")]),
+             Task("fence", fence_space="target", fence_index=1),
+             Task("kernel", (9,), [Read("target", 0, "all")], Write("data", 1, "one_to_one", "read_write"), c0=1)]
+    p = _hand_program(tasks)
+    p.targets = [TargetSpec("int64", (1,), 5), TargetSpec("float32", (), 3), TargetSpec("bool", (1,), False),
+                 TargetSpec("int32", (1,), 7)]
+    return p
+
+
+def _empty_then_reduce():
+    from differential import RedSpec, TargetSpec
+    tasks = [Task("kernel", (3, 0, 4), [], None, c0=0, reds=[RedSpec(0, "plus", "float32", True)]),
+             Task("kernel", (3, 4, 4), [], None, c0=0, reds=[RedSpec(0, "plus", "float32", True)])]
+    p = _hand_program(tasks, shapes=((3, 4, 4),))
+    p.targets = [TargetSpec("float32", (1,), None)]
+    return p
+
+
+@pytest.mark.parametrize("cfg", [Config(ranks=1, devices=1, lookahead="none"), Config(ranks=1, devices=2),
+                                 Config(ranks=2, devices=1)])
+def test_reduction_after_an_empty_one(cfg):
+    """An empty reduction with initialize_to_identity, then one over (3, 4, 4) into the same
+    target: the second's result (fuzz seed 469, minimised; BUGS_FOUND.md)."""
+    p = _empty_then_reduce()
+    assert run_model(p)["targets"][0].tolist() == [2784.0]     # (the weighted indices mod 997, summed)
+    run_and_check(p, cfg)
+
+
+@pytest.mark.parametrize("wrong", ["ignore_current", "no_identity"])
+def test_empty_reduction_check_fails(monkeypatch, wrong):
+    """A runtime that dropped the current value of an empty reduction (what main did on several
+    ranks before 85dc22e), or left the old value under initialize_to_identity (on one rank) is
+    caught as a ``reduction`` mismatch: here the model is made to expect that instead, and the
+    correct runtime disagrees with it."""
+    import differential
+    orig = differential.reduce_model
+
+    def broken(vals, spec, tdtype, current):
+        if np.asarray(vals).size == 0:
+            if wrong == "ignore_current":
+                spec = replace(spec, init=True)
+            elif current is not None:
+                return np.asarray(current, dtype=tdtype).reshape(1)
+        return orig(vals, spec, tdtype, current)
+    p = _empty_reductions_program()
+    cfg = Config(ranks=2, devices=2)
+    run_and_check(p, cfg)
+    monkeypatch.setattr(differential, "reduce_model", broken)
+    with pytest.raises(Mismatch) as err:
+        run_and_check(p, cfg)
+    assert err.value.tag == "reduction", err.value
+
+
+def _empty_host_program(on_master: bool):
+    tasks = [Task("host", (6,), [Read("data", 0, "all")], Write("data", 1, "one_to_one", "read_write"), c0=2,
+                  side_effect=False, oversub=2),
+             Task("host", (0, 3), [Read("data", 1, "all")], Write("data", 2, "one_to_one", "discard_write"), c0=1,
+                  on_master=on_master, index="slices"),
+             Task("kernel", (6,), [Read("data", 2, "all")], Write("data", 0, "one_to_one", "read_write"), c0=3)]
+    return _hand_program(tasks, shapes=((6,), (6,), (2, 3)))
+
+
+def test_empty_host_partition_check_fails(monkeypatch):
+    """Host-task partitions that report another global range than the task's are a
+    ``geometry`` mismatch (the check that also catches a partition of an empty range)."""
+    import celeritas.handler as h
+    p = _empty_host_program(on_master=False)
+    cfg = Config(ranks=2, devices=1)
+    run_and_check(p, cfg)
+    init = h.Partition.__init__
+
+    def wrong(self, box, global_range, comm, rank):
+        init(self, box, tuple(r + 1 for r in global_range), comm, rank)
+    monkeypatch.setattr(h.Partition, "__init__", wrong)
+    with pytest.raises(Mismatch) as err:
+        run_and_check(p, cfg)
+    assert err.value.tag == "geometry", err.value
+
+
+@pytest.mark.parametrize("cfg", [Config(ranks=2, devices=1), Config(ranks=1, devices=2, accessor_checks=False)])
+def test_empty_host_task_on_master_runs_nothing(cfg):
+    """A host task over the empty range (0, 3) on the master node runs no partition, as a kernel
+    or a host task elsewhere over it runs none (fuzz seeds 596 and 869; BUGS_FOUND.md)."""
+    run_and_check(_empty_host_program(on_master=True), cfg)
+
+
 # ---- split controls: oversubscribe(k), split_1d, constrain_split, host hints, even_split ---------
 def _split_calls(monkeypatch):
     """Count the per-chunk split checks that ran (and so could fail)."""
