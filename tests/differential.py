@@ -48,7 +48,10 @@ Program kinds:
   do not fit (``cl.BufferError``); a user mapper that raises or returns another dimensionality
   (``cl.RangeMapperError`` from submit naming task, buffer and chunk).  Expected
   (``misuse_error``, ``check_misuse``): exactly that class and message, where it is raised,
-  no hang; peers aborted or finished as ``check_bad_mapper`` allows.
+  no hang; peers aborted or finished as ``check_bad_mapper`` allows.  Most mapper_raises
+  programs' mappers raise for part of the range only (``PARTIAL_RAISE_FORMS``,
+  ``partial_raise_outcome``): the error then comes from the scheduler thread at the sync,
+  on every rank (a rank's chunk) or on one (a device chunk or part), or not at all.
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -177,6 +180,14 @@ MISUSE_FORMS = ("outside", "write_read", "outside_kernel", "buffer", "mapper_rai
 BUFFER_FORMS = ("shape", "dtype", "not_dtype", "cast", "ndim", "negative")
 MAPPER_DIMS_FORMS = ("box", "subrange", "region", "type")
 RAISING_MAPPER_MSG = "raising_mapper refuses every chunk"
+# misuse mapper_raises, drawn after the whole program (``_draw_partial_raise``): a user mapper that
+# raises for part of the range only (else it maps the whole buffer), so the error comes from the
+# command graph (a rank's chunk: every rank) or one rank's instruction graph (a device chunk or an
+# oversubscribed part), or from no chunk at all (``partial_raise_outcome``):
+#   holding     raises for a chunk that holds row k of the index space and is not the whole range
+#   offset_eq   raises for a chunk whose offset is k (k >= 1)
+PARTIAL_RAISE_FORMS = ("holding", "offset_eq")
+PARTIAL_RAISING_MSG = "partial_raising refuses the chunk"
 
 
 # ---- programs as data -------------------------------------------------------------------
@@ -260,6 +271,7 @@ class Task:
     gran: Any = None            # kernels / host tasks: cl.constrain_split(cgh, gran) (an int or a tuple)
     misuse: str = ""            # misuse kind: the task that misuses the API (MISUSE_FORMS), else ""
     misuse_form: str = ""       # misuse: outside_kernel "cgf" | "after"; buffer BUFFER_FORMS;
+                                # mapper_raises "partial" (the mapper's Read has form and k);
                                 # mapper_dims MAPPER_DIMS_FORMS
     misuse_at: tuple | None = None   # misuse outside / write_read: the chunk holding this index misbehaves
     misuse_elem: tuple = ()     # misuse outside / write_read / outside_kernel: the element of the read
@@ -335,7 +347,8 @@ def _describe_task(t: Task) -> str:
                  "shift": f"(dim {rd.dim}, by {rd.shift})",
                  "neighborhood": f"({rd.extent}, {rd.shape})",
                  "even_split": f"(granularity {rd.k or None})",
-         "raising": " (raises)", "wrong_dims": " (wrong dimensionality or type)",
+         "raising": f" (raises{f' for the {rd.form} chunk, k={rd.k}' if rd.form else ''})",
+                 "wrong_dims": " (wrong dimensionality or type)",
                  "bad": f" {rd.form}" + (f"(k={rd.k})" if rd.form == "offset_eq" else "")
                  + (" opaque" if rd.opaque else "")}.get(rd.mapper, "")
         parts.append(f"read {name} {rd.mapper}{extra}")
@@ -563,10 +576,10 @@ def contribution(rd: Read, chunk: Box, shape, get: Callable[[Box], np.ndarray]):
 def element_values(t: Task, chunk: Box, shape_of: Callable[[Read], tuple], getters: dict) -> np.ndarray:
     out = np.full(chunk.range, t.c0, dtype=np.int64)
     for rd in t.reads:
-        if rd.mapper in ("bad", "even_split"):
+        if rd.mapper in ("bad", "even_split", "raising"):
             # what a bad or even_split mapper grants depends on the split: its data is checked
             # against the model's buffer instead (``_Run._check_bad_reads`` / ``_check_even_split``)
-            # and adds nothing to the values
+            # and adds nothing to the values (nor does a partially raising mapper's, where it grants)
             continue
         out = out + contribution(rd, chunk, shape_of(rd), getters[(rd.space, rd.buffer)])
     return (out + _weighted_index(chunk)) % MOD
@@ -666,6 +679,24 @@ def raising_mapper(chunk, buffer_shape):
     raise ValueError(RAISING_MAPPER_MSG)
 
 
+def partial_raising_mapper(form: str, k: int):
+    """misuse mapper_raises (``PARTIAL_RAISE_FORMS``): a user mapper that raises for the chunks
+    ``partial_raises`` names, and maps every other chunk to the whole buffer."""
+    def partial_raising(chunk, buffer_shape):
+        if partial_raises(form, k, chunk.offset[0], chunk.range[0], chunk.global_range[0]):
+            raise ValueError(f"{PARTIAL_RAISING_MSG} {form} {k}")
+        return cl.Subrange((0,) * len(buffer_shape), tuple(buffer_shape))
+    return partial_raising
+
+
+def partial_raises(form: str, k: int, o: int, r: int, n: int) -> bool:
+    """Whether the partially raising mapper ``form`` raises for the chunk of rows ``[o, o + r)``
+    of an index space of ``n`` rows (never for the whole range)."""
+    if form == "holding":
+        return o <= k < o + r and r < n
+    return o == k and k >= 1
+
+
 def wrong_dims_mapper(form: str):
     """misuse mapper_dims: a user mapper whose result is of another dimensionality (a box,
     subrange or region of ``wrong_dims``) or no region at all (a tuple)."""
@@ -687,7 +718,7 @@ def wrong_dims_of(dims: int) -> int:
 
 def _make_read_mapper(rd: Read):
     if rd.mapper == "raising":
-        return raising_mapper
+        return partial_raising_mapper(rd.form, rd.k) if rd.form else raising_mapper
     if rd.mapper == "wrong_dims":
         return wrong_dims_mapper(rd.form)
     if rd.mapper == "bad":
@@ -812,7 +843,27 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
         _draw_ooc(g, p)
     if kind == "main" and EMPTY_DRAWS:
         _draw_empty(g, p)
+    if kind == "misuse":
+        _draw_partial_raise(g, p)
     return p
+
+
+def _draw_partial_raise(g: _Gen, p: Program) -> None:
+    """Most misuse mapper_raises programs (drawn after the whole program, so that every other
+    misuse program is what its seed gave before) get a mapper that raises for part of the range
+    only (``PARTIAL_RAISE_FORMS``), and a sync of any kind."""
+    rng = g.rng
+    t = p.tasks[-1]
+    if t.misuse != "mapper_raises" or rng.random() >= 0.7:
+        return
+    rd = next(r for r in t.reads if r.mapper == "raising")
+    n = t.range_shape[0]
+    rd.form = rng.choice(PARTIAL_RAISE_FORMS) if n >= 2 else "holding"
+    rd.k = rng.randrange(1, n) if rd.form == "offset_eq" else rng.randrange(n)
+    p.sync = rng.choice(["wait", "fence", "shutdown"])
+    t.misuse_form = "partial"
+    p.features -= {"misuse:sync:wait"}
+    p.features |= {f"misuse:partial:{rd.form}", f"misuse:sync:{p.sync}"}
 
 
 def _draw_empty(g: _Gen, p: Program) -> None:
@@ -3759,11 +3810,17 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
     if t.misuse == "outside_kernel":
         return MisuseOutcome(every, cl.AccessError, f"accessor of buffer {buf} used outside its kernel or host task",
                              submit)
+    if t.misuse == "mapper_raises" and rd.form:
+        # (raised on the scheduler thread: the line of the submit only where the runtime knows it there)
+        failing, chunk = partial_raise_outcome(p, cfg)
+        if not failing:
+            return MisuseOutcome([], cl.RangeMapperError, "", "")
+        text = f"the mapper raised ValueError: {PARTIAL_RAISING_MSG} {rd.form} {rd.k}"
+        return MisuseOutcome(failing, cl.RangeMapperError, _mapper_error_head(t, buf, chunk, site=None)
+                             + re.escape(text), submit + r"|sync \w+|final wait", ValueError)
     if t.misuse in ("mapper_raises", "mapper_dims"):
         d = len(p.shapes[rd.buffer])
-        n = len(t.range_shape)
-        head = (f"{what} '{MISUSE_TASK}' \\(submitted at [^()]*\\): range mapper .+ for buffer {buf}, chunk "
-                + re.escape(f"Subrange(offset={(0,) * n}, range={tuple(t.range_shape)}): "))
+        head = _mapper_error_head(t, buf, (0, t.range_shape[0]), site=True)
         if t.misuse == "mapper_raises":
             return MisuseOutcome(every, cl.RangeMapperError,
                                  head + re.escape(f"the mapper raised ValueError: {RAISING_MAPPER_MSG}"), submit,
@@ -3792,6 +3849,41 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
     return MisuseOutcome([rank], cl.AccessError, pattern, submit + r"|sync \w+|final wait")
 
 
+def _mapper_error_head(t: Task, buf: str, rows: tuple[int, int], site: bool | None) -> str:
+    """The start of range_mappers.py's ``RangeMapperError`` message (a regex) for the misuse
+    task's mapper of buffer ``buf`` (a regex) and its chunk of ``rows`` (offset, size) along
+    dim 0; ``site``: the line of the submit is named (True), may be (None)."""
+    what = "host task" if t.kind == "host" else "kernel"
+    box = _task_box(t, rows)
+    at = r" \(submitted at [^()]*\)"
+    return (f"{what} '{MISUSE_TASK}'{at if site else f'(?:{at})?'}: range mapper .+ for buffer {buf}, chunk "
+            + re.escape(f"Subrange(offset={box.offset}, range={box.range}): "))
+
+
+def partial_raise_outcome(p: Program, cfg: Config) -> tuple[list[int], tuple[int, int] | None]:
+    """(the ranks that raise, the chunk ``(offset, size)`` the error names) for a misuse
+    program whose mapper raises for part of the range only (``partial_raises``).  The task
+    manager maps the whole range (never raising); every rank's command graph maps every rank's
+    chunk (``bad_rank_chunks``), so one that raises fails every rank; else a rank whose chunk is
+    cut into two or more local chunks (``bad_local_chunks``) maps each in its instruction
+    graph, and the first that raises fails that rank alone; else nothing raises (a master-node
+    task, one chunk, a k no chunk starts at)."""
+    _idx, t = misuse_task(p)
+    rd = _misuse_read(t)
+    n = t.range_shape[0]
+    _assert_unbatched(p, t, cfg)
+    chunks = bad_rank_chunks(t, cfg.ranks)
+    for c in chunks:
+        if partial_raises(rd.form, rd.k, *c, n):
+            return list(range(cfg.ranks)), c
+    for rank, c in enumerate(chunks):
+        parts = bad_local_chunks(t, cfg, c)
+        for o, r, _dev in parts if len(parts) >= 2 else ():
+            if partial_raises(rd.form, rd.k, o, r, n):
+                return [rank], (o, r)
+    return [], None
+
+
 def check_misuse(p: Program, result: dict, cfg: Config) -> None:
     """The error ``misuse_error`` predicts, of exactly that class and message (and cause),
     raised where it says, by the ranks at fault; no rank hangs.  Several ranks at fault (an
@@ -3799,12 +3891,22 @@ def check_misuse(p: Program, result: dict, cfg: Config) -> None:
     by another's (but at least one raises it), and none finishes.  One rank at fault (a
     chunk in a kernel or host task): every other rank is aborted or finishes normally, as
     ``check_bad_mapper`` allows; but a rank whose sync fenced the buffer the misuse task
-    writes cannot finish (the failed rank's part of it is never sent)."""
+    writes cannot finish (the failed rank's part of it is never sent).  No rank at fault (a
+    partially raising mapper no chunk makes raise): every rank finishes without error."""
     oc = misuse_error(p, cfg)
     idx, t = misuse_task(p)
     what = f"T{idx} ({_describe_task(t)}) on {cfg.describe()}"
     outs = result["ranks"]
     probs: list[tuple[str, str]] = []
+    if not oc.failing:      # (a partially raising mapper that no chunk makes raise: no error anywhere)
+        for r, o in enumerate(outs):
+            if o is None or o["error"] is not None:
+                probs.append(("hang" if o is None else "misuse:spurious",
+                              f"rank {r}: {what}: no chunk makes the mapper raise, yet: "
+                              f"{_err_text(o['error']) if o else 'it did not finish'}"))
+        if probs:
+            raise Mismatch(probs)
+        return
     primary = []
     failing_probs = False
     for r, o in enumerate(outs):
@@ -3847,7 +3949,7 @@ def check_misuse(p: Program, result: dict, cfg: Config) -> None:
                                           else _err_text(o["error"])) for r, o in enumerate(outs))
         probs.append(("misuse:wrong_error", f"{what}: no rank raised the expected error: {seen}"))
     if probs:
-        order = ["misuse:missed", "misuse:wrong_error", "misuse:wrong_stage", "crash", "hang",
+        order = ["misuse:missed", "misuse:wrong_error", "misuse:spurious", "misuse:wrong_stage", "crash", "hang",
                  "misuse:rank_finished", "misuse:peer_finished"]
         probs.sort(key=lambda pr: order.index(pr[0]))
         raise Mismatch(probs)

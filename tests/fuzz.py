@@ -33,7 +33,8 @@ for _p in (_TESTS.parent, _TESTS):
 
 from differential import (BAD_TASK, GROUPS, KINDS, Config, Mismatch, Program, bad_mapper_outcome,  # noqa: E402
                           chunks_possible, device_memory_batched, device_memory_for, generate, lifecycle,
-                          overlap_expects_error, program_config, random_config, run_and_check)
+                          overlap_expects_error, partial_raise_outcome, program_config, random_config,
+                          run_and_check)
 
 
 @dataclass
@@ -141,6 +142,12 @@ def expected_outcome(p: Program, cfg: Config) -> list[str]:
         if oc.case == "none":
             out.append("expect:bad_mapper:no_error")
         return out
+    if p.kind == "misuse" and p.tasks[-1].misuse_form == "partial":
+        # which graph raises: every rank's command graph (a rank's chunk), one rank's instruction
+        # graph (a device chunk or part), or none
+        failing, _chunk = partial_raise_outcome(p, cfg)
+        return ["expect:misuse:partial:" + ("none" if not failing else "rank_chunk" if cfg.ranks > 1
+                                            and len(failing) == cfg.ranks else "local_chunk")]
     if p.kind == "overlap":
         diagnosed = overlap_expects_error(p, chunks_possible(cfg))
         return ["expect:overlap:" + ("diagnostic" if diagnosed else "single_chunk")]
