@@ -52,6 +52,10 @@ Program kinds:
   programs' mappers raise for part of the range only (``PARTIAL_RAISE_FORMS``,
   ``partial_raise_outcome``): the error then comes from the scheduler thread at the sync,
   on every rank (a rank's chunk) or on one (a device chunk or part), or not at all.
+  Most buffer programs misconfigure instead (``CONFIG_FORMS``, ``_draw_config``): an invalid
+  ``CELERITAS_*`` value or ``cl.Queue`` argument (a ``cl.ConfigError`` naming the setting and
+  the value, exactly, on every rank at the first ``cl.Queue()``), an invalid
+  ``q.set_lookahead`` mode or a second ``cl.Queue`` asking for other devices (at that step).
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -188,6 +192,52 @@ RAISING_MAPPER_MSG = "raising_mapper refuses every chunk"
 #   offset_eq   raises for a chunk whose offset is k (k >= 1)
 PARTIAL_RAISE_FORMS = ("holding", "offset_eq")
 PARTIAL_RAISING_MSG = "partial_raising refuses the chunk"
+# misuse config (``_draw_config``, drawn after the whole program from buffer misuses): an invalid setting,
+# a cl.ConfigError naming it (the messages of celeritas/config.py and runtime.py, restated):
+#   env            a CELERITAS_* variable with an invalid value (CONFIG_ENV_CASES): at the first cl.Queue()
+#   queue_arg      cl.Queue(devices=... | lookahead=...) with an invalid value (CONFIG_QUEUE_CASES): there too
+#   set_lookahead  q.set_lookahead(<invalid>) where the misuse task stands
+#   second_queue   cl.Queue(devices=<other devices> | lookahead=<invalid>) once the runtime runs, there too
+CONFIG_FORMS = ("env", "queue_arg", "set_lookahead", "second_queue")
+_CHOICE = "{var}={raw!r}; use one of {choices}"
+CONFIG_ENV_CASES = (    # (variable, invalid value, message)
+    ("CELERITAS_DEVICES", "host:0", "{var}={raw!r}: host:N needs 1 <= N <= 64"),
+    ("CELERITAS_DEVICES", "host:65", "{var}={raw!r}: host:N needs 1 <= N <= 64"),
+    ("CELERITAS_DEVICES", "gpu:1", "{var}={raw!r} is not a device list; use host:N, cuda, cuda:0,1, opencl or "
+                                   "opencl:P:D,..."),
+    ("CELERITAS_LOOKAHEAD", "sometimes", _CHOICE.replace("{choices}", "none, auto, infinite")),
+    ("CELERITAS_HORIZON_STEP", "0", "{var}={raw!r} must be >= 1"),
+    ("CELERITAS_HORIZON_STEP", "two", "{var}={raw!r} is not an integer"),
+    ("CELERITAS_HORIZON_MAX_PARALLELISM", "0", "{var}={raw!r} must be >= 1"),
+    ("CELERITAS_HORIZON_MAX_PARALLELISM", "1.5", "{var}={raw!r} is not an integer"),
+    ("CELERITAS_MAX_TASKS_AHEAD", "1", "{var}={raw!r} must be >= 2"),
+    ("CELERITAS_PAUSE_AHEAD", "-1", "{var}={raw!r} must be >= 0"),
+    ("CELERITAS_DEVICE_MEMORY_LIMIT", "lots", "{var}={raw!r} is neither a number of bytes (e.g. 2G) nor a "
+                                              "fraction such as 0.8"),
+    ("CELERITAS_DEVICE_MEMORY_LIMIT", "0", "{var}={raw!r} must be at least 1 byte"),
+    ("CELERITAS_DEVICE_MEMORY_LIMIT", "1.5", "{var}={raw!r}: a fraction of the device memory must be in (0, 1]"),
+    ("CELERITAS_HOST_DEVICE_MEMORY", "-5", "{var}={raw!r} must be >= 1"),
+    ("CELERITAS_DIAGNOSTICS", "loud", _CHOICE.replace("{choices}", "off, warn, error")),
+    ("CELERITAS_ACCESSOR_CHECKS", "2", "{var}={raw!r}; use 1 or 0"),
+    ("CELERITAS_RECORD", "maybe", "{var}={raw!r}; use 1 or 0"),
+    ("CELERITAS_LOG_LEVEL", "verbose", _CHOICE.replace("{choices}", "debug, info, warning, error")),
+    ("CELERITAS_REPLAY", "sometimes", _CHOICE.replace("{choices}", "on, off")),
+    ("CELERITAS_OUT_OF_CORE_OVERLAP", "yes", _CHOICE.replace("{choices}", "on, off")),
+    ("CELERITAS_HUGE_PAGES", "big", "{var}={raw!r}; use on, off or a size in bytes"),
+    ("CELERITAS_INLINE_US", "-1", "{var}={raw!r} must be a finite number >= 0"),
+    ("CELERITAS_WAIT_WARNING", "soon", "{var}={raw!r} is not a number of seconds (or 'none')"),
+    ("CELERITAS_GC", "never", _CHOICE.replace("{choices}", "tuned, default")),
+    ("CELERITAS_MPI_DEVICE_MEMORY", "gpu", _CHOICE.replace("{choices}", "auto, direct, staged")),
+    ("CELERITAS_DIVERGENCE_TIMEOUT", "-3", "{var}={raw!r} must be > 0 (or 'none')"),
+)
+CONFIG_QUEUE_CASES = (  # (argument, invalid value, message: a regex)
+    ("devices", "host:0", re.escape("devices='host:0': host:N needs 1 <= N <= 64")),
+    ("devices", "gpu", re.escape("devices='gpu' is not a device list; use host:N, cuda, cuda:0,1, opencl or "
+                                 "opencl:P:D,...")),
+    ("devices", 2, r"devices=2\b.*"),       # (not a string at all: named, whatever the rest says)
+    ("lookahead", "sometimes", re.escape("lookahead='sometimes'; use one of none, auto, infinite")),
+    ("lookahead", 3, re.escape("lookahead=3; use one of none, auto, infinite")),
+)
 
 
 # ---- programs as data -------------------------------------------------------------------
@@ -334,6 +384,12 @@ def _describe_task(t: Task) -> str:
         return f"q.set_lookahead({t.mode!r})"
     if t.kind == "bad_buffer":
         return f"cl.Buffer(...) for b{t.fence_index} that does not fit ({t.misuse_form})"
+    if t.kind == "bad_config":
+        setting, value = config_setting(t)
+        return {"env": f"{setting}={value!r} in the environment", "queue_arg": f"cl.Queue({setting}={value!r})",
+                "set_lookahead": f"q.set_lookahead({value!r})",
+                "second_queue": f"cl.Queue({setting}={value!r}) once the runtime runs"}[t.misuse_form] + \
+            " MISUSE config"
     if t.kind == "flush":
         return "q.flush()"
     parts = [t.kind] + ([f"range={t.range_shape}" + (f" offset={t.offset}" if t.offset is not None else "")]
@@ -845,7 +901,60 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
         _draw_empty(g, p)
     if kind == "misuse":
         _draw_partial_raise(g, p)
+        _draw_config(g, p)
     return p
+
+
+def _draw_config(g: _Gen, p: Program) -> None:
+    """Most misuse buffer programs (drawn after the whole program, so that every other misuse
+    program is what its seed gave before) misconfigure instead (``CONFIG_FORMS``): the misuse
+    task becomes a ``bad_config`` step (its ``fence_index`` the case of ``CONFIG_ENV_CASES`` /
+    ``CONFIG_QUEUE_CASES``, or the invalid lookahead mode)."""
+    rng = g.rng
+    t = p.tasks[-1]
+    if t.misuse != "buffer" or rng.random() >= 0.6:
+        return
+    form = rng.choice(CONFIG_FORMS)
+    n = {"env": len(CONFIG_ENV_CASES), "queue_arg": len(CONFIG_QUEUE_CASES), "set_lookahead": 3,
+         "second_queue": 2}[form]
+    p.tasks[-1] = Task("bad_config", name=MISUSE_TASK, misuse="config", misuse_form=form, fence_index=rng.randrange(n))
+    p.features -= {f for f in p.features if f.startswith("misuse:buffer")}
+    setting, _value = config_setting(p.tasks[-1])
+    p.features |= {"misuse:config", f"misuse:config:{form}", f"misuse:config:{form}:{setting}"}
+
+
+BAD_LOOKAHEADS = ("sometimes", "", "always")
+
+
+def config_setting(t: Task) -> tuple[str, Any]:
+    """The setting a misuse config task gets wrong and its invalid value (second_queue devices:
+    ``None``, the rank's devices plus one, known only on the configuration)."""
+    if t.misuse_form == "env":
+        return CONFIG_ENV_CASES[t.fence_index][:2]
+    if t.misuse_form == "queue_arg":
+        return CONFIG_QUEUE_CASES[t.fence_index][:2]
+    if t.misuse_form == "set_lookahead":
+        return "lookahead", BAD_LOOKAHEADS[t.fence_index]
+    return ("devices", None) if t.fence_index == 0 else ("lookahead", "sometimes")
+
+
+def _config_step(p: Program, form: str) -> dict:
+    """``{setting: invalid value}`` of a misuse config program of ``form`` (else none)."""
+    t = p.tasks[-1] if p.tasks else None
+    if t is None or t.misuse != "config" or t.misuse_form != form:
+        return {}
+    setting, value = config_setting(t)
+    return {setting: value}
+
+
+def config_queue_kwargs(p: Program) -> dict:
+    """The arguments of a misuse queue_arg program's cl.Queue() (else none)."""
+    return _config_step(p, "queue_arg")
+
+
+def config_env(p: Program) -> dict:
+    """The invalid variable of a misuse env program (else none)."""
+    return _config_step(p, "env")
 
 
 def _draw_partial_raise(g: _Gen, p: Program) -> None:
@@ -2460,6 +2569,13 @@ class _Run:
             q.flush()
         elif t.kind == "bad_buffer":
             make_bad_buffer(t.misuse_form, self.p.shapes[t.fence_index], self.p.dtypes[t.fence_index])
+        elif t.kind == "bad_config":
+            setting, value = config_setting(t)
+            if t.misuse_form == "set_lookahead":
+                q.set_lookahead(value)
+            elif t.misuse_form == "second_queue":
+                cl.Queue(**{setting: value if value is not None else _other_devices(q)})
+            # (env, queue_arg: the first cl.Queue() raised already, or nothing is left to do)
         elif t.kind == "host":
             q.submit(self._host_cgf(idx, t))
         else:
@@ -2939,10 +3055,17 @@ def _allgather(q: cl.Queue, obj) -> list:
     return q.fence(box).result()[0]
 
 
-def run_expecting_error(p: Program, q: cl.Queue, *, oversubscribe: int = 1, ran: list | None = None) -> dict:
-    """Run a ``fail`` / ``bad_reduction`` / ``overlap`` program; where (if at all) it raised."""
+def _other_devices(q: cl.Queue) -> str:
+    return f"host:{q.num_devices + 1}"
+
+
+def run_expecting_error(p: Program, q: cl.Queue | None, *, oversubscribe: int = 1, ran: list | None = None) -> dict:
+    """Run a ``fail`` / ``bad_reduction`` / ``overlap`` / ``misuse`` program; where (if at all) it
+    raised.  ``q`` None: made here (``cl.Queue(**config_queue_kwargs(p))``), at the stage ``setup``."""
     stage = "setup"
     try:
+        if q is None:
+            q = cl.Queue(**config_queue_kwargs(p))
         run = _Run(p, q, oversubscribe, ran)
         for idx, t in enumerate(p.tasks):
             stage = f"submit T{idx}"
@@ -3228,8 +3351,8 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     lock = threading.Lock()
 
     def program(rank: int):
-        q = cl.Queue()
         if p.kind in MAIN_LIKE:
+            q = cl.Queue()
             try:
                 obs = run_celeritas(p, q, oversubscribe=cfg.oversubscribe, ran=ran)
             except Exception as exc:
@@ -3238,14 +3361,14 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
                 raise
             outcomes[rank] = {"error": None, "obs": obs}
             return None
-        res = run_expecting_error(p, q, oversubscribe=cfg.oversubscribe, ran=ran)
+        res = run_expecting_error(p, None, oversubscribe=cfg.oversubscribe, ran=ran)
         outcomes[rank] = res
         if res["error"] is not None:
             raise res["error"]
         return None
 
     cluster_error = None
-    env = cfg.env()
+    env = {**cfg.env(), **config_env(p)}
     if cfg.batch is not None and cfg.backend == "host":
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_batched(p, cfg.batch))
     elif cfg.memory is not None and cfg.backend == "host":
@@ -3804,6 +3927,9 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
                 "ndim": f"buffers have 0 to 3 dimensions, got shape {bad_buffer_shape(f, shape)}",
                 "negative": f"negative extent in shape {bad_buffer_shape(f, shape)}"}[f]
         return MisuseOutcome(every, cl.BufferError, re.escape(text), submit)
+    if t.misuse == "config":
+        return MisuseOutcome(every, cl.ConfigError, config_error_pattern(t, cfg),
+                             "setup" if t.misuse_form in ("env", "queue_arg") else submit)
     rd = _misuse_read(t)
     buf = r'B\d+ "b%d"' % rd.buffer
     what = "host task" if t.kind == "host" else "kernel"
@@ -3847,6 +3973,20 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
     # (at the sync, or at the misuse task's own submit when that waits for the executor:
     # CELERITAS_MAX_TASKS_AHEAD, CELERITAS_PAUSE_AHEAD)
     return MisuseOutcome([rank], cl.AccessError, pattern, submit + r"|sync \w+|final wait")
+
+
+def config_error_pattern(t: Task, cfg: Config) -> str:
+    """The whole message (a regex) of a misuse config program's ``cl.ConfigError``."""
+    setting, value = config_setting(t)
+    if t.misuse_form == "env":
+        return re.escape(CONFIG_ENV_CASES[t.fence_index][2].format(var=setting, raw=value))
+    if t.misuse_form == "queue_arg":
+        return CONFIG_QUEUE_CASES[t.fence_index][2]
+    if t.misuse_form == "second_queue" and value is None:
+        now = f"host:{cfg.devices}" if cfg.backend == "host" else "opencl:" + ",".join(["0:0"] * cfg.devices)
+        return re.escape(f"the runtime already runs on {now}; create the Queue with devices='host:{cfg.devices + 1}' "
+                         f"before any Buffer")
+    return re.escape(f"lookahead {value!r}; use one of none, auto, infinite")
 
 
 def _mapper_error_head(t: Task, buf: str, rows: tuple[int, int], site: bool | None) -> str:

@@ -1294,11 +1294,11 @@ MISUSE_CASES = [
     (45, Config(ranks=2, devices=2), "outside_kernel", "cgf", cl.AccessError),
     (18, Config(ranks=3, devices=1), "outside_kernel", "after", cl.AccessError),
     (12, Config(ranks=2, devices=1), "buffer", "shape", cl.BufferError),
-    (20, Config(ranks=1, devices=2), "buffer", "dtype", cl.BufferError),
-    (24, Config(ranks=2, devices=1), "buffer", "not_dtype", cl.BufferError),
+    (101, Config(ranks=1, devices=2), "buffer", "dtype", cl.BufferError),
+    (47, Config(ranks=2, devices=1), "buffer", "not_dtype", cl.BufferError),
     (49, Config(ranks=3, devices=1), "buffer", "cast", cl.BufferError),
-    (51, Config(ranks=1, devices=1), "buffer", "ndim", cl.BufferError),
-    (90, Config(ranks=2, devices=2), "buffer", "negative", cl.BufferError),
+    (501, Config(ranks=1, devices=1), "buffer", "ndim", cl.BufferError),
+    (136, Config(ranks=2, devices=2), "buffer", "negative", cl.BufferError),
     (17, Config(ranks=2, devices=2), "mapper_raises", "", cl.RangeMapperError),      # kernel
     (25, Config(ranks=3, devices=1), "mapper_raises", "", cl.RangeMapperError),      # host task
     (9, Config(ranks=2, devices=2), "mapper_dims", "box", cl.RangeMapperError),
@@ -1337,7 +1337,7 @@ def test_misuse_share_of_the_mix():
     kinds = [generate(random.Random(s)).kind for s in range(1000)]
     assert 10 <= kinds.count("misuse") <= 60
     forms = {misuse_task(generate(random.Random(s), kind="misuse"))[1].misuse for s in range(200)}
-    assert forms == set(MISUSE_FORMS)
+    assert forms == set(MISUSE_FORMS) | {"config"}
 
 
 def test_misuse_check_fails_when_the_error_is_missing(monkeypatch):
@@ -1508,6 +1508,83 @@ def test_partially_raising_mapper_check_fails(monkeypatch):
     assert _tag(p, outcome([abort, other]), cfg) == "misuse:wrong_error"       # another chunk
     assert _tag(p, outcome([abort, cl.RangeMapperError(str(good))]), cfg) == "misuse:wrong_error"   # no cause
     assert _tag(p, outcome([abort, None]), cfg) == "misuse:rank_finished"
+
+
+# misuse config (``_draw_config``): (seed, configuration, form, the setting, the invalid value, stage)
+CONFIG_CASES = [
+    (33, Config(ranks=2, devices=1), "env", "CELERITAS_LOOKAHEAD", "sometimes", "setup"),
+    (317, Config(ranks=3, devices=2), "env", "CELERITAS_DEVICES", "host:0", "setup"),
+    (366, Config(ranks=1, devices=1), "env", "CELERITAS_HORIZON_MAX_PARALLELISM", "1.5", "setup"),
+    (75, Config(ranks=2, devices=2), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
+    (70, Config(ranks=2, devices=1), "env", "CELERITAS_ACCESSOR_CHECKS", "2", "setup"),
+    (23, Config(ranks=1, devices=3), "env", "CELERITAS_WAIT_WARNING", "soon", "setup"),
+    (105, Config(ranks=2, devices=1), "queue_arg", "devices", "gpu", "setup"),
+    (59, Config(ranks=3, devices=1), "queue_arg", "lookahead", "sometimes", "setup"),
+    (24, Config(ranks=2, devices=2), "set_lookahead", "lookahead", "", "submit"),
+    (157, Config(ranks=1, devices=1), "set_lookahead", "lookahead", "always", "submit"),
+    (51, Config(ranks=3, devices=2), "second_queue", "devices", None, "submit"),
+    (69, Config(ranks=2, devices=1), "second_queue", "lookahead", "sometimes", "submit"),
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,form,setting,value,stage", CONFIG_CASES)
+def test_config_errors_fixed_seeds(seed, cfg, form, setting, value, stage):
+    """An invalid setting: a cl.ConfigError (exactly: not a subclass nor a parent) on every rank
+    (or aborted by another's), naming the setting and the value, at the first cl.Queue() or
+    where the misuse task stands; no rank finishes."""
+    from differential import config_setting
+    p = generate(random.Random(seed), kind="misuse")
+    idx, t = misuse_task(p)
+    assert (t.misuse, t.misuse_form, config_setting(t)) == ("config", form, (setting, value))
+    oc = misuse_error(p, cfg)
+    assert oc.cls is cl.ConfigError and oc.failing == list(range(cfg.ranks))
+    result = run_on_cluster(p, cfg)
+    check(p, None, result, cfg)
+    raised = [o for o in result["ranks"] if type(o["error"]) is cl.ConfigError]
+    assert raised
+    for o in raised:
+        assert setting in str(o["error"]) and repr(value if value is not None else f"host:{cfg.devices + 1}") \
+            in str(o["error"])
+        assert o["stage"] == ("setup" if stage == "setup" else f"submit T{idx}")
+
+
+@pytest.mark.parametrize("seed,cfg", [(20, Config(ranks=2, devices=1)),          # cl.Queue(devices=2)
+                                      (897, Config(ranks=1, devices=2))])        # DEVICE_MEMORY_LIMIT=1.5
+def test_config_errors_found(seed, cfg):
+    """Settings whose error is not the documented one (BUGS_FOUND.md 4 and 5)."""
+    p = generate(random.Random(seed), kind="misuse")
+    assert misuse_task(p)[1].misuse == "config"
+    run_and_check(p, cfg)
+
+
+def test_config_check_fails(monkeypatch):
+    """A setting that is taken (the variable not passed on: ``misuse:missed``), another class
+    than ConfigError or a message naming another value (``misuse:wrong_error``), the error at
+    the wrong place (``misuse:wrong_stage``)."""
+    import differential
+    p = generate(random.Random(33), kind="misuse")
+    cfg = Config(ranks=2, devices=1)
+    monkeypatch.setattr(differential, "config_env", lambda p: {})
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:missed", str(info.value)
+    monkeypatch.undo()
+    oc = misuse_error(p, cfg)
+    good = cl.ConfigError(_fill(oc.pattern))
+
+    def outcome(errs, stage="setup"):
+        res = _outcome(*errs)
+        for o in res["ranks"]:
+            o["stage"] = stage
+        return res
+    assert _tag(p, outcome([good, good]), cfg) is None
+    assert _tag(p, outcome([cl.CeleritasError(str(good)), good]), cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome([ValueError(str(good)), good]), cfg) == "crash"
+    assert _tag(p, outcome([cl.ConfigError(str(good).replace("sometimes", "other")), good]), cfg) == \
+        "misuse:wrong_error"
+    assert _tag(p, outcome([good, good], stage="submit T1"), cfg) == "misuse:wrong_stage"
+    assert _tag(p, outcome([good, None]), cfg) == "misuse:rank_finished"
 
 
 def _fill(pattern: str) -> str:
