@@ -170,6 +170,9 @@ OOC_DRAWS = True            # main: a pair of kernels over larger buffers, for o
 SPLIT_DRAWS = True          # main: per-kernel oversubscribe, split_1d, constrain_split, host hints, even_split
 GEOMETRY_DRAWS = True       # main: kernels with offset=, ranges that are no buffer's shape, size 1 and empty
 EMPTY_DRAWS = True          # main: empty ranges of kernels with reductions and of host tasks (``_draw_empty``)
+LONG_DRAWS = True           # main: a long stencil loop or a wide front of independent tasks (``_draw_long``)
+LONG_STENCIL_SHARE = 0.004  # of main programs: 100-200 ping-pong stencil steps
+WIDE_SHARE = 0.01           # of main programs: 65-96 independent row kernels (a front wider than 64)
 MISUSE_TASK = "misuse"      # the name of a misuse program's task that misuses the API
 # misuse kind (``_gen_misuse``): what the program does wrong (``misuse_error`` models the error)
 #   outside         a chunk reads an element outside what its (cl.fixed) mapper grants: cl.AccessError
@@ -899,6 +902,8 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
         _draw_ooc(g, p)
     if kind == "main" and EMPTY_DRAWS:
         _draw_empty(g, p)
+    if kind == "main" and LONG_DRAWS:
+        _draw_long(g, p)
     if kind == "misuse":
         _draw_partial_raise(g, p)
         _draw_config(g, p)
@@ -973,6 +978,53 @@ def _draw_partial_raise(g: _Gen, p: Program) -> None:
     t.misuse_form = "partial"
     p.features -= {"misuse:sync:wait"}
     p.features |= {f"misuse:partial:{rd.form}", f"misuse:sync:{p.sync}"}
+
+
+def _draw_long(g: _Gen, p: Program) -> None:
+    """Rarely (drawn after the whole program, so that every seed keeps its program) a long part
+    over two new buffers of one shape, inserted anywhere: a stencil loop of ping-pong
+    steps between them (``_gen_stencil_loop``: 100-200 steps, one kernel name and mapper, so that replay
+    reuses one template hundreds of times and the bounded caches fill; waits every 50-100
+    steps; ``long:stencil``), or a front of 65-96 independent kernels (``long:wide``): kernel
+    i over row i of the second buffer (``offset=(i, 0)``), reading the first one_to_one (and
+    maybe through a row neighborhood), so that no two depend on each other and the horizon
+    by width (``CELERITAS_HORIZON_MAX_PARALLELISM``, 64 by default) is reached; maybe then
+    a kernel reading all rows, which depends on every one of them."""
+    rng = g.rng
+    x = rng.random()
+    if x >= LONG_STENCIL_SHARE + WIDE_SHARE:
+        return
+    wide = x >= LONG_STENCIL_SHARE
+    rows = rng.randint(65, 96) if wide else rng.randint(8, 24)
+    shape = (rows, rng.randint(1, 4) if wide else rng.randint(4, 8))
+    dtype = rng.choice(("int64", "int32", "float64"))
+    a, b = len(p.shapes), len(p.shapes) + 1
+    for _ in range(2):
+        p.shapes.append(shape)
+        p.dtypes.append(dtype)
+        p.init.append(_init_data(rng, shape, dtype))
+    if wide:
+        nbh = rng.random() < 0.4
+        part = []
+        for i in range(rows):
+            reads = [Read("data", a, "one_to_one")] + ([Read("data", a, "neighborhood", extent=(1, 0))] if nbh else [])
+            part.append(Task("kernel", (1, shape[1]), reads, Write("data", b, "one_to_one", rng.choice(MODES)),
+                             c0=i % 7, offset=(i, 0), name="wide", index=rng.choice(INDEX_DRAW)))
+        if rng.random() < 0.6:
+            part.append(Task("kernel", shape, [Read("data", b, "all")], Write("data", a, "one_to_one", "read_write"),
+                             c0=1, name="wide_join"))
+            p.features.add("long:wide:join")
+        p.features.add("long:wide" + (":neighborhood" if nbh else ""))
+    else:
+        st = _State(p.shapes, p.dtypes, p.targets)
+        part = _gen_stencil_loop(g, st, (a, b), steps=rng.randint(100, 200), wait_scale=rng.choice((50, 100)))
+        for t in part:
+            if t.kind == "kernel":
+                t.index = rng.choice(INDEX_DRAW)
+        p.features.add("long:stencil")
+    at = rng.randint(0, len(p.tasks))
+    p.tasks[at:at] = part
+    p.features.add("long")
 
 
 def _draw_empty(g: _Gen, p: Program) -> None:
@@ -1715,23 +1767,25 @@ def _master_extras(g: _Gen, st: _State, t: Task) -> None:
         g.feat("master:hobj", "hobj:side_effect")
 
 
-def _gen_stencil_loop(g: _Gen, st: _State) -> list[Task]:
-    """Ping-pong neighborhood steps between b0 and b1 (same shape), split_2d, maybe waits inside."""
+def _gen_stencil_loop(g: _Gen, st: _State, pair: tuple[int, int] = (0, 1), steps: int | None = None,
+                      wait_scale: int = 1) -> list[Task]:
+    """Ping-pong neighborhood steps between ``pair`` (b0 and b1: same shape), split_2d, maybe
+    waits inside (every 1 or 2 steps, times ``wait_scale``); ``steps``: that many (else 2-6)."""
     rng = g.rng
-    shape = st.shapes[0]
+    shape = st.shapes[pair[0]]
     dims = len(shape)
     nbh = rng.choice(["bounding_box", "along_axes"])
     extent = tuple(rng.randint(1, 2 if dims < 3 else 1) for _ in range(dims))
     split2d = rng.random() < 0.8
     wait_every = rng.choice([0, 0, 1, 2])
     out = []
-    for step in range(rng.randint(2, 6) * g.repeat):
-        src, dst = (0, 1) if step % 2 == 0 else (1, 0)
+    for step in range(steps if steps is not None else rng.randint(2, 6) * g.repeat):
+        src, dst = pair if step % 2 == 0 else pair[::-1]
         t = Task("kernel", shape, [Read("data", src, "neighborhood", extent=extent, shape=nbh)],
                  Write("data", dst, "one_to_one", rng.choice(["discard_write", "discard_write", "read_write"])),
                  c0=step % 3, split2d=split2d, name="stencil")
         out.append(t)
-        if wait_every and step % wait_every == wait_every - 1:
+        if wait_every and step % (wait_every * wait_scale) == wait_every * wait_scale - 1:
             out.append(Task("wait"))
             g.feat("wait", "stencil_loop:wait")
     g.feat("stencil_loop", f"read:neighborhood:{nbh}", "read:neighborhood")

@@ -1093,6 +1093,69 @@ def test_empty_host_task_on_master_runs_nothing(cfg):
     run_and_check(_empty_host_program(on_master=True), cfg)
 
 
+# ---- long programs: a stencil loop of 100-200 steps, a front of 65-96 independent kernels ----------
+def _horizons_and_replays(monkeypatch):
+    """Counts of horizons the task graph made because its front was wider than
+    ``horizon_max_parallelism`` (``width``), and every Replay memo made (their hits)."""
+    from scheduler import replay, task_graph
+    seen = {"width": 0, "replays": []}
+    maybe = task_graph.TaskManager._maybe_horizon
+
+    def counting(self):
+        if len(self._horizons.front) > self.horizon_max_parallelism:
+            seen["width"] += 1
+        maybe(self)
+    init = replay.Replay.__init__
+
+    def keep(self, *a, **kw):
+        init(self, *a, **kw)
+        seen["replays"].append(self)
+    monkeypatch.setattr(task_graph.TaskManager, "_maybe_horizon", counting)
+    monkeypatch.setattr(replay.Replay, "__init__", keep)
+    return seen
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,feature", [
+    (1688, Config(ranks=2, devices=2, horizon_step=4), "long:stencil"),                  # 100+ steps, replayed
+    (25, Config(ranks=3, devices=1, lookahead="none", replay="off", accessor_checks=False), "long:stencil"),
+    (88, Config(ranks=2, devices=2), "long:wide"),                                      # 65+ independent rows
+    (259, Config(ranks=3, devices=1, lookahead="infinite", horizon_step=7), "long:wide:join"),
+])
+def test_long_programs_fixed_seeds(monkeypatch, seed, cfg, feature):
+    """Long programs match the model; a stencil loop's steps are replayed from one template
+    (every rank's task, command and instruction levels: at least 100 hits together), and a
+    front of more than 64 independent kernels makes the task graph place horizons by width."""
+    p = generate(random.Random(seed), kind="main")
+    assert feature in p.features
+    seen = _horizons_and_replays(monkeypatch)
+    run_and_check(p, cfg)
+    if feature == "long:stencil":
+        assert sum(t.kind == "kernel" and t.name == "stencil" for t in p.tasks) >= 100
+        if cfg.replay == "on":
+            assert sum(r.hits for r in seen["replays"]) >= 100, [r.stats() for r in seen["replays"]]
+    else:
+        rows = [t for t in p.tasks if t.name == "wide"]
+        assert len(rows) > 64 and cfg.horizon_parallelism is None
+        assert seen["width"] >= cfg.ranks, seen["width"]      # (every rank's task graph)
+
+
+@pytest.mark.parametrize("seed,feature", [(1688, "long:stencil"), (88, "long:wide")])
+def test_long_program_check_fails(seed, feature):
+    """A run that lost one step of the long part (the run's program without it, the model's
+    with it) is caught: buffers or fences differ."""
+    p = generate(random.Random(seed), kind="main")
+    q = copy.deepcopy(p)
+    name = "stencil" if feature == "long:stencil" else "wide"
+    steps = [i for i, t in enumerate(q.tasks) if t.name == name]
+    del q.tasks[steps[len(steps) // 2]]
+    cfg = Config(ranks=2, devices=1)
+    with pytest.raises(Mismatch) as err:
+        check(p, run_model(p), run_on_cluster(q, cfg), cfg)
+    # (the later tasks' indices shift too, so host-task records may differ first)
+    assert {"buffer", "fence"} & {tag for tag, _msg in err.value.problems}, err.value
+
+
 # ---- split controls: oversubscribe(k), split_1d, constrain_split, host hints, even_split ---------
 def _split_calls(monkeypatch):
     """Count the per-chunk split checks that ran (and so could fail)."""
