@@ -171,6 +171,8 @@ SPLIT_DRAWS = True          # main: per-kernel oversubscribe, split_1d, constrai
 GEOMETRY_DRAWS = True       # main: kernels with offset=, ranges that are no buffer's shape, size 1 and empty
 EMPTY_DRAWS = True          # main: empty ranges of kernels with reductions and of host tasks (``_draw_empty``)
 LONG_DRAWS = True           # main: a long stencil loop or a wide front of independent tasks (``_draw_long``)
+SOURCE_DRAWS = True         # main: kernels that are cl.Kernel OpenCL C source on the opencl backend (``_draw_source``)
+OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
 LONG_STENCIL_SHARE = 0.004  # of main programs: 100-200 ping-pong stencil steps
 WIDE_SHARE = 0.01           # of main programs: 65-96 independent row kernels (a front wider than 64)
 MISUSE_TASK = "misuse"      # the name of a misuse program's task that misuses the API
@@ -329,6 +331,8 @@ class Task:
     misuse_at: tuple | None = None   # misuse outside / write_read: the chunk holding this index misbehaves
     misuse_elem: tuple = ()     # misuse outside / write_read / outside_kernel: the element of the read
                                 # buffer it indexes
+    source: bool = False        # kernels: a cl.Kernel of OpenCL C source on the opencl backend (the same
+                                # values as the Python kernel it is elsewhere: ``source_kernel``)
 
 
 @dataclass
@@ -424,6 +428,8 @@ def _describe_task(t: Task) -> str:
         parts.append(f"local_range={t.local_range}")
     if t.index != "box":
         parts.append(f"index={t.index}")
+    if t.source:
+        parts.append("source (cl.Kernel on opencl)")
     if t.split2d:
         parts.append("split_2d")
     if t.split1d:
@@ -904,6 +910,8 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
         _draw_empty(g, p)
     if kind == "main" and LONG_DRAWS:
         _draw_long(g, p)
+    if kind == "main" and SOURCE_DRAWS:
+        _draw_source(g, p)
     if kind == "misuse":
         _draw_partial_raise(g, p)
         _draw_config(g, p)
@@ -1025,6 +1033,80 @@ def _draw_long(g: _Gen, p: Program) -> None:
     at = rng.randint(0, len(p.tasks))
     p.tasks[at:at] = part
     p.features.add("long")
+
+
+def _draw_source(g: _Gen, p: Program) -> None:
+    """Kernels that run as ``cl.Kernel`` OpenCL C source on the opencl backend (drawn after the
+    whole program, so that every seed keeps its program; elsewhere they stay Python kernels):
+    40% of those ``source_kernel`` can express (``source:kernel``, ``source:mode:<mode>``)."""
+    rng = g.rng
+    for t in p.tasks:
+        if t.kind == "kernel" and source_eligible(p, t) and rng.random() < 0.4:
+            t.source = True
+            p.features |= {"source:kernel", f"source:mode:{t.write.mode}", f"source:dims:{len(t.range_shape)}"}
+            if t.local_range is not None:
+                p.features.add("source:local_range")
+            if t.offset is not None:
+                p.features.add("source:offset")
+
+
+SOURCE_TYPES = {"int64": "long", "int32": "int", "int16": "short", "uint8": "uchar", "float32": "float",
+                "float64": "double"}
+_SOURCE_KERNELS: dict = {}      # source text -> cl.Kernel (one object per text: the runtime caches its programs)
+
+
+def source_eligible(p: Program, t: Task) -> bool:
+    """Whether ``source_kernel`` computes kernel ``t``: a one_to_one write of a data buffer (any
+    mode), one_to_one reads of data buffers that hold its whole index space, no reductions, no
+    injected delay or failure, no bool buffers (``SOURCE_TYPES``), a non-empty index space."""
+    w = t.write
+    if (w is None or w.space != "data" or w.mapper != "one_to_one" or w.opaque or t.reds or t.delay
+            or t.fail_at is not None or not t.range_shape or task_box(t).empty
+            or p.dtypes[w.buffer] not in SOURCE_TYPES):
+        return False
+    box = task_box(t)
+    return all(rd.space == "data" and rd.mapper == "one_to_one" and p.dtypes[rd.buffer] in SOURCE_TYPES
+               and len(p.shapes[rd.buffer]) == box.dims and Box.full(p.shapes[rd.buffer]).contains(box)
+               for rd in t.reads) and Box.full(p.shapes[w.buffer]).contains(box)
+
+
+def source_kernel(p: Program, t: Task):
+    """The OpenCL C kernel of ``t`` (``source_eligible``): per work item, ``element_values``
+    (c0 + the reads' elements + the weighted global index, mod 997) stored by ``apply_mode``;
+    its arguments are the reads' accessors, the write's, then c0."""
+    n = len(t.range_shape)
+    at = f"AT{n}"
+    idx = ", ".join(f"g{d}" for d in range(n))
+    params = [f"ACCESSOR({SOURCE_TYPES[p.dtypes[rd.buffer]]}, r{j})" for j, rd in enumerate(t.reads)]
+    wt = SOURCE_TYPES[p.dtypes[t.write.buffer]]
+    terms = [f"(long){at}(r{j}, {idx})" for j in range(len(t.reads))] + \
+        [f"g{d} * {WEIGHTS[d]}" for d in range(n)]
+    store_v = {"discard_write": "v", "discard_read_write": "v", "write": "v",
+               "read_write": f"(v + (long){at}(w, {idx})) % {MOD}"}[t.write.mode]
+    assign = f"{at}(w, {idx}) = ({wt})({store_v});"
+    if t.write.mode == "write":      # (every other element, by the sum of its global indices: write_mask)
+        assign = f"if (({' + '.join(f'g{d}' for d in range(n))}) % 2 == 0) {assign}"
+    src = (f"__kernel void fuzz_kernel(CHUNK_PARAMS, {', '.join(params + [f'ACCESSOR({wt}, w)'])}, long c0) {{\n"
+           f"    if (!IN_CHUNK()) return;\n"
+           + "".join(f"    long g{d} = GID({d});\n" for d in range(n))
+           + f"    long v = (c0 + {' + '.join(terms)}) % {MOD};\n"
+           f"    {assign}\n}}\n")
+    k = _SOURCE_KERNELS.get(src)
+    if k is None:
+        k = _SOURCE_KERNELS[src] = cl.Kernel(source={"opencl": src}, name="fuzz_kernel")
+    return k
+
+
+def _source_reads(t: Task, accs: dict) -> list:
+    """The accessors of ``t``'s reads in the order of ``t.reads`` (``_Run._reads`` keeps them per
+    buffer, in that order)."""
+    used: Counter = Counter()
+    out = []
+    for rd in t.reads:
+        key = (rd.space, rd.buffer)
+        out.append(accs[key][used[key]])
+        used[key] += 1
+    return out
 
 
 def _draw_empty(g: _Gen, p: Program) -> None:
@@ -2538,8 +2620,10 @@ class _Getters:
 class _Run:
     """One rank's run of a program: its buffers, host object and recorded observations."""
 
-    def __init__(self, p: Program, q: cl.Queue, oversubscribe: int, ran: list | None):
+    def __init__(self, p: Program, q: cl.Queue, oversubscribe: int, ran: list | None, backend: str = "host"):
         self.p = p
+        self.backend = backend
+        self.source_tasks: list = []    # kernels launched as cl.Kernel source (no Python bookkeeping)
         self.q = q
         self.rank = q.rank
         self.oversubscribe = oversubscribe
@@ -2869,8 +2953,14 @@ class _Run:
                     _combine(red, red_values(vals, spec, p.targets[spec.target].dtype), spec.combine)
 
             name = FAIL_KERNEL if t.fail_at is not None else t.name or f"kernel_T{idx}"
+            offset = {"offset": t.offset} if t.offset is not None else {}
+            if t.source and run.backend == "opencl":
+                run.source_tasks.append(idx)
+                cgh.parallel_for(t.range_shape, source_kernel(p, t), name=name, local_range=t.local_range,
+                                 args=(*_source_reads(t, getters.accs), wacc, t.c0), **offset)
+                return
             cgh.parallel_for(t.range_shape, kernel, name=name, reductions=reds, local_range=t.local_range,
-                             **({"offset": t.offset} if t.offset is not None else {}))
+                             **offset)
         return cgf
 
     def _enter(self, what: str, idx: int, t: Task, box: Box) -> None:
@@ -2946,6 +3036,7 @@ class _Run:
         out["hobjs"] = [list(h) if h is not None else None for h in self.hlists]
         out["hfences"] = [list(f.result()) for f in self.hfence_futures]
         out["geometry"] = list(self.geometry)
+        out["source"] = list(self.source_tasks)
         return out
 
 
@@ -3088,9 +3179,9 @@ def acc_set(acc, box: Box, value, style: str = "box", chunk=None) -> None:
 
 
 def run_celeritas(p: Program, q: cl.Queue, *, oversubscribe: int = 1, ran: list | None = None,
-                  gather: bool = False) -> dict:
+                  gather: bool = False, backend: str = "host") -> dict:
     """Run a ``main`` program on ``q``; this rank's observations (``gather``: every rank's, via a collective)."""
-    run = _Run(p, q, oversubscribe, ran)
+    run = _Run(p, q, oversubscribe, ran, backend)
     for idx, t in enumerate(p.tasks):
         run.submit(idx, t)
     obs = run.observe()
@@ -3204,6 +3295,13 @@ class Config:
             env["CELERITAS_DEVICES"] = f"host:{self.devices}"
         return env
 
+    def _with_backend(self, backend: str) -> Config:
+        """On ``opencl``: staged transfers (OpenCL memory cannot be handed to MPI) and no host
+        device capacity (``memory``, ``batch``: the host backend's)."""
+        if backend == "host":
+            return self
+        return replace(self, backend=backend, transfers="staged", memory=None, batch=None)
+
     def describe(self) -> str:
         return (f"ranks={self.ranks} devices={self.backend}:{self.devices} lookahead={self.lookahead} "
                 f"oversubscribe={self.oversubscribe} transfers={self.transfers} replay={self.replay}"
@@ -3252,7 +3350,24 @@ def random_config(rng: random.Random) -> Config:
                   accessor_checks=rng.random() >= ACCESSOR_CHECKS_OFF,
                   diagnostics=rng.choice(DIAGNOSTICS_CHOICES),
                   # (and these after those)
-                  batch=rng.choice(BATCH_CHOICES), ooc_overlap=rng.choice(OOC_OVERLAP_CHOICES))
+                  batch=rng.choice(BATCH_CHOICES), ooc_overlap=rng.choice(OOC_OVERLAP_CHOICES))._with_backend(
+        # (and this after those): OpenCL where PoCL (or another platform) is there
+        "opencl" if rng.random() < OPENCL_SHARE and opencl_available() else "host")
+
+
+_OPENCL: list = []
+
+
+def opencl_available() -> bool:
+    """Whether an OpenCL device builds kernels here (asked once per process)."""
+    if not _OPENCL:
+        try:
+            from executor.backends.opencl import opencl_devices
+            opencl_devices()
+            _OPENCL.append(True)
+        except Exception:  # noqa: BLE001 - no PyOpenCL, no platform, no device that builds kernels
+            _OPENCL.append(False)
+    return _OPENCL[0]
 
 
 def program_config(p: Program, cfg: Config) -> Config:
@@ -3408,7 +3523,7 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
         if p.kind in MAIN_LIKE:
             q = cl.Queue()
             try:
-                obs = run_celeritas(p, q, oversubscribe=cfg.oversubscribe, ran=ran)
+                obs = run_celeritas(p, q, oversubscribe=cfg.oversubscribe, ran=ran, backend=cfg.backend)
             except Exception as exc:
                 with lock:
                     outcomes[rank] = {"error": exc, "stage": "run"}
@@ -3658,11 +3773,14 @@ def _collective_problems(p: Program, want: dict, r: int, o: dict, ranks: int) ->
 def _epoch_problems(p: Program, per_rank: list[dict]) -> list[tuple[str, str]]:
     """When ``q.wait()`` returns, every kernel chunk and host-task partition submitted before it has run."""
     probs = []
+    source = {i for o in per_rank for i in o.get("source", ())}    # (source kernels record nothing)
     for j, (pos, _) in enumerate(per_rank[0]["wait_snapshots"]):
         done: Counter = Counter()
         for o in per_rank:
             done.update(o["wait_snapshots"][j][1])
         for idx, t in enumerate(p.tasks[:pos]):
+            if idx in source:
+                continue
             if t.kind in ("kernel", "host"):
                 want = int(np.prod(t.range_shape))
             elif t.kind == "master":

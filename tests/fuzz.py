@@ -16,11 +16,15 @@ with the same tag, and prints what is left.  The exit status is 1 when a program
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import logging
 import multiprocessing
+import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -94,8 +98,20 @@ def quiet_runtime_logs() -> None:
     lg.propagate = False
 
 
+def own_pocl_cache() -> None:
+    """Every fuzz process compiles OpenCL programs into its own PoCL cache (a temporary folder,
+    removed at exit), so that parallel jobs never share one."""
+    if os.environ.get("CELERITAS_FUZZ_POCL_PID") == str(os.getpid()):
+        return
+    folder = tempfile.mkdtemp(prefix="celeritas-fuzz-pocl-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["POCL_CACHE_DIR"] = folder
+    os.environ["CELERITAS_FUZZ_POCL_PID"] = str(os.getpid())
+
+
 def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None, timeout: float) -> Result:
     quiet_runtime_logs()
+    own_pocl_cache()
     p = generate(random.Random(seed), kind=kind, groups=groups)
     cfg = program_config(p, config_for(seed, pinned))
     t0 = time.perf_counter()
@@ -117,7 +133,10 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
             f"config:horizon_parallelism:{cfg.horizon_parallelism if cfg.horizon_parallelism is not None else 'default'}",
             f"config:accessor_checks:{'on' if cfg.accessor_checks else 'off'}", f"config:diagnostics:{cfg.diagnostics}",
             f"config:batch:{cfg.batch if cfg.batch is not None else 'none'}",
-            f"config:ooc_overlap:{cfg.ooc_overlap if cfg.ooc_overlap is not None else 'default'}"]
+            f"config:ooc_overlap:{cfg.ooc_overlap if cfg.ooc_overlap is not None else 'default'}",
+            f"config:backend:{cfg.backend}"]
+    if cfg.backend == "opencl" and any(t.source for t in p.tasks):
+        dims.append("config:backend:opencl:source_kernels")
     dims += expected_outcome(p, cfg)
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 

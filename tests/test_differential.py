@@ -403,6 +403,94 @@ def test_random_programs_match_numpy_on_opencl(seed, ranks, lookahead, huge):
     _check(seed, Config(ranks=ranks, devices=2, lookahead=lookahead, backend="opencl", huge=huge), kind="main")
 
 
+def _source_launches(monkeypatch):
+    """The names of the source kernels the OpenCL backend launches (every rank, every chunk)."""
+    from executor.backends.opencl import OpenCLBackend
+    launched = []
+    launch = OpenCLBackend.launch_source_kernel
+
+    def counting(self, kernel, ctx, args, local_range):
+        launched.append(kernel.name)
+        return launch(self, kernel, ctx, args, local_range)
+    monkeypatch.setattr(OpenCLBackend, "launch_source_kernel", counting)
+    return launched
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not _have_opencl(), reason="no OpenCL device (apt-get install pocl-opencl-icd)")
+@pytest.mark.parametrize("seed,cfg", [
+    (104, Config(ranks=2, devices=2, backend="opencl")),                   # offset=; local_range (1, 1), write
+    (184, Config(ranks=1, devices=3, backend="opencl", lookahead="none")),  # 3-D, int16, local_range (5, 5, 1)
+    (97, Config(ranks=3, devices=1, backend="opencl", replay="off")),       # uint8, three reads
+    (88, Config(ranks=2, devices=1, backend="opencl", oversubscribe=3)),    # 30 of a wide front's rows
+    (204, Config(ranks=1, devices=2, backend="opencl", huge="0")),          # 1-D float64, write
+])
+def test_source_kernels_on_opencl_fixed_seeds(monkeypatch, seed, cfg):
+    """Kernels drawn as cl.Kernel OpenCL C source run as such on the opencl backend (launched
+    there, chunk by chunk) and give the model's buffers, as the same kernels in Python do on
+    host devices."""
+    p = generate(random.Random(seed), kind="main")
+    assert "source:kernel" in p.features
+    launched = _source_launches(monkeypatch)
+    run_and_check(p, cfg)
+    assert launched and set(launched) == {"fuzz_kernel"}
+    assert len(launched) >= sum(t.source for t in p.tasks)
+    launched.clear()
+    run_and_check(p, replace(cfg, backend="host", transfers="staged"))
+    assert not launched
+
+
+def test_source_kernel_text():
+    """The OpenCL C of a 2-D read_write kernel at an offset: the model's element values, the
+    accessor order (reads, the write, then c0)."""
+    from differential import source_kernel
+    t = Task("kernel", (2, 3), [Read("data", 0, "one_to_one")], Write("data", 1, "one_to_one", "read_write"),
+             c0=4, offset=(1, 0))
+    p = _hand_program([t], shapes=((4, 3), (4, 3)))
+    src = source_kernel(p, t).source["opencl"]
+    assert "ACCESSOR(long, r0), ACCESSOR(long, w), long c0" in src
+    assert "long v = (c0 + (long)AT2(r0, g0, g1) + g0 * 1 + g1 * 7) % 997;" in src
+    assert "AT2(w, g0, g1) = (long)((v + (long)AT2(w, g0, g1)) % 997);" in src
+    assert source_kernel(p, t) is source_kernel(p, t)       # (one cl.Kernel per text)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not _have_opencl(), reason="no OpenCL device (apt-get install pocl-opencl-icd)")
+@pytest.mark.parametrize("wrong", ["weights", "mode"])
+def test_source_kernel_check_fails(monkeypatch, wrong):
+    """A source kernel that computes other values (weights of the index swapped, or every
+    mode taken as discard) is caught: buffers or fences differ."""
+    import differential
+    p = generate(random.Random(104), kind="main")
+    orig = differential.source_kernel
+
+    def broken(p, t):
+        k = orig(p, t)
+        src = k.source["opencl"]
+        src = src.replace("g0 * 1 +", "g0 * 7 +") if wrong == "weights" else \
+            src.replace("if ((g0 + g1) % 2 == 0) ", "").replace("(v + (long)AT2(w, g0, g1)) % 997", "v")
+        return cl.Kernel(source={"opencl": src}, name=k.name)
+    monkeypatch.setattr(differential, "source_kernel", broken)
+    with pytest.raises(Mismatch) as err:
+        run_and_check(p, Config(ranks=2, devices=2, backend="opencl"))
+    # (what reads the wrong values, a collective task say, may be reported first)
+    assert {"buffer", "fence"} & {tag for tag, _msg in err.value.problems}, err.value
+
+
+def test_random_config_draws_opencl():
+    """About 4% of configurations (drawn last: every earlier field is what the seed gave before)
+    run on the opencl backend where it is there: staged transfers, no host device capacity."""
+    from differential import opencl_available
+    cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(2000)]
+    ocl = [c for c in cfgs if c.backend == "opencl"]
+    if not opencl_available():
+        assert not ocl
+        return
+    assert 40 <= len(ocl) <= 130
+    assert all(c.transfers == "staged" and c.memory is None and c.batch is None for c in ocl)
+    assert all(c.env()["CELERITAS_DEVICES"] == "opencl:" + ",".join(["0:0"] * c.devices) for c in ocl)
+
+
 # ---- collective host tasks ------------------------------------------------------------------------
 def _run_clean(p, cfg):
     """Run ``p`` on ``cfg``; every rank's observations (no rank may have raised)."""
