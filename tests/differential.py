@@ -4109,13 +4109,18 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
         return MisuseOutcome(every, cl.AccessError, f"accessor of buffer {buf} used outside its kernel or host task",
                              submit)
     if t.misuse == "mapper_raises" and rd.form:
-        # (raised on the scheduler thread: the line of the submit only where the runtime knows it there)
+        # (raised on the scheduler thread: at the next synchronization point, without the line of
+        # the submit, as docs/api.md says)
         failing, chunk = partial_raise_outcome(p, cfg)
         if not failing:
             return MisuseOutcome([], cl.RangeMapperError, "", "")
         text = f"the mapper raised ValueError: {PARTIAL_RAISING_MSG} {rd.form} {rd.k}"
-        return MisuseOutcome(failing, cl.RangeMapperError, _mapper_error_head(t, buf, chunk, site=None)
-                             + re.escape(text), submit + r"|sync \w+|final wait", ValueError)
+        # (or at the task's own submit where that waits for the executor: a small
+        # CELERITAS_MAX_TASKS_AHEAD or CELERITAS_PAUSE_AHEAD)
+        throttled = cfg.ahead is not None or cfg.pause not in (None, "0")
+        return MisuseOutcome(failing, cl.RangeMapperError, _mapper_error_head(t, buf, chunk, site=False)
+                             + re.escape(text), (submit + "|" if throttled else "") + r"sync \w+|final wait",
+                             ValueError)
     if t.misuse in ("mapper_raises", "mapper_dims"):
         d = len(p.shapes[rd.buffer])
         head = _mapper_error_head(t, buf, (0, t.range_shape[0]), site=True)
@@ -4164,11 +4169,11 @@ def config_error_pattern(t: Task, cfg: Config) -> str:
 def _mapper_error_head(t: Task, buf: str, rows: tuple[int, int], site: bool | None) -> str:
     """The start of range_mappers.py's ``RangeMapperError`` message (a regex) for the misuse
     task's mapper of buffer ``buf`` (a regex) and its chunk of ``rows`` (offset, size) along
-    dim 0; ``site``: the line of the submit is named (True), may be (None)."""
+    dim 0; ``site``: whether the line of the submit is named."""
     what = "host task" if t.kind == "host" else "kernel"
     box = _task_box(t, rows)
     at = r" \(submitted at [^()]*\)"
-    return (f"{what} '{MISUSE_TASK}'{at if site else f'(?:{at})?'}: range mapper .+ for buffer {buf}, chunk "
+    return (f"{what} '{MISUSE_TASK}'{at if site else ''}: range mapper .+ for buffer {buf}, chunk "
             + re.escape(f"Subrange(offset={box.offset}, range={box.range}): "))
 
 
