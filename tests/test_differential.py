@@ -1598,7 +1598,7 @@ def test_partially_raising_mapper_fixed_seeds(seed, cfg, form, k, failing, chunk
     from differential import partial_raise_outcome
     p = generate(random.Random(seed), kind="misuse")
     cfg = program_config(p, cfg)
-    idx, t = misuse_task(p)
+    _idx, t = misuse_task(p)
     rd = _misuse_read(t)
     assert (t.misuse, t.misuse_form, rd.form, rd.k) == ("mapper_raises", "partial", form, k)
     assert partial_raise_outcome(p, cfg) == (failing, chunk)
