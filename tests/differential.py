@@ -900,18 +900,12 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
         raise ValueError(f"unknown program kind {kind!r}")
     p.features |= g.features
     _draw_index_styles(g, p)
-    if kind == "main" and GEOMETRY_DRAWS:
-        _draw_geometry(g, p)
-    if kind == "main" and SPLIT_DRAWS:
-        _draw_splits(g, p)
-    if kind == "main" and OOC_DRAWS:
-        _draw_ooc(g, p)
-    if kind == "main" and EMPTY_DRAWS:
-        _draw_empty(g, p)
-    if kind == "main" and LONG_DRAWS:
-        _draw_long(g, p)
-    if kind == "main" and SOURCE_DRAWS:
-        _draw_source(g, p)
+    # (each after the ones before it, in this order, so that every seed keeps what it drew before;
+    # the module's switches are read now, so that a test may turn one off)
+    for switch, draw in (("GEOMETRY_DRAWS", _draw_geometry), ("SPLIT_DRAWS", _draw_splits), ("OOC_DRAWS", _draw_ooc),
+                         ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source)):
+        if kind == "main" and globals()[switch]:
+            draw(g, p)
     if kind == "misuse":
         _draw_partial_raise(g, p)
         _draw_config(g, p)
