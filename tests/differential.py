@@ -3531,11 +3531,12 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
         return None
 
     cluster_error = None
-    env = {**cfg.env(), **config_env(p)}
+    env = cfg.env()
     if cfg.batch is not None and cfg.backend == "host":
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_batched(p, cfg.batch))
     elif cfg.memory is not None and cfg.backend == "host":
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_for(p, cfg.memory))
+    env.update(config_env(p))   # (last: the invalid value the program is about wins over the configuration's)
     try:
         run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()

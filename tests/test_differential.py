@@ -1668,6 +1668,8 @@ CONFIG_CASES = [
     (317, Config(ranks=3, devices=2), "env", "CELERITAS_DEVICES", "host:0", "setup"),
     (366, Config(ranks=1, devices=1), "env", "CELERITAS_HORIZON_MAX_PARALLELISM", "1.5", "setup"),
     (75, Config(ranks=2, devices=2), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
+    # (a memory configuration sets the same variable: the invalid value must win, seed 7715)
+    (7715, Config(ranks=3, devices=3, memory=1.0), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
     (70, Config(ranks=2, devices=1), "env", "CELERITAS_ACCESSOR_CHECKS", "2", "setup"),
     (23, Config(ranks=1, devices=3), "env", "CELERITAS_WAIT_WARNING", "soon", "setup"),
     (105, Config(ranks=2, devices=1), "queue_arg", "devices", "gpu", "setup"),
