@@ -190,32 +190,24 @@ class Accessor:
         return ctx.arrays[i], (slice(a0 - o0, b0 - o0), slice(a1 - o1, b1 - o1))
 
     def __getitem__(self, key):
-        if self._plain2:
-            if type(key) is tuple and len(key) == 2:
-                # _plain's two slices once more, inline: the stencils' most frequent index
-                k0, k1 = key
-                if type(k0) is slice and type(k1) is slice and k0.step is None and k1.step is None:
-                    a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
-                    ctx = self._hydration.ctx
-                    if (ctx is not None and a0 is not None and b0 is not None and a1 is not None
-                            and b1 is not None):
-                        i = self.index
-                        o = ctx.accesses[i].allocation_box.lo
-                        o0, o1 = o[0], o[1]
-                        try:
-                            return ctx.arrays[i][a0 - o0:b0 - o0, a1 - o1:b1 - o1]
-                        except TypeError:
-                            self._check_mapped(key)
-                            raise
-            got = self._plain(key)
-            if got is not None:
-                try:
-                    return got[0][got[1]]
-                except TypeError:
-                    self._check_mapped(key)
-                    raise
-        arr, idx = self._local(key)
         try:
+            if self._plain2:
+                if type(key) is tuple and len(key) == 2:
+                    # _plain's two slices once more, inline: the stencils' most frequent index
+                    k0, k1 = key
+                    if type(k0) is slice and type(k1) is slice and k0.step is None and k1.step is None:
+                        a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
+                        ctx = self._hydration.ctx
+                        if (ctx is not None and a0 is not None and b0 is not None and a1 is not None
+                                and b1 is not None):
+                            i = self.index
+                            o = ctx.accesses[i].allocation_box.lo
+                            o0, o1 = o[0], o[1]
+                            return ctx.arrays[i][a0 - o0:b0 - o0, a1 - o1:b1 - o1]
+                got = self._plain(key)
+                if got is not None:
+                    return got[0][got[1]]
+            arr, idx = self._local(key)
             return arr[idx]
         except TypeError:
             self._check_mapped(key)
@@ -224,24 +216,20 @@ class Accessor:
     def __setitem__(self, key, value) -> None:
         if self.mode == READ:
             raise AccessError(f"buffer {self.buffer_name} is accessed read-only here")
-        if self._plain2:
-            got = self._plain(key)
-            if got is not None:
-                try:
-                    got[0][got[1]] = value
-                except TypeError:
-                    self._check_mapped(key)
-                    raise
-                return
-        arr, idx = self._local(key)
         try:
+            if self._plain2:
+                got = self._plain(key)
+                if got is not None:
+                    got[0][got[1]] = value
+                    return
+            arr, idx = self._local(key)
             arr[idx] = value
         except TypeError:
             self._check_mapped(key)
             raise
 
     def _check_mapped(self, key) -> None:
-        """After a TypeError from numpy: an index into a chunk that holds none of the buffer
+        """After a TypeError while indexing: an index into a chunk that holds none of the buffer
         (its range mapper maps the chunk to nothing, e.g. a one_to_one kernel range larger
         than the buffer) is an AccessError, not numpy's complaint about the missing array.
         Anything else (a value numpy cannot store) stays numpy's own error."""

@@ -1,12 +1,12 @@
 """Buffers: n-d arrays distributed by the runtime, accessed through range mappers."""
 from __future__ import annotations
 
-import operator
 from typing import Any, Sequence
 
 import numpy as np
 
 from scheduler.errors import AccessError, CeleritasError
+from scheduler.geometry.box import as_ints
 
 from .context import current_runtime
 from .accessor import DISCARD_READ_WRITE, DISCARD_WRITE, MODES, READ_WRITE, WRITE, Accessor
@@ -24,14 +24,6 @@ def _check_dtype(dtype: Any) -> np.dtype:
     if dt.kind not in "biufc":
         raise BufferError(f"buffers hold booleans or numbers; dtype {dt} is not supported")
     return dt
-
-
-def _extents(shape: Any) -> tuple[int, ...]:
-    """``shape`` as a tuple of ints; a float or a string extent is an error, not truncated."""
-    try:
-        return tuple(operator.index(s) for s in shape)
-    except TypeError:
-        raise BufferError(f"shape {shape!r} must be a sequence of integers") from None
 
 
 class Buffer:
@@ -53,7 +45,7 @@ class Buffer:
                     arr = arr.astype(dt)
             else:
                 _check_dtype(arr.dtype)
-            if shape is not None and _extents(shape) != arr.shape:
+            if shape is not None and as_ints(shape, "shape", BufferError) != arr.shape:
                 raise BufferError(f"data of shape {arr.shape} does not match shape {tuple(shape)}")
             data = np.array(arr, copy=True, order="C")   # the user may reuse their array
             shape = data.shape
@@ -62,7 +54,7 @@ class Buffer:
             if shape is None:
                 raise BufferError("a Buffer needs data or a shape")
             dtype = _check_dtype(np.float32 if dtype is None else dtype)
-        shape = _extents(shape)
+        shape = as_ints(shape, "shape", BufferError)
         if len(shape) > 3:
             raise BufferError(f"buffers have 0 to 3 dimensions, got shape {shape}")
         if any(s < 0 for s in shape):

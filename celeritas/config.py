@@ -177,18 +177,16 @@ def _memory_limit(env: Mapping[str, str], var: str) -> int | float | None:
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
     if scale != 1:
         v = v[:-1]
+    fraction = "." in v and scale == 1
     try:
-        if "." in v and scale == 1:
-            x = float(v)
-        else:
-            n = int(v) * scale
+        n = float(v) if fraction else int(v) * scale
     except ValueError:
         raise ConfigError(f"{var}={raw!r} is neither a number of bytes (e.g. 2G) nor a fraction "
                           f"such as 0.8") from None
-    if "." in v and scale == 1:
-        if not 0 < x <= 1:
+    if fraction:
+        if not 0 < n <= 1:
             raise ConfigError(f"{var}={raw!r}: a fraction of the device memory must be in (0, 1]")
-        return x
+        return n
     if n < 1:
         raise ConfigError(f"{var}={raw!r} must be at least 1 byte")
     return n

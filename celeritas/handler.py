@@ -6,7 +6,6 @@ Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Callable
 
 import numpy as np
@@ -14,6 +13,7 @@ import numpy as np
 from scheduler import task_graph as tg
 from scheduler.errors import AccessError, CeleritasError, KernelError
 from scheduler.geometry import Box
+from scheduler.geometry.box import as_ints
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration
@@ -195,19 +195,8 @@ def hint(cgh, h: _Hint) -> None:
         cgh._split = "2d" if h.kind == "split_2d" else "1d"
 
 
-def _integers(value, what: str) -> tuple[int, ...]:
-    """An int or a sequence of ints as a tuple; anything else (None, a string, a float
-    that would be truncated) is a CeleritasError naming ``what``."""
-    if isinstance(value, (int, np.integer)):
-        return (int(value),)
-    try:
-        return tuple([operator.index(x) for x in value])
-    except TypeError:
-        raise CeleritasError(f"{what} {value!r} must be an integer or a sequence of integers") from None
-
-
 def constrain_split(cgh, granularity) -> None:
-    g = _integers(granularity, "cl.constrain_split granularity")
+    g = as_ints(granularity, "cl.constrain_split granularity", CeleritasError, scalar=True)
     if any(x < 1 for x in g):
         raise CeleritasError(f"cl.constrain_split granularity must be >= 1, got {g}")
     cgh._granularity = g
@@ -367,13 +356,13 @@ class CommandGroupHandler:
 
     @staticmethod
     def _make_geometry(global_range, offset) -> tg.TaskGeometry:
-        rng = _integers(global_range, "global range")
+        rng = as_ints(global_range, "global range", CeleritasError, scalar=True)
         if len(rng) > 3 or any(x < 0 for x in rng):
             raise CeleritasError(f"global range {global_range} must have 0 to 3 non-negative extents")
         if offset is None:
             off = (0,) * len(rng)
         else:
-            off = _integers(offset, "offset")
+            off = as_ints(offset, "offset", CeleritasError, scalar=True)
             if len(off) != len(rng):
                 raise CeleritasError(f"offset {offset} and global range {global_range} differ in dimensionality")
         geom = tg.TaskGeometry(len(rng), rng, off, (1,) * len(rng))

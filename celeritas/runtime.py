@@ -574,21 +574,19 @@ class Runtime:
             if isinstance(obj, Buffer):
                 obj._require_alive()
                 box = Box.full(obj.shape)
+                extents = obj.shape     # (what the fence's array shows: an empty box keeps none)
                 if subrange is not None:
-                    if isinstance(subrange, Subrange):
-                        sbox = subrange.box
-                    elif isinstance(subrange, Box):
-                        sbox = subrange
+                    if isinstance(subrange, Box):
+                        sbox, extents = subrange, subrange.range
                     else:
-                        sbox = Subrange(*subrange).box
+                        sub = subrange if isinstance(subrange, Subrange) else Subrange(*subrange)
+                        sbox, extents = sub.box, sub.range
                     if sbox.dims != len(obj.shape) or not box.contains(sbox):
                         raise CeleritasError(f"fence subrange {subrange} is not inside buffer {obj.label} of "
                                              f"shape {obj.shape}")
                     box = sbox
                 if box.empty:
-                    fut.shape = tuple(subrange.range) if isinstance(subrange, Subrange) else (
-                        tuple(h - l for l, h in zip(subrange.min, subrange.max)) if isinstance(subrange, Box)
-                        else tuple(Subrange(*subrange).range) if subrange is not None else tuple(obj.shape))
+                    fut.shape = tuple(extents)
                 fut.task = self.task_manager.fence(buffer=obj.id, box=box, promise=fut).id
             elif isinstance(obj, HostObject):
                 obj._require_alive()

@@ -36,11 +36,19 @@ def _pad(values: Sequence[int], fill: int) -> tuple[int, int, int]:
     raise GeometryError(f"at most 3 dimensions are supported, got {n}")
 
 
-def _ints(values: Sequence[int], what: str) -> tuple[int, ...]:
+def as_ints(values, what: str, error: type = GeometryError, scalar: bool = False) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (numpy integers included; with ``scalar`` one integer
+    too); anything else, a float that would be truncated among them, raises ``error`` naming
+    ``what``.  Shared by the geometry, buffer shapes and kernel ranges, each with its error."""
+    if scalar:
+        try:
+            return (_index(values),)
+        except TypeError:
+            pass
     try:
         return tuple([_index(v) for v in values])
     except TypeError:
-        raise GeometryError(f"{what} {values!r} must be a sequence of integers") from None
+        raise error(f"{what} {values!r} must be {'an integer or ' if scalar else ''}a sequence of integers") from None
 
 
 _new_object = object.__new__
@@ -319,8 +327,8 @@ class Subrange:
     __slots__ = ("offset", "range")
 
     def __init__(self, offset: Sequence[int], range: Sequence[int]):
-        offset = _ints(offset, "subrange offset")
-        range = _ints(range, "subrange range")
+        offset = as_ints(offset, "subrange offset")
+        range = as_ints(range, "subrange range")
         if len(offset) != len(range):
             raise GeometryError(f"subrange offset {offset} and range {range} differ in dimensionality")
         if len(offset) > 3:
