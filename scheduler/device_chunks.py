@@ -123,7 +123,15 @@ class ChunkPlanning:
         for plan in plans:
             self._fill_plan(plan, task)
         if self._capacity and task.kind == tg.DEVICE_COMPUTE:
-            plans = [q for p in plans for q in self._batches(p, cmd)]
+            # (a batch's reduction scratch lives until the command's local reduction, so the
+            # chunks planned before it on its device count against its room)
+            batched: list[ChunkPlan] = []
+            live: dict[int, int] = {}
+            for p in plans:
+                parts = self._batches(p, cmd, live.get(p.memory, 0))
+                live[p.memory] = live.get(p.memory, 0) + len(parts)
+                batched.extend(parts)
+            plans = batched
             self._sequence_if_too_large(plans, task)
         out = Plans(plans)
         out.overlap = overlapping_writes(plans)
@@ -197,17 +205,19 @@ class ChunkPlanning:
                 bbs[bid] = reg.bounding_box
         return plan
 
-    def _batches(self, plan: ChunkPlan, cmd: cg.ExecutionCommand) -> list[ChunkPlan]:
+    def _batches(self, plan: ChunkPlan, cmd: cg.ExecutionCommand, live: int = 0) -> list[ChunkPlan]:
         """``plan`` itself if its working set fits its device memory, else the batches it is
         cut into along dimension 0 (whole granules, as oversubscription cuts): each small
         enough to fit in half the memory where possible, so that the next batch's
         allocation and copies can proceed while the current batch's kernel runs (double
-        buffering), else in all of it."""
+        buffering), else in all of it.  Every batch keeps a reduction scratch value until
+        the command's local reduction, as do the ``live`` chunks and batches planned before
+        this one on the device, so n batches leave room for ``live + n`` of them."""
         cap = self._capacity.get(plan.memory)
         task = cmd.task
         itemsize = self._itemsize_of
-        extra = sum(itemsize(r.buffer) for r in task.reductions)   # (the chunk's reduction scratch)
-        if cap is None or plan.working_set(itemsize) + extra <= cap:
+        extra = sum(itemsize(r.buffer) for r in task.reductions)   # (one chunk's reduction scratch)
+        if cap is None or plan.working_set(itemsize) + extra * (live + 1) <= cap:
             return [plan]
         geom = task.geometry
         gran = (geom.granularity or (1,) * geom.dims)[0] if geom.dims else 1
@@ -217,7 +227,9 @@ class ChunkPlanning:
         # below it cannot be met by any split: skip it instead of trying ever finer ones
         # (matmul's whole-B read made that search evaluate thousands of plans).
         one = split_1d(plan.box, (gran,) + (1,) * (plan.box.dims - 1), max(rows, 1))[0]
-        need = self._fill_plan(ChunkPlan(one, plan.memory, plan.device), task).working_set(itemsize) + extra
+        need = self._fill_plan(ChunkPlan(one, plan.memory, plan.device), task).working_set(itemsize) \
+            + extra * (live + 1)
+        least = None   # (the fewest bytes any split tried needs, for the error)
         for budget in (cap // 2, cap):
             if need > budget:
                 continue
@@ -225,7 +237,8 @@ class ChunkPlanning:
             while k <= max(rows, 1):
                 boxes = split_1d(plan.box, (gran,) + (1,) * (plan.box.dims - 1), k)
                 parts = [self._fill_plan(ChunkPlan(box, plan.memory, plan.device), task) for box in boxes]
-                worst = max(q.working_set(itemsize) for q in parts) + extra
+                worst = max(q.working_set(itemsize) for q in parts) + extra * (live + len(parts))
+                least = worst if least is None else min(least, worst)
                 if worst <= budget:
                     n = len(parts)
                     for i, q in enumerate(parts):
@@ -239,7 +252,8 @@ class ChunkPlanning:
         names = ", ".join(self._buffers[bid].info.label for bid in sorted(plan.bbox))
         raise OutOfMemoryError(
             f"{task.label}: one row of its chunk {plan.box} on device {plan.device} (memory M{plan.memory}) "
-            f"needs {need} bytes for buffers {names}, but the device's capacity is {cap} bytes: it cannot be "
+            f"needs at least {need if least is None else least} bytes for buffers {names}"
+            f"{' and the reduction scratch of every batch' if extra else ''}, but the device's capacity is {cap} bytes: it cannot be "
             f"split into batches that fit (an all() or other whole-buffer access of a buffer larger than the "
             f"device?); raise CELERITAS_DEVICE_MEMORY_LIMIT / CELERITAS_HOST_DEVICE_MEMORY or read less per chunk")
 

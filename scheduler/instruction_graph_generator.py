@@ -611,7 +611,9 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             if p.batch is not None:   # a chunk larger than its device: this batch's allocations now
                 batch_allocs = []
                 scratch = sum(buffers[r.buffer].itemsize for r in task.reductions)
-                self._fit(p.memory, p.bbox.items(), scratch)
+                # (the scratch of the batches before it stays until the local reduction)
+                held = sum(s.nbytes for q, _ins, ss in kernels if q.memory == p.memory for s in ss)
+                self._fit(p.memory, p.bbox.items(), scratch + held)
                 self._coming[p.memory] = scratch + sum(box.area * buffers[bid].itemsize for bid, box in p.bbox.items())
                 for bid, box in sorted(p.bbox.items()):
                     b = buffers[bid]

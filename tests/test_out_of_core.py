@@ -382,3 +382,85 @@ def test_batches_reach_one_row_each_when_only_that_fits(monkeypatch, rows, capac
         q.shutdown()
     assert got.tolist() == (np.arange(rows * 8).reshape(rows, 8) + 1).tolist()
     assert len(kernels) == rows      # (one batch per row)
+
+
+def _reused_allocation_program(capacity: int, oversubscribe: int, monkeypatch):
+    """T1 reads all of ``b0`` and leaves it allocated whole (256 B); T2 reads only a
+    third of it per device chunk, but all of ``b1`` (128 B), and keeps a reduction's
+    scratch per chunk.  Found by the fuzzer (seed 406963)."""
+    monkeypatch.setenv("CELERITAS_HOST_DEVICE_MEMORY", str(capacity))
+    q = cl.Queue(devices="host:1", record=True)
+    try:
+        b0 = cl.Buffer(np.arange(32, dtype=np.int64).reshape(8, 4), name="b0")
+        b1 = cl.Buffer(shape=(8, 4), dtype=np.float32, name="b1")
+        r0 = cl.Buffer(np.ones((), dtype=bool), name="r0")
+        r1 = cl.Buffer(np.ones(1, dtype=bool), name="r1")
+
+        def first(cgh):
+            src = b0.access(cgh, cl.even_split(3), cl.read)
+            dst = b1.access(cgh, cl.one_to_one(), cl.discard_write)
+            cl.hint(cgh, cl.oversubscribe(oversubscribe))
+
+            @cgh.parallel_for((8, 4), name="first")
+            def kernel(chunk):
+                lo, hi = chunk.offset[0], chunk.offset[0] + chunk.range[0]
+                dst[chunk] = np.asarray(src[lo:hi, 0:4], dtype=np.float32) + 1
+
+        def second(cgh):
+            whole = b1.access(cgh, cl.slice(0), cl.read)
+            part = b0.access(cgh, cl.even_split(), cl.read)
+            red0 = cl.reduction(r0, cgh, cl.logical_and)
+            red1 = cl.reduction(r1, cgh, cl.logical_and)
+            cl.hint(cgh, cl.oversubscribe(oversubscribe))
+
+            @cgh.parallel_for((8, 5), name="second", reductions=(red0, red1))
+            def kernel(chunk, a, b):
+                a.combine(bool(np.asarray(whole[0:8, 0:4]).all()))
+                b.combine(True)
+
+        q.submit(first)
+        q.submit(second)
+        got = (q.fence(b1).result(), bool(q.fence(r0).result()), bool(q.fence(r1).result()[0]))
+        instructions = q.graphs()["instructions"]
+    finally:
+        q.shutdown()
+    return got, instructions
+
+
+def _peak_device_bytes(instructions) -> int:
+    """The most bytes live on device memory M2 in the instructions' program order."""
+    used = peak = 0
+    sizes = {}
+    for i in instructions:
+        if i["kind"] == "alloc" and i["memory"] == 2:
+            sizes[i["allocation"]] = i["size_bytes"]
+            used += i["size_bytes"]
+            peak = max(peak, used)
+        elif i["kind"] == "free" and i["allocation"] in sizes:
+            used -= sizes.pop(i["allocation"])
+    return peak
+
+
+@pytest.mark.parametrize("capacity", [180, 228, 388, 390])
+def test_a_larger_allocation_an_earlier_task_left_is_cut_back_for_the_batches(monkeypatch, capacity):
+    """T2's three chunks on one device need 384 B of buffers together plus 6 B of scratch,
+    so under 390 B they run as batches.  Each batch fits with its own scratch, but not
+    beside b0's whole allocation and the scratch of the batches before it: that allocation
+    is evicted and only what the batch reads is allocated, instead of OutOfMemoryError
+    (388 B: "388 are held by allocations this task itself uses").  At 180 B the chunks
+    are cut further, and the scratch of every earlier batch counts against each one."""
+    (b1, r0, r1), instructions = _reused_allocation_program(capacity, 3, monkeypatch)
+    np.testing.assert_array_equal(b1, np.arange(32).reshape(8, 4).astype(np.float32) + 1)
+    assert r0 is True and r1 is True
+    second = [i for i in instructions if i["kind"] == "device_kernel" and i["name"] == "second"]
+    assert all(bool(k.get("batch")) == (capacity < 390) for k in second)
+    assert len(second) == (8 if capacity == 180 else 3)
+    assert _peak_device_bytes(instructions) <= capacity
+
+
+def test_a_chunk_whose_batches_scratch_cannot_fit_names_the_bytes_it_needs(monkeypatch):
+    """At 162 B one row of b0 and all of b1 fit (160 B), but one row per batch means three
+    batches of the first chunk, each keeping 2 B of reduction scratch: the error gives the
+    least any split needs (166 B), not the 162 B of one row with its own scratch."""
+    with pytest.raises(OutOfMemoryError, match=r"needs at least 166 bytes .* capacity is 162 bytes"):
+        _reused_allocation_program(162, 3, monkeypatch)
