@@ -380,6 +380,9 @@ class Runtime:
         from executor.backends.backend import AllocationError
         if isinstance(exc, AllocationError):
             what = f" for {instr.kind} I{instr.id}" if instr is not None else ""
+            bid = getattr(instr, "buffer", None)
+            if bid is not None:   # (an allocation for a buffer: name it and the part allocated)
+                what += f" of buffer {self._buffer_label(bid)} {instr.box}"
             err = OutOfMemoryError(f"rank {self.rank}: out of memory{what}: {exc}")
             err.__cause__ = exc
             exc = err

@@ -334,6 +334,24 @@ def test_out_of_memory_names_task_buffers_bytes_and_capacity(monkeypatch):
     assert str(64 * 1024) in msg and str((1 << 16) * 4 + 4) in msg   # capacity, bytes of one row
 
 
+def test_an_allocation_the_backend_refuses_names_the_buffer_and_the_box():
+    """800 TB is beyond any machine's address space, so the host backend's allocation fails
+    at execution time; the error named only the instruction ("alloc I1") before."""
+    q = cl.Queue(devices="host:1")
+    huge = cl.Buffer(shape=(10**7, 10**7), dtype=np.float64, name="huge")
+
+    def cgf(cgh):
+        huge.access(cgh, cl.one_to_one(), cl.discard_write)
+        cgh.parallel_for((10**7, 10**7), lambda chunk: None, name="fill")
+
+    q.submit(cgf)
+    with pytest.raises(cl.OutOfMemoryError,
+                       match=r'rank 0: out of memory for alloc I\d+ of buffer B\d+ "huge" '
+                             r'Box\(\[0, 0\], \[10000000, 10000000\]\): cannot allocate 800000000000000 bytes'):
+        q.wait()
+    q.shutdown()      # (the error was shown: shutdown only winds down)
+
+
 _FAILING_SCRIPT = """
 import numpy as np
 import celeritas as cl
