@@ -9,7 +9,8 @@ from scheduler.errors import AccessError, CeleritasError
 from scheduler.geometry.box import as_ints
 
 from .context import current_runtime
-from .accessor import DISCARD_READ_WRITE, DISCARD_WRITE, MODES, READ_WRITE, WRITE, Accessor
+from .accessor import DISCARD_READ_WRITE, DISCARD_WRITE, MODES, READ, READ_WRITE, WRITE, Accessor
+from .handler import handler_of
 
 
 class BufferError(CeleritasError, ValueError):
@@ -98,8 +99,11 @@ class Buffer:
             raise AccessError(f"unknown access mode {mode!r} for buffer {self.label}; use one of "
                               f"{', '.join('cl.' + m for m in MODES)}")
         if no_init:
+            if mode == READ:
+                raise AccessError(f"buffer {self.label}: no_init=True discards the old contents, which a cl.read "
+                                  f"access reads (no_init applies to cl.write and cl.read_write)")
             mode = {WRITE: DISCARD_WRITE, READ_WRITE: DISCARD_READ_WRITE}.get(mode, mode)
-        return cgh._add_access(self, range_mapper, mode)
+        return handler_of(cgh, f"Buffer.access of buffer {self.label}")._add_access(self, range_mapper, mode)
 
     def _require_alive(self) -> None:
         if not self._alive:

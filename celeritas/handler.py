@@ -19,6 +19,19 @@ from scheduler.instruction_graph import AccessorArg, LaunchContext
 from .accessor import Accessor, Hydration
 from .context import current_runtime
 
+def handler_of(cgh: Any, what: str) -> "CommandGroupHandler":
+    """``cgh`` if it is the handler of the command group function running now: another
+    object failed deep inside with an AttributeError, and the handler of an earlier
+    submit took the declaration silently, for a task that had been built already."""
+    if type(cgh) is not CommandGroupHandler:
+        raise CeleritasError(f"{what} takes the command group handler (the cgh argument of the command group "
+                             f"function) as its cgh, got {type(cgh).__name__}")
+    if cgh._closed:
+        raise CeleritasError(f"{what}: this cgh belongs to a command group that was already submitted; use the cgh "
+                             f"the current command group function receives")
+    return cgh
+
+
 # ---- reductions ---------------------------------------------------------------------
 plus = np.add
 multiplies = np.multiply
@@ -86,6 +99,10 @@ def reduction(buffer, cgh, op, *, identity=None, initialize_to_identity: bool = 
         raise CeleritasError(f"reduction op must be cl.plus, cl.minimum, ... or a numpy ufunc, got {op!r}")
     if op.nin != 2:
         raise CeleritasError(f"reduction op {op.__name__} is not a binary ufunc")
+    from .buffer import Buffer
+    if not isinstance(buffer, Buffer):
+        raise CeleritasError(f"cl.reduction takes a cl.Buffer as its target, got {type(buffer).__name__}")
+    handler_of(cgh, "cl.reduction")
     buffer._require_alive()
     if buffer.size != 1:
         raise AccessError(f"reduction into buffer {buffer.label} of shape {buffer.shape}: a reduction target "
@@ -187,6 +204,7 @@ def oversubscribe(k: int) -> _Hint:
 
 
 def hint(cgh, h: _Hint) -> None:
+    handler_of(cgh, "cl.hint")
     if not isinstance(h, _Hint):
         raise CeleritasError(f"cl.hint takes cl.split_1d(), cl.split_2d() or cl.oversubscribe(k), got {h!r}")
     if h.kind == "oversubscribe":
@@ -196,6 +214,7 @@ def hint(cgh, h: _Hint) -> None:
 
 
 def constrain_split(cgh, granularity) -> None:
+    handler_of(cgh, "cl.constrain_split")
     g = as_ints(granularity, "cl.constrain_split granularity", CeleritasError, scalar=True)
     if any(x < 1 for x in g):
         raise CeleritasError(f"cl.constrain_split granularity must be >= 1, got {g}")
@@ -319,6 +338,7 @@ class CommandGroupHandler:
         self._collective_group: int | None = None
         self._args: tuple = ()
         self._local_range = None
+        self._closed = False    # set once submit built the task from it
 
     def _add_access(self, buffer, mapper, mode: str) -> Accessor:
         if buffer._runtime is not self._runtime:
@@ -332,8 +352,13 @@ class CommandGroupHandler:
         return acc
 
     def _set_kernel(self, kind, kernel, geometry, name):
+        if self._closed:
+            raise CeleritasError("this cgh belongs to a command group that was already submitted; use the cgh the "
+                                 "current command group function receives")
         if self._kind is not None:
             raise CeleritasError("one command group submits exactly one parallel_for or host_task")
+        if name is not None and not isinstance(name, str):
+            raise CeleritasError(f"a kernel's or host task's name= is a str, got {type(name).__name__} {name!r}")
         self._kind = kind
         self._kernel = kernel
         self._geometry = geometry
@@ -435,6 +460,10 @@ class CommandGroupHandler:
             elif isinstance(on, _Placement) and on.kind == "on_master_node":
                 kind = tg.MASTER_NODE
                 geom = self._geometry_of(range if range is not None else (), None)
+            elif isinstance(on, _Placement) and on.kind in ("once", "collective") and range is not None:
+                raise CeleritasError(f"host_task(on={on!r}) runs {'once' if on.kind == 'once' else 'once per rank'}; "
+                                     f"range={range!r} would be ignored (a host task over a range takes no on=, "
+                                     f"or on=cl.on_master_node)")
             elif isinstance(on, _Placement) and on.kind == "once":
                 kind, geom = tg.HOST_COMPUTE, self._geometry_of((1,), None)
             elif isinstance(on, _Placement) and on.kind == "collective":
@@ -478,6 +507,10 @@ class CommandGroupHandler:
             reductions.append(tg.Reduction(d.id, d.buffer.id, d.op, d.identity, not d.initialize_to_identity))
         if self._kind != tg.DEVICE_COMPUTE and reductions:
             raise CeleritasError("reductions are only supported in parallel_for")
+        if self._kind == tg.DEVICE_COMPUTE and self._side_effects:
+            raise CeleritasError(f"{task_label}: cl.side_effect orders host tasks only; a parallel_for's chunks run "
+                                 f"on devices, concurrently (use a host_task for host object "
+                                 f"{self._side_effects[0]!r})")
         if self._reductions:
             accessed = {buf.id for buf, _m, _mode in self._accesses}
             seen: set = set()

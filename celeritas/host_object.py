@@ -43,6 +43,8 @@ def side_effect(host_object: HostObject, cgh) -> Any:
     if not isinstance(host_object, HostObject):
         from scheduler.errors import CeleritasError
         raise CeleritasError(f"cl.side_effect takes a cl.HostObject, got {type(host_object).__name__}")
+    from .handler import handler_of
+    handler_of(cgh, "cl.side_effect")
     host_object._require_alive()
     if host_object not in cgh._side_effects:
         cgh._side_effects.append(host_object)

@@ -478,9 +478,14 @@ class Runtime:
         if self.inside_task.where is not None:
             self._refuse_inside_task("q.submit()")
         self._check_alive()
+        if not callable(cgf):
+            raise CeleritasError(f"q.submit takes a command group function cgf(cgh), got {type(cgf).__name__}")
         cgh = CommandGroupHandler(self)
-        cgf(cgh)
-        spec = cgh._build()
+        try:
+            cgf(cgh)
+            spec = cgh._build()
+        finally:
+            cgh._closed = True
         with self._lock:
             self._check_alive()
             self._prune()

@@ -886,3 +886,95 @@ def test_device_memory_limit_messages_say_what_is_wrong(monkeypatch, value, matc
     monkeypatch.setenv("CELERITAS_DEVICE_MEMORY_LIMIT", value)
     with pytest.raises(cl.ConfigError, match=match):
         cl.Queue()
+
+
+def _declare(kind: str, a, s, h, saved: dict):
+    """A command group function that misuses the handler in the way ``kind`` names."""
+    def cgf(cgh):
+        if kind == "access_none":
+            a.access(None, cl.one_to_one(), cl.read)
+        elif kind == "reduction_none":
+            cl.reduction(s, None, cl.plus)
+        elif kind == "side_effect_none":
+            cl.side_effect(h, None)
+        elif kind == "hint_none":
+            cl.hint(None, cl.split_2d())
+        elif kind == "constrain_none":
+            cl.constrain_split(None, 2)
+        elif kind == "access_old_cgh":
+            a.access(saved["cgh"], cl.all(), cl.read)
+        elif kind == "parallel_for_old_cgh":
+            saved["cgh"].parallel_for((8,), lambda c: None)
+            return
+        elif kind == "reduction_not_buffer":
+            cl.reduction(np.zeros(1), cgh, cl.plus)
+        cgh.parallel_for((8,), lambda c: None)
+    return cgf
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("access_none", r'Buffer.access of buffer B0 "a" takes the command group handler \(the cgh argument of the '
+                    r'command group function\) as its cgh, got NoneType'),
+    ("reduction_none", r"cl.reduction takes the command group handler .* got NoneType"),
+    ("side_effect_none", r"cl.side_effect takes the command group handler .* got NoneType"),
+    ("hint_none", r"cl.hint takes the command group handler .* got NoneType"),
+    ("constrain_none", r"cl.constrain_split takes the command group handler .* got NoneType"),
+    ("access_old_cgh", r'Buffer.access of buffer B0 "a": this cgh belongs to a command group that was already '
+                       r'submitted'),
+    ("parallel_for_old_cgh", r"this cgh belongs to a command group that was already submitted"),
+    ("reduction_not_buffer", r"cl.reduction takes a cl.Buffer as its target, got ndarray"),
+])
+def test_a_handler_that_is_not_the_current_one_is_an_error(kind, match):
+    """None failed with AttributeError deep inside, and the cgh of an earlier submit took an
+    access silently: the task being submitted then ran without it (a lost dependency)."""
+    q = cl.Queue(devices="host:1")
+    try:
+        a = cl.Buffer(np.arange(8, dtype=np.float32), name="a")
+        s = cl.Buffer(np.zeros(1, np.float32), name="s")
+        h = cl.HostObject([])
+        saved: dict = {}
+
+        def first(cgh):
+            saved["cgh"] = cgh
+            cgh.parallel_for((8,), lambda c: None)
+        q.submit(first)
+        with pytest.raises(cl.CeleritasError, match=match):
+            q.submit(_declare(kind, a, s, h, saved))
+        q.submit(_declare("fine", a, s, h, saved))     # the runtime goes on
+        assert q.fence(a).result().tolist() == list(range(8))
+    finally:
+        q.shutdown()
+
+
+@pytest.mark.parametrize("cgf, error, match", [
+    (5, cl.CeleritasError, r"q.submit takes a command group function cgf\(cgh\), got int"),
+    (lambda cgh: cgh.host_task(lambda p: None, range=(8,), on=cl.once), cl.CeleritasError,
+     r"host_task\(on=cl.once\) runs once; range=\(8,\) would be ignored"),
+    (lambda cgh: cgh.host_task(lambda p: None, range=(8,), on=cl.collective), cl.CeleritasError,
+     r"host_task\(on=cl.collective\) runs once per rank; range=\(8,\) would be ignored"),
+    (lambda cgh: cgh.parallel_for((8,), lambda c: None, name=5), cl.CeleritasError,
+     r"a kernel's or host task's name= is a str, got int 5"),
+    ("no_init_read", cl.AccessError, r'buffer B0 "a": no_init=True discards the old contents, which a cl.read '
+                                     r'access reads'),
+    ("side_effect_kernel", cl.CeleritasError, r"kernel 'k': cl.side_effect orders host tasks only"),
+])
+def test_command_group_misuse_is_a_clear_error(cgf, error, match):
+    """Each was accepted silently (range ignored, no_init meaningless, a side effect that
+    orders nothing on a device) or failed with a bare TypeError/AttributeError."""
+    q = cl.Queue(devices="host:1")
+    try:
+        a = cl.Buffer(np.arange(8, dtype=np.float32), name="a")
+        h = cl.HostObject([])
+        if cgf == "no_init_read":
+            def cgf(cgh):
+                a.access(cgh, cl.one_to_one(), cl.read, no_init=True)
+                cgh.parallel_for((8,), lambda c: None)
+        elif cgf == "side_effect_kernel":
+            def cgf(cgh):
+                cl.side_effect(h, cgh)
+                cgh.parallel_for((8,), lambda c: None, name="k")
+        with pytest.raises(error, match=match):
+            q.submit(cgf)
+        assert q.fence(a).result().tolist() == list(range(8))
+    finally:
+        q.shutdown()
