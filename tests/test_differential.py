@@ -1359,8 +1359,8 @@ def _count_batches(monkeypatch):
     cuts = Counter()
     orig = ChunkPlanning._batches
 
-    def counting(self, plan, cmd):
-        parts = orig(self, plan, cmd)
+    def counting(self, plan, cmd, live=0):
+        parts = orig(self, plan, cmd, live)
         if len(parts) > 1:
             cuts[cmd.task.label] += 1
         return parts
@@ -1420,8 +1420,8 @@ def test_batching_check_fails_on_a_lost_batch(monkeypatch):
     from scheduler.device_chunks import ChunkPlanning
     orig = ChunkPlanning._batches
 
-    def lose_last(self, plan, cmd):
-        parts = orig(self, plan, cmd)
+    def lose_last(self, plan, cmd, live=0):
+        parts = orig(self, plan, cmd, live)
         if len(parts) > 1:
             parts = parts[:-1]
             for i, q in enumerate(parts):
@@ -1429,8 +1429,9 @@ def test_batching_check_fails_on_a_lost_batch(monkeypatch):
         return parts
     monkeypatch.setattr(ChunkPlanning, "_batches", lose_last)
     p = generate(random.Random(20), kind="main")
-    with pytest.raises(Mismatch):
+    with pytest.raises(Mismatch) as ei:
         run_and_check(p, Config(ranks=1, devices=1, batch=0.0))
+    assert "[crash]" not in str(ei.value)     # (the lost batch's data, not a broken patch)
 
 
 # misuse programs (``_gen_misuse``): the API misused in one task; (seed, configuration, the misuse,
