@@ -581,6 +581,7 @@ def test_a_mapper_that_tests_whether_a_device_chunk_holds_the_item_is_fine():
     lambda: cl.Subrange(("a",), (1,)),
     lambda: cl.Subrange((0.5,), (2,)),
     lambda: cl.Subrange((0, 0, 0, 0), (1, 1, 1, 1)),
+    lambda: cl.Subrange((0, 0), (2, -1)),          # (accepted before, as an empty subrange)
     lambda: cl.Box((0,), (1, 2)),
     lambda: cl.Box(5, 6),
     lambda: cl.Box((0.5,), (2,)),

@@ -333,6 +333,9 @@ class Subrange:
             raise GeometryError(f"subrange offset {offset} and range {range} differ in dimensionality")
         if len(offset) > 3:
             raise GeometryError(f"at most 3 dimensions are supported, got {len(offset)}")
+        for r in range:
+            if r < 0:
+                raise GeometryError(f"subrange range {range} has a negative extent")
         self.offset = offset
         self.range = range
 
