@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from scheduler import task_graph as tg
-from scheduler.errors import CeleritasError, ConfigError, OutOfMemoryError
-from scheduler.geometry import Box, Subrange
+from scheduler.errors import CeleritasError, ConfigError, GeometryError, OutOfMemoryError
+from scheduler.geometry import Box, Region, Subrange
 from scheduler.instruction_graph_generator import SystemInfo
 from scheduler.recorders import Recorders
 from scheduler.replay import Replay
@@ -584,10 +584,24 @@ class Runtime:
                 box = Box.full(obj.shape)
                 extents = obj.shape     # (what the fence's array shows: an empty box keeps none)
                 if subrange is not None:
+                    if isinstance(subrange, Region):   # (one array: a region of one box is that box)
+                        boxes = list(subrange)
+                        if len(boxes) != 1:
+                            raise CeleritasError(
+                                f"fence of buffer {obj.label}: a fence returns one array, so it takes a "
+                                f"cl.Subrange or cl.Box, not a region of {len(boxes)} boxes (fence its bounding "
+                                f"box {subrange.bounding_box}, or one fence per box)")
+                        subrange = boxes[0]
                     if isinstance(subrange, Box):
                         sbox, extents = subrange, subrange.range
                     else:
-                        sub = subrange if isinstance(subrange, Subrange) else Subrange(*subrange)
+                        try:
+                            sub = subrange if isinstance(subrange, Subrange) else Subrange(*subrange)
+                        except GeometryError:
+                            raise
+                        except TypeError as exc:
+                            raise CeleritasError(f"fence of buffer {obj.label}: the subrange is a cl.Subrange, a "
+                                                 f"cl.Box or an (offset, range) pair, got {subrange!r}") from exc
                         sbox, extents = sub.box, sub.range
                     if sbox.dims != len(obj.shape) or not box.contains(sbox):
                         raise CeleritasError(f"fence subrange {subrange} is not inside buffer {obj.label} of "

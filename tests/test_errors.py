@@ -285,6 +285,27 @@ def test_fence_subrange_outside_buffer():
     q.shutdown()
 
 
+def test_fence_takes_a_region_of_one_box_and_names_what_else_it_got():
+    """A region of one box is that box; before, any cl.Region (and any other object) failed
+    with "Subrange.__init__() missing 1 required positional argument"."""
+    q = cl.Queue()
+    try:
+        b = cl.Buffer(np.arange(16).reshape(4, 4), name="b")
+        assert q.fence(b, cl.Region([cl.Box((1, 1), (3, 3))])).result().tolist() == [[5, 6], [9, 10]]
+        assert q.fence(b, ((0, 0), (2, 2))).result().tolist() == [[0, 1], [4, 5]]
+        with pytest.raises(cl.CeleritasError, match=r'fence of buffer B0 "b": a fence returns one array, so it '
+                                                    r'takes a cl.Subrange or cl.Box, not a region of 2 boxes'):
+            q.fence(b, cl.Region([cl.Box((0, 0), (1, 1)), cl.Box((2, 2), (3, 3))]))
+        with pytest.raises(cl.CeleritasError, match=r"the subrange is a cl.Subrange, a cl.Box or an \(offset, "
+                                                    r"range\) pair, got 5"):
+            q.fence(b, 5)
+        with pytest.raises(cl.GeometryError, match="negative extent"):
+            q.fence(b, ((0, 0), (2, -1)))
+        assert q.fence(b).result().sum() == 120
+    finally:
+        q.shutdown()
+
+
 def test_two_kernels_in_one_command_group():
     q = cl.Queue()
 
