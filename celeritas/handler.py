@@ -5,6 +5,7 @@ Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
@@ -30,6 +31,10 @@ def handler_of(cgh: Any, what: str) -> "CommandGroupHandler":
         raise CeleritasError(f"{what}: this cgh belongs to a command group that was already submitted; use the cgh "
                              f"the current command group function receives")
     return cgh
+
+
+_ASYNC = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_SUSPENDING = inspect.CO_GENERATOR | _ASYNC
 
 
 # ---- reductions ---------------------------------------------------------------------
@@ -359,6 +364,14 @@ class CommandGroupHandler:
             raise CeleritasError("one command group submits exactly one parallel_for or host_task")
         if name is not None and not isinstance(name, str):
             raise CeleritasError(f"a kernel's or host task's name= is a str, got {type(name).__name__} {name!r}")
+        code = getattr(kernel, "__code__", None)
+        if code is not None and code.co_flags & _SUSPENDING:
+            # (calling one only makes a generator or coroutine object: its body, the writes
+            # included, would never run, silently)
+            what = "coroutine (async def)" if code.co_flags & _ASYNC else "generator (it yields)"
+            raise CeleritasError(f"{'parallel_for' if kind == tg.DEVICE_COMPUTE else 'host_task'} "
+                                 f"{name or getattr(kernel, '__name__', '')!r}: the function is a {what}; a kernel "
+                                 f"or host task is a plain function, run once per chunk")
         self._kind = kind
         self._kernel = kernel
         self._geometry = geometry

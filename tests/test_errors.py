@@ -1000,3 +1000,40 @@ def test_command_group_misuse_is_a_clear_error(cgf, error, match):
         assert q.fence(a).result().tolist() == list(range(8))
     finally:
         q.shutdown()
+
+
+def _generator_kernel(chunk):
+    yield chunk
+
+
+async def _async_kernel(chunk):
+    return chunk
+
+
+async def _async_generator_kernel(chunk):
+    yield chunk
+
+
+@pytest.mark.parametrize("fn, what", [(_generator_kernel, r"a generator \(it yields\)"),
+                                      (_async_kernel, r"a coroutine \(async def\)"),
+                                      (_async_generator_kernel, r"a coroutine \(async def\)")])
+@pytest.mark.parametrize("host", [False, True])
+def test_a_generator_or_coroutine_kernel_is_an_error_not_a_kernel_that_never_runs(fn, what, host):
+    """Calling one only makes a generator or coroutine object, so the kernel's writes never
+    happened and the buffer silently kept its old contents."""
+    q = cl.Queue(devices="host:1")
+    try:
+        a = cl.Buffer(np.zeros(4), name="a")
+
+        def cgf(cgh):
+            a.access(cgh, cl.one_to_one(), cl.discard_write)
+            if host:
+                cgh.host_task(fn, range=(4,))
+            else:
+                cgh.parallel_for((4,), fn)
+        kind = "host_task" if host else "parallel_for"
+        with pytest.raises(cl.CeleritasError, match=rf"{kind} '{fn.__name__}': the function is {what}; a kernel "
+                                                    r"or host task is a plain function"):
+            q.submit(cgf)
+    finally:
+        q.shutdown()
