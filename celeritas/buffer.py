@@ -10,7 +10,7 @@ from scheduler.geometry.box import as_ints
 
 from .context import current_runtime
 from .accessor import DISCARD_READ_WRITE, DISCARD_WRITE, MODES, READ, READ_WRITE, WRITE, Accessor
-from .handler import handler_of
+from .handler import CommandGroupHandler, handler_of
 
 
 class BufferError(CeleritasError, ValueError):
@@ -103,7 +103,9 @@ class Buffer:
                 raise AccessError(f"buffer {self.label}: no_init=True discards the old contents, which a cl.read "
                                   f"access reads (no_init applies to cl.write and cl.read_write)")
             mode = {WRITE: DISCARD_WRITE, READ_WRITE: DISCARD_READ_WRITE}.get(mode, mode)
-        return handler_of(cgh, f"Buffer.access of buffer {self.label}")._add_access(self, range_mapper, mode)
+        if type(cgh) is not CommandGroupHandler or cgh._closed:   # (the message only when it is raised)
+            handler_of(cgh, f"Buffer.access of buffer {self.label}")
+        return cgh._add_access(self, range_mapper, mode)
 
     def _require_alive(self) -> None:
         if not self._alive:
