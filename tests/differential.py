@@ -95,6 +95,9 @@ Drawn after the whole program (so that every seed keeps the program it gave befo
   ``cl.split_1d()``, ``cl.constrain_split`` (cuts checked, ``split_granularity``), split
   hints on host tasks, reads through ``cl.even_split`` (granted rows and data checked per
   chunk, ``even_split_rows``);
+* ``main``: empty ranges of kernels whose point write into a reduction target would define it
+  (``_draw_empty_target``): nothing is written, the target keeps its value or stays undefined
+  (``target_problem``);
 * ``main``: a pair of kernels over larger buffers (``_draw_ooc``); ``Config.batch`` sets the
   capacity between the largest one-row working set and the largest footprint
   (``device_memory_batched``), so that chunks are cut into batches, and
@@ -172,6 +175,7 @@ GEOMETRY_DRAWS = True       # main: kernels with offset=, ranges that are no buf
 EMPTY_DRAWS = True          # main: empty ranges of kernels with reductions and of host tasks (``_draw_empty``)
 LONG_DRAWS = True           # main: a long stencil loop or a wide front of independent tasks (``_draw_long``)
 SOURCE_DRAWS = True         # main: kernels that are cl.Kernel OpenCL C source on the opencl backend (``_draw_source``)
+EMPTY_TARGET_DRAWS = True   # main: empty ranges of kernels whose point write defines a target (``_draw_empty_target``)
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
 LONG_STENCIL_SHARE = 0.004  # of main programs: 100-200 ping-pong stencil steps
 WIDE_SHARE = 0.01           # of main programs: 65-96 independent row kernels (a front wider than 64)
@@ -903,7 +907,8 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     # (each after the ones before it, in this order, so that every seed keeps what it drew before;
     # the module's switches are read now, so that a test may turn one off)
     for switch, draw in (("GEOMETRY_DRAWS", _draw_geometry), ("SPLIT_DRAWS", _draw_splits), ("OOC_DRAWS", _draw_ooc),
-                         ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source)):
+                         ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
+                         ("EMPTY_TARGET_DRAWS", _draw_empty_target)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1144,6 +1149,80 @@ def _draw_empty(g: _Gen, p: Program) -> None:
             p.features.add("geometry:empty:reduction:with_reads")
         if t.offset is not None:
             p.features.add("geometry:empty:reduction:offset")
+
+
+def _draw_empty_target(g: _Gen, p: Program) -> None:
+    """Empty index spaces of kernels whose point write into a reduction target would define it
+    (``write:target_by_point_mapper``; drawn after the whole program, so that every seed keeps
+    the program it gave before): one extent becomes 0, so that no chunk runs and the point is
+    never written (``geometry:empty:target_write``).  The target keeps what it held before
+    (``run_model``): its host-initialized value (``:keeps_init``), a reduction's result
+    (``:keeps_reduction``) or an earlier point write's value (``:keeps_point_write``); a target
+    nothing defined before stays undefined (``:undefined``), and the draw is dropped where a
+    later task would then read it before something defines it (``target_problem``).  What
+    the target's next user sees is tagged too: a reduction folding in the current value
+    (``:then_reduced_no_init``), one with ``initialize_to_identity`` (``:then_reduced_init``),
+    a read or a fence (``:then_read``), nothing (the value fenced at the end: ``:then_end``)."""
+    rng = g.rng
+    for idx, t in enumerate(p.tasks):
+        w = t.write
+        if t.kind != "kernel" or w is None or w.space != "target" or 0 in t.range_shape or rng.random() >= 0.3:
+            continue
+        old = (t.range_shape, t.local_range)
+        d = rng.randrange(len(t.range_shape))
+        t.range_shape = tuple(0 if i == d else e for i, e in enumerate(t.range_shape))
+        t.local_range = None
+        if target_problem(p) is not None or lifecycle(p)[0] is not None:
+            t.range_shape, t.local_range = old
+            continue
+        k = w.buffer
+        before = p.targets[k].init is not None and "init"
+        for u in p.tasks[:idx]:
+            if any(s.target == k for s in u.reds):
+                before = "reduction"
+            if u.write is not None and u.write.space == "target" and u.write.buffer == k and \
+                    not task_box(u).empty:
+                before = "point_write"
+        then = "end"
+        for u in p.tasks[idx + 1:]:
+            specs = [s for s in u.reds if s.target == k]
+            if any(rd.space == "target" and rd.buffer == k for rd in u.reads) or \
+                    (u.kind == "fence" and u.fence_space == "target" and u.fence_index == k):
+                then = "read"
+            elif specs:
+                then = "reduced_init" if all(s.init for s in specs) else "reduced_no_init"
+            elif u.write is not None and u.write.space == "target" and u.write.buffer == k and \
+                    not task_box(u).empty:
+                then = "overwritten"
+            else:
+                continue
+            break
+        p.features |= {"geometry:empty:target_write", f"geometry:empty:target_write:then_{then}",
+                       "geometry:empty:target_write:" + (f"keeps_{before}" if before else "undefined")}
+        if t.offset is not None:
+            p.features.add("geometry:empty:target_write:offset")
+
+
+def target_problem(p: Program) -> str | None:
+    """The first use of a reduction target before anything defined it, or None: a target is
+    defined by its host data, a reduction or a point write that runs (a kernel over an empty
+    range writes nothing); it is read (``all``), fenced, or reduced into without
+    ``initialize_to_identity`` only once defined."""
+    defined = [t.init is not None for t in p.targets]
+    for idx, t in enumerate(p.tasks):
+        for rd in t.reads:
+            if rd.space == "target" and not defined[rd.buffer]:
+                return f"T{idx} reads r{rd.buffer}, which nothing defined yet"
+        if t.kind == "fence" and t.fence_space == "target" and not defined[t.fence_index]:
+            return f"T{idx} fences r{t.fence_index}, which nothing defined yet"
+        for spec in t.reds:
+            if not spec.init and not defined[spec.target]:
+                return f"T{idx} folds r{spec.target}'s current value, which nothing defined yet"
+        for spec in t.reds:
+            defined[spec.target] = True
+        if t.write is not None and t.write.space == "target" and t.range_shape and not task_box(t).empty:
+            defined[t.write.buffer] = True
+    return None
 
 
 def _draw_ooc(g: _Gen, p: Program) -> None:
@@ -3047,8 +3126,8 @@ def fenced_at_end(p: Program) -> list[bool]:
         for spec in t.reds:
             defined[spec.target] = True
             master_only[spec.target] = None        # produced by a reduction, not consumed yet
-        if t.write is not None and t.write.space == "target":
-            defined[t.write.buffer] = True
+        if t.write is not None and t.write.space == "target" and not task_box(t).empty:
+            defined[t.write.buffer] = True      # (a kernel over an empty range writes nothing)
             master_only[t.write.buffer] = False
         if t.kind == "fence" and t.fence_space == "target":
             master_only[t.fence_index] = False

@@ -1181,6 +1181,85 @@ def test_empty_host_task_on_master_runs_nothing(cfg):
     run_and_check(_empty_host_program(on_master=True), cfg)
 
 
+# ---- empty kernels whose point write would define a target (``_draw_empty_target``) ----------------
+def _empty_target_writes(p):
+    return [(i, t) for i, t in enumerate(p.tasks)
+            if t.kind == "kernel" and t.write is not None and t.write.space == "target" and task_box(t).empty]
+
+
+@pytest.mark.parametrize("seed,cfg,features,kept", [
+    # T8 over (0, 2), constrain_split(3): r0 (int32) keeps its host value 44, then a reduction folds it in
+    (69, Config(ranks=2, devices=2), {"keeps_init", "then_reduced_no_init"}, [44]),
+    # T1 over (0, 1), oversubscribe(2): r0 keeps the 45 an earlier point write left, folded in next
+    (31, Config(ranks=3, devices=1, lookahead="none"), {"keeps_point_write", "then_reduced_no_init"}, [45]),
+    # T3 over (0, 2, 1): r0 (float32) keeps a reduction's 1.0
+    (65, Config(ranks=2, devices=1, replay="off"), {"keeps_reduction", "then_reduced_no_init"}, [[1.0]]),
+    # T3 over (4, 3, 0) at offset (2, 1, 4): r0 keeps 7.0, the value fenced at the end
+    (155, Config(ranks=4, devices=2, accessor_checks=False), {"keeps_init", "offset", "then_end"}, [[7.0]]),
+    # T0 over (0, 4, 2): r1 keeps 40.0, then a kernel reads it
+    (296, Config(ranks=2, devices=3, oversubscribe=3), {"keeps_init", "then_read"}, [[40.0]]),
+    # T1 over (1, 0, 2): r0 stays undefined (nothing fences or reads it) until a reduction initializes it
+    (30, Config(ranks=2, devices=2), {"undefined", "then_reduced_init"}, [None]),
+])
+def test_empty_target_writes_fixed_seeds(seed, cfg, features, kept):
+    """A kernel over an empty range whose point write would define a reduction target writes
+    nothing: the model keeps the target's value (host data, a reduction's result, an earlier
+    point write's), or leaves it undefined, and the runtime agrees on every rank."""
+    from differential import _prefix
+    p = generate(random.Random(seed))
+    assert p.kind == "main"
+    assert {"geometry:empty:target_write:" + f for f in features} <= p.features
+    empties = _empty_target_writes(p)
+    assert len(empties) == len(kept)
+    for (i, t), value in zip(empties, kept):
+        k = t.write.buffer
+        before = run_model(_prefix(p, i))["targets"][k]
+        after = run_model(_prefix(p, i + 1))["targets"][k]
+        assert (None if after is None else after.tolist()) == (None if before is None else before.tolist()) \
+            == value
+    run_and_check(p, cfg)
+
+
+def _writing_anyway(p):
+    """``p`` with every empty target-writing kernel over a range that holds its point (what a
+    runtime that ran the point's chunk of an empty range would do)."""
+    q = copy.deepcopy(p)
+    for _i, t in _empty_target_writes(q):
+        lo = task_box(t).min
+        t.range_shape = tuple(max(e, pt - o + 1) for e, pt, o in zip(t.range_shape, t.write.point, lo))
+    return q
+
+
+@pytest.mark.parametrize("seed", [69, 155, 31])
+def test_empty_target_write_check_fails(seed):
+    """A run whose empty kernel wrote its point anyway (the model's program keeps it empty) is
+    caught: the target's value differs (``reduction``; or a fence or buffer that read it)."""
+    p = generate(random.Random(seed))
+    assert p.kind == "main"
+    cfg = Config(ranks=2, devices=1)
+    q = _writing_anyway(p)
+    assert not _empty_target_writes(q)
+    with pytest.raises(Mismatch) as err:
+        check(p, run_model(p), run_on_cluster(q, cfg), cfg)
+    assert {"reduction", "fence", "buffer"} & {tag for tag, _msg in err.value.problems}, err.value
+
+
+def test_empty_target_write_defines_nothing():
+    """``target_problem``: a target whose only point write is over an empty range is undefined
+    for a later fence (the generator keeps such a kernel's range; the minimiser drops the
+    program), and the end of the program does not fence it."""
+    from differential import TargetSpec, fenced_at_end, target_problem
+    w = Write("target", 0, "point", point=(1,), dest=(0,))
+    tasks = [Task("kernel", (0,), [], w), Task("fence", fence_space="target", fence_index=0)]
+    p = _hand_program(tasks)
+    p.targets = [TargetSpec("int64", (1,), None)]
+    assert target_problem(p) == "T1 fences r0, which nothing defined yet"
+    p.tasks = tasks[:1]
+    assert target_problem(p) is None and fenced_at_end(p) == [False]
+    p.tasks[0] = Task("kernel", (3,), [], w)
+    assert fenced_at_end(p) == [True]
+
+
 # ---- long programs: a stencil loop of 100-200 steps, a front of 65-96 independent kernels ----------
 def _horizons_and_replays(monkeypatch):
     """Counts of horizons the task graph made because its front was wider than
