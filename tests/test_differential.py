@@ -1438,8 +1438,8 @@ def _count_batches(monkeypatch):
     cuts = Counter()
     orig = ChunkPlanning._batches
 
-    def counting(self, plan, cmd):
-        parts = orig(self, plan, cmd)
+    def counting(self, plan, cmd, *args, **kw):
+        parts = orig(self, plan, cmd, *args, **kw)
         if len(parts) > 1:
             cuts[cmd.task.label] += 1
         return parts
