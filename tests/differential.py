@@ -55,7 +55,11 @@ Program kinds:
   Most buffer programs misconfigure instead (``CONFIG_FORMS``, ``_draw_config``): an invalid
   ``CELERITAS_*`` value or ``cl.Queue`` argument (a ``cl.ConfigError`` naming the setting and
   the value, exactly, on every rank at the first ``cl.Queue()``), an invalid
-  ``q.set_lookahead`` mode or a second ``cl.Queue`` asking for other devices (at that step).
+  ``q.set_lookahead`` mode or a second ``cl.Queue`` asking for other devices (at that step);
+  a third of those then name instead (``CONFIG_START_FORMS``, ``_draw_config_start``) an output
+  folder of ``CELERITAS_PRINT_GRAPHS`` / ``CELERITAS_TRACE`` that cannot be made (under or at a
+  regular file) or a ``CELERITAS_DEVICES`` device that does not exist (``opencl:P:D``, ``cuda:99``;
+  the message as this machine's OpenCL platforms and CuPy make it: ``device_error_pattern``).
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -112,10 +116,14 @@ a host object returns the object as it was when the fence ran.
 from __future__ import annotations
 
 import copy
+import errno
+import functools
 import itertools
 import math
+import os
 import random
 import re
+import tempfile
 import threading
 import time
 import traceback
@@ -247,6 +255,24 @@ CONFIG_QUEUE_CASES = (  # (argument, invalid value, message: a regex)
     ("lookahead", "sometimes", re.escape("lookahead='sometimes'; use one of none, auto, infinite")),
     ("lookahead", 3, re.escape("lookahead=3; use one of none, auto, infinite")),
 )
+
+
+# misuse config, drawn after ``_draw_config`` (``_draw_config_start``): settings that are well formed but
+# cannot be honoured when the runtime starts, a cl.ConfigError at the first cl.Queue() on every rank:
+#   output   CELERITAS_PRINT_GRAPHS / CELERITAS_TRACE naming a folder that cannot be made: one under a
+#            regular file (``not_a_folder``; the fuzzer may run as root, so permission bits would not
+#            stop it) or the file itself (CONFIG_OUTPUT_CASES: variable, value, the folder the runtime
+#            makes, its errno)
+#   device   CELERITAS_DEVICES naming a device that does not exist (CONFIG_DEVICE_CASES; the message
+#            depends on the machine: ``device_error_pattern``)
+CONFIG_START_FORMS = ("output", "device")
+CONFIG_OUTPUT_CASES = (
+    ("CELERITAS_PRINT_GRAPHS", "{file}/graphs", "{file}/graphs", errno.ENOTDIR),
+    ("CELERITAS_PRINT_GRAPHS", "{file}", "{file}", errno.EEXIST),
+    ("CELERITAS_TRACE", "{file}/sub/trace.json", "{file}/sub", errno.ENOTDIR),
+    ("CELERITAS_TRACE", "{file}/trace.json", "{file}", errno.EEXIST),
+)
+CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 
 
 # ---- programs as data -------------------------------------------------------------------
@@ -397,7 +423,8 @@ def _describe_task(t: Task) -> str:
         return f"cl.Buffer(...) for b{t.fence_index} that does not fit ({t.misuse_form})"
     if t.kind == "bad_config":
         setting, value = config_setting(t)
-        return {"env": f"{setting}={value!r} in the environment", "queue_arg": f"cl.Queue({setting}={value!r})",
+        return {"env": f"{setting}={value!r} in the environment", "output": f"{setting}={value!r} in the environment",
+                "device": f"{setting}={value!r} in the environment", "queue_arg": f"cl.Queue({setting}={value!r})",
                 "set_lookahead": f"q.set_lookahead({value!r})",
                 "second_queue": f"cl.Queue({setting}={value!r}) once the runtime runs"}[t.misuse_form] + \
             " MISUSE config"
@@ -914,6 +941,7 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     if kind == "misuse":
         _draw_partial_raise(g, p)
         _draw_config(g, p)
+        _draw_config_start(g, p)
     return p
 
 
@@ -935,6 +963,102 @@ def _draw_config(g: _Gen, p: Program) -> None:
     p.features |= {"misuse:config", f"misuse:config:{form}", f"misuse:config:{form}:{setting}"}
 
 
+def _draw_config_start(g: _Gen, p: Program) -> None:
+    """A third of misuse config programs (drawn after ``_draw_config``, so that every other
+    program is what its seed gave before) name instead an output folder that cannot be made or
+    a device that does not exist (``CONFIG_START_FORMS``): its ``fence_index`` the case of
+    ``CONFIG_OUTPUT_CASES`` / ``CONFIG_DEVICE_CASES``."""
+    rng = g.rng
+    t = p.tasks[-1]
+    if t.misuse != "config" or rng.random() >= 0.35:
+        return
+    form = rng.choice(CONFIG_START_FORMS)
+    n = len(CONFIG_OUTPUT_CASES) if form == "output" else len(CONFIG_DEVICE_CASES)
+    t.misuse_form, t.fence_index = form, rng.randrange(n)
+    p.features -= {f for f in p.features if f.startswith("misuse:config:")}
+    setting, value = config_setting(t)
+    what = {"output": lambda: "under_file" if CONFIG_OUTPUT_CASES[t.fence_index][3] == errno.ENOTDIR
+            else "is_file", "device": lambda: value.replace(":", "_")}[form]()
+    p.features |= {f"misuse:config:{form}", f"misuse:config:{form}:{setting}", f"misuse:config:{form}:{what}"}
+
+
+def not_a_folder() -> str:
+    """A regular file (made here if missing) that output settings name as, or above, a folder."""
+    path = os.path.join(tempfile.gettempdir(), "celeritas-fuzz-not-a-folder")
+    if not os.path.isfile(path):
+        with open(path, "a"):
+            pass
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _opencl_platforms() -> tuple[str | None, list]:
+    """(why OpenCL cannot be used, or None; ``[(platform name, [device names])]``) on this machine."""
+    try:
+        import pyopencl
+    except ImportError as exc:
+        return f"PyOpenCL is not installed (pip install 'celeritas[opencl]'): {exc}", []
+    try:
+        platforms = pyopencl.get_platforms()
+    except Exception:  # noqa: BLE001 - no ICD registered
+        return "no OpenCL platform is installed", []
+    out = []
+    for plat in platforms:
+        try:
+            devs = [d.name.strip() for d in plat.get_devices()]
+        except Exception:  # noqa: BLE001 - a platform without devices
+            devs = []
+        out.append((plat.name.strip(), devs))
+    return None, out
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_gpus() -> tuple[str | None, int]:
+    """(why CuPy cannot be imported, or None; how many CUDA GPUs it sees)."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return str(exc), 0
+    try:
+        return None, int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no driver, no device
+        return None, 0
+
+
+def device_error_pattern(value: str) -> str:
+    """The whole message (a regex) of the cl.ConfigError for ``CELERITAS_DEVICES=value`` naming a
+    device that does not exist, on this machine (docs/api.md: "a device that does not exist is a
+    cl.ConfigError listing the ones that do")."""
+    var = "CELERITAS_DEVICES"
+    if value.count(":") == 1 and value.startswith("opencl"):     # (opencl:N: not P:D, a malformed list)
+        return re.escape(f"{var}={value!r} is not a device list; use host:N, cuda, cuda:0,1, opencl or "
+                         f"opencl:P:D,...")
+    head = re.escape(f"{var}={value}: ")
+    if value.startswith("cuda"):
+        dev = int(value.split(":")[1])
+        why, n = _cuda_gpus()
+        if why is not None:
+            return head + re.escape(f"the CUDA backend needs CuPy (pip install 'celeritas[cuda]'): "
+                                    f"CuPy is not installed: {why}")
+        if n == 0:
+            return head + re.escape("no CUDA GPU is visible")
+        return head + f".*\\b{dev}\\b.*"     # (GPUs, but not this one: named, the visible ones listed)
+    plat, dev = (int(x) for x in value.split(":")[1:])
+    why, platforms = _opencl_platforms()
+    if why is not None:
+        return head + re.escape(why) + ".*"
+    listing = "; ".join(f"platform {p} {name!r}: " + (", ".join(f"opencl:{p}:{d} {dn}" for d, dn in enumerate(devs))
+                                                       or "no devices")
+                        for p, (name, devs) in enumerate(platforms))
+    if plat >= len(platforms):
+        n = len(platforms)
+        return head + re.escape(f"OpenCL platform {plat} does not exist; this machine has {n} "
+                                f"platform{'s' if n != 1 else ''} ({listing or 'none'})")
+    name, devs = platforms[plat]
+    assert dev >= len(devs), f"opencl:{plat}:{dev} exists on this machine"
+    return head + re.escape(f"OpenCL platform {plat} {name!r} has no device {dev}; this machine has: {listing}")
+
+
 BAD_LOOKAHEADS = ("sometimes", "", "always")
 
 
@@ -947,13 +1071,18 @@ def config_setting(t: Task) -> tuple[str, Any]:
         return CONFIG_QUEUE_CASES[t.fence_index][:2]
     if t.misuse_form == "set_lookahead":
         return "lookahead", BAD_LOOKAHEADS[t.fence_index]
+    if t.misuse_form == "output":
+        var, value = CONFIG_OUTPUT_CASES[t.fence_index][:2]
+        return var, value.format(file=not_a_folder())
+    if t.misuse_form == "device":
+        return "CELERITAS_DEVICES", CONFIG_DEVICE_CASES[t.fence_index]
     return ("devices", None) if t.fence_index == 0 else ("lookahead", "sometimes")
 
 
-def _config_step(p: Program, form: str) -> dict:
-    """``{setting: invalid value}`` of a misuse config program of ``form`` (else none)."""
+def _config_step(p: Program, *forms: str) -> dict:
+    """``{setting: invalid value}`` of a misuse config program of one of ``forms`` (else none)."""
     t = p.tasks[-1] if p.tasks else None
-    if t is None or t.misuse != "config" or t.misuse_form != form:
+    if t is None or t.misuse != "config" or t.misuse_form not in forms:
         return {}
     setting, value = config_setting(t)
     return {setting: value}
@@ -965,8 +1094,8 @@ def config_queue_kwargs(p: Program) -> dict:
 
 
 def config_env(p: Program) -> dict:
-    """The invalid variable of a misuse env program (else none)."""
-    return _config_step(p, "env")
+    """The invalid variable of a misuse env, output or device program (else none)."""
+    return _config_step(p, "env", *CONFIG_START_FORMS)
 
 
 def _draw_partial_raise(g: _Gen, p: Program) -> None:
@@ -2786,7 +2915,7 @@ class _Run:
                 q.set_lookahead(value)
             elif t.misuse_form == "second_queue":
                 cl.Queue(**{setting: value if value is not None else _other_devices(q)})
-            # (env, queue_arg: the first cl.Queue() raised already, or nothing is left to do)
+            # (env, queue_arg, output, device: the first cl.Queue() raised already, or nothing is left to do)
         elif t.kind == "host":
             q.submit(self._host_cgf(idx, t))
         else:
@@ -4175,7 +4304,7 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
         return MisuseOutcome(every, cl.BufferError, re.escape(text), submit)
     if t.misuse == "config":
         return MisuseOutcome(every, cl.ConfigError, config_error_pattern(t, cfg),
-                             "setup" if t.misuse_form in ("env", "queue_arg") else submit)
+                             "setup" if t.misuse_form in ("env", "queue_arg", *CONFIG_START_FORMS) else submit)
     rd = _misuse_read(t)
     buf = r'B\d+ "b%d"' % rd.buffer
     what = "host task" if t.kind == "host" else "kernel"
@@ -4233,6 +4362,12 @@ def config_error_pattern(t: Task, cfg: Config) -> str:
         return re.escape(CONFIG_ENV_CASES[t.fence_index][2].format(var=setting, raw=value))
     if t.misuse_form == "queue_arg":
         return CONFIG_QUEUE_CASES[t.fence_index][2]
+    if t.misuse_form == "output":
+        _var, _value, folder, err = CONFIG_OUTPUT_CASES[t.fence_index]
+        folder = folder.format(file=not_a_folder())
+        return re.escape(f"{setting}: cannot create the folder {folder!r} ({os.strerror(err)})")
+    if t.misuse_form == "device":
+        return device_error_pattern(value)
     if t.misuse_form == "second_queue" and value is None:
         now = f"host:{cfg.devices}" if cfg.backend == "host" else "opencl:" + ",".join(["0:0"] * cfg.devices)
         return re.escape(f"the runtime already runs on {now}; create the Queue with devices='host:{cfg.devices + 1}' "

@@ -1746,17 +1746,17 @@ CONFIG_CASES = [
     (33, Config(ranks=2, devices=1), "env", "CELERITAS_LOOKAHEAD", "sometimes", "setup"),
     (317, Config(ranks=3, devices=2), "env", "CELERITAS_DEVICES", "host:0", "setup"),
     (366, Config(ranks=1, devices=1), "env", "CELERITAS_HORIZON_MAX_PARALLELISM", "1.5", "setup"),
-    (75, Config(ranks=2, devices=2), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
+    (1724, Config(ranks=2, devices=2), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
     # (a memory configuration sets the same variable: the invalid value must win, seed 7715)
     (7715, Config(ranks=3, devices=3, memory=1.0), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
     (70, Config(ranks=2, devices=1), "env", "CELERITAS_ACCESSOR_CHECKS", "2", "setup"),
     (23, Config(ranks=1, devices=3), "env", "CELERITAS_WAIT_WARNING", "soon", "setup"),
     (105, Config(ranks=2, devices=1), "queue_arg", "devices", "gpu", "setup"),
     (59, Config(ranks=3, devices=1), "queue_arg", "lookahead", "sometimes", "setup"),
-    (24, Config(ranks=2, devices=2), "set_lookahead", "lookahead", "", "submit"),
+    (450, Config(ranks=2, devices=2), "set_lookahead", "lookahead", "", "submit"),
     (157, Config(ranks=1, devices=1), "set_lookahead", "lookahead", "always", "submit"),
     (51, Config(ranks=3, devices=2), "second_queue", "devices", None, "submit"),
-    (69, Config(ranks=2, devices=1), "second_queue", "lookahead", "sometimes", "submit"),
+    (148, Config(ranks=2, devices=1), "second_queue", "lookahead", "sometimes", "submit"),
 ]
 
 
@@ -1818,6 +1818,100 @@ def test_config_check_fails(monkeypatch):
         "misuse:wrong_error"
     assert _tag(p, outcome([good, good], stage="submit T1"), cfg) == "misuse:wrong_stage"
     assert _tag(p, outcome([good, None]), cfg) == "misuse:rank_finished"
+
+
+# misuse config drawn after _draw_config (``_draw_config_start``): an output folder that cannot be made,
+# a device that does not exist.  (seed, configuration, form, the variable, its value ({file}: the
+# regular file ``not_a_folder``), what the message says past "VAR=value: " or "VAR: ")
+CONFIG_START_CASES = [
+    (90, Config(ranks=2, devices=1), "output", "CELERITAS_PRINT_GRAPHS", "{file}/graphs",
+     "cannot create the folder '{file}/graphs' (Not a directory)"),
+    (175, Config(ranks=3, devices=2), "output", "CELERITAS_PRINT_GRAPHS", "{file}",
+     "cannot create the folder '{file}' (File exists)"),
+    (529, Config(ranks=1, devices=1), "output", "CELERITAS_TRACE", "{file}/sub/trace.json",
+     "cannot create the folder '{file}/sub' (Not a directory)"),
+    (249, Config(ranks=2, devices=2), "output", "CELERITAS_TRACE", "{file}/trace.json",
+     "cannot create the folder '{file}' (File exists)"),
+    (917, Config(ranks=2, devices=1), "device", "CELERITAS_DEVICES", "opencl:99", "is not a device list"),
+    (374, Config(ranks=2, devices=2), "device", "CELERITAS_DEVICES", "opencl:0:99", None),
+    (75, Config(ranks=3, devices=1), "device", "CELERITAS_DEVICES", "opencl:99:0", None),
+    (69, Config(ranks=2, devices=1), "device", "CELERITAS_DEVICES", "cuda:99", None),
+]
+
+
+def _device_message(value: str) -> str:
+    """What the runtime says of a device that does not exist on this machine (by hand)."""
+    from differential import _cuda_gpus, _opencl_platforms
+    if value.startswith("cuda"):
+        why, n = _cuda_gpus()
+        return "the CUDA backend needs CuPy" if why else "no CUDA GPU is visible" if n == 0 else "CUDA device 99"
+    why, platforms = _opencl_platforms()
+    if why:
+        return why
+    if value == "opencl:99:0":
+        return f"OpenCL platform 99 does not exist; this machine has {len(platforms)} platform"
+    return f"OpenCL platform 0 {platforms[0][0]!r} has no device 99; this machine has: platform 0 "
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,form,setting,value,says", CONFIG_START_CASES)
+def test_config_start_errors_fixed_seeds(seed, cfg, form, setting, value, says):
+    """An output folder under (or at) a regular file, a device that does not exist: a
+    cl.ConfigError on every rank (or aborted by another's) at the first cl.Queue(), naming the
+    variable and the value; no rank finishes."""
+    from differential import config_setting, not_a_folder
+    file = not_a_folder()
+    value = value.format(file=file)
+    p = generate(random.Random(seed), kind="misuse")
+    idx, t = misuse_task(p)
+    assert (t.misuse, t.misuse_form, config_setting(t)) == ("config", form, (setting, value))
+    assert f"misuse:config:{form}" in p.features
+    oc = misuse_error(p, cfg)
+    assert oc.cls is cl.ConfigError and oc.failing == list(range(cfg.ranks)) and oc.stage == "setup"
+    result = run_on_cluster(p, cfg)
+    check(p, None, result, cfg)
+    raised = [o for o in result["ranks"] if type(o["error"]) is cl.ConfigError]
+    assert raised
+    says = says.format(file=file) if says is not None else _device_message(value)
+    for o in raised:
+        text = str(o["error"])
+        assert text.startswith(f"{setting}={value!r} " if value == "opencl:99" else f"{setting}={value}: "
+                               if form == "device" else f"{setting}: "), text
+        assert says in text and o["stage"] == "setup", text
+
+
+def test_config_start_check_fails(monkeypatch, tmp_path):
+    """An output folder that can be made after all (``not_a_folder`` a folder: the run finishes,
+    ``misuse:missed``); another errno, or a device error of another class than ConfigError
+    (what CELERITAS_DEVICES=cuda:99 gives where CuPy sees GPUs: the backend's BackendError)
+    or one naming another device (``misuse:wrong_error``)."""
+    import differential
+    from executor.backends.backend import BackendError
+    cfg = Config(ranks=2, devices=1)
+    p = generate(random.Random(90), kind="misuse")
+    monkeypatch.setattr(differential, "not_a_folder", lambda: str(tmp_path))
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:missed", str(info.value)
+    assert (tmp_path / "graphs").is_dir()       # (the run wrote its graphs there)
+    monkeypatch.undo()
+
+    def outcome(*errs):
+        res = _outcome(*errs)
+        for o in res["ranks"]:
+            o["stage"] = "setup"
+        return res
+    oc = misuse_error(p, cfg)
+    good = cl.ConfigError(_fill(oc.pattern))
+    assert _tag(p, outcome(good, good), cfg) is None
+    assert _tag(p, outcome(cl.ConfigError(str(good).replace("Not a directory", "File exists")), good), cfg) == \
+        "misuse:wrong_error"
+    p = generate(random.Random(69), kind="misuse")
+    oc = misuse_error(p, cfg)
+    good = cl.ConfigError(_fill(oc.pattern))
+    assert _tag(p, outcome(good, good), cfg) is None
+    assert _tag(p, outcome(BackendError(str(good)), good), cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome(cl.ConfigError(str(good).replace("99", "98")), good), cfg) == "misuse:wrong_error"
 
 
 def _fill(pattern: str) -> str:
