@@ -102,6 +102,10 @@ Drawn after the whole program (so that every seed keeps the program it gave befo
 * ``main``: empty ranges of kernels whose point write into a reduction target would define it
   (``_draw_empty_target``): nothing is written, the target keeps its value or stays undefined
   (``target_problem``);
+* ``main``: rarely a front of 260-300 row kernels (``_draw_many``, ``long:many``): more index spaces
+  than the command graph's per-split caches hold, so that every rank must clear them
+  (``split_caches_overflow``); the run counts the clears (``count_cache_clears``: the runtime
+  exposes no counter) and ``check_main`` requires them (``cache_eviction``) besides exact results;
 * ``main``: a pair of kernels over larger buffers (``_draw_ooc``); ``Config.batch`` sets the
   capacity between the largest one-row working set and the largest footprint
   (``device_memory_batched``), so that chunks are cut into batches, and
@@ -184,6 +188,10 @@ EMPTY_DRAWS = True          # main: empty ranges of kernels with reductions and 
 LONG_DRAWS = True           # main: a long stencil loop or a wide front of independent tasks (``_draw_long``)
 SOURCE_DRAWS = True         # main: kernels that are cl.Kernel OpenCL C source on the opencl backend (``_draw_source``)
 EMPTY_TARGET_DRAWS = True   # main: empty ranges of kernels whose point write defines a target (``_draw_empty_target``)
+MANY_DRAWS = True           # main: a front of 260-300 row kernels, more index spaces than the split caches hold
+MANY_SHARE = 0.004          # of main programs (``_draw_many``)
+SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
+                            # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
 LONG_STENCIL_SHARE = 0.004  # of main programs: 100-200 ping-pong stencil steps
 WIDE_SHARE = 0.01           # of main programs: 65-96 independent row kernels (a front wider than 64)
@@ -935,7 +943,7 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     # the module's switches are read now, so that a test may turn one off)
     for switch, draw in (("GEOMETRY_DRAWS", _draw_geometry), ("SPLIT_DRAWS", _draw_splits), ("OOC_DRAWS", _draw_ooc),
                          ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
-                         ("EMPTY_TARGET_DRAWS", _draw_empty_target)):
+                         ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1330,6 +1338,48 @@ def _draw_empty_target(g: _Gen, p: Program) -> None:
                        "geometry:empty:target_write:" + (f"keeps_{before}" if before else "undefined")}
         if t.offset is not None:
             p.features.add("geometry:empty:target_write:offset")
+
+
+def _draw_many(g: _Gen, p: Program) -> None:
+    """Rarely (``MANY_SHARE``; drawn after the whole program, so that every seed keeps its program)
+    a front of 260-300 kernels over one row each of a new buffer of as many rows (``offset=(i, 0)``,
+    the rows in a random order), reading the row of a second new buffer one_to_one (``long:many``),
+    maybe then a kernel reading every row (``long:many:join``): more distinct index spaces than
+    the command graph's per-split caches hold (``SPLIT_CACHE_ENTRIES``), so that every rank's
+    caches must be cleared while the front is lowered (``split_caches_overflow``) and the results
+    must still be exact."""
+    rng = g.rng
+    if rng.random() >= MANY_SHARE:
+        return
+    rows = rng.randint(SPLIT_CACHE_ENTRIES + 4, 300)
+    shape = (rows, rng.randint(1, 2))
+    dtype = rng.choice(("int64", "int32"))
+    a, b = len(p.shapes), len(p.shapes) + 1
+    for _ in range(2):
+        p.shapes.append(shape)
+        p.dtypes.append(dtype)
+        p.init.append(_init_data(rng, shape, dtype))
+    order = list(range(rows))
+    rng.shuffle(order)
+    part = [Task("kernel", (1, shape[1]), [Read("data", a, "one_to_one")], Write("data", b, "one_to_one",
+                                                                                 rng.choice(MODES)),
+                 c0=i % 7, offset=(i, 0), name="many", index=rng.choice(INDEX_DRAW)) for i in order]
+    p.features.add("long:many")
+    if rng.random() < 0.5:
+        part.append(Task("kernel", shape, [Read("data", b, "all")], Write("data", a, "one_to_one", "read_write"),
+                         c0=2, name="many_join"))
+        p.features.add("long:many:join")
+    at = rng.randint(0, len(p.tasks))
+    p.tasks[at:at] = part
+
+
+def split_caches_overflow(p: Program) -> bool:
+    """Whether the command graph of every rank must clear its per-split caches: its kernels and
+    host tasks have more distinct index spaces than ``SPLIT_CACHE_ENTRIES`` (each a split of its
+    own, memoised until the cache is full, then the cache forgets everything)."""
+    spaces = {(t.kind, task_box(t)) for t in p.tasks if t.kind in ("kernel", "host") and t.range_shape
+              and not task_box(t).empty}
+    return len(spaces) > SPLIT_CACHE_ENTRIES
 
 
 def target_problem(p: Program) -> str | None:
@@ -3745,11 +3795,19 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     elif cfg.memory is not None and cfg.backend == "host":
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_for(p, cfg.memory))
     env.update(config_env(p))   # (last: the invalid value the program is about wins over the configuration's)
+    watch = count_cache_clears() if p.kind == "main" and split_caches_overflow(p) else None
     try:
-        run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
+        if watch is not None:
+            with watch:
+                run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
+        else:
+            run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()
         cluster_error = exc
-    return {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}
+    out = {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}
+    if watch is not None:
+        out["cache_clears"] = dict(watch.clears)
+    return out
 
 
 # ---- checking ---------------------------------------------------------------------------------
@@ -3818,6 +3876,39 @@ def check_main(p: Program, want: dict, result: dict, cfg: Config) -> None:
     if probs:
         raise Mismatch(probs)
     compare_observations(p, want, [o["obs"] for o in result["ranks"]], cfg.oversubscribe)
+    clears = result.get("cache_clears")
+    if clears is not None and clears.get(SPLIT_CACHE_ENTRIES, 0) < cfg.ranks:
+        raise Mismatch([("cache_eviction", f"the kernels have more than {SPLIT_CACHE_ENTRIES} distinct index spaces, "
+                                           f"so each of the {cfg.ranks} rank(s)' command graph must clear its "
+                                           f"per-split caches ({SPLIT_CACHE_ENTRIES} entries) at least once; "
+                                           f"clears seen, by cache size: {dict(clears)}")])
+
+
+class count_cache_clears:
+    """Within the block: how often a full ``BoundedCache`` forgot everything, by its size
+    (``clears``).  The runtime counts none of this (``BoundedCache.put`` clears silently, and no
+    stats name the caches), so the test side wraps ``put``: every cache of every rank of the
+    simulated cluster in this process, while the block runs."""
+
+    def __init__(self):
+        self.clears: Counter = Counter()
+
+    def __enter__(self):
+        from scheduler.bounded_cache import BoundedCache
+        self._cls, self._put = BoundedCache, BoundedCache.__dict__["put"]
+        lock, clears, put = threading.Lock(), self.clears, self._put
+
+        def counting_put(cache, key, value):
+            if len(cache) >= cache.limit:
+                with lock:
+                    clears[cache.limit] += 1
+            return put(cache, key, value)
+        BoundedCache.put = counting_put
+        return self
+
+    def __exit__(self, *exc):
+        self._cls.put = self._put
+        return False
 
 
 def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubscribe: int = 1) -> None:

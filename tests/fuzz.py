@@ -38,7 +38,7 @@ for _p in (_TESTS.parent, _TESTS):
 from differential import (BAD_TASK, GROUPS, KINDS, Config, Mismatch, Program, bad_mapper_outcome,  # noqa: E402
                           chunks_possible, device_memory_batched, device_memory_for, generate, lifecycle,
                           overlap_expects_error, partial_raise_outcome, program_config, random_config,
-                          run_and_check, target_problem)
+                          run_and_check, split_caches_overflow, target_problem)
 
 
 @dataclass
@@ -138,6 +138,8 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
     if cfg.backend == "opencl" and any(t.source for t in p.tasks):
         dims.append("config:backend:opencl:source_kernels")
     dims += expected_outcome(p, cfg)
+    if p.kind == "main" and split_caches_overflow(p):
+        dims.append("expect:cache_eviction")     # (check_main required every rank's split caches cleared)
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 
 

@@ -1323,6 +1323,60 @@ def test_long_program_check_fails(seed, feature):
     assert {"buffer", "fence"} & {tag for tag, _msg in err.value.problems}, err.value
 
 
+# ---- a front of more index spaces than the split caches hold (``_draw_many``) ----------------------
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg", [
+    (1206, Config(ranks=2, devices=2)),                                      # 298 rows, then a join
+    (2665, Config(ranks=3, devices=1, replay="off", lookahead="none")),
+    (1557, Config(ranks=1, devices=3, oversubscribe=3, accessor_checks=False)),
+])
+def test_split_cache_eviction_fixed_seeds(seed, cfg):
+    """260-300 row kernels with distinct index spaces: the model says every rank's command graph
+    must clear its 256-entry per-split caches; the run counts at least one clear per rank (of
+    caches of that size) and its results are exact."""
+    from differential import SPLIT_CACHE_ENTRIES, split_caches_overflow
+    p = generate(random.Random(seed))
+    assert "long:many" in p.features and split_caches_overflow(p)
+    rows = [t for t in p.tasks if t.name == "many"]
+    assert len({task_box(t) for t in rows}) == len(rows) > SPLIT_CACHE_ENTRIES
+    result = run_on_cluster(p, cfg)
+    check(p, run_model(p), result, cfg)
+    assert result["cache_clears"].get(SPLIT_CACHE_ENTRIES, 0) >= cfg.ranks, result["cache_clears"]
+
+
+def test_long_stencils_fit_the_caches():
+    """A 100-200 step stencil loop repeats a few keys: no cache of the scheduler overflows (the
+    model says none must), so ``long:stencil`` programs exercise replay, not eviction."""
+    from differential import count_cache_clears, split_caches_overflow
+    p = generate(random.Random(1688), kind="main")
+    assert "long:stencil" in p.features and not split_caches_overflow(p)
+    cfg = Config(ranks=2, devices=2)
+    with count_cache_clears() as watch:
+        result = run_on_cluster(p, cfg)
+    check(p, run_model(p), result, cfg)
+    assert "cache_clears" not in result and not watch.clears, watch.clears
+
+
+def test_split_cache_eviction_check_fails():
+    """A run in which no cache was cleared (``cache_eviction``), and one that lost a row kernel of
+    the front (buffers differ), are caught."""
+    p = generate(random.Random(1206))
+    cfg = Config(ranks=2, devices=1)
+    result = run_on_cluster(p, cfg)
+    want = run_model(p)
+    check(p, want, result, cfg)
+    result["cache_clears"] = {}
+    with pytest.raises(Mismatch) as err:
+        check(p, want, result, cfg)
+    assert err.value.tag == "cache_eviction", err.value
+    q = copy.deepcopy(p)
+    rows = [i for i, t in enumerate(q.tasks) if t.name == "many"]
+    del q.tasks[rows[len(rows) // 2]]
+    with pytest.raises(Mismatch) as err:
+        check(p, want, run_on_cluster(q, cfg), cfg)
+    assert {"buffer", "fence"} & {tag for tag, _msg in err.value.problems}, err.value
+
+
 # ---- split controls: oversubscribe(k), split_1d, constrain_split, host hints, even_split ---------
 def _split_calls(monkeypatch):
     """Count the per-chunk split checks that ran (and so could fail)."""
