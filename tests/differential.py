@@ -55,7 +55,11 @@ Program kinds:
   Most buffer programs misconfigure instead (``CONFIG_FORMS``, ``_draw_config``): an invalid
   ``CELERITAS_*`` value or ``cl.Queue`` argument (a ``cl.ConfigError`` naming the setting and
   the value, exactly, on every rank at the first ``cl.Queue()``), an invalid
-  ``q.set_lookahead`` mode or a second ``cl.Queue`` asking for other devices (at that step).
+  ``q.set_lookahead`` mode or a second ``cl.Queue`` asking for other devices (at that step);
+  a third of those then name instead (``CONFIG_START_FORMS``, ``_draw_config_start``) an output
+  folder of ``CELERITAS_PRINT_GRAPHS`` / ``CELERITAS_TRACE`` that cannot be made (under or at a
+  regular file) or a ``CELERITAS_DEVICES`` device that does not exist (``opencl:P:D``, ``cuda:99``;
+  the message as this machine's OpenCL platforms and CuPy make it: ``device_error_pattern``).
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -95,6 +99,13 @@ Drawn after the whole program (so that every seed keeps the program it gave befo
   ``cl.split_1d()``, ``cl.constrain_split`` (cuts checked, ``split_granularity``), split
   hints on host tasks, reads through ``cl.even_split`` (granted rows and data checked per
   chunk, ``even_split_rows``);
+* ``main``: empty ranges of kernels whose point write into a reduction target would define it
+  (``_draw_empty_target``): nothing is written, the target keeps its value or stays undefined
+  (``target_problem``);
+* ``main``: rarely a front of 260-300 row kernels (``_draw_many``, ``long:many``): more index spaces
+  than the command graph's per-split caches hold, so that every rank must clear them
+  (``split_caches_overflow``); the run counts the clears (``count_cache_clears``: the runtime
+  exposes no counter) and ``check_main`` requires them (``cache_eviction``) besides exact results;
 * ``main``: a pair of kernels over larger buffers (``_draw_ooc``); ``Config.batch`` sets the
   capacity between the largest one-row working set and the largest footprint
   (``device_memory_batched``), so that chunks are cut into batches, and
@@ -109,10 +120,14 @@ a host object returns the object as it was when the fence ran.
 from __future__ import annotations
 
 import copy
+import errno
+import functools
 import itertools
 import math
+import os
 import random
 import re
+import tempfile
 import threading
 import time
 import traceback
@@ -172,6 +187,11 @@ GEOMETRY_DRAWS = True       # main: kernels with offset=, ranges that are no buf
 EMPTY_DRAWS = True          # main: empty ranges of kernels with reductions and of host tasks (``_draw_empty``)
 LONG_DRAWS = True           # main: a long stencil loop or a wide front of independent tasks (``_draw_long``)
 SOURCE_DRAWS = True         # main: kernels that are cl.Kernel OpenCL C source on the opencl backend (``_draw_source``)
+EMPTY_TARGET_DRAWS = True   # main: empty ranges of kernels whose point write defines a target (``_draw_empty_target``)
+MANY_DRAWS = True           # main: a front of 260-300 row kernels, more index spaces than the split caches hold
+MANY_SHARE = 0.004          # of main programs (``_draw_many``)
+SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
+                            # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
 LONG_STENCIL_SHARE = 0.004  # of main programs: 100-200 ping-pong stencil steps
 WIDE_SHARE = 0.01           # of main programs: 65-96 independent row kernels (a front wider than 64)
@@ -243,6 +263,24 @@ CONFIG_QUEUE_CASES = (  # (argument, invalid value, message: a regex)
     ("lookahead", "sometimes", re.escape("lookahead='sometimes'; use one of none, auto, infinite")),
     ("lookahead", 3, re.escape("lookahead=3; use one of none, auto, infinite")),
 )
+
+
+# misuse config, drawn after ``_draw_config`` (``_draw_config_start``): settings that are well formed but
+# cannot be honoured when the runtime starts, a cl.ConfigError at the first cl.Queue() on every rank:
+#   output   CELERITAS_PRINT_GRAPHS / CELERITAS_TRACE naming a folder that cannot be made: one under a
+#            regular file (``not_a_folder``; the fuzzer may run as root, so permission bits would not
+#            stop it) or the file itself (CONFIG_OUTPUT_CASES: variable, value, the folder the runtime
+#            makes, its errno)
+#   device   CELERITAS_DEVICES naming a device that does not exist (CONFIG_DEVICE_CASES; the message
+#            depends on the machine: ``device_error_pattern``)
+CONFIG_START_FORMS = ("output", "device")
+CONFIG_OUTPUT_CASES = (
+    ("CELERITAS_PRINT_GRAPHS", "{file}/graphs", "{file}/graphs", errno.ENOTDIR),
+    ("CELERITAS_PRINT_GRAPHS", "{file}", "{file}", errno.EEXIST),
+    ("CELERITAS_TRACE", "{file}/sub/trace.json", "{file}/sub", errno.ENOTDIR),
+    ("CELERITAS_TRACE", "{file}/trace.json", "{file}", errno.EEXIST),
+)
+CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 
 
 # ---- programs as data -------------------------------------------------------------------
@@ -393,7 +431,8 @@ def _describe_task(t: Task) -> str:
         return f"cl.Buffer(...) for b{t.fence_index} that does not fit ({t.misuse_form})"
     if t.kind == "bad_config":
         setting, value = config_setting(t)
-        return {"env": f"{setting}={value!r} in the environment", "queue_arg": f"cl.Queue({setting}={value!r})",
+        return {"env": f"{setting}={value!r} in the environment", "output": f"{setting}={value!r} in the environment",
+                "device": f"{setting}={value!r} in the environment", "queue_arg": f"cl.Queue({setting}={value!r})",
                 "set_lookahead": f"q.set_lookahead({value!r})",
                 "second_queue": f"cl.Queue({setting}={value!r}) once the runtime runs"}[t.misuse_form] + \
             " MISUSE config"
@@ -903,12 +942,14 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     # (each after the ones before it, in this order, so that every seed keeps what it drew before;
     # the module's switches are read now, so that a test may turn one off)
     for switch, draw in (("GEOMETRY_DRAWS", _draw_geometry), ("SPLIT_DRAWS", _draw_splits), ("OOC_DRAWS", _draw_ooc),
-                         ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source)):
+                         ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
+                         ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
         _draw_partial_raise(g, p)
         _draw_config(g, p)
+        _draw_config_start(g, p)
     return p
 
 
@@ -930,6 +971,102 @@ def _draw_config(g: _Gen, p: Program) -> None:
     p.features |= {"misuse:config", f"misuse:config:{form}", f"misuse:config:{form}:{setting}"}
 
 
+def _draw_config_start(g: _Gen, p: Program) -> None:
+    """A third of misuse config programs (drawn after ``_draw_config``, so that every other
+    program is what its seed gave before) name instead an output folder that cannot be made or
+    a device that does not exist (``CONFIG_START_FORMS``): its ``fence_index`` the case of
+    ``CONFIG_OUTPUT_CASES`` / ``CONFIG_DEVICE_CASES``."""
+    rng = g.rng
+    t = p.tasks[-1]
+    if t.misuse != "config" or rng.random() >= 0.35:
+        return
+    form = rng.choice(CONFIG_START_FORMS)
+    n = len(CONFIG_OUTPUT_CASES) if form == "output" else len(CONFIG_DEVICE_CASES)
+    t.misuse_form, t.fence_index = form, rng.randrange(n)
+    p.features -= {f for f in p.features if f.startswith("misuse:config:")}
+    setting, value = config_setting(t)
+    what = {"output": lambda: "under_file" if CONFIG_OUTPUT_CASES[t.fence_index][3] == errno.ENOTDIR
+            else "is_file", "device": lambda: value.replace(":", "_")}[form]()
+    p.features |= {f"misuse:config:{form}", f"misuse:config:{form}:{setting}", f"misuse:config:{form}:{what}"}
+
+
+def not_a_folder() -> str:
+    """A regular file (made here if missing) that output settings name as, or above, a folder."""
+    path = os.path.join(tempfile.gettempdir(), "celeritas-fuzz-not-a-folder")
+    if not os.path.isfile(path):
+        with open(path, "a"):
+            pass
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _opencl_platforms() -> tuple[str | None, list]:
+    """(why OpenCL cannot be used, or None; ``[(platform name, [device names])]``) on this machine."""
+    try:
+        import pyopencl
+    except ImportError as exc:
+        return f"PyOpenCL is not installed (pip install 'celeritas[opencl]'): {exc}", []
+    try:
+        platforms = pyopencl.get_platforms()
+    except Exception:  # noqa: BLE001 - no ICD registered
+        return "no OpenCL platform is installed", []
+    out = []
+    for plat in platforms:
+        try:
+            devs = [d.name.strip() for d in plat.get_devices()]
+        except Exception:  # noqa: BLE001 - a platform without devices
+            devs = []
+        out.append((plat.name.strip(), devs))
+    return None, out
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_gpus() -> tuple[str | None, int]:
+    """(why CuPy cannot be imported, or None; how many CUDA GPUs it sees)."""
+    try:
+        import cupy
+    except ImportError as exc:
+        return str(exc), 0
+    try:
+        return None, int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no driver, no device
+        return None, 0
+
+
+def device_error_pattern(value: str) -> str:
+    """The whole message (a regex) of the cl.ConfigError for ``CELERITAS_DEVICES=value`` naming a
+    device that does not exist, on this machine (docs/api.md: "a device that does not exist is a
+    cl.ConfigError listing the ones that do")."""
+    var = "CELERITAS_DEVICES"
+    if value.count(":") == 1 and value.startswith("opencl"):     # (opencl:N: not P:D, a malformed list)
+        return re.escape(f"{var}={value!r} is not a device list; use host:N, cuda, cuda:0,1, opencl or "
+                         f"opencl:P:D,...")
+    head = re.escape(f"{var}={value}: ")
+    if value.startswith("cuda"):
+        dev = int(value.split(":")[1])
+        why, n = _cuda_gpus()
+        if why is not None:
+            return head + re.escape(f"the CUDA backend needs CuPy (pip install 'celeritas[cuda]'): "
+                                    f"CuPy is not installed: {why}")
+        if n == 0:
+            return head + re.escape("no CUDA GPU is visible")
+        return head + f".*\\b{dev}\\b.*"     # (GPUs, but not this one: named, the visible ones listed)
+    plat, dev = (int(x) for x in value.split(":")[1:])
+    why, platforms = _opencl_platforms()
+    if why is not None:
+        return head + re.escape(why) + ".*"
+    listing = "; ".join(f"platform {p} {name!r}: " + (", ".join(f"opencl:{p}:{d} {dn}" for d, dn in enumerate(devs))
+                                                       or "no devices")
+                        for p, (name, devs) in enumerate(platforms))
+    if plat >= len(platforms):
+        n = len(platforms)
+        return head + re.escape(f"OpenCL platform {plat} does not exist; this machine has {n} "
+                                f"platform{'s' if n != 1 else ''} ({listing or 'none'})")
+    name, devs = platforms[plat]
+    assert dev >= len(devs), f"opencl:{plat}:{dev} exists on this machine"
+    return head + re.escape(f"OpenCL platform {plat} {name!r} has no device {dev}; this machine has: {listing}")
+
+
 BAD_LOOKAHEADS = ("sometimes", "", "always")
 
 
@@ -942,13 +1079,18 @@ def config_setting(t: Task) -> tuple[str, Any]:
         return CONFIG_QUEUE_CASES[t.fence_index][:2]
     if t.misuse_form == "set_lookahead":
         return "lookahead", BAD_LOOKAHEADS[t.fence_index]
+    if t.misuse_form == "output":
+        var, value = CONFIG_OUTPUT_CASES[t.fence_index][:2]
+        return var, value.format(file=not_a_folder())
+    if t.misuse_form == "device":
+        return "CELERITAS_DEVICES", CONFIG_DEVICE_CASES[t.fence_index]
     return ("devices", None) if t.fence_index == 0 else ("lookahead", "sometimes")
 
 
-def _config_step(p: Program, form: str) -> dict:
-    """``{setting: invalid value}`` of a misuse config program of ``form`` (else none)."""
+def _config_step(p: Program, *forms: str) -> dict:
+    """``{setting: invalid value}`` of a misuse config program of one of ``forms`` (else none)."""
     t = p.tasks[-1] if p.tasks else None
-    if t is None or t.misuse != "config" or t.misuse_form != form:
+    if t is None or t.misuse != "config" or t.misuse_form not in forms:
         return {}
     setting, value = config_setting(t)
     return {setting: value}
@@ -960,8 +1102,8 @@ def config_queue_kwargs(p: Program) -> dict:
 
 
 def config_env(p: Program) -> dict:
-    """The invalid variable of a misuse env program (else none)."""
-    return _config_step(p, "env")
+    """The invalid variable of a misuse env, output or device program (else none)."""
+    return _config_step(p, "env", *CONFIG_START_FORMS)
 
 
 def _draw_partial_raise(g: _Gen, p: Program) -> None:
@@ -1144,6 +1286,122 @@ def _draw_empty(g: _Gen, p: Program) -> None:
             p.features.add("geometry:empty:reduction:with_reads")
         if t.offset is not None:
             p.features.add("geometry:empty:reduction:offset")
+
+
+def _draw_empty_target(g: _Gen, p: Program) -> None:
+    """Empty index spaces of kernels whose point write into a reduction target would define it
+    (``write:target_by_point_mapper``; drawn after the whole program, so that every seed keeps
+    the program it gave before): one extent becomes 0, so that no chunk runs and the point is
+    never written (``geometry:empty:target_write``).  The target keeps what it held before
+    (``run_model``): its host-initialized value (``:keeps_init``), a reduction's result
+    (``:keeps_reduction``) or an earlier point write's value (``:keeps_point_write``); a target
+    nothing defined before stays undefined (``:undefined``), and the draw is dropped where a
+    later task would then read it before something defines it (``target_problem``).  What
+    the target's next user sees is tagged too: a reduction folding in the current value
+    (``:then_reduced_no_init``), one with ``initialize_to_identity`` (``:then_reduced_init``),
+    a read or a fence (``:then_read``), nothing (the value fenced at the end: ``:then_end``)."""
+    rng = g.rng
+    for idx, t in enumerate(p.tasks):
+        w = t.write
+        if t.kind != "kernel" or w is None or w.space != "target" or 0 in t.range_shape or rng.random() >= 0.3:
+            continue
+        old = (t.range_shape, t.local_range)
+        d = rng.randrange(len(t.range_shape))
+        t.range_shape = tuple(0 if i == d else e for i, e in enumerate(t.range_shape))
+        t.local_range = None
+        if target_problem(p) is not None or lifecycle(p)[0] is not None:
+            t.range_shape, t.local_range = old
+            continue
+        k = w.buffer
+        before = p.targets[k].init is not None and "init"
+        for u in p.tasks[:idx]:
+            if any(s.target == k for s in u.reds):
+                before = "reduction"
+            if u.write is not None and u.write.space == "target" and u.write.buffer == k and \
+                    not task_box(u).empty:
+                before = "point_write"
+        then = "end"
+        for u in p.tasks[idx + 1:]:
+            specs = [s for s in u.reds if s.target == k]
+            if any(rd.space == "target" and rd.buffer == k for rd in u.reads) or \
+                    (u.kind == "fence" and u.fence_space == "target" and u.fence_index == k):
+                then = "read"
+            elif specs:
+                then = "reduced_init" if all(s.init for s in specs) else "reduced_no_init"
+            elif u.write is not None and u.write.space == "target" and u.write.buffer == k and \
+                    not task_box(u).empty:
+                then = "overwritten"
+            else:
+                continue
+            break
+        p.features |= {"geometry:empty:target_write", f"geometry:empty:target_write:then_{then}",
+                       "geometry:empty:target_write:" + (f"keeps_{before}" if before else "undefined")}
+        if t.offset is not None:
+            p.features.add("geometry:empty:target_write:offset")
+
+
+def _draw_many(g: _Gen, p: Program) -> None:
+    """Rarely (``MANY_SHARE``; drawn after the whole program, so that every seed keeps its program)
+    a front of 260-300 kernels over one row each of a new buffer of as many rows (``offset=(i, 0)``,
+    the rows in a random order), reading the row of a second new buffer one_to_one (``long:many``),
+    maybe then a kernel reading every row (``long:many:join``): more distinct index spaces than
+    the command graph's per-split caches hold (``SPLIT_CACHE_ENTRIES``), so that every rank's
+    caches must be cleared while the front is lowered (``split_caches_overflow``) and the results
+    must still be exact."""
+    rng = g.rng
+    if rng.random() >= MANY_SHARE:
+        return
+    rows = rng.randint(SPLIT_CACHE_ENTRIES + 4, 300)
+    shape = (rows, rng.randint(1, 2))
+    dtype = rng.choice(("int64", "int32"))
+    a, b = len(p.shapes), len(p.shapes) + 1
+    for _ in range(2):
+        p.shapes.append(shape)
+        p.dtypes.append(dtype)
+        p.init.append(_init_data(rng, shape, dtype))
+    order = list(range(rows))
+    rng.shuffle(order)
+    part = [Task("kernel", (1, shape[1]), [Read("data", a, "one_to_one")], Write("data", b, "one_to_one",
+                                                                                 rng.choice(MODES)),
+                 c0=i % 7, offset=(i, 0), name="many", index=rng.choice(INDEX_DRAW)) for i in order]
+    p.features.add("long:many")
+    if rng.random() < 0.5:
+        part.append(Task("kernel", shape, [Read("data", b, "all")], Write("data", a, "one_to_one", "read_write"),
+                         c0=2, name="many_join"))
+        p.features.add("long:many:join")
+    at = rng.randint(0, len(p.tasks))
+    p.tasks[at:at] = part
+
+
+def split_caches_overflow(p: Program) -> bool:
+    """Whether the command graph of every rank must clear its per-split caches: its kernels and
+    host tasks have more distinct index spaces than ``SPLIT_CACHE_ENTRIES`` (each a split of its
+    own, memoised until the cache is full, then the cache forgets everything)."""
+    spaces = {(t.kind, task_box(t)) for t in p.tasks if t.kind in ("kernel", "host") and t.range_shape
+              and not task_box(t).empty}
+    return len(spaces) > SPLIT_CACHE_ENTRIES
+
+
+def target_problem(p: Program) -> str | None:
+    """The first use of a reduction target before anything defined it, or None: a target is
+    defined by its host data, a reduction or a point write that runs (a kernel over an empty
+    range writes nothing); it is read (``all``), fenced, or reduced into without
+    ``initialize_to_identity`` only once defined."""
+    defined = [t.init is not None for t in p.targets]
+    for idx, t in enumerate(p.tasks):
+        for rd in t.reads:
+            if rd.space == "target" and not defined[rd.buffer]:
+                return f"T{idx} reads r{rd.buffer}, which nothing defined yet"
+        if t.kind == "fence" and t.fence_space == "target" and not defined[t.fence_index]:
+            return f"T{idx} fences r{t.fence_index}, which nothing defined yet"
+        for spec in t.reds:
+            if not spec.init and not defined[spec.target]:
+                return f"T{idx} folds r{spec.target}'s current value, which nothing defined yet"
+        for spec in t.reds:
+            defined[spec.target] = True
+        if t.write is not None and t.write.space == "target" and t.range_shape and not task_box(t).empty:
+            defined[t.write.buffer] = True
+    return None
 
 
 def _draw_ooc(g: _Gen, p: Program) -> None:
@@ -2707,7 +2965,7 @@ class _Run:
                 q.set_lookahead(value)
             elif t.misuse_form == "second_queue":
                 cl.Queue(**{setting: value if value is not None else _other_devices(q)})
-            # (env, queue_arg: the first cl.Queue() raised already, or nothing is left to do)
+            # (env, queue_arg, output, device: the first cl.Queue() raised already, or nothing is left to do)
         elif t.kind == "host":
             q.submit(self._host_cgf(idx, t))
         else:
@@ -3047,8 +3305,8 @@ def fenced_at_end(p: Program) -> list[bool]:
         for spec in t.reds:
             defined[spec.target] = True
             master_only[spec.target] = None        # produced by a reduction, not consumed yet
-        if t.write is not None and t.write.space == "target":
-            defined[t.write.buffer] = True
+        if t.write is not None and t.write.space == "target" and not task_box(t).empty:
+            defined[t.write.buffer] = True      # (a kernel over an empty range writes nothing)
             master_only[t.write.buffer] = False
         if t.kind == "fence" and t.fence_space == "target":
             master_only[t.fence_index] = False
@@ -3537,11 +3795,19 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     elif cfg.memory is not None and cfg.backend == "host":
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_for(p, cfg.memory))
     env.update(config_env(p))   # (last: the invalid value the program is about wins over the configuration's)
+    watch = count_cache_clears() if p.kind == "main" and split_caches_overflow(p) else None
     try:
-        run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
+        if watch is not None:
+            with watch:
+                run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
+        else:
+            run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()
         cluster_error = exc
-    return {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}
+    out = {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}
+    if watch is not None:
+        out["cache_clears"] = dict(watch.clears)
+    return out
 
 
 # ---- checking ---------------------------------------------------------------------------------
@@ -3610,6 +3876,39 @@ def check_main(p: Program, want: dict, result: dict, cfg: Config) -> None:
     if probs:
         raise Mismatch(probs)
     compare_observations(p, want, [o["obs"] for o in result["ranks"]], cfg.oversubscribe)
+    clears = result.get("cache_clears")
+    if clears is not None and clears.get(SPLIT_CACHE_ENTRIES, 0) < cfg.ranks:
+        raise Mismatch([("cache_eviction", f"the kernels have more than {SPLIT_CACHE_ENTRIES} distinct index spaces, "
+                                           f"so each of the {cfg.ranks} rank(s)' command graph must clear its "
+                                           f"per-split caches ({SPLIT_CACHE_ENTRIES} entries) at least once; "
+                                           f"clears seen, by cache size: {dict(clears)}")])
+
+
+class count_cache_clears:
+    """Within the block: how often a full ``BoundedCache`` forgot everything, by its size
+    (``clears``).  The runtime counts none of this (``BoundedCache.put`` clears silently, and no
+    stats name the caches), so the test side wraps ``put``: every cache of every rank of the
+    simulated cluster in this process, while the block runs."""
+
+    def __init__(self):
+        self.clears: Counter = Counter()
+
+    def __enter__(self):
+        from scheduler.bounded_cache import BoundedCache
+        self._cls, self._put = BoundedCache, BoundedCache.__dict__["put"]
+        lock, clears, put = threading.Lock(), self.clears, self._put
+
+        def counting_put(cache, key, value):
+            if len(cache) >= cache.limit:
+                with lock:
+                    clears[cache.limit] += 1
+            return put(cache, key, value)
+        BoundedCache.put = counting_put
+        return self
+
+    def __exit__(self, *exc):
+        self._cls.put = self._put
+        return False
 
 
 def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubscribe: int = 1) -> None:
@@ -4096,7 +4395,7 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
         return MisuseOutcome(every, cl.BufferError, re.escape(text), submit)
     if t.misuse == "config":
         return MisuseOutcome(every, cl.ConfigError, config_error_pattern(t, cfg),
-                             "setup" if t.misuse_form in ("env", "queue_arg") else submit)
+                             "setup" if t.misuse_form in ("env", "queue_arg", *CONFIG_START_FORMS) else submit)
     rd = _misuse_read(t)
     buf = r'B\d+ "b%d"' % rd.buffer
     what = "host task" if t.kind == "host" else "kernel"
@@ -4154,6 +4453,12 @@ def config_error_pattern(t: Task, cfg: Config) -> str:
         return re.escape(CONFIG_ENV_CASES[t.fence_index][2].format(var=setting, raw=value))
     if t.misuse_form == "queue_arg":
         return CONFIG_QUEUE_CASES[t.fence_index][2]
+    if t.misuse_form == "output":
+        _var, _value, folder, err = CONFIG_OUTPUT_CASES[t.fence_index]
+        folder = folder.format(file=not_a_folder())
+        return re.escape(f"{setting}: cannot create the folder {folder!r} ({os.strerror(err)})")
+    if t.misuse_form == "device":
+        return device_error_pattern(value)
     if t.misuse_form == "second_queue" and value is None:
         now = f"host:{cfg.devices}" if cfg.backend == "host" else "opencl:" + ",".join(["0:0"] * cfg.devices)
         return re.escape(f"the runtime already runs on {now}; create the Queue with devices='host:{cfg.devices + 1}' "

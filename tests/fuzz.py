@@ -38,7 +38,7 @@ for _p in (_TESTS.parent, _TESTS):
 from differential import (BAD_TASK, GROUPS, KINDS, Config, Mismatch, Program, bad_mapper_outcome,  # noqa: E402
                           chunks_possible, device_memory_batched, device_memory_for, generate, lifecycle,
                           overlap_expects_error, partial_raise_outcome, program_config, random_config,
-                          run_and_check)
+                          run_and_check, split_caches_overflow, target_problem)
 
 
 @dataclass
@@ -138,6 +138,8 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
     if cfg.backend == "opencl" and any(t.source for t in p.tasks):
         dims.append("config:backend:opencl:source_kernels")
     dims += expected_outcome(p, cfg)
+    if p.kind == "main" and split_caches_overflow(p):
+        dims.append("expect:cache_eviction")     # (check_main required every rank's split caches cleared)
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
 
 
@@ -184,25 +186,12 @@ def _run_one_args(args):
 
 # ---- minimisation ------------------------------------------------------------------------------
 def valid(p: Program) -> bool:
-    """Targets are read, fenced or reduced without initialize_to_identity only once defined;
+    """Targets are read, fenced or reduced without initialize_to_identity only once defined
+    (``target_problem``: a point write over an empty range defines nothing);
     buffers and host objects are used only while they exist (and buffers made without data
     only once written: ``lifecycle``); the error kinds keep what makes them that kind."""
-    if lifecycle(p)[0] is not None:
+    if lifecycle(p)[0] is not None or target_problem(p) is not None:
         return False
-    defined = [t.init is not None for t in p.targets]
-    for t in p.tasks:
-        for rd in t.reads:
-            if rd.space == "target" and not defined[rd.buffer]:
-                return False
-        if t.kind == "fence" and t.fence_space == "target" and not defined[t.fence_index]:
-            return False
-        for spec in t.reds:
-            if not spec.init and not defined[spec.target]:
-                return False
-        for spec in t.reds:
-            defined[spec.target] = True
-        if t.write is not None and t.write.space == "target":
-            defined[t.write.buffer] = True
     if p.kind == "fail" and not _markers_depend_on_failure(p):
         return False
     if p.kind == "bad_reduction" and not any(s.target == 0 for t in p.tasks for s in t.reds):

@@ -1181,6 +1181,85 @@ def test_empty_host_task_on_master_runs_nothing(cfg):
     run_and_check(_empty_host_program(on_master=True), cfg)
 
 
+# ---- empty kernels whose point write would define a target (``_draw_empty_target``) ----------------
+def _empty_target_writes(p):
+    return [(i, t) for i, t in enumerate(p.tasks)
+            if t.kind == "kernel" and t.write is not None and t.write.space == "target" and task_box(t).empty]
+
+
+@pytest.mark.parametrize("seed,cfg,features,kept", [
+    # T8 over (0, 2), constrain_split(3): r0 (int32) keeps its host value 44, then a reduction folds it in
+    (69, Config(ranks=2, devices=2), {"keeps_init", "then_reduced_no_init"}, [44]),
+    # T1 over (0, 1), oversubscribe(2): r0 keeps the 45 an earlier point write left, folded in next
+    (31, Config(ranks=3, devices=1, lookahead="none"), {"keeps_point_write", "then_reduced_no_init"}, [45]),
+    # T3 over (0, 2, 1): r0 (float32) keeps a reduction's 1.0
+    (65, Config(ranks=2, devices=1, replay="off"), {"keeps_reduction", "then_reduced_no_init"}, [[1.0]]),
+    # T3 over (4, 3, 0) at offset (2, 1, 4): r0 keeps 7.0, the value fenced at the end
+    (155, Config(ranks=4, devices=2, accessor_checks=False), {"keeps_init", "offset", "then_end"}, [[7.0]]),
+    # T0 over (0, 4, 2): r1 keeps 40.0, then a kernel reads it
+    (296, Config(ranks=2, devices=3, oversubscribe=3), {"keeps_init", "then_read"}, [[40.0]]),
+    # T1 over (1, 0, 2): r0 stays undefined (nothing fences or reads it) until a reduction initializes it
+    (30, Config(ranks=2, devices=2), {"undefined", "then_reduced_init"}, [None]),
+])
+def test_empty_target_writes_fixed_seeds(seed, cfg, features, kept):
+    """A kernel over an empty range whose point write would define a reduction target writes
+    nothing: the model keeps the target's value (host data, a reduction's result, an earlier
+    point write's), or leaves it undefined, and the runtime agrees on every rank."""
+    from differential import _prefix
+    p = generate(random.Random(seed))
+    assert p.kind == "main"
+    assert {"geometry:empty:target_write:" + f for f in features} <= p.features
+    empties = _empty_target_writes(p)
+    assert len(empties) == len(kept)
+    for (i, t), value in zip(empties, kept):
+        k = t.write.buffer
+        before = run_model(_prefix(p, i))["targets"][k]
+        after = run_model(_prefix(p, i + 1))["targets"][k]
+        assert (None if after is None else after.tolist()) == (None if before is None else before.tolist()) \
+            == value
+    run_and_check(p, cfg)
+
+
+def _writing_anyway(p):
+    """``p`` with every empty target-writing kernel over a range that holds its point (what a
+    runtime that ran the point's chunk of an empty range would do)."""
+    q = copy.deepcopy(p)
+    for _i, t in _empty_target_writes(q):
+        lo = task_box(t).min
+        t.range_shape = tuple(max(e, pt - o + 1) for e, pt, o in zip(t.range_shape, t.write.point, lo))
+    return q
+
+
+@pytest.mark.parametrize("seed", [69, 155, 31])
+def test_empty_target_write_check_fails(seed):
+    """A run whose empty kernel wrote its point anyway (the model's program keeps it empty) is
+    caught: the target's value differs (``reduction``; or a fence or buffer that read it)."""
+    p = generate(random.Random(seed))
+    assert p.kind == "main"
+    cfg = Config(ranks=2, devices=1)
+    q = _writing_anyway(p)
+    assert not _empty_target_writes(q)
+    with pytest.raises(Mismatch) as err:
+        check(p, run_model(p), run_on_cluster(q, cfg), cfg)
+    assert {"reduction", "fence", "buffer"} & {tag for tag, _msg in err.value.problems}, err.value
+
+
+def test_empty_target_write_defines_nothing():
+    """``target_problem``: a target whose only point write is over an empty range is undefined
+    for a later fence (the generator keeps such a kernel's range; the minimiser drops the
+    program), and the end of the program does not fence it."""
+    from differential import TargetSpec, fenced_at_end, target_problem
+    w = Write("target", 0, "point", point=(1,), dest=(0,))
+    tasks = [Task("kernel", (0,), [], w), Task("fence", fence_space="target", fence_index=0)]
+    p = _hand_program(tasks)
+    p.targets = [TargetSpec("int64", (1,), None)]
+    assert target_problem(p) == "T1 fences r0, which nothing defined yet"
+    p.tasks = tasks[:1]
+    assert target_problem(p) is None and fenced_at_end(p) == [False]
+    p.tasks[0] = Task("kernel", (3,), [], w)
+    assert fenced_at_end(p) == [True]
+
+
 # ---- long programs: a stencil loop of 100-200 steps, a front of 65-96 independent kernels ----------
 def _horizons_and_replays(monkeypatch):
     """Counts of horizons the task graph made because its front was wider than
@@ -1241,6 +1320,60 @@ def test_long_program_check_fails(seed, feature):
     with pytest.raises(Mismatch) as err:
         check(p, run_model(p), run_on_cluster(q, cfg), cfg)
     # (the later tasks' indices shift too, so host-task records may differ first)
+    assert {"buffer", "fence"} & {tag for tag, _msg in err.value.problems}, err.value
+
+
+# ---- a front of more index spaces than the split caches hold (``_draw_many``) ----------------------
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg", [
+    (1206, Config(ranks=2, devices=2)),                                      # 298 rows, then a join
+    (2665, Config(ranks=3, devices=1, replay="off", lookahead="none")),
+    (1557, Config(ranks=1, devices=3, oversubscribe=3, accessor_checks=False)),
+])
+def test_split_cache_eviction_fixed_seeds(seed, cfg):
+    """260-300 row kernels with distinct index spaces: the model says every rank's command graph
+    must clear its 256-entry per-split caches; the run counts at least one clear per rank (of
+    caches of that size) and its results are exact."""
+    from differential import SPLIT_CACHE_ENTRIES, split_caches_overflow
+    p = generate(random.Random(seed))
+    assert "long:many" in p.features and split_caches_overflow(p)
+    rows = [t for t in p.tasks if t.name == "many"]
+    assert len({task_box(t) for t in rows}) == len(rows) > SPLIT_CACHE_ENTRIES
+    result = run_on_cluster(p, cfg)
+    check(p, run_model(p), result, cfg)
+    assert result["cache_clears"].get(SPLIT_CACHE_ENTRIES, 0) >= cfg.ranks, result["cache_clears"]
+
+
+def test_long_stencils_fit_the_caches():
+    """A 100-200 step stencil loop repeats a few keys: no cache of the scheduler overflows (the
+    model says none must), so ``long:stencil`` programs exercise replay, not eviction."""
+    from differential import count_cache_clears, split_caches_overflow
+    p = generate(random.Random(1688), kind="main")
+    assert "long:stencil" in p.features and not split_caches_overflow(p)
+    cfg = Config(ranks=2, devices=2)
+    with count_cache_clears() as watch:
+        result = run_on_cluster(p, cfg)
+    check(p, run_model(p), result, cfg)
+    assert "cache_clears" not in result and not watch.clears, watch.clears
+
+
+def test_split_cache_eviction_check_fails():
+    """A run in which no cache was cleared (``cache_eviction``), and one that lost a row kernel of
+    the front (buffers differ), are caught."""
+    p = generate(random.Random(1206))
+    cfg = Config(ranks=2, devices=1)
+    result = run_on_cluster(p, cfg)
+    want = run_model(p)
+    check(p, want, result, cfg)
+    result["cache_clears"] = {}
+    with pytest.raises(Mismatch) as err:
+        check(p, want, result, cfg)
+    assert err.value.tag == "cache_eviction", err.value
+    q = copy.deepcopy(p)
+    rows = [i for i, t in enumerate(q.tasks) if t.name == "many"]
+    del q.tasks[rows[len(rows) // 2]]
+    with pytest.raises(Mismatch) as err:
+        check(p, want, run_on_cluster(q, cfg), cfg)
     assert {"buffer", "fence"} & {tag for tag, _msg in err.value.problems}, err.value
 
 
@@ -1668,17 +1801,17 @@ CONFIG_CASES = [
     (33, Config(ranks=2, devices=1), "env", "CELERITAS_LOOKAHEAD", "sometimes", "setup"),
     (317, Config(ranks=3, devices=2), "env", "CELERITAS_DEVICES", "host:0", "setup"),
     (366, Config(ranks=1, devices=1), "env", "CELERITAS_HORIZON_MAX_PARALLELISM", "1.5", "setup"),
-    (75, Config(ranks=2, devices=2), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
+    (1724, Config(ranks=2, devices=2), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
     # (a memory configuration sets the same variable: the invalid value must win, seed 7715)
     (7715, Config(ranks=3, devices=3, memory=1.0), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
     (70, Config(ranks=2, devices=1), "env", "CELERITAS_ACCESSOR_CHECKS", "2", "setup"),
     (23, Config(ranks=1, devices=3), "env", "CELERITAS_WAIT_WARNING", "soon", "setup"),
     (105, Config(ranks=2, devices=1), "queue_arg", "devices", "gpu", "setup"),
     (59, Config(ranks=3, devices=1), "queue_arg", "lookahead", "sometimes", "setup"),
-    (24, Config(ranks=2, devices=2), "set_lookahead", "lookahead", "", "submit"),
+    (450, Config(ranks=2, devices=2), "set_lookahead", "lookahead", "", "submit"),
     (157, Config(ranks=1, devices=1), "set_lookahead", "lookahead", "always", "submit"),
     (51, Config(ranks=3, devices=2), "second_queue", "devices", None, "submit"),
-    (69, Config(ranks=2, devices=1), "second_queue", "lookahead", "sometimes", "submit"),
+    (148, Config(ranks=2, devices=1), "second_queue", "lookahead", "sometimes", "submit"),
 ]
 
 
@@ -1740,6 +1873,100 @@ def test_config_check_fails(monkeypatch):
         "misuse:wrong_error"
     assert _tag(p, outcome([good, good], stage="submit T1"), cfg) == "misuse:wrong_stage"
     assert _tag(p, outcome([good, None]), cfg) == "misuse:rank_finished"
+
+
+# misuse config drawn after _draw_config (``_draw_config_start``): an output folder that cannot be made,
+# a device that does not exist.  (seed, configuration, form, the variable, its value ({file}: the
+# regular file ``not_a_folder``), what the message says past "VAR=value: " or "VAR: ")
+CONFIG_START_CASES = [
+    (90, Config(ranks=2, devices=1), "output", "CELERITAS_PRINT_GRAPHS", "{file}/graphs",
+     "cannot create the folder '{file}/graphs' (Not a directory)"),
+    (175, Config(ranks=3, devices=2), "output", "CELERITAS_PRINT_GRAPHS", "{file}",
+     "cannot create the folder '{file}' (File exists)"),
+    (529, Config(ranks=1, devices=1), "output", "CELERITAS_TRACE", "{file}/sub/trace.json",
+     "cannot create the folder '{file}/sub' (Not a directory)"),
+    (249, Config(ranks=2, devices=2), "output", "CELERITAS_TRACE", "{file}/trace.json",
+     "cannot create the folder '{file}' (File exists)"),
+    (917, Config(ranks=2, devices=1), "device", "CELERITAS_DEVICES", "opencl:99", "is not a device list"),
+    (374, Config(ranks=2, devices=2), "device", "CELERITAS_DEVICES", "opencl:0:99", None),
+    (75, Config(ranks=3, devices=1), "device", "CELERITAS_DEVICES", "opencl:99:0", None),
+    (69, Config(ranks=2, devices=1), "device", "CELERITAS_DEVICES", "cuda:99", None),
+]
+
+
+def _device_message(value: str) -> str:
+    """What the runtime says of a device that does not exist on this machine (by hand)."""
+    from differential import _cuda_gpus, _opencl_platforms
+    if value.startswith("cuda"):
+        why, n = _cuda_gpus()
+        return "the CUDA backend needs CuPy" if why else "no CUDA GPU is visible" if n == 0 else "CUDA device 99"
+    why, platforms = _opencl_platforms()
+    if why:
+        return why
+    if value == "opencl:99:0":
+        return f"OpenCL platform 99 does not exist; this machine has {len(platforms)} platform"
+    return f"OpenCL platform 0 {platforms[0][0]!r} has no device 99; this machine has: platform 0 "
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,form,setting,value,says", CONFIG_START_CASES)
+def test_config_start_errors_fixed_seeds(seed, cfg, form, setting, value, says):
+    """An output folder under (or at) a regular file, a device that does not exist: a
+    cl.ConfigError on every rank (or aborted by another's) at the first cl.Queue(), naming the
+    variable and the value; no rank finishes."""
+    from differential import config_setting, not_a_folder
+    file = not_a_folder()
+    value = value.format(file=file)
+    p = generate(random.Random(seed), kind="misuse")
+    idx, t = misuse_task(p)
+    assert (t.misuse, t.misuse_form, config_setting(t)) == ("config", form, (setting, value))
+    assert f"misuse:config:{form}" in p.features
+    oc = misuse_error(p, cfg)
+    assert oc.cls is cl.ConfigError and oc.failing == list(range(cfg.ranks)) and oc.stage == "setup"
+    result = run_on_cluster(p, cfg)
+    check(p, None, result, cfg)
+    raised = [o for o in result["ranks"] if type(o["error"]) is cl.ConfigError]
+    assert raised
+    says = says.format(file=file) if says is not None else _device_message(value)
+    for o in raised:
+        text = str(o["error"])
+        assert text.startswith(f"{setting}={value!r} " if value == "opencl:99" else f"{setting}={value}: "
+                               if form == "device" else f"{setting}: "), text
+        assert says in text and o["stage"] == "setup", text
+
+
+def test_config_start_check_fails(monkeypatch, tmp_path):
+    """An output folder that can be made after all (``not_a_folder`` a folder: the run finishes,
+    ``misuse:missed``); another errno, or a device error of another class than ConfigError
+    (what CELERITAS_DEVICES=cuda:99 gives where CuPy sees GPUs: the backend's BackendError)
+    or one naming another device (``misuse:wrong_error``)."""
+    import differential
+    from executor.backends.backend import BackendError
+    cfg = Config(ranks=2, devices=1)
+    p = generate(random.Random(90), kind="misuse")
+    monkeypatch.setattr(differential, "not_a_folder", lambda: str(tmp_path))
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:missed", str(info.value)
+    assert (tmp_path / "graphs").is_dir()       # (the run wrote its graphs there)
+    monkeypatch.undo()
+
+    def outcome(*errs):
+        res = _outcome(*errs)
+        for o in res["ranks"]:
+            o["stage"] = "setup"
+        return res
+    oc = misuse_error(p, cfg)
+    good = cl.ConfigError(_fill(oc.pattern))
+    assert _tag(p, outcome(good, good), cfg) is None
+    assert _tag(p, outcome(cl.ConfigError(str(good).replace("Not a directory", "File exists")), good), cfg) == \
+        "misuse:wrong_error"
+    p = generate(random.Random(69), kind="misuse")
+    oc = misuse_error(p, cfg)
+    good = cl.ConfigError(_fill(oc.pattern))
+    assert _tag(p, outcome(good, good), cfg) is None
+    assert _tag(p, outcome(BackendError(str(good)), good), cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome(cl.ConfigError(str(good).replace("99", "98")), good), cfg) == "misuse:wrong_error"
 
 
 def _fill(pattern: str) -> str:
