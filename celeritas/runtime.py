@@ -52,7 +52,15 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
             if spec.backend == "cuda":
                 if n == 0:
                     raise ConfigError(f"CELERITAS_DEVICES={spec}: no CUDA GPU is visible")
-                return CudaBackend(list(spec.ids) or list(range(n)))
+                missing = [d for d in spec.ids if not 0 <= d < n]
+                if missing:   # (as for OpenCL: a ConfigError listing what exists, not the backend's error)
+                    raise ConfigError(f"CELERITAS_DEVICES={spec}: CUDA device {missing[0]} does not exist; this "
+                                      f"machine has {n} visible: {', '.join(f'cuda:{d}' for d in range(n))}")
+                from executor.backends.backend import BackendError
+                try:
+                    return CudaBackend(list(spec.ids) or list(range(n)))
+                except BackendError as exc:
+                    raise ConfigError(f"CELERITAS_DEVICES={spec}: {exc}") from None
             if n > 0:
                 return CudaBackend(list(range(n)))
         from executor.backends.host import HostBackend

@@ -1050,7 +1050,8 @@ def device_error_pattern(value: str) -> str:
                                     f"CuPy is not installed: {why}")
         if n == 0:
             return head + re.escape("no CUDA GPU is visible")
-        return head + f".*\\b{dev}\\b.*"     # (GPUs, but not this one: named, the visible ones listed)
+        return head + re.escape(f"CUDA device {dev} does not exist; this machine has {n} visible: "
+                                + ", ".join(f"cuda:{d}" for d in range(n)))
     plat, dev = (int(x) for x in value.split(":")[1:])
     why, platforms = _opencl_platforms()
     if why is not None:

@@ -1938,8 +1938,8 @@ def test_config_start_errors_fixed_seeds(seed, cfg, form, setting, value, says):
 def test_config_start_check_fails(monkeypatch, tmp_path):
     """An output folder that can be made after all (``not_a_folder`` a folder: the run finishes,
     ``misuse:missed``); another errno, or a device error of another class than ConfigError
-    (what CELERITAS_DEVICES=cuda:99 gives where CuPy sees GPUs: the backend's BackendError)
-    or one naming another device (``misuse:wrong_error``)."""
+    (what CELERITAS_DEVICES=cuda:99 gave where CuPy sees GPUs before the runtime checked the ids:
+    the backend's BackendError) or one naming another device (``misuse:wrong_error``)."""
     import differential
     from executor.backends.backend import BackendError
     cfg = Config(ranks=2, devices=1)

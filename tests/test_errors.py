@@ -1037,3 +1037,19 @@ def test_a_generator_or_coroutine_kernel_is_an_error_not_a_kernel_that_never_run
             q.submit(cgf)
     finally:
         q.shutdown()
+
+
+def test_a_cuda_device_that_does_not_exist_is_a_config_error_listing_the_visible_ones(monkeypatch):
+    """With CuPy seeing GPUs, CELERITAS_DEVICES=cuda:99 raised the backend's BackendError (not a
+    ConfigError, listing nothing).  Found by the fuzzer's device-error draws; a stub stands for
+    a CuPy that sees two GPUs (only the device count is reached before the check)."""
+    import types
+    import executor.backends.cuda as cuda_backend
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 2)
+    monkeypatch.setattr(cuda_backend, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)),
+                        raising=False)
+    from celeritas.config import DeviceSpec
+    from celeritas.runtime import make_backend
+    with pytest.raises(cl.ConfigError, match=r"^CELERITAS_DEVICES=cuda:1,99: CUDA device 99 does not exist; this "
+                                             r"machine has 2 visible: cuda:0, cuda:1$"):
+        make_backend(DeviceSpec.parse("cuda:1,99"))
