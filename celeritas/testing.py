@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from typing import Any, Callable
 
@@ -53,14 +54,16 @@ def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | No
                for r in range(nodes)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + timeout   # (one deadline for the cluster, not one per rank in turn)
     for t in threads:
-        t.join(timeout)
-    if any(t.is_alive() for t in threads):
+        t.join(max(0.0, deadline - time.monotonic()))
+    late = [r for r, t in enumerate(threads) if t.is_alive()]    # (before the abort ends them)
+    if late:
         cluster.abort()
+        grace = time.monotonic() + 10.0
         for t in threads:
-            t.join(10)
-        raise CeleritasError(f"run_cluster: ranks {[r for r, t in enumerate(threads) if t.is_alive()]} did not "
-                             f"finish within {timeout} s")
+            t.join(max(0.0, grace - time.monotonic()))
+        raise CeleritasError(f"run_cluster: ranks {late} did not finish within {timeout} s")
     for r, e in enumerate(errors):
         if e is not None and not _is_secondary(e):
             raise e

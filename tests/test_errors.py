@@ -1053,3 +1053,27 @@ def test_a_cuda_device_that_does_not_exist_is_a_config_error_listing_the_visible
     with pytest.raises(cl.ConfigError, match=r"^CELERITAS_DEVICES=cuda:1,99: CUDA device 99 does not exist; this "
                                              r"machine has 2 visible: cuda:0, cuda:1$"):
         make_backend(DeviceSpec.parse("cuda:1,99"))
+
+
+def test_run_cluster_times_out_once_for_the_cluster_and_names_the_late_ranks():
+    """The timeout was applied to each rank's thread in turn (two hung ranks with timeout=1
+    took 2 s), and the ranks were listed after the abort had ended them ("ranks []")."""
+    import time
+    from celeritas.testing import run_cluster
+    release = threading.Event()
+
+    def program(rank):
+        if rank > 0:
+            release.wait(30)     # (hung ranks; the abort cannot end a plain wait, the event does)
+        return rank
+
+    t0 = time.monotonic()
+    timer = threading.Timer(1.3, release.set)     # (ends the hung ranks during the grace after the abort)
+    timer.start()
+    try:
+        with pytest.raises(cl.CeleritasError, match=r"run_cluster: ranks \[1, 2\] did not finish within 1(\.0)? s"):
+            run_cluster(program, nodes=3, timeout=1.0)
+    finally:
+        timer.cancel()
+        release.set()
+    assert time.monotonic() - t0 < 2.5
