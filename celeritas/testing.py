@@ -1,6 +1,7 @@
 """A whole simulated cluster in one process: one thread and one runtime per rank."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
@@ -9,6 +10,17 @@ from typing import Any, Callable
 from scheduler.errors import CeleritasError
 
 from . import context
+
+
+def _divergence_timeout(env: dict) -> float | None:
+    """The divergence check's timeout, as an MPI job's ranks read it from the configuration;
+    with an invalid configuration the default (each rank's ``cl.Queue()`` then raises the
+    ConfigError, as under MPI)."""
+    from .config import DEFAULT_DIVERGENCE_TIMEOUT, from_env
+    try:
+        return from_env({**os.environ, **env}).divergence_timeout
+    except CeleritasError:
+        return DEFAULT_DIVERGENCE_TIMEOUT
 
 
 def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | None = None,
@@ -25,7 +37,7 @@ def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | No
     env = {k: str(v) for k, v in env.items()}
     if devices is not None:
         env["CELERITAS_DEVICES"] = f"host:{int(devices)}"
-    cluster = InProcessCluster(nodes)
+    cluster = InProcessCluster(nodes, divergence_timeout=_divergence_timeout(env))
     results: list[Any] = [None] * nodes
     errors: list[BaseException | None] = [None] * nodes
 

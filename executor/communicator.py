@@ -338,6 +338,8 @@ class _ClusterState:
     recvs: dict[tuple, _Posted] = field(default_factory=dict)
     notifiers: dict[tuple, Callable[[], None]] = field(default_factory=dict)  # (key, rank)
     groups: dict[tuple, _CollectiveGroup] = field(default_factory=dict)
+    epochs: dict[tuple, deque] = field(default_factory=dict)             # (from, to) -> epoch announcements
+    divergence_timeout: float | None = None
     aborted: bool = False
 
 
@@ -348,10 +350,11 @@ class InProcessCluster:
     breaks every waiting barrier so a failed rank cannot hang the others.
     """
 
-    def __init__(self, num_ranks: int, *, timeout: float | None = None):
+    def __init__(self, num_ranks: int, *, timeout: float | None = None,
+                 divergence_timeout: float | None = 300.0):
         if num_ranks < 1:
             raise ValueError(f"a cluster needs at least one rank, got {num_ranks}")
-        self._state = _ClusterState(num_ranks, timeout)
+        self._state = _ClusterState(num_ranks, timeout, divergence_timeout=divergence_timeout)
 
     @property
     def num_ranks(self) -> int:
@@ -360,7 +363,16 @@ class InProcessCluster:
     def communicator(self, rank: int) -> "InProcessCommunicator":
         if not 0 <= rank < self._state.num_ranks:
             raise ValueError(f"rank {rank} out of range for {self._state.num_ranks} ranks")
-        return InProcessCommunicator(self._state, rank, ())
+        comm = InProcessCommunicator(self._state, rank, ())
+        if self._state.num_ranks > 1:
+            # the same divergence check as under MPI, its announcements carried in memory: ranks
+            # of a simulated cluster that submit different task streams get the DivergenceError
+            # an MPI job gets, instead of hanging on data that never comes or finishing silently
+            from .mpi.divergence import EpochCheck
+            comm.epoch_check = EpochCheck(_EpochChannel(self._state, rank), rank, self._state.num_ranks,
+                                          self._state.divergence_timeout,
+                                          timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT")
+        return comm
 
     def abort(self) -> None:
         """Fail everything in flight: barriers break, posted payload requests fail, and
@@ -385,6 +397,50 @@ class InProcessCluster:
                 log.exception("notifier failed during abort")
 
 
+class _Delivered:
+    """An in-memory epoch message: sent at once, received whole (the mpi4py request and
+    message calls ``EpochCheck`` makes)."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: Any = None):
+        self.payload = payload
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py spelling
+        return True
+
+    def irecv(self) -> "_Delivered":
+        return self
+
+    def test(self) -> tuple[bool, Any]:
+        return True, self.payload
+
+
+class _EpochChannel:
+    """``isend`` and ``improbe`` of the divergence check between the ranks of an in-process
+    cluster: one queue per (sender, receiver)."""
+
+    def __init__(self, state: _ClusterState, rank: int):
+        self._st = state
+        self._rank = rank
+
+    def isend(self, payload: Any, dest: int, tag: int = 0) -> _Delivered:
+        st = self._st
+        with st.lock:
+            dq = st.epochs.setdefault((self._rank, dest), deque())
+        dq.append(_copy_obj(payload))
+        n = st.notifiers.get(((), dest))
+        if n is not None:
+            n()
+        return _Delivered()
+
+    def improbe(self, source: int, tag: int = 0) -> _Delivered | None:
+        dq = self._st.epochs.get((source, self._rank))
+        if not dq:
+            return None
+        return _Delivered(dq.popleft())
+
+
 class InProcessCommunicator(Communicator):
     """Payloads use rendezvous: the side that arrives second copies the data
     straight from the send array into the receive array (no intermediate copy)
@@ -399,6 +455,7 @@ class InProcessCommunicator(Communicator):
         self._key = key
         self._clones = 0
         self._inbox = state.pilots.setdefault((key, rank), deque())
+        self.epoch_check = None     # (the cluster's communicator of a rank gets one: see InProcessCluster)
 
     @property
     def rank(self) -> int:

@@ -1077,3 +1077,86 @@ def test_run_cluster_times_out_once_for_the_cluster_and_names_the_late_ranks():
         timer.cancel()
         release.set()
     assert time.monotonic() - t0 < 2.5
+
+
+# ---- the divergence check on a simulated cluster (run_cluster), as under MPI -------------------
+def _divergent(mode: str, release: threading.Event):
+    """tests/mpi_scripts/divergence.py's modes as a run_cluster program."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.zeros(64, np.float32), name="b")
+
+        def touch(name, n=64):
+            def cgf(cgh):
+                b.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.parallel_for((n,), lambda chunk: None, name=name)
+            return cgf
+
+        def read_all(cgh):
+            b.access(cgh, cl.all(), cl.read)
+            b.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for((64,), lambda chunk: None, name="reader")
+
+        q.submit(touch("step"))
+        if mode == "extra":
+            if rank == 1:
+                q.submit(touch("extra"))
+            q.submit(read_all)
+        elif mode == "different":
+            q.submit(touch("update") if rank == 0 else touch("update_v2", 32))
+        elif mode == "buffer_shape":
+            cl.Buffer(np.zeros(32 + rank, np.float32), name="c")
+            q.submit(touch("after"))
+        elif mode == "stuck":
+            q.wait()
+            if rank == 1:
+                q.submit(touch("only_on_rank_1"))
+                q.fence(b).result()
+        elif mode == "silent":
+            q.wait()
+            if rank == 1:
+                release.wait(30)
+        if mode not in ("stuck", "silent"):
+            q.wait()
+        return rank
+    return program
+
+
+@pytest.mark.parametrize("mode, rank0, rank1", [
+    ("extra", "T2 (device_compute 'reader', range [64])", "T2 (device_compute 'extra', range [64])"),
+    # (a different range hung: each rank waited for data the other never sent)
+    ("different", "T2 (device_compute 'update', range [64])", "T2 (device_compute 'update_v2', range [32])"),
+    ("buffer_shape", "buffer B1 float32 of shape (32,) (made before T2)",
+     "buffer B1 float32 of shape (33,) (made before T2)"),
+    ("stuck", "T3 (shutdown epoch", "T3 (device_compute 'only_on_rank_1', range [64])"),
+])
+def test_a_simulated_cluster_reports_divergent_task_streams_as_mpi_does(mode, rank0, rank1):
+    """run_cluster's ranks had no divergence check: different kernel names finished silently and
+    different ranges hung until run_cluster's timeout."""
+    from celeritas.testing import run_cluster
+    with pytest.raises(cl.DivergenceError, match=r"ranks [01] and [01] submitted different task streams; the "
+                                                 r"first differing task") as ei:
+        run_cluster(_divergent(mode, threading.Event()), nodes=2, timeout=60, CELERITAS_DEVICES="host:1",
+                    CELERITAS_DIVERGENCE_TIMEOUT="30")
+    assert f"rank 0 submitted {rank0}" in str(ei.value) and f"rank 1 submitted {rank1}" in str(ei.value)
+
+
+def test_a_simulated_cluster_times_out_a_rank_that_never_reaches_the_epoch():
+    from celeritas.testing import run_cluster
+    release = threading.Event()
+    timer = threading.Timer(5.0, release.set)
+    timer.start()
+    try:
+        with pytest.raises(cl.DivergenceError, match=r"rank 0 reached epoch #2 \(T3, shutdown\) but rank 1 did not "
+                                                     r"submit a matching epoch within 1 s"):
+            run_cluster(_divergent("silent", release), nodes=2, timeout=60, CELERITAS_DEVICES="host:1",
+                        CELERITAS_DIVERGENCE_TIMEOUT="1")
+    finally:
+        timer.cancel()
+        release.set()
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_a_simulated_cluster_whose_ranks_agree_passes_the_check(nodes):
+    from celeritas.testing import run_cluster
+    assert run_cluster(_divergent("none", threading.Event()), nodes=nodes, timeout=60) == list(range(nodes))
