@@ -785,3 +785,102 @@ def test_distinct_subranges_in_subsequent_kernels_use_distinct_allocations():
     assert second.accesses[0].allocation_box == second.accesses[0].box
     assert ctx.concurrent(first, second)
     validate(ctx)
+
+
+# =================================================================================================
+# instruction_graph_p2p_tests.cc
+# =================================================================================================
+@pytest.mark.parametrize("rank", [0, 1])
+def test_sends_and_receives_are_split_per_device(rank):
+    """instruction_graph_p2p_tests.cc "send and receive instructions are split on multi-device
+    systems to allow computation-communication overlap": 2 ranks x 2 devices, a reversed
+    read.  Per rank: two concurrent writers and two concurrent sends, one per writer, each
+    sending exactly what its writer wrote and announced by one pilot; one split-receive
+    whose region is the disjoint union of two concurrent await-receives, one per reader,
+    each awaiting exactly what its reader reads, which follows it."""
+    ctx = GraphContext(2, devices=2, compile_ranks=[rank])
+    b = ctx.buffer((256,), dtype="int32")
+    ctx.task((256,), [(b, rm.one_to_one(), DW)], name="writer")
+
+    def reverse(chunk, shape):
+        return Subrange((256 - chunk.offset[0] - chunk.range[0],), chunk.range)
+
+    reader_task = ctx.task((256,), [(b, reverse, R)], name="reader")
+    ctx.finish()
+    transfer = (reader_task.id, b, 0)
+    writers = kernels(ctx, "writer", rank)
+    assert len(writers) == 2 and all_concurrent(ctx, writers, rank)
+    sends = ctx.instrs(rank, "send")
+    assert len(sends) == 2 and all_concurrent(ctx, sends, rank)
+    assert len(ctx.pilots[rank]) == 2
+    for s in sends:
+        (w,) = [w for w in writers if ctx.depends_on(s, w, rank)]
+        assert s.box == w.accesses[0].box and s.transfer == transfer
+        assert one([p for p in ctx.pilots[rank] if p.msg_id == s.msg_id]).box == s.box
+    split = one(ctx.instrs(rank, "split_receive"))
+    awaits = ctx.instrs(rank, "await_receive")
+    assert len(awaits) == 2 and all_concurrent(ctx, awaits, rank)
+    assert not awaits[0].region.intersects(awaits[1].region)
+    assert awaits[0].region | awaits[1].region == split.region
+    readers = kernels(ctx, "reader", rank)
+    for a in awaits:
+        assert a.transfer == transfer and ctx.depends_on(a, split, rank)
+        (r,) = [r for r in readers if ctx.depends_on(r, a, rank)]
+        assert a.region == Region.from_box(r.accesses[0].box)
+    validate(ctx, rank)
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_overlapping_remote_reads_are_awaited_once_per_element(dims):
+    """instruction_graph_p2p_tests.cc "overlapping requirements generate split-receives with
+    one await per reader-set": rank 1 with 4 devices reads a neighbourhood of data written on
+    rank 0: one split-receive of everything; its await-receives are disjoint and cover it;
+    every reader depends on await-receives covering what it reads.  (Celerity awaits per set
+    of readers, so every chunk waits for several; celeritas' cut is its own business.)"""
+    shape = (16,) * dims
+    ctx = GraphContext(2, devices=4, compile_ranks=[1])
+    b = ctx.buffer(shape, dtype="int32")
+    ctx.task((1,), [(b, rm.all(), DW)], name="writer")
+    ctx.task(shape, [(b, rm.neighborhood(*([1] * dims)), R)], name="reader")
+    ctx.finish()
+    split = one(ctx.instrs(1, "split_receive"))
+    awaits = ctx.instrs(1, "await_receive")
+    covered = Region.empty_region(dims)
+    for a in awaits:
+        assert not covered.intersects(a.region) and ctx.depends_on(a, split, 1)
+        covered = covered | a.region
+    assert covered == split.region
+    for r in kernels(ctx, "reader", 1):
+        got = Region.empty_region(dims)
+        for a in awaits:
+            if ctx.depends_on(r, a, 1):
+                got = got | a.region
+        read = r.accesses[0].region if r.accesses[0].region is not None else Region.from_box(r.accesses[0].box)
+        assert got.contains(read & Region.from_box(Box((0,) * dims, shape)))
+    validate(ctx, 1)
+
+
+@pytest.mark.xfail(strict=True, reason="two 1-element reads (separate accessors) at both ends of a 1024-element "
+                   "buffer, received from another rank, get one host allocation of the whole 0..1024 bounding box; "
+                   "Celerity allocates one element per accessor")
+def test_disconnected_remote_reads_do_not_allocate_their_bounding_box():
+    """instruction_graph_p2p_tests.cc "an await-push of disconnected subregions does not
+    allocate their bounding-box": rank 1 reads the first and the last element of a 1024 buffer
+    written on rank 0, through two accessors: celeritas receives what the reader lacks, and
+    must not allocate all 1024 elements for two of them.  Celerity: two 1-element allocations
+    with one concurrent receive each, the reader depending on both receives."""
+    ctx = GraphContext(2, compile_ranks=[1])
+    b = ctx.buffer((1024,))
+    ctx.task((1,), [(b, rm.all(), DW)], kind=tg.HOST_COMPUTE, name="writer")
+    ctx.task((2,), [(b, fixed(0, 1), R), (b, fixed(1023, 1024), R)], kind=tg.HOST_COMPUTE, name="reader")
+    ctx.finish()
+    allocs = [a for a in ctx.instrs(1, "alloc") if a.buffer == b]
+    assert sum(a.box.area for a in allocs) <= 2, [a.box for a in allocs]
+    recvs = ctx.instrs(1, "receive")
+    received = Region.empty_region(1)
+    for rv in recvs:
+        received = received | rv.region
+    assert received == Region([Box((0,), (1,)), Box((1023,), (1024,))])
+    reader = one(ctx.instrs(1, "host_task", name="reader"))
+    assert all(ctx.depends_on(reader, rv, 1) for rv in recvs)
+    validate(ctx, 1)
