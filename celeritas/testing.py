@@ -37,7 +37,8 @@ def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | No
     env = {k: str(v) for k, v in env.items()}
     if devices is not None:
         env["CELERITAS_DEVICES"] = f"host:{int(devices)}"
-    cluster = InProcessCluster(nodes, divergence_timeout=_divergence_timeout(env))
+    cluster = InProcessCluster(nodes, divergence_timeout=_divergence_timeout(env),
+                               divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT")
     results: list[Any] = [None] * nodes
     errors: list[BaseException | None] = [None] * nodes
 

@@ -340,6 +340,7 @@ class _ClusterState:
     groups: dict[tuple, _CollectiveGroup] = field(default_factory=dict)
     epochs: dict[tuple, deque] = field(default_factory=dict)             # (from, to) -> epoch announcements
     divergence_timeout: float | None = None
+    divergence_timeout_hint: str | None = None    # where users set it, named in the timeout error
     aborted: bool = False
 
 
@@ -351,10 +352,11 @@ class InProcessCluster:
     """
 
     def __init__(self, num_ranks: int, *, timeout: float | None = None,
-                 divergence_timeout: float | None = 300.0):
+                 divergence_timeout: float | None = 300.0, divergence_timeout_hint: str | None = None):
         if num_ranks < 1:
             raise ValueError(f"a cluster needs at least one rank, got {num_ranks}")
-        self._state = _ClusterState(num_ranks, timeout, divergence_timeout=divergence_timeout)
+        self._state = _ClusterState(num_ranks, timeout, divergence_timeout=divergence_timeout,
+                                    divergence_timeout_hint=divergence_timeout_hint)
 
     @property
     def num_ranks(self) -> int:
@@ -371,7 +373,7 @@ class InProcessCluster:
             from .mpi.divergence import EpochCheck
             comm.epoch_check = EpochCheck(_EpochChannel(self._state, rank), rank, self._state.num_ranks,
                                           self._state.divergence_timeout,
-                                          timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT")
+                                          timeout_hint=self._state.divergence_timeout_hint)
         return comm
 
     def abort(self) -> None:
