@@ -609,8 +609,9 @@ class _Launcher:
             if self.device:
                 if self.red_ops:
                     reducers = []
-                    for arr, (op, ident, dt, label) in zip(ctx.reduction_arrays, self.red_ops):
-                        arr.reshape(-1)[0] = ident
+                    for arr, red, (op, ident, dt, label) in zip(ctx.reduction_arrays, ctx.reductions, self.red_ops):
+                        if not red.include_current:   # (else the target's value, reduced into in place)
+                            arr.reshape(-1)[0] = ident
                         reducers.append(Reducer(arr, op, dt, label))
                 else:
                     reducers = ()

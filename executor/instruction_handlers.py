@@ -164,7 +164,7 @@ class InstructionHandlers:
             [allocs[acc.allocation] if acc.allocation >= 0 else None for acc in accesses] if accesses else [],
             [allocs[r.allocation] for r in reductions] if reductions else [],
             lane.xp, tuple(instr.global_range) if has_range else (), None, self._rank, lane.stream,
-            accesses, instr.task)
+            accesses, instr.task, reductions)
 
     def _kernel_inline(self, instr: DeviceKernelInstruction, launcher: Any, ctx: LaunchContext, key: tuple,
                        est: int) -> None:

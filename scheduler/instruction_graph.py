@@ -360,6 +360,7 @@ class LaunchContext:
     stream: Any = None             # backend lane handle (CUDA stream / OpenCL queue)
     accesses: list = field(default_factory=list)  # the instruction's AccessAllocation list
     task: int = -1                 # task id, for error messages
+    reductions: list = field(default_factory=list)  # the instruction's ReductionAllocation list
 
 
 @dataclass(frozen=True, slots=True)

@@ -605,6 +605,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     self._pinned.add(found.id)
                 continue
             self._allocate(b, mem, box, _discard(b, bid, mem, (p for p in plans if p.batch is None)))
+        direct = bool(task.reductions) and self._reduces_in_place(cmd, plans)
         # coherence, then one kernel / host task per chunk
         kernels: list[tuple[ChunkPlan, Instruction, list[Allocation]]] = []
         for p in plans:
@@ -666,7 +667,9 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     if alloc is not None:
                         self._write(alloc, reg, ins)
             scratch = []
-            for red in task.reductions:
+            if direct:
+                self._reduce_in_place(cmd, p, ins)
+            for red in task.reductions if not direct else ():
                 b = self._buffers[red.buffer]
                 j = len(kernels)
                 s = self._scratch(p.memory, Box((j,), (j + 1,)), b.dtype)
@@ -700,7 +703,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             for bid, reg in p.produced.items():
                 if reg:
                     self._buffers[bid].newest.update(reg, self._only[p.memory])
-        if task.reductions:
+        if task.reductions and not direct:
             self._local_reductions(cmd, kernels)
 
     def _fit(self, memory: int, needs, extra: int) -> None:
@@ -732,6 +735,46 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             self._collective[group] = clone.id
         ins.deps.append((self._collective[group], DEP_COLLECTIVE))
         self._collective[group] = ins.id
+
+    def _reduces_in_place(self, cmd: cg.ExecutionCommand, plans) -> bool:
+        """One rank, one chunk: its kernel can reduce straight into the targets' allocations on
+        its device (no scratch, gather copy and local reduce, no copy back for a device reader),
+        as Celerity does, where that costs no concurrency: each target either starts from the
+        identity or already holds its current value there (else the kernel would wait for a
+        copy of it, where a partial result reduced afterwards runs alongside).  Several chunks
+        or ranks combine partial results (``_local_reductions``)."""
+        if self.num_ranks != 1 or len(plans) != 1 or plans[0].batch is not None:
+            return False
+        memory = plans[0].memory
+        for red in cmd.task.reductions:
+            b = self._buffers[red.buffer]
+            if b.pending:
+                return False
+            if red.include_current and cmd.include_current_reductions:
+                for v in b.newest.values_in(Region.from_box(b.info.box)):
+                    if v is None or memory not in v[1]:
+                        return False
+        return True
+
+    def _reduce_in_place(self, cmd: cg.ExecutionCommand, p: ChunkPlan, ins: Instruction) -> None:
+        """The kernel of the command's only chunk combines into each target's allocation on
+        its memory, starting from the current value (made coherent there first) or, with
+        ``initialize_to_identity``, from the identity; the result is newest there."""
+        for red in cmd.task.reductions:
+            b = self._buffers[red.buffer]
+            full = b.info.box
+            include = red.include_current and cmd.include_current_reductions
+            dst = self._find_alloc(b, p.memory, full)
+            if dst is None:
+                dst = self._allocate(b, p.memory, full, None if include else Region.from_box(full))
+            if p.memory in self._capacity:
+                self._pinned.add(dst.id)
+            if include:
+                self._make_coherent(b, p.memory, Region.from_box(full))
+                self._read(dst, full, ins)
+            ins.reductions.append(ReductionAllocation(red.id, red.buffer, dst.id, include))
+            self._write(dst, full, ins)
+            b.newest.update(full, self._only[p.memory])
 
     def _local_reductions(self, cmd: cg.ExecutionCommand, kernels) -> None:
         n = len(kernels)

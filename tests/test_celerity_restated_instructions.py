@@ -86,13 +86,11 @@ def test_single_device_reduction_feeds_the_reader_without_transfers():
     validate(ctx)
 
 
-@pytest.mark.xfail(strict=True, reason="on 1 rank with 1 device a reduction without the current value still goes "
-                   "device scratch -> host gather copy -> reduce (count 1) -> host-to-device copy for the reader; "
-                   "Celerity lets the kernel write the buffer's device allocation and the reader depend on it directly")
 def test_single_device_reduction_is_a_plain_write():
     """instruction_graph_reduction_tests.cc "reductions are equivalent to writes on a
     single-node single-device setup" (shape): the reader's only predecessor is the writer
-    kernel (no copy and no reduce instruction in the graph)."""
+    kernel (no copy and no reduce instruction in the graph).  Before, the partial went
+    device scratch -> host gather copy -> reduce (count 1) -> host-to-device copy."""
     ctx = GraphContext(1)
     b = ctx.buffer((1,))
     reduce_task(ctx, b, 256, name="writer")

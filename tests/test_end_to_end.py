@@ -475,3 +475,44 @@ def test_master_node_host_task_over_an_empty_range_does_not_run(nodes):
     res = run_cluster(program, nodes=nodes, CELERITAS_ACCESSOR_CHECKS="1")
     assert res[0] == (["0-d"], list(range(8)))
     assert all(r == ([], list(range(8))) for r in res[1:])
+
+
+@pytest.mark.parametrize("devices", ["host:1", "host:2"])
+def test_chained_reductions_on_one_and_several_devices(devices):
+    """On one device a kernel reduces in place into the target's device allocation (folding in
+    the value already there); on two the partials are gathered.  Same values either way."""
+    q = cl.Queue(devices=devices)
+    try:
+        x = cl.Buffer(np.arange(100, dtype=np.int64), name="x")
+        s = cl.Buffer(np.array([5], dtype=np.int64), name="s")
+        out = cl.Buffer(shape=(100,), dtype=np.int64, name="out")
+
+        def reduce(init):
+            def cgf(cgh):
+                r = x.access(cgh, cl.one_to_one(), cl.read)
+                red = cl.reduction(s, cgh, cl.plus, initialize_to_identity=init)
+                cgh.parallel_for((100,), lambda c, rr: rr.combine(r[c]), reductions=(red,), name="sum")
+            return cgf
+
+        def scale(cgh):
+            r = s.access(cgh, cl.all(), cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((100,), lambda c: w.__setitem__(c, r[0:1][0]), name="scale")
+
+        q.submit(reduce(False))                   # 5 + 4950, from the host-initialized value
+        assert int(q.fence(s).result()[0]) == 4955
+        q.submit(reduce(False))                   # + 4950, the value now on the device
+        q.submit(scale)
+        assert q.fence(out).result().tolist() == [9905] * 100
+        q.submit(reduce(True))                    # from the identity
+        q.submit(reduce(False))
+        assert int(q.fence(s).result()[0]) == 9900
+
+        def host_set(cgh):
+            w = s.access(cgh, cl.all(), cl.discard_write)
+            cgh.host_task(lambda p: w.__setitem__(slice(0, 1), 7), name="set")
+        q.submit(host_set)
+        q.submit(reduce(False))                   # the current value is on the host
+        assert int(q.fence(s).result()[0]) == 4957
+    finally:
+        q.shutdown()

@@ -313,3 +313,42 @@ def test_random_programs_produce_race_free_instruction_graphs(program, ranks, de
         sends = ctx.instrs(r, "send")
         assert sorted(s.msg_id for s in sends) == sorted(p.msg_id for p in ctx.pilots[r] if not p.box.empty)
         assert len({p.msg_id for p in ctx.pilots[r]}) == len(ctx.pilots[r])
+
+
+# ---- a reduction by one kernel on one rank reduces in place ------------------------------------
+def _reduction_chain(include_second: bool, host_write_between: bool):
+    ctx = GraphContext(1)
+    b = ctx.buffer((1,), host_init=True)
+    ctx.task((64,), [], reductions=[ctx.reduction(b)], name="first")          # initialize_to_identity
+    if host_write_between:
+        ctx.task((1,), [(b, rm.one_to_one(), DW)], kind=tg.HOST_COMPUTE, name="host")
+    ctx.task((64,), [], reductions=[ctx.reduction(b, include_current=include_second)], name="second")
+    ctx.task((64,), [(b, rm.all(), R)], name="reader")
+    ctx.finish()
+    return ctx
+
+
+def test_one_kernel_reduces_into_the_targets_device_allocation_and_its_reader_follows_it():
+    """The second reduction folds in the first's result, which is already on the device: both
+    kernels reduce in place (no scratch, gather copy or reduce), each depending on the one
+    before it, and the device reader needs no copy."""
+    ctx = _reduction_chain(include_second=True, host_write_between=False)
+    first, second, reader = (ctx.instrs(0, "device_kernel", name=n)[0] for n in ("first", "second", "reader"))
+    assert ctx.instrs(0, "reduce") == [] and ctx.instrs(0, "copy") == []
+    assert [r.include_current for r in first.reductions] == [False]
+    assert [r.include_current for r in second.reductions] == [True]
+    assert first.reductions[0].allocation == second.reductions[0].allocation == reader.accesses[0].allocation
+    assert ctx.depends_on(second, first) and ctx.depends_on(reader, second)
+    validate(ctx)
+
+
+def test_a_current_value_on_the_host_is_folded_in_after_the_kernel_not_copied_before_it():
+    """Where the current value is on the host (a host task wrote it), reducing in place would
+    make the kernel wait for a copy of it: the kernel computes its partial alongside the host
+    task instead, and a reduce folds both in afterwards."""
+    ctx = _reduction_chain(include_second=True, host_write_between=True)
+    host, second = ctx.instrs(0, "host_task", name="host")[0], ctx.instrs(0, "device_kernel", name="second")[0]
+    assert ctx.concurrent(host, second)
+    rd = [r for r in ctx.instrs(0, "reduce") if r.include_dest]
+    assert len(rd) == 1 and ctx.depends_on(rd[0], host) and ctx.depends_on(rd[0], second)
+    validate(ctx)

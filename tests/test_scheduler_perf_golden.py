@@ -127,7 +127,7 @@ GOLDEN = {
     'jacobi_1x1': '0ff1b6d826837a0487c1862f981d87bcf641b4eade04d846b1e36502da8cfd17',
     'jacobi_3x2': 'd8d87e11cf128b9587080aef3dea89662e106daebe30276bebb254b3cf5fe9ad',
     'jacobi_8x1_none': '312ef0e313a2d5c734e818fe48f0ebd7cf9d19d33fe3dfc92d5e0f97244186d6',
-    'rich_1x1': 'e77599e1db767d938ebad4040517a8346e10dac7fdb082af2fda504957ae353e',
+    'rich_1x1': '88d50f88e0f3b294154bf1b27177a89d5f49bd0babb3db5edc2530ee1e730f18',
     'rich_1x3': 'bd995c4b1347ca11724693cebd9a2a368bd94fb742d8e948e9234bfcfb8bed4c',
     'rich_2x2': '64b2b16fc9e2e6a0aad8e8acc0a5edbed45ad871078b629660bb15220ca8ca85',
     'rich_3x1': '91cd1e786cc5181ccf32c492f90ff3e687b61f10f4b35903b4f24cc0465b9d2d',
