@@ -190,6 +190,7 @@ SOURCE_DRAWS = True         # main: kernels that are cl.Kernel OpenCL C source o
 EMPTY_TARGET_DRAWS = True   # main: empty ranges of kernels whose point write defines a target (``_draw_empty_target``)
 MANY_DRAWS = True           # main: a front of 260-300 row kernels, more index spaces than the split caches hold
 MANY_SHARE = 0.004          # of main programs (``_draw_many``)
+REGION_FENCE_DRAWS = True   # main: some subrange fences given as a cl.Region of their box (``_draw_region_fences``)
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
@@ -3103,7 +3104,7 @@ class _Run:
                     mid = box.min[0] + box.range[0] // 2
                     boxes = [_with_dim(box.min, box.max, 0, box.min[0], mid),
                              _with_dim(box.min, box.max, 0, mid, box.max[0])]
-                self.fence_futures.append(q.fence(self.bufs[t.fence_index], cl.Region(boxes)))
+                self.fence_futures.append(q.fence(self.bufs[t.fence_index], fence_region(boxes)))
             elif t.fence_box:
                 self.fence_futures.append(q.fence(self.bufs[t.fence_index], cl.Subrange(*t.fence_box)))
             else:
@@ -3708,6 +3709,11 @@ def acc_set(acc, box: Box, value, style: str = "box", chunk=None) -> None:
         whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))] = value
     else:
         raise ValueError(style)
+
+
+def fence_region(boxes: list[Box]):
+    """The cl.Region a region fence passes (its one box, or the halves it merges)."""
+    return cl.Region(boxes)
 
 
 def _suspending(sub: str):
@@ -4997,7 +5003,9 @@ def check_misuse(p: Program, result: dict, cfg: Config, want: dict | None = None
     if not primary and not failing_probs:
         seen = "; ".join(f"rank {r}: " + ("hang" if o is None else "no error" if o["error"] is None
                                           else _err_text(o["error"])) for r, o in enumerate(outs))
-        probs.append(("misuse:wrong_error", f"{what}: no rank raised the expected error: {seen}"))
+        missed = all(o is not None and o["error"] is None for o in outs)    # (where the ranks at fault may finish)
+        probs.append(("misuse:missed" if missed else "misuse:wrong_error",
+                      f"{what}: no rank raised the expected error: {seen}"))
     if probs:
         order = ["misuse:missed", "misuse:wrong_error", "misuse:spurious", "misuse:wrong_stage", "crash", "hang",
                  "misuse:rank_finished", "misuse:peer_finished"]
