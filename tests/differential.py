@@ -60,6 +60,14 @@ Program kinds:
   folder of ``CELERITAS_PRINT_GRAPHS`` / ``CELERITAS_TRACE`` that cannot be made (under or at a
   regular file) or a ``CELERITAS_DEVICES`` device that does not exist (``opencl:P:D``, ``cuda:99``;
   the message as this machine's OpenCL platforms and CuPy make it: ``device_error_pattern``).
+  Most write_read, outside_kernel and mapper_dims programs become instead (``_draw_misuse_more``):
+  ``diverge`` (2+ ranks): one rank's misuse kernel has another name or range, an extra task comes
+  before it, or a buffer of another shape or dtype is made before it: a ``cl.DivergenceError``
+  from that rank and its right neighbour, each naming both ranks' first differing entry
+  (``divergence_pattern``); or a command group that passes None or an old cgh (``cg_handler``),
+  misuses a call (``cg_call``) or fences a region of 2-3 boxes (``fence_region``): the exact
+  error at that submit on every rank (``cg_misuse_error``), then ordinary steps, all checked
+  as ``main`` (``check_cg_misuse``: the failed submit made no task).
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -289,7 +297,7 @@ CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 #   diverge        ranks >= 2 (``program_config``): one rank's task stream differs (DIVERGE_FORMS): its misuse
 #                  kernel (or host task) under another name or over another range, an extra task before it, or
 #                  a buffer of another shape or dtype made before it (``fence_index`` % ranks: that rank); then
-#                  q.wait().  A cl.DivergenceError naming the first differing task or buffer on both ranks
+#                  q.shutdown().  A cl.DivergenceError naming the first differing task or buffer on both ranks
 #                  (``divergence_pattern``), from the rank at fault and its right neighbour in the ring
 #                  (CELERITAS_DIVERGENCE_TIMEOUT: DIVERGENCE_TIMEOUT)
 #   cg_handler     a command group passes None or the cgh of an earlier submit to one of CG_HANDLER_TARGETS
@@ -1078,7 +1086,10 @@ def _draw_misuse_more(g: _Gen, p: Program) -> None:
         p.tasks[-1] = Task("diverge", shape, write=Write("data", w, "one_to_one", "discard_write"),
                            name=MISUSE_TASK, misuse=form, misuse_form=sub, fence_index=rng.randrange(4),
                            misuse_arg=arg)
-        p.sync = "wait"
+        # (q.shutdown(): an epoch that waits until the neighbour's matching epoch arrived and matched; a
+        # q.wait() is checked in the background, so the error could come after the program, at the
+        # runtime's shutdown in run_cluster, past what the ranks' outcomes record)
+        p.sync = "shutdown"
         p.features |= {"misuse:diverge", f"misuse:diverge:{sub}",
                        f"misuse:diverge:{'host' if arg['host'] else 'kernel'}"}
         return
@@ -4715,7 +4726,7 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
         d = t.fence_index % n
         adj = sorted({d, (d + 1) % n})
         pats = {r: divergence_pattern(p, (r - 1) % n, r, d) for r in adj}
-        return MisuseOutcome(adj, cl.DivergenceError, pats[adj[0]], submit + r"|sync wait|final wait",
+        return MisuseOutcome(adj, cl.DivergenceError, pats[adj[0]], submit + r"|sync shutdown",
                              patterns=pats, may_finish=True)
     if t.kind == "bad_cg":
         cls, text = cg_misuse_error(p, t)
@@ -4778,7 +4789,7 @@ def divergence_pattern(p: Program, left: int, rank: int, at_fault: int) -> str:
     step, so both name the same task id j (not modelled: horizons take ids too), the id the rank
     at fault gives its renamed, re-ranged or extra task, or the task after its buffer, and the
     other rank its misuse task (or the task after its buffer).  Epoch #k: the k-th epoch after
-    the initial one (T0), i.e. the q.wait() after the misuse step."""
+    the initial one (T0), i.e. the q.shutdown() after the misuse step."""
     idx, t = misuse_task(p)
     a = t.misuse_arg
     waits = sum(1 for x in p.tasks[:idx] if x.kind == "wait")

@@ -2052,7 +2052,7 @@ def test_divergence_check_fails():
             for r in (0, 1)}
     abort = cl.CeleritasError("rank 2: internal error: CommunicatorError: rank 2: cluster aborted")
 
-    def outcome(errs, stage="sync wait"):
+    def outcome(errs, stage="sync shutdown"):
         res = _outcome(*errs)
         for o in res["ranks"]:
             o["stage"] = stage
