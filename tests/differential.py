@@ -60,6 +60,14 @@ Program kinds:
   folder of ``CELERITAS_PRINT_GRAPHS`` / ``CELERITAS_TRACE`` that cannot be made (under or at a
   regular file) or a ``CELERITAS_DEVICES`` device that does not exist (``opencl:P:D``, ``cuda:99``;
   the message as this machine's OpenCL platforms and CuPy make it: ``device_error_pattern``).
+  Most write_read, outside_kernel and mapper_dims programs become instead (``_draw_misuse_more``):
+  ``diverge`` (2+ ranks): one rank's misuse kernel has another name or range, an extra task comes
+  before it, or a buffer of another shape or dtype is made before it: a ``cl.DivergenceError``
+  from that rank and its right neighbour, each naming both ranks' first differing entry
+  (``divergence_pattern``); or a command group that passes None or an old cgh (``cg_handler``),
+  misuses a call (``cg_call``) or fences a region of 2-3 boxes (``fence_region``): the exact
+  error at that submit on every rank (``cg_misuse_error``), then ordinary steps, all checked
+  as ``main`` (``check_cg_misuse``: the failed submit made no task).
 
 Besides data, ``main`` programs check: host-task partitions (their records,
 unioned over ranks, and that a side-effect-free host task with
@@ -190,6 +198,7 @@ SOURCE_DRAWS = True         # main: kernels that are cl.Kernel OpenCL C source o
 EMPTY_TARGET_DRAWS = True   # main: empty ranges of kernels whose point write defines a target (``_draw_empty_target``)
 MANY_DRAWS = True           # main: a front of 260-300 row kernels, more index spaces than the split caches hold
 MANY_SHARE = 0.004          # of main programs (``_draw_many``)
+REGION_FENCE_DRAWS = True   # main: some subrange fences given as a cl.Region of their box (``_draw_region_fences``)
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
@@ -283,6 +292,34 @@ CONFIG_OUTPUT_CASES = (
 CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 
 
+# misuse drawn after ``_draw_config_start`` (``_draw_misuse_more``), from most write_read, outside_kernel and
+# mapper_dims programs (so that every other program is what its seed gave before):
+#   diverge        ranks >= 2 (``program_config``): one rank's task stream differs (DIVERGE_FORMS): its misuse
+#                  kernel (or host task) under another name or over another range, an extra task before it, or
+#                  a buffer of another shape or dtype made before it (``fence_index`` % ranks: that rank); then
+#                  q.shutdown().  A cl.DivergenceError naming the first differing task or buffer on both ranks
+#                  (``divergence_pattern``), from the rank at fault and its right neighbour in the ring
+#                  (CELERITAS_DIVERGENCE_TIMEOUT: DIVERGENCE_TIMEOUT)
+#   cg_handler     a command group passes None or the cgh of an earlier submit to one of CG_HANDLER_TARGETS
+#   cg_call        a command group (or q.submit) misuses a call (CG_CALLS)
+#   fence_region   q.fence(buffer, cl.Region of 2 or 3 boxes)
+# the last three raise a cl.CeleritasError (cl.AccessError: no_init_read) at the submit on every rank
+# (``cg_misuse_error``); the submit makes no task, and the program goes on (ordinary steps after it):
+# the run must then match the model exactly, as ``main`` does (``check_cg_misuse``).
+DIVERGE_FORMS = ("name", "range", "extra", "buffer_shape", "buffer_dtype")
+DIVERGE_RENAMED = "misuse_v2"       # diverge name: the kernel's name on the rank at fault
+DIVERGE_EXTRA = "misuse_extra"      # diverge extra: the extra task's name
+DIVERGENCE_TIMEOUT = "10"           # CELERITAS_DIVERGENCE_TIMEOUT of diverge programs (s)
+CG_HANDLER_TARGETS = ("access", "reduction", "side_effect", "hint", "constrain_split")
+CG_CALLS = ("reduction_target", "side_effect_kernel", "host_range_once", "host_range_collective",
+            "host_range_collective_call", "no_init_read", "name_type", "submit_noncallable", "generator_kernel",
+            "async_kernel", "generator_host", "async_host", "async_gen_host")
+CG_NAMES = (5, b"misuse", ("misuse",))          # cg_call name_type: name= that is no str
+CG_NONCALLABLES = (None, 5, "cgf")              # cg_call submit_noncallable: what q.submit gets
+CG_TARGETS = ("ndarray", "HostObject", "int")   # cg_call reduction_target: what cl.reduction gets
+POISON = 1002       # what a misuse command group's kernel would write (a task the failed submit made shows)
+
+
 # ---- programs as data -------------------------------------------------------------------
 @dataclass
 class Read:
@@ -371,6 +408,9 @@ class Task:
                                 # buffer it indexes
     source: bool = False        # kernels: a cl.Kernel of OpenCL C source on the opencl backend (the same
                                 # values as the Python kernel it is elsewhere: ``source_kernel``)
+    misuse_arg: Any = None      # misuse diverge / cg_handler / cg_call / fence_region: what the step does
+                                # (a dict: ``_draw_misuse_more``); fence: "region" / "region_split" (a
+                                # subrange fence given as a cl.Region: ``_draw_region_fences``)
 
 
 @dataclass
@@ -415,7 +455,7 @@ class Program:
 def _describe_task(t: Task) -> str:
     if t.kind == "fence":
         return f"fence {'b' if t.fence_space == 'data' else 'r'}{t.fence_index}" + \
-            (f" subrange {t.fence_box}" if t.fence_box else "")
+            (f" subrange {t.fence_box}" if t.fence_box else "") + (f" as {t.misuse_arg}" if t.misuse_arg else "")
     if t.kind == "fence_log":
         return "fence(log host object)"
     if t.kind == "wait":
@@ -438,6 +478,22 @@ def _describe_task(t: Task) -> str:
             " MISUSE config"
     if t.kind == "flush":
         return "q.flush()"
+    if t.kind == "bad_cg":
+        a = t.misuse_arg
+        if t.misuse == "fence_region":
+            return f"q.fence(b{a['b']}, cl.Region of {len(a['at'])} boxes: dim {a['dim']} at {a['at']}) MISUSE"
+        return (f"{'host task' if _cg_host(t) else 'kernel'} range={tuple(a['range'])} discard_write "
+                f"b{a['w']} MISUSE {t.misuse}({t.misuse_form})" + (f" b{a['b']}" if "access" in t.misuse_form
+                                                                    or "no_init" in t.misuse_form else "")
+                + (f" r{a['r']}" if t.misuse_form.startswith("reduction:") else "")
+                + (f" value #{a['v']}" if t.misuse_form in ("name_type", "submit_noncallable",
+                                                             "reduction_target") else ""))
+    if t.kind == "diverge":
+        a = t.misuse_arg
+        return (f"{'host task' if a['host'] else 'kernel'} range={tuple(a['range'])} discard_write b{a['w']} "
+                f"MISUSE diverge({t.misuse_form}) on rank {t.fence_index} % ranks"
+                + (f": range {a['other']}" if "other" in a else "")
+                + (f": cl.Buffer {a['buffer'][:2]}, there {a['buffer'][2:]}" if "buffer" in a else ""))
     parts = [t.kind] + ([f"range={t.range_shape}" + (f" offset={t.offset}" if t.offset is not None else "")]
                         if t.kind != "collective" else
                         [f"group {t.group}" + (f" ({t.form})" if t.form else "")]) + [f"c0={t.c0}"]
@@ -891,6 +947,7 @@ class _Gen:
         self.features: set[str] = set()
         self.extras = False     # main: _gen_step may draw collective, lookahead and extra host-object
                                 # steps (off for the other kinds, which keep their draws and seeds)
+        self.misuse_state = None    # misuse: the generator's _State (steps after a misuse the runtime survives)
 
     def on(self, group: str) -> bool:
         return group in self.groups
@@ -943,13 +1000,15 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     # the module's switches are read now, so that a test may turn one off)
     for switch, draw in (("GEOMETRY_DRAWS", _draw_geometry), ("SPLIT_DRAWS", _draw_splits), ("OOC_DRAWS", _draw_ooc),
                          ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
-                         ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many)):
+                         ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many),
+                         ("REGION_FENCE_DRAWS", _draw_region_fences)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
         _draw_partial_raise(g, p)
         _draw_config(g, p)
         _draw_config_start(g, p)
+        _draw_misuse_more(g, p)
     return p
 
 
@@ -988,6 +1047,120 @@ def _draw_config_start(g: _Gen, p: Program) -> None:
     what = {"output": lambda: "under_file" if CONFIG_OUTPUT_CASES[t.fence_index][3] == errno.ENOTDIR
             else "is_file", "device": lambda: value.replace(":", "_")}[form]()
     p.features |= {f"misuse:config:{form}", f"misuse:config:{form}:{setting}", f"misuse:config:{form}:{what}"}
+
+
+def _draw_misuse_more(g: _Gen, p: Program) -> None:
+    """Most misuse write_read, outside_kernel and mapper_dims programs (drawn after the whole program,
+    so that every other program is what its seed gave before) become a divergence (``diverge``) or a
+    command-group misuse the runtime survives (``cg_handler``, ``cg_call``, ``fence_region``: ordinary
+    steps follow, and the program ends as ``main`` does)."""
+    rng = g.rng
+    t = p.tasks[-1]
+    if t.misuse not in ("write_read", "outside_kernel", "mapper_dims") or rng.random() >= 0.6:
+        return
+    old = t.misuse
+    p.features -= {f for f in p.features if f.startswith(f"misuse:{old}") or f.startswith("misuse:sync:")
+                   or f in ("misuse:kernel", "misuse:host", "misuse:on_master")}
+    w, b = t.write.buffer, _misuse_read(t).buffer
+    shape = p.shapes[w]
+    r = rng.random()
+    form = "diverge" if r < 0.3 else "cg_handler" if r < 0.6 else "cg_call" if r < 0.9 else "fence_region"
+    region = None
+    if form == "fence_region":
+        region = _region_draw(rng, p)
+        if region is None:
+            form = "cg_call"
+    arg: dict = {"w": w, "b": b, "range": shape, "host": g.on("host_range") and rng.random() < 0.3}
+    if form == "diverge":
+        sub = rng.choice(DIVERGE_FORMS)
+        if sub == "range":
+            arg["other"] = (rng.randrange(shape[0]),) + tuple(shape[1:])
+        elif sub.startswith("buffer"):
+            bshape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 2)))
+            dt = rng.choice(DATA_DTYPES)
+            if sub == "buffer_shape":
+                other = (bshape[0] + rng.randint(1, 3),) + bshape[1:]
+                arg["buffer"] = (bshape, dt, other, dt)
+            else:
+                arg["buffer"] = (bshape, dt, bshape, rng.choice([d for d in DATA_DTYPES if d != dt]))
+        p.tasks[-1] = Task("diverge", shape, write=Write("data", w, "one_to_one", "discard_write"),
+                           name=MISUSE_TASK, misuse=form, misuse_form=sub, fence_index=rng.randrange(4),
+                           misuse_arg=arg)
+        # (q.shutdown(): an epoch that waits until the neighbour's matching epoch arrived and matched; a
+        # q.wait() is checked in the background, so the error could come after the program, at the
+        # runtime's shutdown in run_cluster, past what the ranks' outcomes record)
+        p.sync = "shutdown"
+        p.features |= {"misuse:diverge", f"misuse:diverge:{sub}",
+                       f"misuse:diverge:{'host' if arg['host'] else 'kernel'}"}
+        return
+    if form == "cg_handler":
+        sub = f"{rng.choice(CG_HANDLER_TARGETS)}:{rng.choice(['none', 'stale'])}"
+        arg["r"] = rng.randrange(len(p.targets))
+    elif form == "cg_call":
+        sub = rng.choice(CG_CALLS)
+        arg["v"] = rng.randrange(3)
+    else:
+        sub = f"{len(region[1])}_boxes"
+        arg["b"], arg["dim"], arg["at"] = region[0], region[1][0][0], [a for _d, a in region[1]]
+    p.tasks[-1] = Task("bad_cg", name=MISUSE_TASK, misuse=form, misuse_form=sub, misuse_arg=arg)
+    p.features |= {f"misuse:{form}", f"misuse:{form}:{sub}"}
+    if form != "fence_region" and sub not in ("submit_noncallable",):
+        p.features.add(f"misuse:{form}:{'host' if _cg_host(p.tasks[-1]) else 'kernel'}")
+    st = g.misuse_state
+    for _ in range(rng.randint(1, 3)):
+        _gen_step(g, st, p.tasks)
+    p.sync = "end"
+    p.features.add("misuse:continues")
+    _draw_region_fences(g, p)
+
+
+def _region_draw(rng: random.Random, p: Program):
+    """(buffer, [(dim, index), ...]) of a fence_region misuse: 2 or 3 slabs of one dimension of
+    extent >= 3, never adjacent (a region of 2 or 3 boxes, whatever it merges), or None."""
+    cands = [(k, d) for k, s in enumerate(p.shapes) for d, n in enumerate(s) if n >= 3]
+    if not cands:
+        return None
+    k, d = rng.choice(cands)
+    n = p.shapes[k][d]
+    at = [rng.randrange(n - 2)]
+    at.append(rng.randrange(at[0] + 2, n))
+    if at[1] + 2 < n and rng.random() < 0.4:
+        at.append(rng.randrange(at[1] + 2, n))
+    return k, [(d, a) for a in at]
+
+
+def fence_region_boxes(p: Program, t: Task) -> list[Box]:
+    a = t.misuse_arg
+    shape = p.shapes[a["b"]]
+    d = a["dim"]
+    return [_with_dim((0,) * len(shape), shape, d, x, x + 1) for x in a["at"]]
+
+
+def _cg_host(t: Task) -> bool:
+    """Whether a misuse cg_handler / cg_call command group declares a host task (else a kernel)."""
+    sub = t.misuse_form
+    if t.misuse == "cg_call":
+        if sub.startswith("host_range") or sub.endswith("_host"):
+            return True
+        if sub in ("side_effect_kernel", "reduction_target") or sub.endswith("_kernel"):
+            return False
+    elif sub.startswith("side_effect"):
+        return True
+    elif sub.startswith("reduction"):
+        return False
+    return bool(t.misuse_arg.get("host"))
+
+
+def _draw_region_fences(g: _Gen, p: Program) -> None:
+    """Some subrange fences (drawn after the whole program) are given as a ``cl.Region`` of their
+    one box ("region"), or of its two halves along dimension 0, which the region merges
+    ("region_split"): the same fence, the same array."""
+    rng = g.rng
+    for t in p.tasks:
+        if t.kind != "fence" or not t.fence_box or rng.random() >= 0.35:
+            continue
+        t.misuse_arg = "region_split" if t.fence_box[1][0] >= 2 and rng.random() < 0.5 else "region"
+        p.features.add(f"fence:subrange:{t.misuse_arg}")
 
 
 def not_a_folder() -> str:
@@ -2421,6 +2594,7 @@ def _gen_misuse(g: _Gen) -> Program:
         init[b] = _init_data(rng, shapes[b], dtypes[b])
     targets = _gen_targets(g)
     st = _State(shapes, dtypes, targets)
+    g.misuse_state = st
     tasks: list[Task] = []
     for _ in range(rng.randint(0, 2)):
         _gen_step(g, st, tasks)
@@ -2604,8 +2778,8 @@ def run_model(p: Program) -> dict:
                 fences.append(bufs[t.fence_index].copy())
         elif t.kind == "fence_log":
             log_fences.append(list(log))
-        elif t.kind in ("wait", "destroy", "hcreate", "hdestroy", "lookahead", "flush"):
-            pass
+        elif t.kind in ("wait", "destroy", "hcreate", "hdestroy", "lookahead", "flush", "bad_cg", "diverge"):
+            pass    # (bad_cg: the submit raised and made no task; diverge: the program ends in an error)
         elif t.kind == "create":
             bufs[t.fence_index] = made(t.fence_index)
         elif t.kind == "hfence":
@@ -2912,6 +3086,9 @@ class _Run:
         self.bad_reads: list = []       # bad_mapper: (task, rank, chunk, rows, what differed) of wrong data
         self.bad_before = bad_mapper_before(p) if p.kind == "bad_mapper" else None
         self.misuse_acc = None          # misuse: the accessor the misuse task misuses
+        self.last_cgh = None            # the handler of the latest command group (misuse cg_handler stale)
+        self.cg_errors: list = []       # misuse cg_*: (task, what its submit raised, or None)
+        self.keep: list = []            # misuse diverge: the buffer it makes (kept alive)
 
     def buffer(self, space: str, k: int) -> cl.Buffer:
         return self.bufs[k] if space == "data" else self.tbufs[k]
@@ -2922,10 +3099,24 @@ class _Run:
             return cl.Buffer(shape=self.p.shapes[k], dtype=self.p.dtypes[k], name=f"b{k}")
         return cl.Buffer(a, name=f"b{k}")
 
+    def _kept(self, cgf):
+        def keeping(cgh):
+            self.last_cgh = cgh
+            cgf(cgh)
+        return keeping
+
     def submit(self, idx: int, t: Task) -> None:
         q = self.q
         if t.kind == "fence":
-            if t.fence_box:
+            if t.fence_box and t.misuse_arg:
+                box = Box.from_subrange(*t.fence_box)
+                boxes = [box]
+                if t.misuse_arg == "region_split":
+                    mid = box.min[0] + box.range[0] // 2
+                    boxes = [_with_dim(box.min, box.max, 0, box.min[0], mid),
+                             _with_dim(box.min, box.max, 0, mid, box.max[0])]
+                self.fence_futures.append(q.fence(self.bufs[t.fence_index], fence_region(boxes)))
+            elif t.fence_box:
                 self.fence_futures.append(q.fence(self.bufs[t.fence_index], cl.Subrange(*t.fence_box)))
             else:
                 self.fence_futures.append(q.fence(self.buffer(t.fence_space, t.fence_index)))
@@ -2938,9 +3129,18 @@ class _Run:
                 done[i] += n
             self.wait_snapshots.append((idx, dict(done)))
         elif t.kind == "master":
-            q.submit(self._master_cgf(idx, t))
+            q.submit(self._kept(self._master_cgf(idx, t)))
         elif t.kind == "collective":
-            q.submit(self._collective_cgf(idx, t))
+            q.submit(self._kept(self._collective_cgf(idx, t)))
+        elif t.kind == "bad_cg":
+            try:
+                self._bad_cg(t)
+            except Exception as exc:  # noqa: BLE001 - what it raised is checked (check_cg_misuse)
+                self.cg_errors.append((idx, exc))
+            else:
+                self.cg_errors.append((idx, None))
+        elif t.kind == "diverge":
+            self._diverge(t)
         elif t.kind == "create":
             self.bufs[t.fence_index] = self._make_buffer(t.fence_index)
         elif t.kind == "destroy":
@@ -2968,11 +3168,101 @@ class _Run:
                 cl.Queue(**{setting: value if value is not None else _other_devices(q)})
             # (env, queue_arg, output, device: the first cl.Queue() raised already, or nothing is left to do)
         elif t.kind == "host":
-            q.submit(self._host_cgf(idx, t))
+            q.submit(self._kept(self._host_cgf(idx, t)))
         else:
-            q.submit(self._kernel_cgf(idx, t))
+            q.submit(self._kept(self._kernel_cgf(idx, t)))
         if t.misuse == "outside_kernel" and t.misuse_form == "after":
             self.misuse_acc[Box(t.misuse_elem, tuple(e + 1 for e in t.misuse_elem), len(t.misuse_elem))]
+
+    # -- misuse diverge / cg_*
+    def _poison_cgf(self, t: Task, name, rng, host: bool, before=None, fn=None, on=None):
+        """A command group writing POISON over ``rng`` of the buffer ``misuse_arg["w"]`` (discard_write,
+        declared first); ``before(cgh)`` runs after that declaration; ``fn`` replaces the kernel."""
+        run = self
+        wbuf = self.bufs[t.misuse_arg["w"]]
+        dtype = self.p.dtypes[t.misuse_arg["w"]]
+
+        def cgf(cgh):
+            wacc = wbuf.access(cgh, cl.one_to_one(), cl.discard_write)
+            if before is not None:
+                before(cgh)
+
+            def poison(chunk):
+                box = chunk.box
+                if not box.empty:
+                    wacc[box] = store(np.full(box.range, POISON, dtype=np.int64), dtype)
+            run.last_cgh = cgh
+            if host:
+                cgh.host_task(fn or poison, range=rng, name=name, **({"on": on} if on is not None else {}))
+            else:
+                cgh.parallel_for(rng, fn or poison, name=name)
+        return cgf
+
+    def _diverge(self, t: Task) -> None:
+        """misuse diverge: the rank ``fence_index % ranks`` submits something else."""
+        a = t.misuse_arg
+        me = self.rank == t.fence_index % self.q.num_ranks
+        shape = tuple(a["range"])
+        if "buffer" in a:
+            bshape, dt, other, odt = a["buffer"]
+            self.keep.append(cl.Buffer(shape=other if me else bshape, dtype=odt if me else dt, name="misuse"))
+        if t.misuse_form == "extra" and me:
+            self.q.submit(self._poison_cgf(t, DIVERGE_EXTRA, shape, a["host"]))
+        name = DIVERGE_RENAMED if t.misuse_form == "name" and me else MISUSE_TASK
+        rng = tuple(a["other"]) if t.misuse_form == "range" and me else shape
+        self.q.submit(self._poison_cgf(t, name, rng, a["host"]))
+
+    def _bad_cg(self, t: Task) -> None:
+        """misuse cg_handler / cg_call / fence_region: the call that must raise (``cg_misuse_error``)."""
+        q, a, sub = self.q, t.misuse_arg, t.misuse_form
+        if t.misuse == "fence_region":
+            q.fence(self.bufs[a["b"]], cl.Region(fence_region_boxes(self.p, t)))
+            return
+        if sub == "submit_noncallable":
+            q.submit(CG_NONCALLABLES[a["v"]])
+            return
+        rng = tuple(a["range"])
+        host = _cg_host(t)
+        if t.misuse == "cg_handler":
+            target, how = sub.split(":")
+            if how == "stale" and self.last_cgh is None:
+                q.submit(self._kept(lambda cgh: cgh.parallel_for((1,), lambda chunk: None, name="keep")))
+
+            def before(cgh):
+                bad = None if how == "none" else self.last_cgh
+                if target == "access":
+                    self.bufs[a["b"]].access(bad, cl.all(), cl.read)
+                elif target == "reduction":
+                    cl.reduction(self.tbufs[a["r"]], bad, cl.plus)
+                elif target == "side_effect":
+                    cl.side_effect(self.log, bad)
+                elif target == "hint":
+                    cl.hint(bad, cl.split_1d())
+                else:
+                    cl.constrain_split(bad, 1)
+            q.submit(self._poison_cgf(t, MISUSE_TASK, rng, host, before))
+            return
+        before = fn = on = None
+        name = MISUSE_TASK
+        if sub == "reduction_target":
+            value = {"ndarray": np.zeros(1), "HostObject": self.log, "int": 7}[CG_TARGETS[a["v"]]]
+
+            def before(cgh):
+                cl.reduction(value, cgh, cl.plus)
+        elif sub == "side_effect_kernel":
+            def before(cgh):
+                cl.side_effect(self.log, cgh)
+        elif sub.startswith("host_range"):
+            on = {"host_range_once": cl.once, "host_range_collective": cl.collective,
+                  "host_range_collective_call": cl.collective()}[sub]
+        elif sub == "no_init_read":
+            def before(cgh):
+                self.bufs[a["b"]].access(cgh, cl.all(), cl.read, no_init=True)
+        elif sub == "name_type":
+            name = CG_NAMES[a["v"]]
+        else:
+            fn = _suspending(sub)
+        q.submit(self._poison_cgf(t, name, rng, host, before, fn, on))
 
     # -- helpers building accessors and getters
     def _reads(self, cgh, t: Task, bad: list | None = None) -> dict:
@@ -3290,6 +3580,7 @@ class _Run:
         out["hfences"] = [list(f.result()) for f in self.hfence_futures]
         out["geometry"] = list(self.geometry)
         out["source"] = list(self.source_tasks)
+        out["cg_errors"] = list(self.cg_errors)
         return out
 
 
@@ -3429,6 +3720,28 @@ def acc_set(acc, box: Box, value, style: str = "box", chunk=None) -> None:
         whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))] = value
     else:
         raise ValueError(style)
+
+
+def fence_region(boxes: list[Box]):
+    """The cl.Region a region fence passes (its one box, or the halves it merges)."""
+    return cl.Region(boxes)
+
+
+def _suspending(sub: str):
+    """cg_call generator_* / async_*: a kernel or host task that is a generator, a coroutine
+    function or an async generator (its body would never run)."""
+    if sub.startswith("generator"):
+        def misuse_gen(chunk):
+            yield chunk
+        return misuse_gen
+    if sub == "async_gen_host":
+        async def misuse_agen(chunk):
+            yield chunk
+        return misuse_agen
+
+    async def misuse_async(chunk):
+        return chunk
+    return misuse_async
 
 
 def run_celeritas(p: Program, q: cl.Queue, *, oversubscribe: int = 1, ran: list | None = None,
@@ -3629,6 +3942,8 @@ def program_config(p: Program, cfg: Config) -> Config:
     and only they are run with the capacity that cuts chunks into batches (``batch``)."""
     if p.kind == "misuse" and p.tasks[-1].misuse == "outside" and not cfg.accessor_checks:
         cfg = replace(cfg, accessor_checks=True)     # (without checks an access outside is not an error)
+    if p.kind == "misuse" and cfg.ranks < 2 and any(t.kind == "diverge" for t in p.tasks):
+        cfg = replace(cfg, ranks=2)                  # (one rank has no other to diverge from)
     if p.kind != "main" and (cfg.diagnostics != "error" or cfg.batch is not None):
         # (and no batching: bad_mapper's model relies on unbatched chunks, _assert_unbatched)
         return replace(cfg, diagnostics="error", batch=None)
@@ -3773,7 +4088,7 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     lock = threading.Lock()
 
     def program(rank: int):
-        if p.kind in MAIN_LIKE:
+        if p.kind in MAIN_LIKE or recovers(p):
             q = cl.Queue()
             try:
                 obs = run_celeritas(p, q, oversubscribe=cfg.oversubscribe, ran=ran, backend=cfg.backend)
@@ -3795,6 +4110,8 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_batched(p, cfg.batch))
     elif cfg.memory is not None and cfg.backend == "host":
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_for(p, cfg.memory))
+    if p.kind == "misuse" and any(t.kind == "diverge" for t in p.tasks):
+        env["CELERITAS_DIVERGENCE_TIMEOUT"] = DIVERGENCE_TIMEOUT
     env.update(config_env(p))   # (last: the invalid value the program is about wins over the configuration's)
     watch = count_cache_clears() if p.kind == "main" and split_caches_overflow(p) else None
     try:
@@ -3854,7 +4171,7 @@ def check(p: Program, want: dict | None, result: dict, cfg: Config) -> None:
     elif p.kind == "bad_mapper":
         check_bad_mapper(p, want, result, cfg)
     elif p.kind == "misuse":
-        check_misuse(p, result, cfg)
+        check_misuse(p, result, cfg, want)
     else:
         raise ValueError(p.kind)
 
@@ -4374,6 +4691,10 @@ class MisuseOutcome:
     pattern: str                # the whole message, a regex
     stage: str                  # where in run_expecting_error it is raised, a regex
     cause: type | None = None   # the class of its __cause__ (mapper_raises: the mapper's exception)
+    patterns: dict | None = None    # a rank's own message where the ranks' differ (diverge), else ``pattern``
+    may_finish: bool = False    # a rank at fault may finish, where another raised (diverge: a rank whose
+                                # left neighbour is found out from its pending tasks, before announcing
+                                # its epoch, waits for no epoch of its own and so finishes its program)
 
 
 def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
@@ -4397,6 +4718,19 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
     if t.misuse == "config":
         return MisuseOutcome(every, cl.ConfigError, config_error_pattern(t, cfg),
                              "setup" if t.misuse_form in ("env", "queue_arg", *CONFIG_START_FORMS) else submit)
+    if t.misuse == "diverge":
+        # the ring's check: the rank at fault compares with its left neighbour, its right neighbour
+        # with it; any of them may be found out first (the others are then aborted or finish)
+        n = cfg.ranks
+        assert n >= 2, "a misuse diverge program runs on 2 or more ranks (program_config)"
+        d = t.fence_index % n
+        adj = sorted({d, (d + 1) % n})
+        pats = {r: divergence_pattern(p, (r - 1) % n, r, d) for r in adj}
+        return MisuseOutcome(adj, cl.DivergenceError, pats[adj[0]], submit + r"|sync shutdown",
+                             patterns=pats, may_finish=True)
+    if t.kind == "bad_cg":
+        cls, text = cg_misuse_error(p, t)
+        return MisuseOutcome(every, cls, re.escape(text), submit)
     rd = _misuse_read(t)
     buf = r'B\d+ "b%d"' % rd.buffer
     what = "host task" if t.kind == "host" else "kernel"
@@ -4445,6 +4779,115 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
     # (at the sync, or at the misuse task's own submit when that waits for the executor:
     # CELERITAS_MAX_TASKS_AHEAD, CELERITAS_PAUSE_AHEAD)
     return MisuseOutcome([rank], cl.AccessError, pattern, submit + r"|sync \w+|final wait")
+
+
+def divergence_pattern(p: Program, left: int, rank: int, at_fault: int) -> str:
+    """The whole message (a regex) of the DivergenceError that ``rank`` raises comparing its task
+    stream with its ``left`` neighbour's (executor/mpi/divergence.py's ``_mismatch_message``, and
+    ``_compare_pending``'s, which reads the same): the first differing entry by task id, a buffer
+    made before task j sorting before task j.  Every rank submits the same tasks up to the misuse
+    step, so both name the same task id j (not modelled: horizons take ids too), the id the rank
+    at fault gives its renamed, re-ranged or extra task, or the task after its buffer, and the
+    other rank its misuse task (or the task after its buffer).  Epoch #k: the k-th epoch after
+    the initial one (T0), i.e. the q.shutdown() after the misuse step."""
+    idx, t = misuse_task(p)
+    a = t.misuse_arg
+    waits = sum(1 for x in p.tasks[:idx] if x.kind == "wait")
+    kind = "host_compute" if a["host"] else "device_compute"
+
+    def entry(fault: bool) -> str:
+        if "buffer" in a:
+            bshape, dt, other, odt = a["buffer"]
+            shape, dtype = (other, odt) if fault else (bshape, dt)
+            return f"buffer B{len(p.shapes) + len(p.targets)} {dtype} of shape {tuple(shape)} (made before T\x00)"
+        name, rng = MISUSE_TASK, a["range"]
+        if fault and t.misuse_form == "name":
+            name = DIVERGE_RENAMED
+        elif fault and t.misuse_form == "extra":
+            name = DIVERGE_EXTRA
+        elif fault and t.misuse_form == "range":
+            rng = a["other"]
+        return f"T\x00 ({kind} {name!r}, range {list(rng)})"
+    text = (f"ranks {left} and {rank} submitted different task streams; the first differing task (after epoch "
+            f"T\x01, epoch #{waits + 1}): rank {left} submitted {entry(left == at_fault)}; rank {rank} submitted "
+            f"{entry(rank == at_fault)}")
+    pat = re.escape(text).replace("\x01", "0" if not waits else r"\d+")
+    return pat.replace("\x00", r"(?P<t>\d+)", 1).replace("\x00", "(?P=t)")
+
+
+def cg_misuse_error(p: Program, t: Task) -> tuple[type, str]:
+    """(class, whole message) of a misuse cg_handler / cg_call / fence_region step, raised by the submit
+    (or fence) on every rank: celeritas/handler.py's ``handler_of``, ``_set_kernel``, ``host_task``,
+    ``_build`` and ``reduction``, buffer.py's ``access``, runtime.py's ``submit`` and ``fence``, restated."""
+    a, sub = t.misuse_arg, t.misuse_form
+    label = lambda k: f'B{k} "b{k}"'     # noqa: E731 - (misuse programs make every data buffer first, in order)
+    if t.misuse == "fence_region":
+        boxes = fence_region_boxes(p, t)
+        bb = Box(boxes[0].min, boxes[-1].max, boxes[0].dims)
+        return cl.CeleritasError, (f"fence of buffer {label(a['b'])}: a fence returns one array, so it takes a "
+                                   f"cl.Subrange or cl.Box, not a region of {len(boxes)} boxes (fence its bounding "
+                                   f"box {bb}, or one fence per box)")
+    if t.misuse == "cg_handler":
+        target, how = sub.split(":")
+        what = {"access": f"Buffer.access of buffer {label(a['b'])}", "reduction": "cl.reduction",
+                "side_effect": "cl.side_effect", "hint": "cl.hint", "constrain_split": "cl.constrain_split"}[target]
+        if how == "none":
+            return cl.CeleritasError, (f"{what} takes the command group handler (the cgh argument of the command "
+                                       f"group function) as its cgh, got NoneType")
+        return cl.CeleritasError, (f"{what}: this cgh belongs to a command group that was already submitted; use "
+                                   f"the cgh the current command group function receives")
+    if sub == "reduction_target":
+        return cl.CeleritasError, f"cl.reduction takes a cl.Buffer as its target, got {CG_TARGETS[a['v']]}"
+    if sub == "side_effect_kernel":
+        return cl.CeleritasError, (f"kernel {MISUSE_TASK!r}: cl.side_effect orders host tasks only; a parallel_for's "
+                                   f"chunks run on devices, concurrently (use a host_task for host object "
+                                   f"<cl.HostObject H0 list>)")
+    if sub.startswith("host_range"):
+        once = sub == "host_range_once"
+        return cl.CeleritasError, (f"host_task(on=cl.{'once' if once else 'collective'}) runs "
+                                   f"{'once' if once else 'once per rank'}; range={tuple(a['range'])!r} would be "
+                                   f"ignored (a host task over a range takes no on=, or on=cl.on_master_node)")
+    if sub == "no_init_read":
+        return cl.AccessError, (f"buffer {label(a['b'])}: no_init=True discards the old contents, which a cl.read "
+                                f"access reads (no_init applies to cl.write and cl.read_write)")
+    if sub == "name_type":
+        v = CG_NAMES[a["v"]]
+        return cl.CeleritasError, f"a kernel's or host task's name= is a str, got {type(v).__name__} {v!r}"
+    if sub == "submit_noncallable":
+        return cl.CeleritasError, (f"q.submit takes a command group function cgf(cgh), got "
+                                   f"{type(CG_NONCALLABLES[a['v']]).__name__}")
+    what = "coroutine (async def)" if sub.startswith("async") else "generator (it yields)"
+    return cl.CeleritasError, (f"{'host_task' if _cg_host(t) else 'parallel_for'} {MISUSE_TASK!r}: the function "
+                               f"is a {what}; a kernel or host task is a plain function, run once per chunk")
+
+
+def recovers(p: Program) -> bool:
+    """A misuse program whose misuse the runtime survives (cg_handler, cg_call, fence_region): run
+    and checked as ``main`` is, besides the error of the misuse step."""
+    return p.kind == "misuse" and any(t.kind == "bad_cg" for t in p.tasks)
+
+
+def check_cg_misuse(p: Program, want: dict, result: dict, cfg: Config) -> None:
+    """The misuse step raised exactly ``cg_misuse_error``'s error on every rank, at that submit,
+    and everything else is what ``main`` checks (the failed submit made no task: its kernel would
+    have written POISON; the runtime goes on)."""
+    probs = _crash_problems(result)
+    if probs:
+        raise Mismatch(probs)
+    idx, t = misuse_task(p)
+    cls, text = cg_misuse_error(p, t)
+    what = f"T{idx} ({_describe_task(t)}) on {cfg.describe()}"
+    for r, o in enumerate(result["ranks"]):
+        got = [e for i, e in o["obs"]["cg_errors"] if i == idx]
+        if not got or got[0] is None:
+            probs.append(("misuse:missed", f"rank {r}: {what}: the submit returned; it must raise {cls.__name__}: "
+                                           f"{text}"))
+        elif type(got[0]) is not cls or str(got[0]) != text:
+            probs.append(("misuse:wrong_error", f"rank {r}: {what}: raised {_err_text(got[0])}; expected "
+                                                f"{cls.__name__}: {text}"))
+    if probs:
+        raise Mismatch(probs)
+    compare_observations(p, want, [o["obs"] for o in result["ranks"]], cfg.oversubscribe)
 
 
 def config_error_pattern(t: Task, cfg: Config) -> str:
@@ -4502,7 +4945,7 @@ def partial_raise_outcome(p: Program, cfg: Config) -> tuple[list[int], tuple[int
     return [], None
 
 
-def check_misuse(p: Program, result: dict, cfg: Config) -> None:
+def check_misuse(p: Program, result: dict, cfg: Config, want: dict | None = None) -> None:
     """The error ``misuse_error`` predicts, of exactly that class and message (and cause),
     raised where it says, by the ranks at fault; no rank hangs.  Several ranks at fault (an
     error on the application thread, the same on every rank): each raises it, or is aborted
@@ -4511,6 +4954,9 @@ def check_misuse(p: Program, result: dict, cfg: Config) -> None:
     ``check_bad_mapper`` allows; but a rank whose sync fenced the buffer the misuse task
     writes cannot finish (the failed rank's part of it is never sent).  No rank at fault (a
     partially raising mapper no chunk makes raise): every rank finishes without error."""
+    if recovers(p):
+        check_cg_misuse(p, want, result, cfg)
+        return
     oc = misuse_error(p, cfg)
     idx, t = misuse_task(p)
     what = f"T{idx} ({_describe_task(t)}) on {cfg.describe()}"
@@ -4535,11 +4981,14 @@ def check_misuse(p: Program, result: dict, cfg: Config) -> None:
         e = o["error"]
         if r in oc.failing:
             n = len(probs)
+            pattern = oc.patterns.get(r, oc.pattern) if oc.patterns else oc.pattern
+            if e is None and oc.may_finish:
+                continue
             if e is None:
                 probs.append(("misuse:missed" if all(q is not None and q["error"] is None for q in outs)
                               else "misuse:rank_finished",
                               f"rank {r} finished normally; {what}: it must raise {oc.cls.__name__}"))
-            elif type(e) is oc.cls and re.fullmatch(oc.pattern, str(e)):
+            elif type(e) is oc.cls and re.fullmatch(pattern, str(e)):
                 if not re.fullmatch(oc.stage, o["stage"]):
                     probs.append(("misuse:wrong_stage", f"rank {r}: {what}: raised at {o['stage']}, expected "
                                                         f"at {oc.stage!r}"))
@@ -4552,7 +5001,7 @@ def check_misuse(p: Program, result: dict, cfg: Config) -> None:
                 pass    # (another rank's error stopped the cluster first)
             else:
                 probs.append(_wrong_error("misuse", r, o, e, f"{what}: expected {oc.cls.__name__} matching "
-                                                             f"{oc.pattern!r}, got at {o['stage']}"))
+                                                             f"{pattern!r}, got at {o['stage']}"))
             failing_probs = failing_probs or len(probs) > n
         elif e is None:
             if p.sync == "fence":
@@ -4565,7 +5014,9 @@ def check_misuse(p: Program, result: dict, cfg: Config) -> None:
     if not primary and not failing_probs:
         seen = "; ".join(f"rank {r}: " + ("hang" if o is None else "no error" if o["error"] is None
                                           else _err_text(o["error"])) for r, o in enumerate(outs))
-        probs.append(("misuse:wrong_error", f"{what}: no rank raised the expected error: {seen}"))
+        missed = all(o is not None and o["error"] is None for o in outs)    # (where the ranks at fault may finish)
+        probs.append(("misuse:missed" if missed else "misuse:wrong_error",
+                      f"{what}: no rank raised the expected error: {seen}"))
     if probs:
         order = ["misuse:missed", "misuse:wrong_error", "misuse:spurious", "misuse:wrong_stage", "crash", "hang",
                  "misuse:rank_finished", "misuse:peer_finished"]
@@ -4580,6 +5031,6 @@ def run_and_check(p: Program, cfg: Config, timeout: float = 120.0) -> None:
     assert p.kind == "main" or cfg.batch is None, f"a {p.kind} program is never batched (program_config)"
     assert not (p.kind == "misuse" and p.tasks[-1].misuse == "outside" and not cfg.accessor_checks), \
         "a misuse outside program needs accessor checks (program_config)"
-    want = run_model(p) if p.kind in MAIN_LIKE else None
+    want = run_model(p) if p.kind in MAIN_LIKE or recovers(p) else None
     result = run_on_cluster(p, cfg, timeout)
     check(p, want, result, cfg)

@@ -200,8 +200,8 @@ def valid(p: Program) -> bool:
         return False
     if p.kind == "bad_mapper" and not _keeps_bad_access(p):
         return False
-    if p.kind == "misuse" and not (p.tasks and p.tasks[-1].misuse):
-        return False        # (the misuse task, last, is what the kind checks)
+    if p.kind == "misuse" and not (p.tasks and (p.tasks[-1].misuse or any(t.kind == "bad_cg" for t in p.tasks))):
+        return False        # (the misuse task, last, is what the kind checks; a surviving misuse has steps after it)
     return True
 
 

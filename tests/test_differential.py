@@ -1569,15 +1569,16 @@ def test_batching_check_fails_on_a_lost_batch(monkeypatch):
 
 # misuse programs (``_gen_misuse``): the API misused in one task; (seed, configuration, the misuse,
 # its sub-form, the error class).  Kernel-time misuses (outside, write_read) fail on the rank
-# holding the misbehaving chunk; the others on every rank, at the submit.
+# holding the misbehaving chunk; the others on every rank, at the submit.  (Seeds 79, 7, 18, 9 and 44 moved
+# to 91, 28, 5, 39 and 57 when ``_draw_misuse_more`` turned them into the misuses after it.)
 MISUSE_CASES = [
     (21, Config(ranks=2, devices=1), "outside", "", cl.AccessError),                 # kernel, wait
     (29, Config(ranks=3, devices=2, oversubscribe=3), "outside", "", cl.AccessError),  # kernel, fence
     (6, Config(ranks=2, devices=2, accessor_checks=False), "outside", "", cl.AccessError),   # host; checks forced on
-    (79, Config(ranks=3, devices=2, accessor_checks=False), "write_read", "", cl.AccessError),  # host, fence
-    (7, Config(ranks=4, devices=2), "write_read", "", cl.AccessError),               # kernel, wait
+    (91, Config(ranks=3, devices=2, accessor_checks=False), "write_read", "", cl.AccessError),  # host, fence
+    (28, Config(ranks=4, devices=2), "write_read", "", cl.AccessError),              # kernel, wait
     (45, Config(ranks=2, devices=2), "outside_kernel", "cgf", cl.AccessError),
-    (18, Config(ranks=3, devices=1), "outside_kernel", "after", cl.AccessError),
+    (5, Config(ranks=3, devices=1), "outside_kernel", "after", cl.AccessError),
     (12, Config(ranks=2, devices=1), "buffer", "shape", cl.BufferError),
     (101, Config(ranks=1, devices=2), "buffer", "dtype", cl.BufferError),
     (47, Config(ranks=2, devices=1), "buffer", "not_dtype", cl.BufferError),
@@ -1586,10 +1587,10 @@ MISUSE_CASES = [
     (136, Config(ranks=2, devices=2), "buffer", "negative", cl.BufferError),
     (17, Config(ranks=2, devices=2), "mapper_raises", "", cl.RangeMapperError),      # kernel
     (25, Config(ranks=3, devices=1), "mapper_raises", "", cl.RangeMapperError),      # host task
-    (9, Config(ranks=2, devices=2), "mapper_dims", "box", cl.RangeMapperError),
+    (39, Config(ranks=2, devices=2), "mapper_dims", "box", cl.RangeMapperError),
     (2, Config(ranks=3, devices=1), "mapper_dims", "subrange", cl.RangeMapperError),
     (61, Config(ranks=2, devices=1), "mapper_dims", "region", cl.RangeMapperError),
-    (44, Config(ranks=2, devices=3), "mapper_dims", "type", cl.RangeMapperError),
+    (57, Config(ranks=2, devices=3), "mapper_dims", "type", cl.RangeMapperError),
 ]
 
 
@@ -1622,7 +1623,7 @@ def test_misuse_share_of_the_mix():
     kinds = [generate(random.Random(s)).kind for s in range(1000)]
     assert 10 <= kinds.count("misuse") <= 60
     forms = {misuse_task(generate(random.Random(s), kind="misuse"))[1].misuse for s in range(200)}
-    assert forms == set(MISUSE_FORMS) | {"config"}
+    assert forms == set(MISUSE_FORMS) | {"config", "diverge", "cg_handler", "cg_call", "fence_region"}
 
 
 def test_misuse_check_fails_when_the_error_is_missing(monkeypatch):
@@ -1974,3 +1975,249 @@ def _fill(pattern: str) -> str:
     text = pattern.replace(r"\w+", "w")
     text = text.replace(r"\d+", "7").replace(r"[^()]*", "x.py:1").replace(".+", "m")
     return re.sub(r"\\(.)", r"\1", text)
+
+
+# misuse diverge (``_draw_misuse_more``): one rank's task stream differs.  (seed, configuration, form,
+# the rank at fault, what that rank's entry says, what the other ranks' says; program_config runs it
+# on 2 ranks at least)
+DIVERGE_CASES = [
+    (9, Config(ranks=2, devices=1), "name", 0, "'misuse_v2'", "'misuse'"),
+    (71, Config(ranks=3, devices=2), "name", 0, "(host_compute 'misuse_v2'", "(host_compute 'misuse'"),  # host task
+    (275, Config(ranks=4, devices=1), "name", 2, "'misuse_v2'", "'misuse'"),     # after a q.wait(): epoch #2
+    (78, Config(ranks=3, devices=1), "range", 2, "range [", "range ["),
+    (36, Config(ranks=3, devices=1), "extra", 0, "'misuse_extra'", "'misuse'"),
+    (669, Config(ranks=2, devices=2, ahead=2), "extra", 0, "(host_compute 'misuse_extra'", "'misuse'"),  # throttled
+    (270, Config(ranks=1, devices=1), "buffer_shape", 0, "buffer B", "buffer B"),          # 1 rank: run on 2
+    (65, Config(ranks=4, devices=2, lookahead="none"), "buffer_dtype", 3, "buffer B", "buffer B"),
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,form,fault,says,other", DIVERGE_CASES)
+def test_divergence_fixed_seeds(seed, cfg, form, fault, says, other):
+    """Ranks whose task streams differ: a cl.DivergenceError (exactly) from the rank at fault and its
+    right neighbour (or aborted by the other's), naming the first differing task or buffer of both
+    ranks by the same task id; quickly (CELERITAS_DIVERGENCE_TIMEOUT), never run_cluster's timeout."""
+    import time
+    from differential import divergence_pattern
+    p = generate(random.Random(seed), kind="misuse")
+    cfg = program_config(p, cfg)
+    idx, t = misuse_task(p)
+    assert (t.misuse, t.misuse_form, t.kind) == ("diverge", form, "diverge")
+    assert {"misuse:diverge", f"misuse:diverge:{form}"} <= p.features
+    n = cfg.ranks
+    assert n >= 2 and t.fence_index % n == fault
+    oc = misuse_error(p, cfg)
+    assert oc.cls is cl.DivergenceError and oc.failing == sorted({fault, (fault + 1) % n})
+    t0 = time.monotonic()
+    result = run_on_cluster(p, cfg, timeout=60)
+    assert time.monotonic() - t0 < 30
+    check(p, None, result, cfg)
+    raised = {r: o for r, o in enumerate(result["ranks"]) if type(o["error"]) is cl.DivergenceError}
+    assert raised and set(raised) <= set(oc.failing)
+    for r, o in raised.items():
+        text = str(o["error"])
+        assert re.fullmatch(divergence_pattern(p, (r - 1) % n, r, fault), text)
+        left = (r - 1) % n
+        assert text.startswith(f"ranks {left} and {r} submitted different task streams; the first differing task")
+        theirs, mine = text.split(f"rank {left} submitted ", 1)[1].split(f"; rank {r} submitted ")
+        assert says in (mine if r == fault else theirs) and other in (theirs if r == fault else mine)
+        assert re.match(r"(buffer B\d+ \w+ of shape \(.*\) \(made before )?T(\d+)", mine).group(2) == \
+            re.match(r"(buffer B\d+ \w+ of shape \(.*\) \(made before )?T(\d+)", theirs).group(2)
+        assert f"epoch #{1 + sum(x.kind == 'wait' for x in p.tasks[:idx])})" in text
+
+
+def test_divergence_check_fails():
+    """Ranks that agree after all (the run finishes: ``misuse:missed``); made-up outcomes: a rank
+    naming the other's entry as its own, another task id on one side, another range, a rank at fault
+    with another error (``misuse:wrong_error``); a rank that hangs."""
+    import differential
+    from differential import MISUSE_TASK
+    p = generate(random.Random(36), kind="misuse")       # extra, rank 0 at fault on 3 ranks
+    cfg = Config(ranks=3, devices=1)
+    orig = differential._Run._diverge
+
+    def agree(self, t):
+        self.q.submit(self._poison_cgf(t, MISUSE_TASK, tuple(t.misuse_arg["range"]), t.misuse_arg["host"]))
+    differential._Run._diverge = agree
+    try:
+        with pytest.raises(Mismatch) as info:
+            run_and_check(p, cfg)
+    finally:
+        differential._Run._diverge = orig
+    assert info.value.tag == "misuse:missed", str(info.value)
+    oc = misuse_error(p, cfg)
+    assert oc.failing == [0, 1]
+    good = {r: cl.DivergenceError(_fill(oc.patterns[r].replace("(?P<t>\\d+)", "\\d+").replace("(?P=t)", "\\d+")))
+            for r in (0, 1)}
+    abort = cl.CeleritasError("rank 2: internal error: CommunicatorError: rank 2: cluster aborted")
+
+    def outcome(errs, stage="sync shutdown"):
+        res = _outcome(*errs)
+        for o in res["ranks"]:
+            o["stage"] = stage
+        return res
+    assert _tag(p, outcome([good[0], good[1], abort]), cfg) is None
+    assert _tag(p, outcome([good[0], abort, None]), cfg) is None       # (rank 1 aborted, rank 2 finished)
+    assert _tag(p, outcome([good[0], None, None]), cfg) is None        # (rank 1 found rank 0 out from pending)
+    assert _tag(p, outcome([good[1], good[1], abort]), cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome([good[0], cl.DivergenceError(str(good[1]).replace("T7 (device_compute 'misuse_extra'",
+                                                                                "T8 (device_compute 'misuse_extra'",
+                                                                                1)), abort]), cfg) \
+        == "misuse:wrong_error"
+    assert _tag(p, outcome([cl.DivergenceError(str(good[0]).replace("range [", "range [1, ")), good[1], abort]),
+                cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome([cl.CeleritasError(str(good[0])), good[1], abort]), cfg) == "misuse:wrong_error"
+    assert _tag(p, outcome([None, None, None]), cfg) == "misuse:missed"
+    assert _tag(p, outcome([good[0], good[1], abort], stage="setup"), cfg) == "misuse:wrong_stage"
+    res = outcome([good[0], good[1], abort])
+    res["ranks"][2] = None
+    assert _tag(p, res, cfg) == "hang"
+
+
+# command-group misuse the runtime survives (``_draw_misuse_more``): (seed, configuration, form, sub-form,
+# the class, what the message says)
+CG_CASES = [
+    (7, Config(ranks=2, devices=1), "cg_handler", "access:none", cl.CeleritasError,
+     'Buffer.access of buffer B2 "b2" takes the command group handler'),
+    (282, Config(ranks=3, devices=2), "cg_handler", "access:stale", cl.CeleritasError,
+     "this cgh belongs to a command group that was already submitted"),
+    (121, Config(ranks=1, devices=2), "cg_handler", "reduction:none", cl.CeleritasError,
+     "cl.reduction takes the command group handler"),
+    (83, Config(ranks=2, devices=2), "cg_handler", "reduction:stale", cl.CeleritasError, "cl.reduction: this cgh"),
+    (38, Config(ranks=2, devices=1), "cg_handler", "side_effect:none", cl.CeleritasError,
+     "cl.side_effect takes the command group handler"),
+    (232, Config(ranks=3, devices=1), "cg_handler", "side_effect:stale", cl.CeleritasError,
+     "cl.side_effect: this cgh"),
+    (115, Config(ranks=2, devices=2), "cg_handler", "hint:none", cl.CeleritasError, "cl.hint takes the command"),
+    (120, Config(ranks=1, devices=1), "cg_handler", "hint:stale", cl.CeleritasError, "cl.hint: this cgh"),
+    (125, Config(ranks=4, devices=1), "cg_handler", "constrain_split:none", cl.CeleritasError,
+     "cl.constrain_split takes the command"),
+    (123, Config(ranks=2, devices=3), "cg_handler", "constrain_split:stale", cl.CeleritasError,
+     "cl.constrain_split: this cgh"),
+    (467, Config(ranks=2, devices=1), "cg_call", "reduction_target", cl.CeleritasError,
+     "cl.reduction takes a cl.Buffer as its target, got "),
+    (37, Config(ranks=3, devices=2), "cg_call", "side_effect_kernel", cl.CeleritasError,
+     "kernel 'misuse': cl.side_effect orders host tasks only"),
+    (18, Config(ranks=2, devices=1), "cg_call", "host_range_once", cl.CeleritasError,
+     "host_task(on=cl.once) runs once; range="),
+    (134, Config(ranks=2, devices=2), "cg_call", "host_range_collective", cl.CeleritasError,
+     "host_task(on=cl.collective) runs once per rank; range="),
+    (129, Config(ranks=3, devices=1), "cg_call", "host_range_collective_call", cl.CeleritasError,
+     "host_task(on=cl.collective) runs once per rank; range="),
+    (44, Config(ranks=2, devices=3), "cg_call", "no_init_read", cl.AccessError,
+     "no_init=True discards the old contents, which a cl.read access reads"),
+    (112, Config(ranks=1, devices=2), "cg_call", "name_type", cl.CeleritasError,
+     "a kernel's or host task's name= is a str, got "),
+    (74, Config(ranks=2, devices=1), "cg_call", "submit_noncallable", cl.CeleritasError,
+     "q.submit takes a command group function cgf(cgh), got "),
+    (72, Config(ranks=2, devices=2), "cg_call", "generator_kernel", cl.CeleritasError,
+     "parallel_for 'misuse': the function is a generator (it yields)"),
+    (252, Config(ranks=3, devices=1), "cg_call", "async_kernel", cl.CeleritasError,
+     "parallel_for 'misuse': the function is a coroutine (async def)"),
+    (79, Config(ranks=2, devices=1, oversubscribe=3), "cg_call", "generator_host", cl.CeleritasError,
+     "host_task 'misuse': the function is a generator (it yields)"),
+    (269, Config(ranks=2, devices=2), "cg_call", "async_host", cl.CeleritasError,
+     "host_task 'misuse': the function is a coroutine (async def)"),
+    (151, Config(ranks=4, devices=1), "cg_call", "async_gen_host", cl.CeleritasError,
+     "host_task 'misuse': the function is a coroutine (async def)"),
+    (8, Config(ranks=2, devices=2), "fence_region", "2_boxes", cl.CeleritasError,
+     "a fence returns one array, so it takes a cl.Subrange or cl.Box, not a region of 2 boxes"),
+    (532, Config(ranks=3, devices=1), "fence_region", "3_boxes", cl.CeleritasError,
+     "not a region of 3 boxes"),
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,form,sub,cls,says", CG_CASES)
+def test_cg_misuse_fixed_seeds(seed, cfg, form, sub, cls, says):
+    """A command group (or q.submit, q.fence) misused: exactly the modelled error, on every rank, at that
+    submit; the program goes on and every later result is the model's (the submit made no task)."""
+    from differential import cg_misuse_error, recovers
+    p = generate(random.Random(seed), kind="misuse")
+    cfg = program_config(p, cfg)
+    idx, t = misuse_task(p)
+    assert (t.misuse, t.misuse_form, t.kind) == (form, sub, "bad_cg")
+    assert recovers(p) and idx < len(p.tasks) - 1 and "misuse:continues" in p.features
+    assert f"misuse:{form}:{sub}" in p.features
+    got_cls, text = cg_misuse_error(p, t)
+    assert got_cls is cls and says in text
+    run_and_check(p, cfg)
+    result = run_on_cluster(p, cfg)
+    for o in result["ranks"]:
+        errs = dict(o["obs"]["cg_errors"])
+        assert type(errs[idx]) is cls and str(errs[idx]) == text
+
+
+def test_cg_misuse_check_fails(monkeypatch):
+    """The misuse not done (the submit returns: ``misuse:missed``); a message naming something else
+    (``misuse:wrong_error``); a runtime that raised, but made the task anyway (its kernel writes
+    POISON: ``buffer`` or ``fence``); a later step that fails (``crash``)."""
+    import differential
+    p = generate(random.Random(7), kind="misuse")           # access(None, ...) in a kernel's command group
+    cfg = Config(ranks=2, devices=1)
+    orig = differential._Run._bad_cg
+
+    def proper(self, t):     # the same command group with its own cgh: the poison kernel runs
+        a = t.misuse_arg
+        self.q.submit(self._poison_cgf(t, "misuse", tuple(a["range"]), False))
+    monkeypatch.setattr(differential._Run, "_bad_cg", proper)
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:missed", str(info.value)
+
+    def made_anyway(self, t):
+        proper(self, t)
+        orig(self, t)
+    monkeypatch.setattr(differential._Run, "_bad_cg", made_anyway)
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag in ("buffer", "fence"), str(info.value)
+
+    def other_text(self, t):
+        try:
+            orig(self, t)
+        except cl.CeleritasError as exc:
+            raise cl.CeleritasError(str(exc).replace('"b2"', '"b1"')) from None
+    monkeypatch.setattr(differential._Run, "_bad_cg", other_text)
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:wrong_error", str(info.value)
+
+    def other_class(self, t):
+        try:
+            orig(self, t)
+        except cl.CeleritasError as exc:
+            raise cl.AccessError(str(exc)) from None
+    monkeypatch.setattr(differential._Run, "_bad_cg", other_class)
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:wrong_error", str(info.value)
+    monkeypatch.undo()
+    p = generate(random.Random(8), kind="misuse")           # fence_region: a fence of a wrong region
+    monkeypatch.setattr(differential, "fence_region_boxes",
+                        lambda p, t: [cl.Box((0,) * len(p.shapes[t.misuse_arg["b"]]), p.shapes[t.misuse_arg["b"]])])
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, cfg)
+    assert info.value.tag == "misuse:missed", str(info.value)
+
+
+@pytest.mark.parametrize("seed,form", [(17, "region_split"), (95, "region"), (71, "region_split")])
+def test_region_fences(seed, form):
+    """A subrange fence given as a cl.Region of its one box (or of two halves the region merges)
+    returns that box's array, as the model says."""
+    p = generate(random.Random(seed), kind="main")
+    assert f"fence:subrange:{form}" in p.features
+    assert any(t.kind == "fence" and t.misuse_arg == form for t in p.tasks)
+    run_and_check(p, Config(ranks=2, devices=2))
+
+
+def test_region_fences_check_fails(monkeypatch):
+    """A region_split fence whose region loses its second half: the fence's array differs (``fence``)."""
+    from scheduler.geometry import Region
+    p = generate(random.Random(17), kind="main")
+    import differential
+    monkeypatch.setattr(differential, "fence_region", lambda boxes: Region([boxes[0]]))
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, Config(ranks=2, devices=2))
+    assert info.value.tag == "fence", str(info.value)
