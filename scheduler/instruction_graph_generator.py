@@ -313,11 +313,33 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 part = sb & box
                 if part.empty:
                     continue
-            cp = CopyInstruction(self._new_id(), [], PRIORITY_COPY, src.id, dst.id, src_mem, dst.memory,
-                                 b.info.id, part, sb, dst.box, "strided", part.area * b.itemsize, self._evicting)
-            self._read(src, part, cp)
-            self._write(dst, part, cp)
-            self._emit(cp)
+            for piece in self._split_by_writer(src, part):
+                cp = CopyInstruction(self._new_id(), [], PRIORITY_COPY, src.id, dst.id, src_mem, dst.memory,
+                                     b.info.id, piece, sb, dst.box, "strided", piece.area * b.itemsize,
+                                     self._evicting)
+                self._read(src, piece, cp)
+                self._write(dst, piece, cp)
+                self._emit(cp)
+
+    @staticmethod
+    def _split_by_writer(src: Allocation, part: Box) -> list[Box]:
+        """``part`` cut into the boxes of its last writers in ``src``: a copy of data two
+        kernels wrote becomes one copy per kernel, each waiting only for its own writer, so
+        the first half travels while the second is still computed (as Celerity splits)."""
+        values = src.access.values_in(part)
+        first = values[0][0] if values else None
+        for v in values:
+            if v[0] != first:
+                break
+        else:
+            return [part]
+        groups: dict = {}
+        for box, (writer, _readers) in src.access.query(part):
+            groups.setdefault(writer, []).append(box)
+        out = []
+        for _writer, boxes in sorted(groups.items(), key=lambda g: -1 if g[0] is None else g[0]):
+            out.extend(Region(boxes) if len(boxes) > 1 else boxes)
+        return out
 
     def _make_coherent(self, b: _Buffer, memory: int, region: Region) -> None:
         """Copy whatever of ``region`` is not newest on ``memory`` from where it is."""

@@ -511,14 +511,12 @@ def test_coherence_copy_of_the_same_data_happens_once(dims):
     validate(ctx)
 
 
-@pytest.mark.xfail(strict=True, reason="a coherence copy of a region written by two kernels is emitted as one copy "
-                   "depending on both writers; Celerity splits it per original writer so the copy of the first "
-                   "half can overlap the second kernel")
 def test_device_to_host_copies_are_split_per_writer():
     """instruction_graph_memory_tests.cc "local copies are split on writers to facilitate
     compute-copy overlap": two kernels each overwrite one half; a host reader of everything
     gets one copy per writer, each depending on its own writer and concurrent with the other
-    writer, so the first copy can overlap the second kernel."""
+    writer, so the first copy can overlap the second kernel.  (It was one copy depending on
+    both writers.)"""
     ctx = GraphContext(1, horizon_step=999)
     b = ctx.buffer((256,))
     ctx.task((1,), [(b, rm.all(), DW)], name="init")
