@@ -628,8 +628,15 @@ class CommandGraphGenerator(CommandReplayMixin):
                 # (on one rank nothing is pending after a reduction: an older pending one, from
                 # an empty range, is resolved above if this one folds in the current value,
                 # and dead otherwise; it used to survive and overwrite this result)
-                st.pending = (red, participants) if self.num_ranks > 1 else None
-                self._dist_all(st)
+                if self.num_ranks > 1 and len(participants) > 1:
+                    st.pending = (red, participants)
+                    self._dist_all(st)
+                else:
+                    # one chunk's rank holds the whole result (it folded in the current value
+                    # too: the first chunk does): a write of the buffer by that rank, pushed
+                    # to later readers as any, with no partials to gather (as in Celerity)
+                    st.pending = None
+                    self._dist_replicated(st, participants)
 
     def _resolve_reduction(self, task: Task, st: _BufferState, consumers: frozenset[int],
                            out: list[Command]) -> None:

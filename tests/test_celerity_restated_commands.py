@@ -271,32 +271,25 @@ def test_reduction_command_anti_depends_on_the_partial_result_push():
 def test_reduction_by_a_single_chunk_is_forwarded_to_readers():
     """command_graph_reduction_tests.cc "reduction in a single-node task does not generate a
     reduction command, but the result is await-pushed on other nodes": 3 ranks, a reduction
-    over one item (so only rank 0 has a partial), read on every rank.
-
-    Difference: Celerity sees that rank 0 alone holds the result and pushes it (no reduction
-    command); celeritas resolves it like any reduction: every reader gathers, ranks 1 and 2
-    send empty notifications (``contributes=False``) instead of data.  Same data moved (rank
-    0's value to ranks 1 and 2, once each), a few more messages.  Pinned here: rank 0's push
-    of its partial follows the producer and goes to 1 and 2; every reader's execution is
-    preceded by its await-push; ranks 1 and 2 move no data of their own."""
+    over one item (so only rank 0 computes it), read on every rank.  Rank 0 holds the whole
+    result, as if it had written the buffer: its push follows the producer and goes to ranks
+    1 and 2, whose readers each await it; rank 0 awaits nothing.  (celeritas used to resolve
+    it like any reduction, with empty notifications from ranks 1 and 2 and a reduction
+    command on every reader.)"""
     ctx = ctx_n(3)
     b = ctx.buffer((1,))
     producer, _ = reduction_task(ctx, b, 1, name="producer")
     consumer = ctx.task((3,), [(b, rm.all(), R)], name="consumer")
     p0 = one(ctx.cmds(0, cg.PUSH))
     assert depends(p0, exe(ctx, 0, producer), "true")
-    assert sorted(targets(p0)) == [1, 2] and p0.contributes
+    assert sorted(targets(p0)) == [1, 2]
+    assert ctx.cmds(0, cg.AWAIT_PUSH) == []
     for r in (1, 2):
-        assert all(not p.contributes for p in ctx.cmds(r, cg.PUSH))
-    for r in range(3):
+        assert ctx.cmds(r, cg.PUSH) == []
         aw = one(ctx.cmds(r, cg.AWAIT_PUSH))
-        ex = exe(ctx, r, consumer)
-        assert aw.id in ctx_closure(ctx, r, ex)
+        assert aw.id in ctx_closure(ctx, r, exe(ctx, r, consumer))
 
 
-@pytest.mark.xfail(strict=True, reason="a reduction computed by a single chunk (one rank holds the only partial) "
-                   "is still resolved with reduction commands on every reading rank and all-to-all empty "
-                   "notifications; Celerity forwards rank 0's value with one push and makes no reduction command")
 def test_reduction_by_a_single_chunk_makes_no_reduction_command():
     """command_graph_reduction_tests.cc "reduction in a single-node task does not generate a
     reduction command, but the result is await-pushed on other nodes" (shape): with only rank

@@ -516,3 +516,46 @@ def test_chained_reductions_on_one_and_several_devices(devices):
         assert int(q.fence(s).result()[0]) == 4957
     finally:
         q.shutdown()
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_reduction_one_rank_computes_is_that_ranks_write(devices):
+    """With one chunk (rank 0's) the result is complete on rank 0 and is pushed to readers like
+    any write; folding in the current value, which rank 2 wrote, needs it pushed to rank 0
+    first.  A reduction over every rank afterwards still gathers the partials."""
+    from celeritas.testing import run_cluster
+
+    def program(rank):
+        q = cl.Queue()
+        s = cl.Buffer(np.zeros(1, np.int64), name="s")
+        out = cl.Buffer(shape=(3,), dtype=np.int64, name="out")
+
+        def on_rank_2(cgh):    # (chunk 2 of 3 lies on rank 2)
+            w = s.access(cgh, lambda c, shape: cl.Subrange((0,), (1 if c.offset[0] == 2 else 0,)), cl.discard_write)
+            cgh.parallel_for((3,), lambda c: w.__setitem__(slice(0, 1), 40) if c.offset[0] == 2 else None,
+                             name="set")
+
+        def reduce(n, init):
+            def cgf(cgh):
+                red = cl.reduction(s, cgh, cl.plus, initialize_to_identity=init)
+                cgh.parallel_for((n,), lambda c, r: r.combine(np.int64(c.range[0] * 2 + 1)), reductions=(red,),
+                                 name=f"sum{n}")
+            return cgf
+
+        def read(cgh):
+            r = s.access(cgh, cl.all(), cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((3,), lambda c: w.__setitem__(c, r[0:1][0]), name="read")
+
+        q.submit(on_rank_2)
+        q.submit(reduce(1, False))        # 40 + 3, on rank 0 only
+        q.submit(read)
+        first = q.fence(out).result().tolist()
+        q.submit(reduce(6, True))         # over every rank: 0 + 2 + 1 for each of 3 or more chunks
+        q.submit(read)
+        return first, q.fence(out).result().tolist(), q.fence(s).result().tolist()
+
+    results = run_cluster(program, nodes=3, devices=devices, timeout=120)
+    for first, second, s in results:
+        assert first == [43, 43, 43]
+        assert second == [s[0]] * 3 and s[0] == 6 * 2 + 3 * devices * 1   # (each chunk adds 2·range + 1)
