@@ -32,6 +32,15 @@ def fixedn(offset, size):
     return rm.fixed(Subrange(tuple(offset), tuple(size)))
 
 
+def disjoint_union(copies) -> Region:
+    """The union of the copies' boxes, which must not overlap (each element copied once)."""
+    got = Region.empty_region(copies[0].box.dims if copies else 1)
+    for c in copies:
+        assert not got.intersects(Region.from_box(c.box)), c.box
+        got = got | Region.from_box(c.box)
+    return got
+
+
 def one(xs):
     assert len(xs) == 1, xs
     return xs[0]
@@ -647,11 +656,7 @@ def test_oddly_shaped_coherence_copy_moves_exactly_the_border():
     ctx.finish()
     d1_to_d0 = [c for c in ctx.instrs(0, "copy") if c.source_memory == 3 and c.dest_memory == 2]
     border = Region.from_box(Box((0, 0), (64, 64))) - Region.from_box(Box((16, 16), (48, 48)))
-    got = Region.empty_region(2)
-    for c in d1_to_d0:
-        assert not got.intersects(Region.from_box(c.box))
-        got = got | Region.from_box(c.box)
-    assert got == border
+    assert disjoint_union(d1_to_d0) == border
     validate(ctx)
 
 
@@ -668,11 +673,7 @@ def test_oddly_shaped_resize_copy_keeps_exactly_the_live_part():
     assert len(ctx.instrs(0, "alloc")) == 2
     copies = ctx.instrs(0, "copy")
     live = Region.from_box(Box((0, 0), (32, 64))) - Region.from_box(Box((16, 16), (48, 48)))
-    got = Region.empty_region(2)
-    for c in copies:
-        assert not got.intersects(Region.from_box(c.box))
-        got = got | Region.from_box(c.box)
-    assert got == live
+    assert disjoint_union(copies) == live
     validate(ctx)
 
 
