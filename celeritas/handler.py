@@ -236,6 +236,10 @@ class _Placement:
     def __repr__(self):
         return f"cl.{self.kind}"
 
+    def __call__(self, *args, **kwargs):
+        raise CeleritasError(f"cl.{self.kind} is a placement, not a function: write on=cl.{self.kind} (without "
+                             f"parentheses)")
+
 
 class CollectiveGroup:
     """Host tasks of one collective group run in order and share one communicator."""
@@ -247,6 +251,8 @@ class CollectiveGroup:
 
 class _Collective(_Placement):
     def __call__(self, group: CollectiveGroup | None = None) -> _Placement:
+        if group is not None and not isinstance(group, CollectiveGroup):
+            raise CeleritasError(f"cl.collective(group) takes a cl.CollectiveGroup(), got {type(group).__name__}")
         return _Placement("collective", group.id if group is not None else 1)
 
 

@@ -976,6 +976,12 @@ def test_a_handler_that_is_not_the_current_one_is_an_error(kind, match):
      r"host_task\(on=cl.collective\) runs once per rank; range=\(8,\) would be ignored"),
     (lambda cgh: cgh.parallel_for((8,), lambda c: None, name=5), cl.CeleritasError,
      r"a kernel's or host task's name= is a str, got int 5"),
+    (lambda cgh: cgh.host_task(lambda p: None, on=cl.collective("g")), cl.CeleritasError,
+     r"cl.collective\(group\) takes a cl.CollectiveGroup\(\), got str"),      # (was AttributeError: 'id')
+    (lambda cgh: cgh.host_task(lambda p: None, on=cl.on_master_node()), cl.CeleritasError,
+     r"cl.on_master_node is a placement, not a function: write on=cl.on_master_node"),   # (was TypeError)
+    (lambda cgh: cgh.host_task(lambda p: None, on=cl.once()), cl.CeleritasError,
+     r"cl.once is a placement, not a function"),
     ("no_init_read", cl.AccessError, r'buffer B0 "a": no_init=True discards the old contents, which a cl.read '
                                      r'access reads'),
     ("side_effect_kernel", cl.CeleritasError, r"kernel 'k': cl.side_effect orders host tasks only"),
