@@ -314,6 +314,9 @@ CG_HANDLER_TARGETS = ("access", "reduction", "side_effect", "hint", "constrain_s
 CG_CALLS = ("reduction_target", "side_effect_kernel", "host_range_once", "host_range_collective",
             "host_range_collective_call", "no_init_read", "name_type", "submit_noncallable", "generator_kernel",
             "async_kernel", "generator_host", "async_host", "async_gen_host")
+# cg_call, drawn last from host_range_* programs: cl.on_master_node() / cl.once() called, or
+# cl.collective(group) with a str for the group
+CG_PLACEMENTS = ("placement_called_master", "placement_called_once", "collective_bad_group")
 CG_NAMES = (5, b"misuse", ("misuse",))          # cg_call name_type: name= that is no str
 CG_NONCALLABLES = (None, 5, "cgf")              # cg_call submit_noncallable: what q.submit gets
 CG_TARGETS = ("ndarray", "HostObject", "int")   # cg_call reduction_target: what cl.reduction gets
@@ -1102,7 +1105,7 @@ def _draw_misuse_more(g: _Gen, p: Program) -> None:
     else:
         sub = f"{len(region[1])}_boxes"
         arg["b"], arg["dim"], arg["at"] = region[0], region[1][0][0], [a for _d, a in region[1]]
-    p.tasks[-1] = Task("bad_cg", name=MISUSE_TASK, misuse=form, misuse_form=sub, misuse_arg=arg)
+    bad = p.tasks[-1] = Task("bad_cg", name=MISUSE_TASK, misuse=form, misuse_form=sub, misuse_arg=arg)
     p.features |= {f"misuse:{form}", f"misuse:{form}:{sub}"}
     if form != "fence_region" and sub not in ("submit_noncallable",):
         p.features.add(f"misuse:{form}:{'host' if _cg_host(p.tasks[-1]) else 'kernel'}")
@@ -1112,6 +1115,12 @@ def _draw_misuse_more(g: _Gen, p: Program) -> None:
     p.sync = "end"
     p.features.add("misuse:continues")
     _draw_region_fences(g, p)
+    # (drawn last, so that the programs above keep their forms) a placement misused instead
+    if form == "cg_call" and sub.startswith("host_range") and rng.random() < 0.4:
+        new = rng.choice(CG_PLACEMENTS)
+        bad.misuse_form = new
+        p.features -= {f"misuse:{form}:{sub}"}
+        p.features.add(f"misuse:{form}:{new}")
 
 
 def _region_draw(rng: random.Random, p: Program):
@@ -1140,7 +1149,7 @@ def _cg_host(t: Task) -> bool:
     """Whether a misuse cg_handler / cg_call command group declares a host task (else a kernel)."""
     sub = t.misuse_form
     if t.misuse == "cg_call":
-        if sub.startswith("host_range") or sub.endswith("_host"):
+        if sub.startswith("host_range") or sub.endswith("_host") or sub in CG_PLACEMENTS:
             return True
         if sub in ("side_effect_kernel", "reduction_target") or sub.endswith("_kernel"):
             return False
@@ -3253,6 +3262,12 @@ class _Run:
         elif sub.startswith("host_range"):
             on = {"host_range_once": cl.once, "host_range_collective": cl.collective,
                   "host_range_collective_call": cl.collective()}[sub]
+        elif sub in CG_PLACEMENTS:
+            def before(cgh):
+                if sub == "collective_bad_group":
+                    cl.collective("group")
+                else:
+                    (cl.on_master_node if sub.endswith("master") else cl.once)()
         elif sub == "no_init_read":
             def before(cgh):
                 self.bufs[a["b"]].access(cgh, cl.all(), cl.read, no_init=True)
@@ -4840,6 +4855,11 @@ def cg_misuse_error(p: Program, t: Task) -> tuple[type, str]:
         return cl.CeleritasError, (f"kernel {MISUSE_TASK!r}: cl.side_effect orders host tasks only; a parallel_for's "
                                    f"chunks run on devices, concurrently (use a host_task for host object "
                                    f"<cl.HostObject H0 list>)")
+    if sub == "collective_bad_group":
+        return cl.CeleritasError, "cl.collective(group) takes a cl.CollectiveGroup(), got str"
+    if sub.startswith("placement_called"):
+        kind = "on_master_node" if sub.endswith("master") else "once"
+        return cl.CeleritasError, f"cl.{kind} is a placement, not a function: write on=cl.{kind} (without parentheses)"
     if sub.startswith("host_range"):
         once = sub == "host_range_once"
         return cl.CeleritasError, (f"host_task(on=cl.{'once' if once else 'collective'}) runs "
