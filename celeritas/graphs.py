@@ -478,6 +478,10 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
         for a in i.get("accesses", ()):
             lines.append(f"+ <i>{_esc(a.get('mode', ''))}</i> {_esc(_buffer_label(a.get('buffer'), names))} "
                          f"{_esc(fmt_box(a.get('box')))} via {alloc_ref(a.get('allocation'))}")
+        for r in i.get("reductions", ()):
+            start = "its value" if r.get("include_current") else "the identity"
+            lines.append(f"+ <i>reduce</i> R{r.get('reduction')} {_esc(_buffer_label(r.get('buffer'), names))} "
+                         f"into {alloc_ref(r.get('allocation'))} from {start}")
     elif kind == "send":
         tr = i.get("transfer")
         lines.append(f"I{iid}")

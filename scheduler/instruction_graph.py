@@ -77,6 +77,10 @@ class ReductionAllocation:
     allocation: int        # a 1-element allocation on the chunk's memory
     include_current: bool  # the allocation starts with the buffer's value, not the identity
 
+    def to_record(self) -> dict:
+        return {"reduction": self.reduction, "buffer": self.buffer, "allocation": self.allocation,
+                "include_current": self.include_current}
+
 
 @dataclass(slots=True, eq=False)
 class Instruction:
@@ -170,6 +174,8 @@ class DeviceKernelInstruction(Instruction):
     def fields(self) -> dict:
         rec = {"device": self.device, "task": self.task, "box": self.box.to_json(),
                "accesses": [a.to_record() for a in self.accesses], "name": self.name}
+        if self.reductions:   # (where each reduction combines: a scratch slot, or the target in place)
+            rec["reductions"] = [r.to_record() for r in self.reductions]
         if self.batch is not None:
             rec["batch"] = list(self.batch)
         return rec

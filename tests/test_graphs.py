@@ -336,3 +336,44 @@ def test_dry_run_dump_has_rank0_only(tmp_path, monkeypatch):
     assert not (tmp_path / "instruction_graph_rank1.dot").exists()
     (g,) = pydot.graph_from_dot_file(str(tmp_path / "task_graph.dot"))
     assert "&quot;ones&quot;" in (tmp_path / "task_graph.dot").read_text()
+
+
+def test_kernel_records_and_labels_show_where_reductions_combine():
+    """A kernel's reductions were in neither its record nor its label, so a dump did not show
+    that one chunk reduces straight into the target's allocation (one device) while several
+    fill scratch slots gathered afterwards."""
+    def run(devices):
+        q = cl.Queue(devices=devices, record=True)
+        try:
+            x = cl.Buffer(np.arange(8, dtype=np.int64), name="x")
+            s = cl.Buffer(np.array([3], dtype=np.int64), name="s")
+
+            def reduce(init):
+                def cgf(cgh):
+                    r = x.access(cgh, cl.one_to_one(), cl.read)
+                    red = cl.reduction(s, cgh, cl.plus, initialize_to_identity=init)
+                    cgh.parallel_for((8,), lambda c, rr: rr.combine(r[c]), reductions=(red,), name="sum")
+                return cgf
+            q.submit(reduce(True))
+            q.submit(reduce(False))
+            assert int(q.fence(s).result()[0]) == 2 * 28
+            rec = q.graphs()
+        finally:
+            q.shutdown()
+        return rec, [i for i in rec["instructions"] if i["kind"] == "device_kernel"]
+
+    rec, kernels = run("host:1")
+    first, second = ([r for r in k["reductions"]] for k in kernels)
+    # (the first starts from the identity, the second from the first's result, on the device)
+    assert first[0]["buffer"] == second[0]["buffer"] == 1
+    assert (first[0]["include_current"], second[0]["include_current"]) == (False, True)
+    assert first[0]["allocation"] == second[0]["allocation"]
+    target = [i for i in rec["instructions"] if i["kind"] == "alloc" and i["buffer"] == 1 and i["memory"] == 2]
+    assert [second[0]["allocation"]] == [a["allocation"] for a in target]
+    dot = rec.to_dot_instructions({0: "x", 1: "s"})
+    assert f"+ <i>reduce</i> R{second[0]['reduction']} B1 &quot;s&quot; into A{second[0]['allocation']} (M2 D0) " \
+           f"from its value" in dot
+    _rec, kernels = run("host:2")
+    assert all(len(k["reductions"]) == 1 and k["reductions"][0]["include_current"] is False for k in kernels)
+    assert "from the identity" in _rec.to_dot_instructions({0: "x", 1: "s"})
+    assert len({k["reductions"][0]["allocation"] for k in kernels}) == 4     # (a scratch slot per chunk)
