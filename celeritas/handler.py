@@ -554,6 +554,12 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
     name = cgh._name or getattr(fn, "__name__", "kernel")
     source = hasattr(fn, "source")
     if source and kind == tg.DEVICE_COMPUTE:
+        for a in cgh._args:
+            if isinstance(a, Accessor) and not a.dtype.isnative:
+                # (device code reads the bytes in the device's order: silently wrong values)
+                raise CeleritasError(f"kernel {name!r}: buffer {a.buffer_name} has the non-native byte order dtype "
+                                     f"{a.dtype.str}, which device source code would misread; make the buffer "
+                                     f"from data.astype({a.dtype.newbyteorder('=').str!r})")
         launch_source = getattr(rt.backend, "launch_source_kernel", None)
         if launch_source is None:
             raise CeleritasError(f"kernel {name!r} is device source code; the {rt.backend_name} backend runs only "

@@ -367,9 +367,10 @@ def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None
     if count:
         # in the buffer's dtype: numpy reduces small integers in a wider accumulator, whose
         # result then did not fit back (integer reductions wrap, as the partials did)
-        r = op.reduce(s, dtype=d.dtype)
+        dt = d.dtype if d.dtype.isnative else d.dtype.newbyteorder("=")   # (ufuncs take no byte order)
+        r = op.reduce(s, dtype=dt)
         if include_dest:
-            r = op(d[0], r, dtype=d.dtype)
+            r = op(d[0], r, dtype=dt)
     elif include_dest:
         return
     else:

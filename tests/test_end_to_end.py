@@ -559,3 +559,32 @@ def test_a_reduction_one_rank_computes_is_that_ranks_write(devices):
     for first, second, s in results:
         assert first == [43, 43, 43]
         assert second == [s[0]] * 3 and s[0] == 6 * 2 + 3 * devices * 1   # (each chunk adds 2·range + 1)
+
+
+@pytest.mark.parametrize("nodes, devices", [(1, 1), (1, 2), (2, 1)])
+@pytest.mark.parametrize("dtype", [">i8", ">f8", "<i4"])
+def test_buffers_of_either_byte_order_compute_and_reduce(nodes, devices, dtype):
+    """A reduction into a big-endian target failed with "internal error: TypeError: The `dtype`
+    and `signature` arguments to ufuncs only select the general DType and not details such as
+    the byte order" in the local reduce; kernels and transfers of such buffers were fine."""
+    def program(rank):
+        q = cl.Queue()
+        x = cl.Buffer(np.arange(12, dtype=dtype), name="x")
+        s = cl.Buffer(np.array([100], dtype=dtype), name="s")
+
+        def double(cgh):
+            w = x.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for((12,), lambda c: w.__setitem__(c, w[c] * 2), name="double")
+
+        def total(cgh):
+            r = x.access(cgh, cl.one_to_one(), cl.read)
+            red = cl.reduction(s, cgh, cl.plus)
+            cgh.parallel_for((12,), lambda c, rr: rr.combine(r[c]), reductions=(red,), name="sum")
+        q.submit(double)
+        q.submit(total)
+        got = q.fence(x).result(), q.fence(s).result()
+        return got[0].dtype.str, got[0].tolist(), got[1].tolist()
+
+    for dt, xs, s in run_cluster(program, nodes=nodes, devices=devices, timeout=120):
+        assert dt == np.dtype(dtype).str
+        assert xs == [2 * i for i in range(12)] and s == [100 + 132]

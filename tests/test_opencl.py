@@ -223,3 +223,28 @@ def test_source_kernel_mistakes_are_backend_errors_naming_the_kernel(source, nam
         q.submit(cgf)
         q.wait()
     assert isinstance(ei.value, cl.CeleritasError)
+
+
+def test_a_source_kernel_on_a_buffer_of_non_native_byte_order_is_an_error():
+    """The device read the big-endian floats' bytes as its own: 0, 4.25e37, -0, ... instead of
+    0, 2, 4, ... silently.  Python kernels on the same buffer stay exact."""
+    q = cl.Queue(devices="opencl")
+    try:
+        b = cl.Buffer(np.arange(16, dtype=">f4").reshape(4, 4), name="big_endian")
+
+        def source(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for((4, 4), SCALE, args=(w, w, 2.0))
+
+        with pytest.raises(cl.CeleritasError, match=r"kernel 'scale': buffer B0 \"big_endian\" has the non-native "
+                                                    r"byte order dtype >f4, which device source code would misread; "
+                                                    r"make the buffer from data.astype\('<f4'\)"):
+            q.submit(source)
+
+        def python(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for((4, 4), lambda c: w.__setitem__(c, w[c] * 2), name="double")
+        q.submit(python)
+        assert q.fence(b).result().tolist() == (np.arange(16).reshape(4, 4) * 2).tolist()
+    finally:
+        q.shutdown()
