@@ -199,6 +199,7 @@ EMPTY_TARGET_DRAWS = True   # main: empty ranges of kernels whose point write de
 MANY_DRAWS = True           # main: a front of 260-300 row kernels, more index spaces than the split caches hold
 MANY_SHARE = 0.004          # of main programs (``_draw_many``)
 REGION_FENCE_DRAWS = True   # main: some subrange fences given as a cl.Region of their box (``_draw_region_fences``)
+BYTE_ORDER_DRAWS = True     # main: data buffers in the non-native byte order (``_draw_byte_order``)
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
@@ -1004,7 +1005,7 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     for switch, draw in (("GEOMETRY_DRAWS", _draw_geometry), ("SPLIT_DRAWS", _draw_splits), ("OOC_DRAWS", _draw_ooc),
                          ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
                          ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many),
-                         ("REGION_FENCE_DRAWS", _draw_region_fences)):
+                         ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1373,6 +1374,27 @@ def _draw_source(g: _Gen, p: Program) -> None:
                 p.features.add("source:local_range")
             if t.offset is not None:
                 p.features.add("source:offset")
+
+
+BYTE_ORDER_SHARE = 0.08     # data buffers of multi-byte dtypes drawn with the non-native byte order
+
+
+def _draw_byte_order(g: _Gen, p: Program) -> None:
+    """Some data buffers (drawn after the whole program, so that every seed keeps its program) hold
+    their dtype in the non-native byte order (``dtype:byte_order``): kernels, transfers, fences and
+    the host see the same values.  Not those of source kernels (an error: ``SOURCE_TYPES``)."""
+    rng = g.rng
+    sourced = {b for t in p.tasks if getattr(t, "source", False)
+               for b in [rd.buffer for rd in t.reads if rd.space == "data"] + [t.write.buffer]}
+    for k, dt in enumerate(p.dtypes):
+        d = np.dtype(dt)
+        if d.itemsize < 2 or k in sourced or rng.random() >= BYTE_ORDER_SHARE:
+            continue
+        other = d.newbyteorder("S")
+        p.dtypes[k] = other.str
+        if p.init[k] is not None:
+            p.init[k] = p.init[k].astype(other)
+        p.features.add("dtype:byte_order")
 
 
 SOURCE_TYPES = {"int64": "long", "int32": "int", "int16": "short", "uint8": "uchar", "float32": "float",

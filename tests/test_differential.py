@@ -2227,3 +2227,34 @@ def test_region_fences_check_fails(monkeypatch):
     with pytest.raises(Mismatch) as info:
         run_and_check(p, Config(ranks=2, devices=2))
     assert info.value.tag == "fence", str(info.value)
+
+
+@pytest.mark.parametrize("seed,cfg", [(1, Config(ranks=2, devices=2)), (11, Config(ranks=1, devices=1)),
+                                      (14, Config(ranks=3, devices=1))])
+def test_byte_order_fixed_seeds(seed, cfg):
+    """Data buffers in the non-native byte order (``_draw_byte_order``) compute, move and fence the
+    model's values, in their own dtype (the checker compares dtypes too)."""
+    p = generate(random.Random(seed), kind="main")
+    assert "dtype:byte_order" in p.features
+    swapped = [k for k, dt in enumerate(p.dtypes) if not np.dtype(dt).isnative]
+    assert swapped and all(p.init[k] is None or not p.init[k].dtype.isnative for k in swapped)
+    run_and_check(p, cfg)
+
+
+def test_byte_order_check_fails(monkeypatch):
+    """A run whose host-initialized buffer lost the non-native byte order (made from the data in
+    the native order): its fence has the wrong dtype (``fence``, "dtype")."""
+    import differential
+    real = differential._Run._make_buffer
+
+    def native(self, k):
+        a = self.p.init[k]
+        if a is not None and not a.dtype.isnative:
+            return cl.Buffer(a.astype(a.dtype.newbyteorder("=")), name=f"b{k}")
+        return real(self, k)
+    monkeypatch.setattr(differential._Run, "_make_buffer", native)
+    p = generate(random.Random(11), kind="main")         # (b0: host-initialized, swapped, fenced)
+    assert not np.dtype(p.dtypes[0]).isnative and p.init[0] is not None
+    with pytest.raises(Mismatch) as info:
+        run_and_check(p, Config(ranks=1, devices=1))
+    assert "dtype" in str(info.value), str(info.value)
