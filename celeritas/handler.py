@@ -20,6 +20,7 @@ from scheduler.instruction_graph import AccessorArg, LaunchContext
 from .accessor import Accessor, Hydration
 from .context import current_runtime
 
+
 def handler_of(cgh: Any, what: str) -> "CommandGroupHandler":
     """``cgh`` if it is the handler of the command group function running now: another
     object failed deep inside with an AttributeError, and the handler of an earlier
@@ -364,8 +365,7 @@ class CommandGroupHandler:
 
     def _set_kernel(self, kind, kernel, geometry, name):
         if self._closed:
-            raise CeleritasError("this cgh belongs to a command group that was already submitted; use the cgh the "
-                                 "current command group function receives")
+            handler_of(self, "parallel_for" if kind == tg.DEVICE_COMPUTE else "host_task")
         if self._kind is not None:
             raise CeleritasError("one command group submits exactly one parallel_for or host_task")
         if name is not None and not isinstance(name, str):

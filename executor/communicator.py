@@ -371,7 +371,7 @@ class InProcessCluster:
             # of a simulated cluster that submit different task streams get the DivergenceError
             # an MPI job gets, instead of hanging on data that never comes or finishing silently
             from .mpi.divergence import EpochCheck
-            comm.epoch_check = EpochCheck(_EpochChannel(self._state, rank), rank, self._state.num_ranks,
+            comm.epoch_check = EpochCheck(_EpochChannel(comm), rank, self._state.num_ranks,
                                           self._state.divergence_timeout,
                                           timeout_hint=self._state.divergence_timeout_hint)
         return comm
@@ -422,18 +422,16 @@ class _EpochChannel:
     """``isend`` and ``improbe`` of the divergence check between the ranks of an in-process
     cluster: one queue per (sender, receiver)."""
 
-    def __init__(self, state: _ClusterState, rank: int):
-        self._st = state
-        self._rank = rank
+    def __init__(self, comm: "InProcessCommunicator"):
+        self._comm = comm
+        self._st = comm._st
+        self._rank = comm.rank
 
     def isend(self, payload: Any, dest: int, tag: int = 0) -> _Delivered:
-        st = self._st
-        with st.lock:
-            dq = st.epochs.setdefault((self._rank, dest), deque())
+        with self._st.lock:
+            dq = self._st.epochs.setdefault((self._rank, dest), deque())
         dq.append(_copy_obj(payload))
-        n = st.notifiers.get(((), dest))
-        if n is not None:
-            n()
+        self._comm._notify(dest)      # (the peer's executor polls its check when woken)
         return _Delivered()
 
     def improbe(self, source: int, tag: int = 0) -> _Delivered | None:

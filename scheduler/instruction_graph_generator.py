@@ -785,14 +785,15 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         for red in cmd.task.reductions:
             b = self._buffers[red.buffer]
             full = b.info.box
+            whole = Region.from_box(full)
             include = red.include_current and cmd.include_current_reductions
             dst = self._find_alloc(b, p.memory, full)
             if dst is None:
-                dst = self._allocate(b, p.memory, full, None if include else Region.from_box(full))
+                dst = self._allocate(b, p.memory, full, None if include else whole)
             if p.memory in self._capacity:
                 self._pinned.add(dst.id)
             if include:
-                self._make_coherent(b, p.memory, Region.from_box(full))
+                self._make_coherent(b, p.memory, whole)
                 self._read(dst, full, ins)
             ins.reductions.append(ReductionAllocation(red.id, red.buffer, dst.id, include))
             self._write(dst, full, ins)
