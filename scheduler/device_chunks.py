@@ -30,20 +30,28 @@ class ChunkPlan:
     consumed: dict[int, Region] = field(default_factory=dict)
     produced: dict[int, Region] = field(default_factory=dict)
     bbox: dict[int, Box] = field(default_factory=dict)     # per buffer: bounding box of all its accesses
+    # per buffer: the boxes allocated contiguously, one allocation each (its accesses'
+    # bounding boxes, those that touch merged: Box.touching_groups); mostly ``(bbox,)``
+    groups: dict[int, tuple[Box, ...]] = field(default_factory=dict)
     cbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the consumed regions
     pbbox: dict[int, Box] = field(default_factory=dict)    # bounding boxes of the produced regions
     batch: tuple[int, int] | None = None  # (i, n): batch i of n of a chunk larger than its device memory
 
     def working_set(self, itemsize_of) -> int:
-        """Bytes the chunk's accesses span on its memory (per buffer, their bounding box)."""
-        return sum(box.area * itemsize_of(bid) for bid, box in self.bbox.items())
+        """Bytes the chunk's allocations span on its memory."""
+        return sum(box.area * itemsize_of(bid) for bid, box in self.allocation_boxes())
+
+    def allocation_boxes(self) -> list[tuple[int, Box]]:
+        """(buffer, box) of every allocation the chunk needs, by buffer."""
+        return [(bid, box) for bid, boxes in sorted(self.groups.items()) for box in boxes]
 
 
 
 class Plans(list):
     """The device chunks of an execution command (a list of ``ChunkPlan``) with what every
     compile of them needs first, computed once: the buffers they touch (sorted) and, per
-    (buffer, memory) in sorted order, the bounding box of the chunks' accesses."""
+    (buffer, memory) in sorted order, the boxes allocated contiguously (the chunks' groups
+    on that memory, those that touch merged: one box in the common case)."""
 
     __slots__ = ("bids", "need", "overlap", "outside", "requirements", "allocated_under")
 
@@ -63,14 +71,15 @@ class Plans(list):
         # requirement was found allocated, so a repeating step asks one set, not per box
         self.allocated_under: set[tuple] = set()
         self.bids = sorted({bid for p in plans for bid in p.bbox})
-        need: dict[tuple[int, int], Box] = {}
+        need: dict[tuple[int, int], tuple[Box, ...]] = {}
         for p in plans:
             if p.batch is not None:
                 continue   # (batches allocate one after the other, when they run)
-            for bid, box in p.bbox.items():
+            for bid, boxes in p.groups.items():
                 key = (bid, p.memory)
-                need[key] = need[key].bounding(box) if key in need else box
-        self.need = [(key, need[key]) for key in (sorted(need) if len(need) > 1 else need)]
+                have = need.get(key)
+                need[key] = boxes if have is None else Box.touching_groups(have + boxes)
+        self.need = [(key, box) for key in (sorted(need) if len(need) > 1 else need) for box in need[key]]
 
 
 
@@ -189,6 +198,7 @@ class ChunkPlanning:
 
     def _fill_plan(self, plan: ChunkPlan, task) -> ChunkPlan:
         """Evaluate the chunk's accesses (regions, their bounding boxes per buffer)."""
+        groups = plan.groups
         for a in task.accesses:
             b = self._buffers[a.buffer]
             reg = a.mapper(plan.box, b.info.shape)
@@ -199,7 +209,14 @@ class ChunkPlanning:
             if a.mode in tg.PRODUCER_MODES:
                 plan.produced[a.buffer] = plan.produced[a.buffer] | reg if a.buffer in plan.produced else reg
             if reg:
-                plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb) if a.buffer in plan.bbox else bb
+                if a.buffer in plan.bbox:
+                    plan.bbox[a.buffer] = plan.bbox[a.buffer].bounding(bb)
+                    have = groups[a.buffer]
+                    if not any(g.contains_box(bb) for g in have):
+                        groups[a.buffer] = Box.touching_groups(have + (bb,))
+                else:
+                    plan.bbox[a.buffer] = bb
+                    groups[a.buffer] = (bb,)
         for regs, bbs in ((plan.consumed, plan.cbbox), (plan.produced, plan.pbbox)):
             for bid, reg in regs.items():
                 bbs[bid] = reg.bounding_box
@@ -272,13 +289,13 @@ class ChunkPlanning:
                 continue
             sequence = any(p.batch is not None for p in ps)
             if not sequence:
-                merged: dict[int, Box] = {}
+                merged: dict[int, tuple[Box, ...]] = {}
                 for p in ps:
-                    for bid, box in p.bbox.items():
-                        merged[bid] = merged[bid].bounding(box) if bid in merged else box
+                    for bid, boxes in p.groups.items():
+                        merged[bid] = Box.touching_groups(merged[bid] + boxes) if bid in merged else boxes
                 scratch = len(ps) * sum(self._itemsize_of(r.buffer) for r in task.reductions)
-                sequence = (sum(box.area * self._itemsize_of(bid) for bid, box in merged.items()) + scratch
-                            > self._capacity[memory])
+                sequence = (sum(box.area * self._itemsize_of(bid) for bid, boxes in merged.items() for box in boxes)
+                            + scratch > self._capacity[memory])
             if sequence:
                 for i, p in enumerate(ps):
                     p.batch = (i, len(ps))

@@ -413,6 +413,10 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         """
         if not b.pending:
             return
+        # (what readers on host memory need there: a receive landing in host memory next to
+        # it allocates it along, as the command would right after)
+        host = () if memories is None else \
+            Box.touching_groups([box for reg, m in zip(touched, memories) if m == HOST_MEMORY for box in reg.boxes])
         keep = []
         for p in b.pending:
             parts: list[Region] = []
@@ -426,11 +430,11 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     covered = covered | part
                     if memories is not None:
                         consumer = memories[i] if len(parts) == 1 and part == p.region else None
-                        whole = reg.bounding_box if consumer is not None else None
+                        whole = reg if consumer is not None else None
             if not parts:
                 keep.append(p)
                 continue
-            self._receive(b, p, parts, consumer, whole)
+            self._receive(b, p, parts, consumer, whole, host)
         b.pending = keep
 
     def _materialize_all(self, b: _Buffer) -> None:
@@ -439,43 +443,72 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         b.pending = []
 
     def _receive(self, b: _Buffer, p: _PendingReceive, parts: list[Region], consumer: int | None = None,
-                 consumer_box: Box | None = None) -> None:
-        """``consumer_box``: all the consuming chunk reads of the buffer; a receive straight
-        into a device allocates that whole box, the allocation the kernel then uses (a
-        receive-sized one would be grown right after, and under a capacity the two together
-        may not fit)."""
+                 consumer_region: Region | None = None, host: tuple = ()) -> None:
+        """Receive ``p`` into one allocation per group of its boxes that touch (two
+        disconnected boxes need not allocate what lies between them), each group with
+        the receive instructions of the ``parts`` (what separate readers consume) in it.
+
+        ``consumer_region``: all the consuming chunk reads of the buffer (its allocation
+        groups); a receive straight into a device allocates the group that holds it, the
+        allocation the kernel then uses (a receive-sized one would be grown right after,
+        and under a capacity the two together may not fit).  ``host``: the boxes readers on
+        host memory need there, allocated along with a group they touch."""
         region = p.region
+        groups = Box.touching_groups(region.boxes) if len(region) > 1 else (region.bounding_box,)
         direct = consumer is not None and consumer >= 2 and self.system.comm_capable(consumer)
-        bbox = region.bounding_box
-        if direct and consumer_box is not None:
-            bbox = consumer_box if consumer_box.contains_box(bbox) else consumer_box.bounding(bbox)
-        if direct and consumer in self._capacity and self._find_alloc(b, consumer, bbox) is None:
-            # On a memory with a capacity a new allocation waits for the frees that made its
-            # room, and a free waits for the sends reading what it frees, which complete when
-            # the peer receives: a receive waiting for an allocation there can close a cycle
-            # between ranks (each rank's receive behind its own send).  It lands in host
-            # memory instead, which needs no room.
-            direct = False
-            bbox = region.bounding_box
-        dst_mem = consumer if direct else HOST_MEMORY
-        dst = self._allocate(b, dst_mem, bbox)
-        common = dict(transfer=p.transfer, region=region, dest=dst.id, dest_box=dst.box, dtype=b.dtype,
-                      size_bytes=region.area * b.itemsize, priority=PRIORITY_COMM)
-        if len(parts) <= 1:
-            ins = ReceiveInstruction(self._new_id(), **common)
-            self._write(dst, region, ins)
-            self._emit(ins)
-        else:
-            split = SplitReceiveInstruction(self._new_id(), **common)
-            self._write(dst, region, split)
-            self._emit(split)
-            for part in parts:
-                aw = AwaitReceiveInstruction(self._new_id(), transfer=p.transfer, region=part,
-                                             priority=PRIORITY_COMM)
-                aw.deps.append((split.id, DEP_SPLIT_RECEIVE))
-                dst.access.update(part, (aw.id, _NO_READERS))  # (the receive left no readers)
-                self._emit(aw)
-        b.newest.update(region, self._only[dst_mem])
+        # Every group is allocated before any receive is written: a later group's allocation
+        # may merge an earlier one's, and a resize copies only data already there (not what
+        # a receive of the transfer still being materialized will write).
+        targets = []
+        for group in groups:
+            bbox = group
+            into = direct
+            if direct and consumer_region is not None:
+                for cbox in Box.touching_groups(consumer_region.boxes) if len(consumer_region) > 1 \
+                        else (consumer_region.bounding_box,):
+                    if cbox.touches(group):
+                        bbox = cbox if cbox.contains_box(group) else cbox.bounding(group)
+                        break
+            if into and consumer in self._capacity and self._find_alloc(b, consumer, bbox) is None:
+                # On a memory with a capacity a new allocation waits for the frees that made its
+                # room, and a free waits for the sends reading what it frees, which complete when
+                # the peer receives: a receive waiting for an allocation there can close a cycle
+                # between ranks (each rank's receive behind its own send).  It lands in host
+                # memory instead, which needs no room.
+                into = False
+                bbox = group
+            dst_mem = consumer if into else HOST_MEMORY
+            if dst_mem == HOST_MEMORY and host:
+                grown = True
+                while grown:
+                    grown = False
+                    for hb in host:
+                        if hb.touches(bbox) and not bbox.contains_box(hb):
+                            bbox = bbox.bounding(hb)
+                            grown = True
+            self._allocate(b, dst_mem, bbox)
+            targets.append((group, dst_mem, bbox))
+        for group, dst_mem, bbox in targets:
+            sub = region if len(groups) == 1 else region & group
+            sub_parts = parts if len(groups) == 1 else [q for q in (part & group for part in parts) if q]
+            dst = self._find_alloc(b, dst_mem, bbox)
+            common = dict(transfer=p.transfer, region=sub, dest=dst.id, dest_box=dst.box, dtype=b.dtype,
+                          size_bytes=sub.area * b.itemsize, priority=PRIORITY_COMM)
+            if len(sub_parts) <= 1:
+                ins = ReceiveInstruction(self._new_id(), **common)
+                self._write(dst, sub, ins)
+                self._emit(ins)
+            else:
+                split = SplitReceiveInstruction(self._new_id(), **common)
+                self._write(dst, sub, split)
+                self._emit(split)
+                for part in sub_parts:
+                    aw = AwaitReceiveInstruction(self._new_id(), transfer=p.transfer, region=part,
+                                                 priority=PRIORITY_COMM)
+                    aw.deps.append((split.id, DEP_SPLIT_RECEIVE))
+                    dst.access.update(part, (aw.id, _NO_READERS))  # (the receive left no readers)
+                    self._emit(aw)
+            b.newest.update(sub, self._only[dst_mem])
 
     # ---- lookahead --------------------------------------------------------------
     def anticipate(self, cmd: cg.Command) -> bool:
@@ -541,7 +574,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             req = plans.requirements
             if req is None:
                 req = plans.requirements = tuple([(bid, plan.memory, box) for plan in plans
-                                                  for bid, box in plan.bbox.items()])
+                                                  for bid, boxes in plan.groups.items() for box in boxes])
             return req
         if kind == cg.AWAIT_PUSH and cmd.transfer[2] == 0 and not self._direct_receives:
             return ((cmd.transfer[1], HOST_MEMORY, cmd.region.bounding_box),)
@@ -601,7 +634,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             b = buffers[bid]
             if b.pending:
                 readers = [p for p in plans if bid in p.bbox]
-                self._materialize(b, [Region.from_box(p.bbox[bid]) for p in readers], [p.memory for p in readers])
+                self._materialize(b, [_group_region(p.groups[bid]) for p in readers], [p.memory for p in readers])
         # allocations first (a resize later in this command would free what a chunk uses)
         bounded = self._capacity
         if bounded:   # (growth of one allocation must leave room for the command's others)
@@ -636,9 +669,10 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 scratch = sum(buffers[r.buffer].itemsize for r in task.reductions)
                 # (the scratch of the batches before it stays until the local reduction)
                 held = sum(s.nbytes for q, _ins, ss in kernels if q.memory == p.memory for s in ss)
-                self._fit(p.memory, p.bbox.items(), scratch + held)
-                self._coming[p.memory] = scratch + sum(box.area * buffers[bid].itemsize for bid, box in p.bbox.items())
-                for bid, box in sorted(p.bbox.items()):
+                needs = p.allocation_boxes()
+                self._fit(p.memory, needs, scratch + held)
+                self._coming[p.memory] = scratch + sum(box.area * buffers[bid].itemsize for bid, box in needs)
+                for bid, box in needs:
                     b = buffers[bid]
                     self._coming[p.memory] -= box.area * b.itemsize
                     a = self._find_alloc(b, p.memory, box)
@@ -672,8 +706,12 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 if alloc is None:
                     alloc = found[fk] = self._find_alloc(b, p.memory, bb)
                 ins.accesses.append(AccessAllocation(a.buffer, alloc.id, alloc.box, bb, reg, a.mode))
+            groups = p.groups
             for bid, reg in consumed:
                 if reg:
+                    if len(groups[bid]) > 1:
+                        self._track_in_groups(bid, p.memory, groups[bid], reg, ins, self._read)
+                        continue
                     box = p.cbbox[bid]
                     alloc = found.get((bid, id(box)))
                     if alloc is None:
@@ -682,6 +720,9 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                         self._read(alloc, reg, ins)
             for bid, reg in sorted(p.produced.items()) if len(p.produced) > 1 else p.produced.items():
                 if reg:
+                    if len(groups[bid]) > 1:
+                        self._track_in_groups(bid, p.memory, groups[bid], reg, ins, self._write)
+                        continue
                     box = p.pbbox[bid]
                     alloc = found.get((bid, id(box)))
                     if alloc is None:
@@ -727,6 +768,18 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     self._buffers[bid].newest.update(reg, self._only[p.memory])
         if task.reductions and not direct:
             self._local_reductions(cmd, kernels)
+
+    def _track_in_groups(self, bid: int, memory: int, groups: tuple, reg: Region, ins: Instruction,
+                         track) -> None:
+        """``_read``/``_write`` of ``reg`` by ``ins`` where the chunk's accesses of ``bid`` lie
+        in several allocations (``groups``, one each): each allocation tracks its part."""
+        b = self._buffers[bid]
+        for box in groups:
+            part = reg & box
+            if part:
+                alloc = self._find_alloc(b, memory, box)
+                if alloc is not None:
+                    track(alloc, part, ins)
 
     def _fit(self, memory: int, needs, extra: int) -> None:
         """Allocations the command would reuse may be larger than it needs now (made by an
@@ -1018,3 +1071,8 @@ def _discard(b, bid: int, memory: int, plans) -> Region | None:
             dis = prod - p.consumed[bid] if bid in p.consumed else prod
             discard = discard | dis if discard is not None else dis
     return discard
+
+
+def _group_region(groups: tuple) -> Region:
+    """The region of a chunk's allocation groups of one buffer (``ChunkPlan.groups``)."""
+    return Region.from_box(groups[0]) if len(groups) == 1 else Region(groups)

@@ -1,15 +1,21 @@
-"""Checks an instruction graph for data races and cycles by replaying it per element."""
+"""Checks an instruction graph for data races, cycles, leaks and lost data by replaying it per
+element.  Lost data: an instruction reads an element of an allocation that nothing wrote since
+the allocation was made, while the rank had the element's value (written, received or given by
+the user) somewhere: a copy, receive or resize that should have brought it there is missing."""
 from __future__ import annotations
 
 import numpy as np
 
 from scheduler import task_graph as tg
 from scheduler.geometry import Box, Region
+from scheduler.instruction_graph import USER_MEMORY
 
 
 class _Alloc:
-    def __init__(self, box: Box, creator: int):
+    def __init__(self, box: Box, creator: int, buffer: int | None = None):
         self.box = box
+        self.creator = creator
+        self.buffer = buffer
         shape = tuple(h - l for l, h in zip(box.lo, box.hi))
         self.writer = np.full(shape, creator, dtype=np.int64)
         self.readers: list[tuple[int, np.ndarray]] = []
@@ -38,6 +44,19 @@ def validate(ctx, rank: int = 0) -> None:
         closure[ins.id] = bits
     allocs: dict[int, _Alloc] = {}
     split_dest: dict = {}
+    known: dict[int, Region] = {}     # per buffer: the elements the rank has had a value of
+    deferred: list = [None, {}]       # (task, its kernels' writes per buffer): known after them
+
+    def settle(ins) -> None:
+        if ins.kind in ("device_kernel", "host_task"):
+            if ins.task == deferred[0]:
+                return
+        elif ins.kind in ("copy", "alloc", "free"):
+            return
+        for bid, part in deferred[1].items():
+            had = known.get(bid)
+            known[bid] = part if had is None else had | part
+        deferred[0], deferred[1] = getattr(ins, "task", None), {}
 
     def before(a: int, b: int) -> bool:
         return a == b or (a in pos and bool(closure[b] >> pos[a] & 1))
@@ -50,9 +69,18 @@ def validate(ctx, rank: int = 0) -> None:
         for w in np.unique(al.writer[m]):
             if w >= 0:
                 assert before(int(w), ins.id), f"I{ins.id} ({ins.kind}) reads A{aid} {region} before I{w} wrote it"
+        if al.buffer is not None and al.creator >= 0:
+            fresh = m & (al.writer == al.creator)
+            if fresh.any():
+                had = known.get(al.buffer)
+                if had is not None:
+                    lost = fresh & al.mask(had & al.box)
+                    assert not lost.any(), (f"I{ins.id} ({ins.kind}) reads {int(lost.sum())} element(s) of A{aid} "
+                                            f"(buffer B{al.buffer}) that nothing wrote there, though the rank had "
+                                            f"their value: lost data")
         al.readers.append((ins.id, m))
 
-    def write(ins, aid, region):
+    def write(ins, aid, region, define: bool = True):
         if aid not in allocs or aid < 0:
             return
         al = allocs[aid]
@@ -69,16 +97,31 @@ def validate(ctx, rank: int = 0) -> None:
                 keep.append((r, rm))
         al.readers = keep
         al.writer[m] = ins.id
+        if define and al.buffer is not None:
+            part = (region if not isinstance(region, Box) else Region.from_box(region)) & al.box
+            # (a chunk's writes are not values its task's other chunks read: those read what was
+            # there before the task, so they count once the task's kernels are behind)
+            into = deferred[1] if ins.kind in ("device_kernel", "host_task") else known
+            had = into.get(al.buffer)
+            into[al.buffer] = part if had is None else had | part
 
-    for aid_user in _user_allocs(ctx, rank):
-        allocs[aid_user[0]] = _Alloc(aid_user[1], -1)
+    users = _user_allocs(ctx, rank)
+    seen = {aid for aid, _, _ in users}
+    for ins in instrs:      # (user allocations of buffers destroyed by now: those copies read)
+        if ins.kind == "copy" and ins.source_memory == USER_MEMORY and ins.source not in seen:
+            seen.add(ins.source)
+            users.append((ins.source, ins.source_box, ins.buffer))
+    for aid, box, bid in users:
+        allocs[aid] = _Alloc(box, -1, bid)
+        known[bid] = Region.from_box(box)       # (the user's data)
     for ins in instrs:
         k = ins.kind
+        settle(ins)
         if k == "alloc":
-            allocs[ins.allocation] = _Alloc(ins.box, ins.id)
+            allocs[ins.allocation] = _Alloc(ins.box, ins.id, ins.buffer)
         elif k == "free":
             al = allocs[ins.allocation]
-            write(ins, ins.allocation, al.box)
+            write(ins, ins.allocation, al.box, define=False)
             del allocs[ins.allocation]
         elif k == "copy":
             read(ins, ins.source, ins.box)
@@ -118,7 +161,7 @@ def validate(ctx, rank: int = 0) -> None:
                 read(ins, ins.allocation, allocs[ins.allocation].box)
     # everything allocated was freed or handed to a fence
     fenced = {i.allocation for i in instrs if i.kind == "fence" and i.allocation is not None}
-    users = {a for a, _ in _user_allocs(ctx, rank)}
+    users = {a for a, _, _ in users}
     leaked = set(allocs) - fenced - users
     assert not leaked, f"allocations never freed: {sorted(leaked)}"
 
@@ -128,5 +171,5 @@ def _user_allocs(ctx, rank):
     out = []
     for b in igg._buffers.values():
         if b.user is not None:
-            out.append((b.user.id, b.user.box))
+            out.append((b.user.id, b.user.box, b.info.id))
     return out

@@ -844,9 +844,6 @@ def test_overlapping_remote_reads_are_awaited_once_per_element(dims):
     validate(ctx, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="two 1-element reads (separate accessors) at both ends of a 1024-element "
-                   "buffer, received from another rank, get one host allocation of the whole 0..1024 bounding box; "
-                   "Celerity allocates one element per accessor")
 def test_disconnected_remote_reads_do_not_allocate_their_bounding_box():
     """instruction_graph_p2p_tests.cc "an await-push of disconnected subregions does not
     allocate their bounding-box": rank 1 reads the first and the last element of a 1024 buffer

@@ -588,3 +588,56 @@ def test_buffers_of_either_byte_order_compute_and_reduce(nodes, devices, dtype):
     for dt, xs, s in run_cluster(program, nodes=nodes, devices=devices, timeout=120):
         assert dt == np.dtype(dtype).str
         assert xs == [2 * i for i in range(12)] and s == [100 + 132]
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (3, 1), (3, 2)])
+def test_disconnected_accessors_and_receives_keep_values(nodes, devices):
+    """Accessors at both ends of a buffer get an allocation each, and data a rank lacks on both
+    sides of what it holds arrives in two receives: a kernel reading the two ends, a host task
+    reading its part with 4 halo elements each side, another re-writing every part (the middle
+    rank's halos go stale on both sides), then a fence on every rank, all exact."""
+    n = 30
+
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(n, dtype=np.int64), name="b")
+        ends = cl.Buffer(shape=(n,), dtype=np.int64, name="ends")
+
+        def read_ends(cgh):
+            lo = b.access(cgh, cl.fixed(cl.Subrange((0,), (2,))), cl.read)
+            hi = b.access(cgh, cl.fixed(cl.Subrange((n - 2,), (2,))), cl.read)
+            w = ends.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            def k(chunk):
+                w[chunk] = int(lo[0] + lo[1] + hi[n - 2] + hi[n - 1])
+            cgh.parallel_for((n,), k)
+        q.submit(read_ends)
+
+        def halo(cgh):
+            r = b.access(cgh, cl.neighborhood(4), cl.read)
+            w = ends.access(cgh, cl.one_to_one(), cl.read_write)
+
+            def part(p):
+                y0, y1 = p.box.min[0], p.box.max[0]
+                w[y0:y1] = w[y0:y1] + int(r[max(y0 - 4, 0):min(y1 + 4, n)].sum())
+            cgh.host_task(part, range=(n,))
+        q.submit(halo)
+
+        def again(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            def part(p):
+                y0, y1 = p.box.min[0], p.box.max[0]
+                w[y0:y1] = 1000 + np.arange(y0, y1)
+            cgh.host_task(part, range=(n,))
+        q.submit(again)
+        return q.fence(b).result().tolist(), q.fence(ends).result().tolist()
+
+    ref = np.arange(n, dtype=np.int64)
+    expect = np.full(n, ref[0] + ref[1] + ref[n - 2] + ref[n - 1])
+    for k in range(nodes):          # (a host task runs one part per rank, split as the ranks are)
+        y0, y1 = n * k // nodes, n * (k + 1) // nodes
+        expect[y0:y1] += ref[max(y0 - 4, 0):min(y1 + 4, n)].sum()
+    for got_b, got_ends in run_cluster(program, nodes=nodes, devices=devices):
+        assert got_b == list(range(1000, 1000 + n))
+        assert got_ends == expect.tolist()

@@ -275,6 +275,41 @@ def test_box_ops_match_mask(d, data):
         assert Subrange.from_box(a).box == a
 
 
+@pytest.mark.parametrize("d", DIMS)
+@SETTINGS
+@given(data=st.data())
+def test_touching_groups_cover_and_separate(d, data):
+    """``Box.touching_groups``: every non-empty box lies in exactly one group, groups do not
+    touch one another, each group is the bounding box of the boxes in it, sorted by low corner."""
+    bs = data.draw(st.lists(boxes(d), min_size=1, max_size=6))
+    groups = Box.touching_groups(bs)
+    live = [b for b in bs if not b.empty]
+    assert all(not g.empty for g in groups)
+    for b in live:
+        assert sum(1 for g in groups if g.contains(b)) == 1
+    for g, h in itertools.combinations(groups, 2):
+        assert not g.touches(h)
+    for g in groups:
+        inside = [b for b in live if g.contains(b)]
+        bb = inside[0]
+        for b in inside[1:]:
+            bb = bb.bounding(b)
+        assert bb == g
+    assert [g.min for g in groups] == sorted(g.min for g in groups)
+
+
+def test_touching_groups_examples():
+    a, b, c = Box((0,), (1,)), Box((1023,), (1024,)), Box((1,), (5,))
+    assert Box.touching_groups([a, b]) == (a, b)
+    assert Box.touching_groups([b, a]) == (a, b)
+    assert Box.touching_groups([a, b, c]) == (Box((0,), (5,)), b)     # a and c share a face
+    # (a group grown by one box may then touch another group: they merge)
+    x, y, z = Box((0, 0), (2, 2)), Box((4, 0), (6, 2)), Box((2, 0), (4, 1))
+    assert Box.touching_groups([x, y, z]) == (Box((0, 0), (6, 2)),)
+    assert Box.touching_groups([Box((3,), (3,))]) == ()
+    assert Box.touching_groups([x]) == (x,)
+
+
 def test_empty_boxes_have_one_representation():
     empties = [Box((3,), (3,)), Box((5,), (2,)), Box((0, 0), (4, 0)), Box((-3, 7), (9, 2)),
                Box((1, 1, 1), (2, 2, 1)), Box((4, 4, 4), (0, 0, 0)), Box((0,), (4,)) & Box((4,), (8,))]

@@ -265,6 +265,34 @@ class Box:
                          (max(a1[0], b1[0]), max(a1[1], b1[1]), max(a1[2], b1[2])),
                          max(self.dims, other.dims))
 
+    @staticmethod
+    def touching_groups(boxes: Sequence["Box"]) -> tuple["Box", ...]:
+        """The bounding boxes of the groups of ``boxes`` that touch, transitively (empty
+        boxes dropped), ordered by their low corner: what must be allocated contiguously.
+        Two accessors reading the two ends of a buffer need two small allocations, not
+        their bounding box (Celerity allocates per accessor and merges what connects)."""
+        if len(boxes) == 1:
+            b = boxes[0]
+            return () if b.empty else (b,)
+        out: list[Box] = []
+        for b in boxes:
+            if b.empty:
+                continue
+            grown = True
+            while grown:            # (a grown box may now touch a group it did not before)
+                grown = False
+                for i, o in enumerate(out):
+                    if o.touches(b):
+                        if not b.contains_box(o):
+                            b = b.bounding(o)
+                        del out[i]
+                        grown = True
+                        break
+            out.append(b)
+        if len(out) > 1:
+            out.sort(key=lambda x: x.lo)
+        return tuple(out)
+
     def to_json(self) -> list[list[int]]:
         return [list(self.min), list(self.max)]
 
