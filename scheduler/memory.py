@@ -207,6 +207,8 @@ class MemoryManagement:
         itemsize = b.itemsize
         free = cap - self._used[memory] - self._coming.get(memory, 0)
         allocs = b.allocs.get(memory, [])
+        antic = b.anticipated.get(memory, ()) if anticipate else ()
+        pinned = self._pinned
         target = box
         merge: list[Allocation] = []
         changed = True
@@ -220,11 +222,15 @@ class MemoryManagement:
                     merge.append(a)
                     target = grown
                     changed = True
-        for ab in b.anticipated.get(memory, ()) if anticipate else ():
-            if not target.contains_box(ab) and target.touches(ab):
-                grown = target.bounding(ab)
-                if grown.area * itemsize <= free:
-                    target = grown
+            for ab in antic:
+                if not target.contains_box(ab) and target.touches(ab):
+                    grown = target.bounding(ab)
+                    # (not over an allocation the command uses and this one does not merge: it
+                    # would be evicted below; what else it reaches is merged on the next round)
+                    if grown.area * itemsize <= free and not any(
+                            a.id in pinned and a not in merge and a.box.intersects(grown) for a in allocs):
+                        target = grown
+                        changed = True
         for a in list(allocs):
             if a not in merge and a.box.intersects(target):
                 self._evict(b, a)

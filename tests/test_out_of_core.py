@@ -20,7 +20,7 @@ import celeritas as cl
 from celeritas import range_mappers as rm
 from celeritas.testing import run_cluster
 from scheduler import task_graph as tg
-from scheduler.geometry import Box
+from scheduler.geometry import Box, Subrange
 from scheduler.errors import ConfigError, OutOfMemoryError
 
 from graph_context import GraphContext
@@ -464,3 +464,25 @@ def test_a_chunk_whose_batches_scratch_cannot_fit_names_the_bytes_it_needs(monke
     least any split needs (166 B), not the 162 B of one row with its own scratch."""
     with pytest.raises(OutOfMemoryError, match=r"needs at least 166 bytes .* capacity is 162 bytes"):
         _reused_allocation_program(162, 3, monkeypatch)
+
+
+@pytest.mark.parametrize("cap", range(72, 420, 8))
+def test_anticipated_growth_never_evicts_the_commands_own_allocation(cap):
+    """A reader of two boxes of a buffer that do not touch ([0:4, 0:2] and [3:4, 4:5]) allocates
+    each, and lookahead anticipates the next task's row [3:4, 0:6], which touches the second and
+    reaches into the first.  Under a capacity where growing the first over the row does not fit
+    but growing the second does, the grown second allocation used to evict the first, which the
+    reader uses (its kernel then had no allocation): now a growth never covers an allocation the
+    command holds without merging it."""
+    ctx = GraphContext(1, devices=1, capacity=cap, lookahead="auto")
+    b = ctx.buffer((4, 6), np.int64, host_init=True)
+    ctx.task((1,), [(b, rm.fixed(Subrange((0, 0), (4, 2))), R), (b, rm.fixed(Subrange((3, 4), (1, 1))), R)],
+             name="reader")
+    ctx.task((1,), [(b, rm.fixed(Subrange((3, 0), (1, 6))), DW)], name="row")
+    ctx.finish()
+    (k,) = ctx.instrs(0, "device_kernel", name="reader")
+    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
+    for acc in k.accesses:
+        assert allocs[acc.allocation].box.contains(acc.box)
+    check_capacity(ctx, cap)
+    validate(ctx)
