@@ -200,6 +200,8 @@ MANY_DRAWS = True           # main: a front of 260-300 row kernels, more index s
 MANY_SHARE = 0.004          # of main programs (``_draw_many``)
 REGION_FENCE_DRAWS = True   # main: some subrange fences given as a cl.Region of their box (``_draw_region_fences``)
 BYTE_ORDER_DRAWS = True     # main: data buffers in the non-native byte order (``_draw_byte_order``)
+DISJOINT_READ_DRAWS = True  # main: reads of a buffer's first and last rows in one task (``_draw_disjoint_reads``)
+DISJOINT_READ_SHARE = 0.2   # of main programs
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
@@ -1005,7 +1007,8 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
     for switch, draw in (("GEOMETRY_DRAWS", _draw_geometry), ("SPLIT_DRAWS", _draw_splits), ("OOC_DRAWS", _draw_ooc),
                          ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
                          ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many),
-                         ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order)):
+                         ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order),
+                         ("DISJOINT_READ_DRAWS", _draw_disjoint_reads)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1395,6 +1398,40 @@ def _draw_byte_order(g: _Gen, p: Program) -> None:
         if p.init[k] is not None:
             p.init[k] = p.init[k].astype(other)
         p.features.add("dtype:byte_order")
+
+
+def _draw_disjoint_reads(g: _Gen, p: Program) -> None:
+    """In some programs (drawn after the whole program, so that every seed keeps its program) a
+    task that reads a data buffer of 3 or more rows also reads its first and its last row through
+    two ``fixed`` accessors (``read:disjoint_rows``): two accesses that do not touch, which get an
+    allocation each (not their bounding box), and are received apart from another rank.  Not in
+    source kernels (one_to_one reads only), not of the buffer the task writes, not in the
+    out-of-core pair (sized for its capacity)."""
+    rng = g.rng
+    if rng.random() >= DISJOINT_READ_SHARE:
+        return
+    picks = []
+    for t in p.tasks:
+        if t.kind not in ("kernel", "host", "master", "collective") or getattr(t, "source", False) \
+                or (t.name or "").startswith("ooc_"):
+            continue
+        w = t.write
+        for rd in t.reads:
+            if rd.space != "data" or len(p.shapes[rd.buffer]) < 1 or p.shapes[rd.buffer][0] < 3:
+                continue
+            if w is not None and w.space == "data" and w.buffer == rd.buffer:
+                continue
+            picks.append((t, rd.buffer))
+            break
+    if not picks:
+        return
+    for t, b in rng.sample(picks, min(len(picks), rng.randint(1, 2))):
+        shape = p.shapes[b]
+        rest = tuple(shape[1:])
+        first = Read("data", b, "fixed", fixed_box=((0,) + (0,) * len(rest), (1,) + rest))
+        last = Read("data", b, "fixed", fixed_box=((shape[0] - 1,) + (0,) * len(rest), (shape[0],) + rest))
+        t.reads.extend([first, last] if rng.random() < 0.5 else [last, first])
+        p.features.add("read:disjoint_rows")
 
 
 SOURCE_TYPES = {"int64": "long", "int32": "int", "int16": "short", "uint8": "uchar", "float32": "float",
