@@ -11,13 +11,14 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from executor.communicator import DEFAULT_DIVERGENCE_TIMEOUT
 from scheduler.errors import ConfigError
 from scheduler.scheduler import LOOKAHEAD_MODES
+
 DIAGNOSTICS = ("off", "warn", "error")
 MPI_DEVICE_MEMORY = ("auto", "direct", "staged")
 GC_POLICIES = ("tuned", "default")
 MPI_STRIDED = ("auto", "datatype", "staging")
-DEFAULT_DIVERGENCE_TIMEOUT = 300.0
 REPLAY_MODES = ("on", "off")
 HUGE_PAGES_DEFAULT = 2 << 20     # one x86-64 / arm64 transparent huge page
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}

@@ -46,21 +46,21 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
             n = cuda_device_count()
         except ImportError as exc:
             if spec.backend == "cuda":
-                raise ConfigError(f"CELERITAS_DEVICES={spec}: the CUDA backend needs CuPy "
+                raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: the CUDA backend needs CuPy "
                                   f"(pip install 'celeritas[cuda]'): {exc}") from None
         else:
             if spec.backend == "cuda":
                 if n == 0:
-                    raise ConfigError(f"CELERITAS_DEVICES={spec}: no CUDA GPU is visible")
+                    raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: no CUDA GPU is visible")
                 missing = [d for d in spec.ids if not 0 <= d < n]
                 if missing:   # (as for OpenCL: a ConfigError listing what exists, not the backend's error)
-                    raise ConfigError(f"CELERITAS_DEVICES={spec}: CUDA device {missing[0]} does not exist; this "
+                    raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: CUDA device {missing[0]} does not exist; this "
                                       f"machine has {n} visible: {', '.join(f'cuda:{d}' for d in range(n))}")
                 from executor.backends.backend import BackendError
                 try:
                     return CudaBackend(list(spec.ids) or list(range(n)))
                 except BackendError as exc:
-                    raise ConfigError(f"CELERITAS_DEVICES={spec}: {exc}") from None
+                    raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: {exc}") from None
             if n > 0:
                 return CudaBackend(list(range(n)))
         from executor.backends.host import HostBackend
@@ -76,7 +76,7 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
         try:
             return OpenCLBackend(list(spec.ids), huge_pages=huge_pages)
         except BackendError as exc:
-            raise ConfigError(f"CELERITAS_DEVICES={spec}: {exc}") from None
+            raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: {exc}") from None
     raise ConfigError(f"unknown backend {spec.backend!r}")
 
 

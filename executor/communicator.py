@@ -24,6 +24,10 @@ import numpy as np
 
 from scheduler.instruction_graph import Pilot
 
+# how long (s) a shutdown or barrier epoch waits for every peer's matching epoch before the
+# divergence check gives up (the MPI and the in-memory channels alike; CELERITAS_DIVERGENCE_TIMEOUT)
+DEFAULT_DIVERGENCE_TIMEOUT = 300.0
+
 log = logging.getLogger("celeritas.executor")
 
 
@@ -352,7 +356,8 @@ class InProcessCluster:
     """
 
     def __init__(self, num_ranks: int, *, timeout: float | None = None,
-                 divergence_timeout: float | None = 300.0, divergence_timeout_hint: str | None = None):
+                 divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT,
+                 divergence_timeout_hint: str | None = None):
         if num_ranks < 1:
             raise ValueError(f"a cluster needs at least one rank, got {num_ranks}")
         self._state = _ClusterState(num_ranks, timeout, divergence_timeout=divergence_timeout,

@@ -1227,7 +1227,7 @@ def device_error_pattern(value: str) -> str:
     if value.count(":") == 1 and value.startswith("opencl"):     # (opencl:N: not P:D, a malformed list)
         return re.escape(f"{var}={value!r} is not a device list; use host:N, cuda, cuda:0,1, opencl or "
                          f"opencl:P:D,...")
-    head = re.escape(f"{var}={value}: ")
+    head = re.escape(f"{var}={value!r}: ")
     if value.startswith("cuda"):
         dev = int(value.split(":")[1])
         why, n = _cuda_gpus()

@@ -1934,7 +1934,7 @@ def test_config_start_errors_fixed_seeds(seed, cfg, form, setting, value, says):
     says = says.format(file=file) if says is not None else _device_message(value)
     for o in raised:
         text = str(o["error"])
-        assert text.startswith(f"{setting}={value!r} " if value == "opencl:99" else f"{setting}={value}: "
+        assert text.startswith(f"{setting}={value!r} " if value == "opencl:99" else f"{setting}={value!r}: "
                                if form == "device" else f"{setting}: "), text
         assert says in text and o["stage"] == "setup", text
 

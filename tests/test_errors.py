@@ -1056,7 +1056,7 @@ def test_a_cuda_device_that_does_not_exist_is_a_config_error_listing_the_visible
                         raising=False)
     from celeritas.config import DeviceSpec
     from celeritas.runtime import make_backend
-    with pytest.raises(cl.ConfigError, match=r"^CELERITAS_DEVICES=cuda:1,99: CUDA device 99 does not exist; this "
+    with pytest.raises(cl.ConfigError, match=r"^CELERITAS_DEVICES='cuda:1,99': CUDA device 99 does not exist; this "
                                              r"machine has 2 visible: cuda:0, cuda:1$"):
         make_backend(DeviceSpec.parse("cuda:1,99"))
 

@@ -54,7 +54,7 @@ def test_platform_that_does_not_exist_lists_the_platforms_and_devices(tmp_path):
     r = _run("opencl:5:0", tmp_path)
     assert r.returncode == 3, r.stdout + r.stderr
     msg = r.stdout
-    assert "CELERITAS_DEVICES=opencl:5:0: OpenCL platform 5 does not exist" in msg
+    assert "CELERITAS_DEVICES='opencl:5:0': OpenCL platform 5 does not exist" in msg
     assert f"this machine has {len(platforms)} platform" in msg
     for p, (ndev, name) in enumerate(platforms):
         assert f"platform {p} {name!r}" in msg

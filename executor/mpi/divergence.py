@@ -19,11 +19,10 @@ from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
 from scheduler.task_graph import BUFFER_CREATED, DIGEST_MORE
 
+from ..communicator import DEFAULT_DIVERGENCE_TIMEOUT  # noqa: F401 - (re-exported: executor.mpi)
 from .wire import EPOCH_TAG
 
 log = logging.getLogger("celeritas.mpi")
-
-DEFAULT_DIVERGENCE_TIMEOUT = 300.0
 
 
 @dataclass(slots=True)
