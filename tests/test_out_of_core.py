@@ -486,3 +486,30 @@ def test_anticipated_growth_never_evicts_the_commands_own_allocation(cap):
         assert allocs[acc.allocation].box.contains(acc.box)
     check_capacity(ctx, cap)
     validate(ctx)
+
+
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (2, 2)])
+def test_disconnected_accessors_fit_where_their_bounding_box_does_not(nodes, devices):
+    """Two 2-element reads at both ends of an 8 KiB buffer on 1 KiB devices: each gets its own
+    allocation, so the kernel fits (the bounding box of both, 8 KiB, was an OutOfMemoryError:
+    one row of the chunk could not be split any further)."""
+    n = 1024
+
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(n, dtype=np.int64), name="b")
+        out = cl.Buffer(shape=(4,), dtype=np.int64, name="out")
+
+        def cgf(cgh):
+            lo = b.access(cgh, cl.fixed(cl.Subrange((0,), (2,))), cl.read)
+            hi = b.access(cgh, cl.fixed(cl.Subrange((n - 2,), (2,))), cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            def k(chunk):
+                w[chunk] = lo[0] + lo[1] + hi[n - 2] + hi[n - 1] + np.arange(chunk.box.min[0], chunk.box.max[0])
+            cgh.parallel_for((4,), k)
+        q.submit(cgf)
+        return q.fence(out).result().tolist()
+
+    want = [0 + 1 + (n - 2) + (n - 1) + i for i in range(4)]
+    assert run_cluster(program, nodes=nodes, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="1024") == [want] * nodes
