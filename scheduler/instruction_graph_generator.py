@@ -650,7 +650,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 scratch = sum(1 for p in plans if p.memory == mem and p.batch is None) * n_reductions
                 coming[mem] += scratch   # (allocated after the needs: room is kept for it)
                 self._fit(mem, needs, scratch)
-        for (bid, mem), box in plans.need:
+        for (bid, mem), box in (self._missing_first(plans.need) if bounded and len(plans.need) > 1
+                                else plans.need):
             b = buffers[bid]
             if bounded and mem in bounded:
                 self._coming[mem] -= box.area * b.itemsize
@@ -768,6 +769,29 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     self._buffers[bid].newest.update(reg, self._only[p.memory])
         if task.reductions and not direct:
             self._local_reductions(cmd, kernels)
+
+    def _missing_first(self, need: list) -> list:
+        """``Plans.need`` with, per buffer and bounded memory, a box that no allocation holds but
+        that meets one another box was found in, before that box: found first, the allocation
+        would be pinned, and the missing box's allocation would have to grow over it whether
+        or not that fits, where allocated first it may evict it instead (the found box is then
+        allocated on its own), as one box over both would have."""
+        out = list(need)
+        k = 0
+        while k < len(out):
+            key = out[k][0]
+            end = k + 1
+            while end < len(out) and out[end][0] == key:
+                end += 1
+            if end - k > 1 and key[1] in self._capacity:
+                b = self._buffers[key[0]]
+                found = [self._find_alloc(b, key[1], box) for _key, box in out[k:end]]
+                held = [a for a in found if a is not None]
+                missing = [e for e, a in zip(out[k:end], found) if a is None]
+                if missing and held and any(a.box.intersects(box) for _key, box in missing for a in held):
+                    out[k:end] = missing + [e for e, a in zip(out[k:end], found) if a is not None]
+            k = end
+        return out
 
     def _track_in_groups(self, bid: int, memory: int, groups: tuple, reg: Region, ins: Instruction,
                          track) -> None:

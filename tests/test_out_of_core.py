@@ -513,3 +513,26 @@ def test_disconnected_accessors_fit_where_their_bounding_box_does_not(nodes, dev
 
     want = [0 + 1 + (n - 2) + (n - 1) + i for i in range(4)]
     assert run_cluster(program, nodes=nodes, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="1024") == [want] * nodes
+
+
+def test_a_missing_group_is_allocated_before_the_allocation_another_group_was_found_in():
+    """A chunk reads two boxes of a buffer that do not touch: [0:3, 0:1], which an earlier
+    task's [0:6, 0:8] allocation holds, and [5:9, 4:7], which meets that allocation. Found
+    first, the held allocation was pinned, and the second box's allocation had to grow over
+    it: [0:9, 0:8], 576 B on a 620 B device with 384 B held, an OutOfMemoryError. The missing
+    box is now allocated first: growing over the old allocation does not fit, so it is
+    evicted and each box gets its own allocation (fuzzer seed 2609)."""
+    ctx = GraphContext(1, devices=1, capacity=620)
+    b = ctx.buffer((9, 8), np.int64, host_init=True)
+    ctx.task((6, 8), [(b, rm.one_to_one(), R)], name="first")
+    ctx.task((3, 1), [(b, rm.fixed(Subrange((5, 4), (4, 3))), R), (b, rm.one_to_one(), R)], oversubscribe=3,
+             name="second")
+    ctx.finish()
+    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
+    for k in ctx.instrs(0, "device_kernel", name="second"):
+        for acc in k.accesses:
+            assert allocs[acc.allocation].box.contains(acc.box)
+    assert sorted((a.box.min, a.box.max) for a in allocs.values()) == \
+        [((0, 0), (3, 1)), ((0, 0), (6, 8)), ((5, 4), (9, 7))]
+    check_capacity(ctx, 620)
+    validate(ctx)
