@@ -26,7 +26,7 @@ from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_access, collapse_map
 from .device_chunks import ChunkPlan, ChunkPlanning
 from .instruction_replay import InstructionReplayMixin
-from .memory import PRIORITY_COPY, Allocation, MemoryManagement
+from .memory import DEP_ALLOCATION, PRIORITY_COPY, Allocation, MemoryManagement
 from .recorders import InstructionRecorder
 from .replay import Replay
 from .instruction_graph import (  # noqa: F401 - (the dependency origins, also imported from here)
@@ -68,6 +68,7 @@ class SystemInfo:
 
 
 _NO_READERS: frozenset = frozenset()
+_CLONES = -1     # key of ``_collective`` (groups are >= 0): the last clone_collective_group
 
 
 class _PendingReceive:
@@ -830,8 +831,14 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
     def _collective_order(self, group: int, ins: Instruction) -> None:
         if group not in self._collective:
             clone = CloneCollectiveGroupInstruction(self._new_id(), original=0, new=group)
+            # (cloning a communicator is collective itself: every rank clones in one order,
+            # so each clone follows the one before it, not only the same stream of issue)
+            last = self._collective.get(_CLONES)
+            if last is not None:
+                clone.deps.append((last, DEP_COLLECTIVE))
             self._emit(clone)
             self._collective[group] = clone.id
+            self._collective[_CLONES] = clone.id
         ins.deps.append((self._collective[group], DEP_COLLECTIVE))
         self._collective[group] = ins.id
 
@@ -1025,6 +1032,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 self._copy_between(b, src, snap, part)
             allocation = aid
             deps.extend((u, DEP_READ) for u in sorted(snap.users()))
+            if not deps:     # (nothing copied in: an empty box, or no part ever written)
+                deps.append((al.id, DEP_ALLOCATION))
         ins = FenceInstruction(self._new_id(), task=task.id, promise=task.fence_promise, allocation=allocation)
         ins.deps = deps
         if task.fence_host_object is not None:

@@ -13,7 +13,7 @@ actual ids travel beside it (``_BufferShape.allocations``).
 from __future__ import annotations
 
 from . import command_graph as cg
-from .instruction_graph import AccessAllocation, Pilot, ReductionAllocation
+from .instruction_graph import AccessAllocation, CloneCollectiveGroupInstruction, Pilot, ReductionAllocation
 from .memory import Allocation
 from .replay import absolute_epoch, newest_named, relative_epoch
 from .replay import absolute_id as _abs
@@ -63,9 +63,12 @@ class InstructionReplayMixin:
         self._warned = False
         evictions = self.memory_stats["evictions"]
         self._compile_now(cmd)
-        if self._warned or self.memory_stats["evictions"] != evictions:
+        if self._warned or self.memory_stats["evictions"] != evictions or (
+                cmd.kind == cg.EXECUTION and cmd.task.collective_group is not None
+                and any(type(ins) is CloneCollectiveGroupInstruction for ins in self._out[n_out:])):
             # (diagnostics are logged by every lowering; an eviction depends on every buffer
-            # on the memory, which the key does not hold)
+            # on the memory, which the key does not hold; a group's clone, once per group,
+            # follows the clone before it, which the key does not hold either)
             replay.bypassed += 1
             self._forget_shapes(touched)
             return

@@ -7,9 +7,11 @@ memory into its user allocation instead of staging through host memory and hands
 allocation to the user itself instead of listing it as horizon / epoch garbage; every host
 object gets a destroy instruction; diagnostics come from the task layer first; oversubscribed
 reductions and side effects are made safe instead of refused), the test pins the semantic
-property and says so.  Tests marked ``xfail(strict=True)`` assert what Celerity does where
-celeritas currently does not (see their reasons).  Every graph is also run through
-``ig_validator.validate`` (no races, no leaks).
+property and says so.  Every graph is also run through ``ig_validator.validate`` (no races,
+no leaks, no lost data).  The cases first failed in four places, since fixed: clones of
+collective groups were not chained in one order, an empty-box fence did not depend on its
+allocation, and boxes meeting at a corner (or, in 3-D, an edge) counted as connected, so
+accessors and received parts that meet only there were allocated as one bounding box.
 """
 import itertools
 import threading
@@ -180,11 +182,6 @@ def test_collective_groups_are_ordered_within_each_group(rank):
     validate(ctx, rank)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "clone_collective_group instructions are not ordered among themselves: each depends only on "
-    "the last epoch (InstructionGraphGenerator._collective_order emits the clone without deps), "
-    "so the clones of groups 2 and 3 are concurrent with each other and with the default group's; "
-    "cloning (MPI_Comm_idup) is collective and must happen in the same order on every rank"))
 @pytest.mark.parametrize("rank", [0, 1])
 def test_collective_group_clones_follow_one_total_order(rank):
     """instruction_graph_misc_tests.cc "collective-group instructions follow a single global
@@ -252,11 +249,6 @@ def test_empty_buffer_fence_moves_nothing(rank):
     validate(ctx, rank)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the fence of an empty box does not depend on the alloc of its user allocation: "
-    "_compile_fence adds deps only from the snapshot's users (none for an empty box), so "
-    "fence and alloc are both successors of the init epoch only; the executor's _issue_fence "
-    "pops that allocation and works only because it happens to issue the alloc first"))
 @pytest.mark.parametrize("rank", [0, 1])
 def test_empty_buffer_fence_depends_on_its_user_allocation(rank):
     """instruction_graph_misc_tests.cc "instruction_graph_generator gracefully handles
@@ -724,11 +716,6 @@ def test_box_touches_on_overlap_and_shared_faces_only():
         assert Q3[i].touches(Q3[j]), (i, j)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Box.touches compares every dimension with <=, so boxes meeting only at a corner (2-D, "
-    "3-D) or along an edge (3-D) count as touching; its docstring says 'share a face'.  "
-    "Box.touching_groups then allocates them as one bounding box (see "
-    "test_corner_touching_accesses_are_not_allocated_as_one_box)"))
 def test_box_touches_not_at_corners_or_edges():
     """instruction_graph_grid_tests.cc "boxes_edge_connected_correctly detects 2/4/6-
     connectivity" (the corner cases): 2-D quadrants meeting at one point and 3-D octants
@@ -776,10 +763,6 @@ def test_touching_groups_are_disjoint_and_cover_the_region():
         assert cover.contains(region)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Box.touching_groups merges parts that meet only at a corner or an edge (and a part face-"
-    "adjacent only to another group's bounding box): the 2-D input becomes one 35x35 box "
-    "(1225 elements instead of 1075), the 3-D input one 30x30x25 box (22500 instead of 10125)"))
 @pytest.mark.parametrize("case", sorted(_GROUP_CASES))
 def test_touching_groups_keep_corner_connected_parts_apart(case):
     """instruction_graph_grid_tests.cc "connected_subregion_bounding_boxes correctly merges
@@ -790,11 +773,6 @@ def test_touching_groups_keep_corner_connected_parts_apart(case):
     assert sorted(Box.touching_groups(Region(boxes).boxes), key=lambda b: b.lo) == expected
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a host task with two accessors of 10x10 boxes that meet at one corner gets one 20x20 host "
-    "allocation (400 elements) instead of two of 100: ChunkPlanning groups the accessors' "
-    "boxes with Box.touching_groups, and InstructionGraphGenerator._receive groups the boxes "
-    "of the received region the same way, both treating corner contact as touching"))
 @pytest.mark.parametrize("remote", [False, True], ids=["local accesses", "await-push"])
 def test_corner_touching_accesses_are_not_allocated_as_one_box(remote):
     """instruction_graph_grid_tests.cc "boxes_edge_connected_correctly detects 2/4/6-

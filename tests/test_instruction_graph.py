@@ -384,14 +384,16 @@ def test_disconnected_accessors_get_an_allocation_each():
 
 
 def test_touching_accessors_share_one_allocation():
-    """Accessors whose boxes share a face (or overlap) are allocated together, as one box."""
+    """Accessors whose boxes share a face (or overlap) are allocated together, as one box;
+    boxes that meet only at a corner are not connected and get an allocation each."""
     ctx = GraphContext(1)
     b = ctx.buffer((64, 64), host_init=True)
-    ctx.task((1,), [(b, rm.fixed(Subrange((0, 0), (8, 8))), R), (b, rm.fixed(Subrange((8, 8), (8, 8))), R),
-                    (b, rm.fixed(Subrange((40, 40), (4, 4))), R)], name="three")
+    ctx.task((1,), [(b, rm.fixed(Subrange((0, 0), (8, 8))), R), (b, rm.fixed(Subrange((8, 4), (8, 8))), R),
+                    (b, rm.fixed(Subrange((40, 40), (4, 4))), R), (b, rm.fixed(Subrange((44, 44), (4, 4))), R)],
+             name="four")
     ctx.finish()
     assert _by_lo(a.box for a in _allocs_of(ctx, b, memory=2)) == \
-        [Box((0, 0), (16, 16)), Box((40, 40), (44, 44))]
+        [Box((0, 0), (16, 12)), Box((40, 40), (44, 44)), Box((44, 44), (48, 48))]
     validate(ctx)
 
 

@@ -231,11 +231,22 @@ class Box:
         return self.contains(other)
 
     def touches(self, other: "Box") -> bool:
-        """Whether the boxes intersect or share a face (so their union may be one box):
-        what decides that two allocations should merge into one."""
+        """Whether the boxes overlap or share a face (1-D: an end point; 2-D: part of an
+        edge; 3-D: part of a face), so that together they are one connected piece: what
+        decides that two accesses are allocated as one.  Boxes meeting only at a corner,
+        or in 3-D along an edge, do not touch (Celerity's 2/4/6-connectivity)."""
         a0, a1, b0, b1 = self.lo, self.hi, other.lo, other.hi
-        return (a0[0] <= b1[0] and b0[0] <= a1[0] and a0[1] <= b1[1] and b0[1] <= a1[1]
-                and a0[2] <= b1[2] and b0[2] <= a1[2])
+        if a1[0] <= a0[0] or b1[0] <= b0[0]:
+            return False     # (an empty box touches nothing)
+        flush = 0
+        for d in (0, 1, 2):
+            lo = a0[d] if a0[d] > b0[d] else b0[d]
+            hi = a1[d] if a1[d] < b1[d] else b1[d]
+            if hi < lo:
+                return False
+            if hi == lo:
+                flush += 1
+        return flush <= 1
 
     def indices_meeting(self, regions: Sequence["Region"]) -> list[int]:
         """Indices of the non-empty regions whose bounding box intersects this box, in
@@ -267,26 +278,43 @@ class Box:
 
     @staticmethod
     def touching_groups(boxes: Sequence["Box"]) -> tuple["Box", ...]:
-        """The bounding boxes of the groups of ``boxes`` that touch, transitively (empty
-        boxes dropped), ordered by their low corner: what must be allocated contiguously.
-        Two accessors reading the two ends of a buffer need two small allocations, not
-        their bounding box (Celerity allocates per accessor and merges what connects)."""
+        """What must be allocated contiguously for ``boxes`` (empty ones dropped), ordered by
+        low corner: the bounding box of each connected piece (boxes that ``touch``,
+        transitively), those bounding boxes merged where they overlap, since allocations of
+        one buffer do not overlap.  Two accessors reading the two ends of a buffer need two
+        small allocations, not their bounding box, as in Celerity."""
         if len(boxes) == 1:
             b = boxes[0]
             return () if b.empty else (b,)
+        live = [b for b in boxes if not b.empty]
+        n = len(live)
+        parent = list(range(n))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i in range(n):
+            for j in range(i + 1, n):
+                if live[i].touches(live[j]):
+                    parent[root(i)] = root(j)
+        pieces: dict[int, Box] = {}
+        for i, b in enumerate(live):
+            r = root(i)
+            have = pieces.get(r)
+            pieces[r] = b if have is None else have if have.contains_box(b) else have.bounding(b)
         out: list[Box] = []
-        for b in boxes:
-            if b.empty:
-                continue
-            grown = True
-            while grown:            # (a grown box may now touch a group it did not before)
-                grown = False
+        for b in pieces.values():
+            merged = True
+            while merged:           # (a grown box may now overlap one it did not before)
+                merged = False
                 for i, o in enumerate(out):
-                    if o.touches(b):
-                        if not b.contains_box(o):
-                            b = b.bounding(o)
+                    if o.intersects(b):
+                        b = b if b.contains_box(o) else b.bounding(o)
                         del out[i]
-                        grown = True
+                        merged = True
                         break
             out.append(b)
         if len(out) > 1:
