@@ -63,10 +63,9 @@ class Lookahead:
             return
         self.held.append(cmd)
         if cmd.kind == cg.HORIZON:
-            if self._need_since_horizon:
-                self._clean_horizons = 0
-            else:
-                self._clean_horizons += 1
+            # (horizons since the last command that asked for memory, as Celerity counts them:
+            # the one closing that command's span is the first; the second flushes)
+            self._clean_horizons = 1 if self._need_since_horizon else self._clean_horizons + 1
             self._need_since_horizon = False
             if self.mode == LOOKAHEAD_AUTO and self._clean_horizons >= 2:
                 self.flush(out)
