@@ -125,6 +125,9 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._overlap_batches = overlap_batches
         self._batch_barrier: dict[int, int] = {}
         self._coming: dict[int, int] = {}   # bytes the command's later allocations will need, per memory
+        # boxes of the buffer being allocated that the command allocates after it, on that
+        # (bounded) memory: a growth reaching into one must count it (``_bounded_target``)
+        self._pending_groups: list = []
         self._compiling_task = None
         self.memory_stats = {"evictions": 0, "bytes_evicted": 0, "bytes_written_back": 0, "batches": 0,
                              "batched_chunks": 0}
@@ -651,8 +654,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 scratch = sum(1 for p in plans if p.memory == mem and p.batch is None) * n_reductions
                 coming[mem] += scratch   # (allocated after the needs: room is kept for it)
                 self._fit(mem, needs, scratch)
-        for (bid, mem), box in (self._missing_first(plans.need) if bounded and len(plans.need) > 1
-                                else plans.need):
+        order = self._missing_first(plans.need) if bounded and len(plans.need) > 1 else plans.need
+        for k, ((bid, mem), box) in enumerate(order):
             b = buffers[bid]
             if bounded and mem in bounded:
                 self._coming[mem] -= box.area * b.itemsize
@@ -661,7 +664,10 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 if bounded and mem in bounded:
                     self._pinned.add(found.id)
                 continue
+            if bounded and mem in bounded:
+                self._pending_groups = [x for key, x in order[k + 1:] if key == (bid, mem)]
             self._allocate(b, mem, box, _discard(b, bid, mem, (p for p in plans if p.batch is None)))
+            self._pending_groups = []
         direct = bool(task.reductions) and self._reduces_in_place(cmd, plans)
         # coherence, then one kernel / host task per chunk
         kernels: list[tuple[ChunkPlan, Instruction, list[Allocation]]] = []

@@ -203,12 +203,16 @@ class MemoryManagement:
         allocations (and anticipated boxes) only while the merged allocation fits in what
         is free now: making room would evict older data just to keep more of it, and a
         chunk split into batches would grow one allocation over all of them.  Intersecting
-        allocations not merged are evicted (the current command's own are always merged)."""
+        allocations not merged are evicted (the current command's own are always merged).
+        A growth that reaches into a box of the buffer the command allocates after this one
+        (``_pending_groups``) counts that box too: its allocation would have to merge this
+        one, pinned by then, whether or not that fits."""
         itemsize = b.itemsize
         free = cap - self._used[memory] - self._coming.get(memory, 0)
         allocs = b.allocs.get(memory, [])
         antic = b.anticipated.get(memory, ()) if anticipate else ()
         pinned = self._pinned
+        pending = self._pending_groups
         target = box
         merge: list[Allocation] = []
         changed = True
@@ -217,7 +221,7 @@ class MemoryManagement:
             for a in allocs:
                 if a not in merge and a.box.intersects(target):
                     grown = target if target.contains_box(a.box) else target.bounding(a.box)
-                    if a.id not in self._pinned and grown.area * itemsize > free:
+                    if a.id not in self._pinned and _room(grown, pending) * itemsize > free:
                         continue   # evicted below instead of merged
                     merge.append(a)
                     target = grown
@@ -227,7 +231,7 @@ class MemoryManagement:
                     grown = target.bounding(ab)
                     # (not over an allocation the command uses and this one does not merge: it
                     # would be evicted below; what else it reaches is merged on the next round)
-                    if grown.area * itemsize <= free and not any(
+                    if _room(grown, pending) * itemsize <= free and not any(
                             a.id in pinned and a not in merge and a.box.intersects(grown) for a in allocs):
                         target = grown
                         changed = True
@@ -303,3 +307,21 @@ class MemoryManagement:
         self.memory_stats["bytes_evicted"] += a.nbytes
 
 
+def _room(box: Box, pending: list) -> int:
+    """Elements an allocation of ``box`` takes, counting the later growth ``_reach`` forces:
+    that growth allocates the larger box while this one is still held (until its copy)."""
+    full = _reach(box, pending)
+    return box.area if full is box else box.area + full.area
+
+
+def _reach(box: Box, pending: list) -> Box:
+    """``box`` grown by the boxes of ``pending`` it meets without holding them (they will
+    be merged into it when allocated), until none is left that it meets."""
+    grown = True
+    while grown and pending:
+        grown = False
+        for p in pending:
+            if box.intersects(p) and not box.contains_box(p):
+                box = box.bounding(p)
+                grown = True
+    return box

@@ -536,3 +536,24 @@ def test_a_missing_group_is_allocated_before_the_allocation_another_group_was_fo
         [((0, 0), (3, 1)), ((0, 0), (6, 8)), ((5, 4), (9, 7))]
     check_capacity(ctx, 620)
     validate(ctx)
+
+
+@pytest.mark.parametrize("cap", range(600, 768, 8))
+def test_a_growth_that_would_force_a_later_box_to_merge_counts_that_box(cap):
+    """A chunk needs [0:6, 4:8] and [6:9, 0:2] of a buffer (they do not touch) where an earlier
+    task left [5:7, 0:8]. Growing the first box over that allocation ([0:7, 0:8]) reaches into
+    the second box, whose allocation then had to merge it, pinned by then, whether or not that
+    fit: 576 B, an OutOfMemoryError under 624-752 B. The growth now counts the second box: where
+    all of it does not fit, the old allocation is evicted instead (fuzzer seed 2604492)."""
+    ctx = GraphContext(1, devices=1, capacity=cap)
+    b = ctx.buffer((9, 8), np.int64, host_init=True)
+    ctx.task((1,), [(b, rm.fixed(Subrange((5, 0), (2, 8))), R)], name="first")
+    ctx.task((1,), [(b, rm.fixed(Subrange((0, 4), (6, 4))), R), (b, rm.fixed(Subrange((6, 0), (3, 2))), R)],
+             name="second")
+    ctx.finish()
+    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
+    (k,) = ctx.instrs(0, "device_kernel", name="second")
+    for acc in k.accesses:
+        assert allocs[acc.allocation].box.contains(acc.box)
+    check_capacity(ctx, cap)
+    validate(ctx)
