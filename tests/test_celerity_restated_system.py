@@ -48,24 +48,25 @@ def single_box(region):
     return tuple(boxes[0].offset), tuple(boxes[0].range)
 
 
-def record_on_master(q, buffer, log):
-    """Submit a master-node host task that appends the buffer's one element to ``log``."""
+def _record(q, buffer, log, where: str, placement) -> None:
+    """Submit a host task (``placement``) that appends (``where``, rank, the buffer's one
+    element) to ``log``."""
     def cgf(cgh):
         acc = buffer.access(cgh, cl.all(), cl.read)
         out = cl.side_effect(log, cgh)
-        cgh.host_task(lambda part: out.append(("master", part.rank, int(acc[0]))), on=cl.on_master_node)
+        cgh.host_task(lambda part: out.append((where, part.rank, int(acc[0]))), on=placement)
 
     q.submit(cgf)
+
+
+def record_on_master(q, buffer, log):
+    """A master-node host task appends the buffer's one element to ``log``."""
+    _record(q, buffer, log, "master", cl.on_master_node)
 
 
 def record_on_every_rank(q, buffer, log):
-    """Submit a collective host task that appends the buffer's one element to ``log`` on every rank."""
-    def cgf(cgh):
-        acc = buffer.access(cgh, cl.all(), cl.read)
-        out = cl.side_effect(log, cgh)
-        cgh.host_task(lambda part: out.append(("collective", part.rank, int(acc[0]))), on=cl.collective)
-
-    q.submit(cgf)
+    """A collective host task appends the buffer's one element to ``log`` on every rank."""
+    _record(q, buffer, log, "collective", cl.collective)
 
 
 # =================================================================================================
