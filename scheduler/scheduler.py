@@ -82,10 +82,12 @@ class Lookahead:
         self._clean_horizons = 0
 
     def set_mode(self, mode: str, out: list) -> None:
+        """Any change of mode compiles what is held first, as Celerity does: commands held
+        under one mode's rule are then never judged by the other's (an ``infinite`` hold
+        has no horizon count for ``auto`` to go on)."""
         if mode not in LOOKAHEAD_MODES:
             raise ValueError(f"lookahead must be one of {LOOKAHEAD_MODES}, got {mode!r}")
-        if mode == LOOKAHEAD_NONE:
-            self.flush(out)
+        self.flush(out)
         self.mode = mode
 
 

@@ -161,6 +161,31 @@ def test_auto_lookahead_flushes_at_the_second_horizon_after_the_allocating_comma
     validate(ctx)
 
 
+@pytest.mark.parametrize("to", ["auto", "infinite"])
+def test_any_change_of_lookahead_mode_compiles_what_is_held(to):
+    """scheduler.cc (set_lookahead: "flushing on all changes to the lookahead setting"): a
+    command held under ``infinite`` (or ``auto``) is compiled when the mode changes to any
+    other mode, not only to ``none``, so that no held command is judged by another mode's rule;
+    then the new mode holds again from the next command that needs memory."""
+    start = "infinite" if to == "auto" else "auto"
+    ctx = GraphContext(1, lookahead=start, horizon_step=4)
+    b = ctx.buffer((1,))
+    ctx.task((1,), [(b, rm.all(), DW)])
+    ctx.task((1,), [(b, rm.all(), RW)])
+    assert count(ctx, "device_kernel") == 0                   # (held: the first needs memory)
+    out: list = []
+    ctx.lookaheads[0].set_mode(to, out)
+    ctx._collect(0, out)
+    assert count(ctx, "device_kernel") == 2
+    assert ctx.lookaheads[0].mode == to and ctx.lookaheads[0].held == []
+    c = ctx.buffer((4,))
+    ctx.task((4,), [(c, rm.one_to_one(), DW)])
+    assert count(ctx, "device_kernel") == 2                   # (held again under the new mode)
+    ctx.finish()
+    assert count(ctx, "device_kernel") == 3
+    validate(ctx)
+
+
 def test_auto_lookahead_holds_allocating_commands_until_horizons_show_a_steady_state():
     """scheduler_tests.cc "scheduler(lookahead::automatic) flushes allocating commands after
     two horizons", the part celeritas shares (horizon step 4): nothing is compiled while
