@@ -40,27 +40,28 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
                  huge_pages: int | None = cfg.HUGE_PAGES_DEFAULT):
     """The backend for a device spec; ``default`` means every CUDA GPU, else one host device.
     ``huge_pages``: the smallest host allocation put on huge pages (``CELERITAS_HUGE_PAGES``)."""
+    setting = f"CELERITAS_DEVICES={str(spec)!r}"    # (what every configuration error starts with)
     if spec.backend in ("default", "cuda"):
         try:
             from executor.backends.cuda import CudaBackend, cuda_device_count
             n = cuda_device_count()
         except ImportError as exc:
             if spec.backend == "cuda":
-                raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: the CUDA backend needs CuPy "
+                raise ConfigError(f"{setting}: the CUDA backend needs CuPy "
                                   f"(pip install 'celeritas[cuda]'): {exc}") from None
         else:
             if spec.backend == "cuda":
                 if n == 0:
-                    raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: no CUDA GPU is visible")
+                    raise ConfigError(f"{setting}: no CUDA GPU is visible")
                 missing = [d for d in spec.ids if not 0 <= d < n]
                 if missing:   # (as for OpenCL: a ConfigError listing what exists, not the backend's error)
-                    raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: CUDA device {missing[0]} does not exist; this "
+                    raise ConfigError(f"{setting}: CUDA device {missing[0]} does not exist; this "
                                       f"machine has {n} visible: {', '.join(f'cuda:{d}' for d in range(n))}")
                 from executor.backends.backend import BackendError
                 try:
                     return CudaBackend(list(spec.ids) or list(range(n)))
                 except BackendError as exc:
-                    raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: {exc}") from None
+                    raise ConfigError(f"{setting}: {exc}") from None
             if n > 0:
                 return CudaBackend(list(range(n)))
         from executor.backends.host import HostBackend
@@ -76,7 +77,7 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
         try:
             return OpenCLBackend(list(spec.ids), huge_pages=huge_pages)
         except BackendError as exc:
-            raise ConfigError(f"CELERITAS_DEVICES={str(spec)!r}: {exc}") from None
+            raise ConfigError(f"{setting}: {exc}") from None
     raise ConfigError(f"unknown backend {spec.backend!r}")
 
 

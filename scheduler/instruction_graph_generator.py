@@ -463,13 +463,14 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         # Every group is allocated before any receive is written: a later group's allocation
         # may merge an earlier one's, and a resize copies only data already there (not what
         # a receive of the transfer still being materialized will write).
+        consumer_groups = () if not direct or consumer_region is None else \
+            Box.touching_groups(consumer_region.boxes) if len(consumer_region) > 1 else (consumer_region.bounding_box,)
         targets = []
         for group in groups:
             bbox = group
             into = direct
-            if direct and consumer_region is not None:
-                for cbox in Box.touching_groups(consumer_region.boxes) if len(consumer_region) > 1 \
-                        else (consumer_region.bounding_box,):
+            if direct:
+                for cbox in consumer_groups:
                     if cbox.touches(group):
                         bbox = cbox if cbox.contains_box(group) else cbox.bounding(group)
                         break
@@ -483,13 +484,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 bbox = group
             dst_mem = consumer if into else HOST_MEMORY
             if dst_mem == HOST_MEMORY and host:
-                grown = True
-                while grown:
-                    grown = False
-                    for hb in host:
-                        if hb.touches(bbox) and not bbox.contains_box(hb):
-                            bbox = bbox.bounding(hb)
-                            grown = True
+                bbox = bbox.grown_over(host, touching=True)
             self._allocate(b, dst_mem, bbox)
             targets.append((group, dst_mem, bbox))
         for group, dst_mem, bbox in targets:

@@ -308,20 +308,8 @@ class MemoryManagement:
 
 
 def _room(box: Box, pending: list) -> int:
-    """Elements an allocation of ``box`` takes, counting the later growth ``_reach`` forces:
-    that growth allocates the larger box while this one is still held (until its copy)."""
-    full = _reach(box, pending)
+    """Elements an allocation of ``box`` takes, counting the later growth it forces: each
+    box of ``pending`` it overlaps is merged into it when allocated, and that allocates the
+    larger box while this one is still held (until its copy)."""
+    full = box.grown_over(pending) if pending else box
     return box.area if full is box else box.area + full.area
-
-
-def _reach(box: Box, pending: list) -> Box:
-    """``box`` grown by the boxes of ``pending`` it meets without holding them (they will
-    be merged into it when allocated), until none is left that it meets."""
-    grown = True
-    while grown and pending:
-        grown = False
-        for p in pending:
-            if box.intersects(p) and not box.contains_box(p):
-                box = box.bounding(p)
-                grown = True
-    return box

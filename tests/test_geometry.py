@@ -313,6 +313,12 @@ def test_touching_groups_examples():
     # (a group grown by one box may then touch another group: they merge)
     x, y, z = Box((0, 0), (2, 2)), Box((4, 0), (6, 2)), Box((2, 0), (4, 1))
     assert Box.touching_groups([x, y, z]) == (Box((0, 0), (6, 2)),)
+    # (grown_over: through what it overlaps, or with touching also shares a face with, transitively)
+    a = Box((0,), (4,))
+    others = [Box((3,), (6,)), Box((6,), (8,)), Box((10,), (12,)), Box((1,), (2,))]
+    assert a.grown_over(others) == Box((0,), (6,))
+    assert a.grown_over(others, touching=True) == Box((0,), (8,))
+    assert a.grown_over([Box((1,), (2,))]) is a
     assert Box.touching_groups([Box((3,), (3,))]) == ()
     assert Box.touching_groups([x]) == (x,)
     # (a corner is no contact: 2/4/6-connectivity, as Celerity; in 3-D an edge is none either)

@@ -276,6 +276,20 @@ class Box:
                          (max(a1[0], b1[0]), max(a1[1], b1[1]), max(a1[2], b1[2])),
                          max(self.dims, other.dims))
 
+    def grown_over(self, others: Sequence["Box"], touching: bool = False) -> "Box":
+        """This box grown by every box of ``others`` it overlaps (with ``touching``: also
+        shares a face with) and does not hold, until it meets none it does not hold: an
+        allocation grown over what is allocated along with it."""
+        box = self
+        grown = True
+        while grown:
+            grown = False
+            for o in others:
+                if (box.touches(o) if touching else box.intersects(o)) and not box.contains_box(o):
+                    box = box.bounding(o)
+                    grown = True
+        return box
+
     @staticmethod
     def touching_groups(boxes: Sequence["Box"]) -> tuple["Box", ...]:
         """What must be allocated contiguously for ``boxes`` (empty ones dropped), ordered by
