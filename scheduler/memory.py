@@ -221,7 +221,10 @@ class MemoryManagement:
             for a in allocs:
                 if a not in merge and a.box.intersects(target):
                     grown = target if target.contains_box(a.box) else target.bounding(a.box)
-                    if a.id not in self._pinned and _room(grown, pending) * itemsize > free:
+                    # (what the growth reaches is merged too: the command's later boxes, and its
+                    # own allocations, pinned, which would have to be merged whether or not it fits)
+                    if a.id not in pinned and _room(grown, pending + [x.box for x in allocs if x.id in pinned
+                                                                      and x not in merge]) * itemsize > free:
                         continue   # evicted below instead of merged
                     merge.append(a)
                     target = grown

@@ -557,3 +557,26 @@ def test_a_growth_that_would_force_a_later_box_to_merge_counts_that_box(cap):
         assert allocs[acc.allocation].box.contains(acc.box)
     check_capacity(ctx, cap)
     validate(ctx)
+
+
+@pytest.mark.parametrize("cap", range(680, 880, 16))
+def test_a_growth_that_reaches_the_commands_own_allocation_counts_it(cap):
+    """A chunk needs [0:2, 0:4, 2:3] and [2:3, 1:5, 0:2] of a buffer (they meet only along an
+    edge: two allocations) where an earlier task left [0:4, 4:5, 0:4]. The first box is
+    allocated on its own and pinned; growing the second over the old allocation ([0:4, 1:5,
+    0:4]) reaches into the first's allocation, which then had to be merged as well whether or
+    not that fit: the whole buffer, an OutOfMemoryError under 704-816 B (fuzzer seed 2908375).
+    The growth now counts the command's own allocations it reaches: where that does not fit,
+    the old allocation is evicted instead."""
+    ctx = GraphContext(1, devices=1, capacity=cap)
+    b = ctx.buffer((4, 5, 4), np.int64, host_init=True)
+    ctx.task((1,), [(b, rm.fixed(Subrange((0, 4, 0), (4, 1, 4))), R)], name="first")
+    ctx.task((1,), [(b, rm.fixed(Subrange((0, 0, 2), (2, 4, 1))), R),
+                    (b, rm.fixed(Subrange((2, 1, 0), (1, 4, 2))), R)], name="second")
+    ctx.finish()
+    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
+    (k,) = ctx.instrs(0, "device_kernel", name="second")
+    for acc in k.accesses:
+        assert allocs[acc.allocation].box.contains(acc.box)
+    check_capacity(ctx, cap)
+    validate(ctx)
