@@ -604,7 +604,12 @@ class TaskManager:
         """Everything older than ``epoch`` is now represented by it."""
         eid = epoch.id
         shapes = self._shapes
-        for bid, acc in self._access.items():
+        access = self._access
+        # (over a copy: a cl.Buffer's finalizer may run on this thread mid-loop, when the
+        # cyclic GC collects it, and destroy its buffer; the runtime's lock is re-entrant)
+        for bid, acc in list(access.items()):
+            if bid not in access:
+                continue
             rec = shapes.get(bid)
             if rec is None:
                 acc.apply_all(partial(_collapse_task_access, eid=eid))

@@ -198,3 +198,28 @@ def test_divergence_digest_is_bounded_and_the_rest_still_hashed():
     same = _stream(names).epoch()
     assert same.stream_hash == ea.stream_hash
     assert a.pending_digest() == [] and horizons > 0
+
+
+def test_a_buffer_destroyed_while_horizons_collapse_the_access_maps(monkeypatch):
+    """A cl.Buffer's finalizer can run on the application thread in the middle of any loop
+    (the cyclic GC collects it there; the runtime's lock is re-entrant) and destroy its buffer.
+    Applying a horizon iterated the task manager's access maps directly, so a buffer destroyed
+    meanwhile raised 'dictionary changed size during iteration' (seen once, under mpiexec): it
+    now iterates over a copy and skips what is gone."""
+    ctx = GraphContext(1, horizon_step=1)
+    bufs = [ctx.buffer((8,)) for _ in range(3)]
+    for b in bufs:
+        ctx.task((8,), [(b, rm.one_to_one(), DW)])
+    tm = ctx.tm
+    victim = bufs[2]
+    original = tg._collapse_task_access
+
+    def collapse_and_collect(value, eid):
+        if victim in tm._access:
+            tm.destroy_buffer(victim)     # (what Buffer.__del__ -> Runtime.destroy_buffer does)
+        return original(value, eid)
+    monkeypatch.setattr(tg, "_collapse_task_access", collapse_and_collect)
+    for _ in range(3):
+        ctx.task((8,), [(bufs[0], rm.one_to_one(), R), (bufs[1], rm.one_to_one(), R)])
+    assert victim not in tm._access and bufs[0] in tm._access and bufs[1] in tm._access
+    assert len([t for t in tm.tasks.values() if t.kind == tg.HORIZON]) >= 1
