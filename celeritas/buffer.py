@@ -121,7 +121,11 @@ class Buffer:
             self._runtime.destroy_buffer(self.id)
 
     def __del__(self) -> None:
+        # (not ``destroy()``: the garbage collector may run this on any thread, inside any
+        # loop of the runtime's; the application thread destroys it at its next call)
         try:
-            self.destroy()
+            if getattr(self, "_alive", False):
+                self._alive = False
+                self._runtime.destroy_later("buffer", self.id)
         except Exception:   # interpreter shutdown: the runtime may be gone already
             pass

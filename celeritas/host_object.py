@@ -29,8 +29,12 @@ class HostObject:
             self._runtime.destroy_host_object(self.id)
 
     def __del__(self) -> None:
+        # (not ``destroy()``: the garbage collector may run this on any thread, inside any
+        # loop of the runtime's; the application thread destroys it at its next call)
         try:
-            self.destroy()
+            if getattr(self, "_alive", False):
+                self._alive = False
+                self._runtime.destroy_later("host_object", self.id)
         except Exception:   # interpreter shutdown
             pass
 

@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -252,6 +253,9 @@ class Runtime:
         self._fences: list[concurrent.futures.Future] = []
         self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._host_objects: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        # buffers and host objects released by their finalizers, destroyed by the application
+        # thread at its next call into the runtime (``_reap``)
+        self._doomed: deque[tuple[str, int]] = deque()
         self._next_buffer = 0
         self.buffer_names: dict[int, str] = {}   # kept past buffer destruction for shutdown dumps
         self._gather_handle = None               # collective handle for the shutdown outputs
@@ -428,6 +432,7 @@ class Runtime:
         self._refuse_inside_task("cl.Buffer()")
         with self._lock:
             self._check_alive()
+            self._reap()
             bid = self._next_buffer
             self._next_buffer += 1
             info = self.task_manager.create_buffer(bid, buffer.shape, buffer.dtype, buffer.name,
@@ -452,10 +457,34 @@ class Runtime:
             self.task_manager.destroy_buffer(bid)
             self.scheduler.notify_buffer_destroyed(bid)
 
+    def destroy_later(self, what: str, ident: int) -> None:
+        """Destroy a buffer (``what`` = "buffer") or host object ("host_object") at the
+        application thread's next call into the runtime: for finalizers.
+
+        A finalizer runs wherever the garbage collector happens to run: on a lane or the
+        executor thread, or on the application thread in the middle of any loop of the
+        runtime's (its lock is re-entrant), where destroying the buffer changed the task
+        manager's maps under that loop ('dictionary changed size during iteration').  Only
+        a deque append happens here; ``_reap`` does the destruction between calls, in the
+        order the finalizers ran."""
+        if not (self.is_shut_down or self._shutting_down):
+            self._doomed.append((what, ident))
+
+    def _reap(self) -> None:
+        """Destroy what finalizers released since the last call (``destroy_later``)."""
+        doomed = self._doomed
+        while doomed:
+            what, ident = doomed.popleft()
+            if what == "buffer":
+                self.destroy_buffer(ident)
+            else:
+                self.destroy_host_object(ident)
+
     def create_host_object(self, ho) -> int:
         self._refuse_inside_task("cl.HostObject()")
         with self._lock:
             self._check_alive()
+            self._reap()
             hid = self._next_host_object
             self._next_host_object += 1
             self._host_objects[hid] = ho
@@ -497,6 +526,7 @@ class Runtime:
             cgh._closed = True
         with self._lock:
             self._check_alive()
+            self._reap()
             self._prune()
             tid = self.task_manager.submit(cgh._kind, **spec).id
         ahead = tid - max(self._horizon_reached, self._epoch_reached)
@@ -588,6 +618,7 @@ class Runtime:
                            f"host object H{obj.id}" if isinstance(obj, HostObject) else "?")
         with self._lock:
             self._check_alive()
+            self._reap()
             if isinstance(obj, Buffer):
                 obj._require_alive()
                 box = Box.full(obj.shape)
@@ -634,6 +665,7 @@ class Runtime:
         self._refuse_inside_task("q.wait()")
         with self._lock:
             self._check_alive()
+            self._reap()
             t = self.task_manager.epoch(action)
         self._await_epoch(t.id, "q.wait(barrier=True)" if action == tg.EPOCH_BARRIER else "q.wait()",
                           "barrier epoch" if action == tg.EPOCH_BARRIER else "epoch")
@@ -669,6 +701,8 @@ class Runtime:
 
     def flush(self) -> None:
         self._check_alive()
+        with self._lock:
+            self._reap()
         self.scheduler.flush()
 
     def set_lookahead(self, mode: str) -> None:
@@ -704,6 +738,7 @@ class Runtime:
         self._shutting_down = True
         try:
             with self._lock:
+                self._doomed.clear()     # (every buffer and host object left is destroyed below)
                 for bid in sorted(self.task_manager.buffers):
                     b = self._buffers.get(bid)
                     if b is not None:

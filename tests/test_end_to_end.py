@@ -641,3 +641,52 @@ def test_disconnected_accessors_and_receives_keep_values(nodes, devices):
     for got_b, got_ends in run_cluster(program, nodes=nodes, devices=devices):
         assert got_b == list(range(1000, 1000 + n))
         assert got_ends == expect.tolist()
+
+
+@pytest.mark.timeout(60)
+def test_finalizers_leave_buffer_destruction_to_the_application_thread(monkeypatch):
+    """A cl.Buffer or cl.HostObject whose last reference goes away is finalized wherever the
+    garbage collector runs: on a lane or the executor thread, or on the application thread
+    inside one of the runtime's own loops.  Its destruction waits for the application
+    thread's next call into the runtime, in the order the finalizers ran; the task
+    manager's maps never change under a loop, from another thread or mid-loop."""
+    import threading
+    q = cl.Queue(devices="host:2")
+    try:
+        rt = q.runtime
+        tm = rt.task_manager
+        destroyed_on = []
+        original = tm.destroy_buffer
+
+        def recording_destroy(bid):
+            destroyed_on.append((bid, threading.current_thread().name))
+            return original(bid)
+        monkeypatch.setattr(tm, "destroy_buffer", recording_destroy)
+        keep = cl.Buffer(np.arange(8, dtype=np.float32))
+        doomed = [cl.Buffer(np.full(8, k, np.float32)) for k in range(2)]
+        ho = [cl.HostObject([])]
+        bids = [b.id for b in doomed]
+
+        def cgf(cgh):
+            out = keep.access(cgh, cl.one_to_one(), cl.read_write)
+            ins = [b.access(cgh, cl.one_to_one(), cl.read) for b in doomed]
+
+            @cgh.parallel_for((8,))
+            def add(chunk):
+                out[chunk] = out[chunk] + ins[0][chunk] + ins[1][chunk]
+        q.submit(cgf)
+        q.wait()
+        # the last references go away on another thread: the finalizers only queue them
+        t = threading.Thread(target=lambda: (doomed.clear(), ho.clear()), name="finalizer-thread")
+        t.start()
+        t.join()
+        assert destroyed_on == [] and all(bid in tm._access for bid in bids)
+        assert [w for w, _ in rt._doomed] == ["buffer", "buffer", "host_object"]
+        # the next call into the runtime destroys them, on the application thread
+        q.submit(lambda cgh: keep.access(cgh, cl.one_to_one(), cl.read_write) and None
+                 or cgh.parallel_for((8,), lambda chunk: None))
+        assert sorted(destroyed_on) == [(bid, threading.main_thread().name) for bid in bids]
+        assert not any(bid in tm._access for bid in bids) and not rt._doomed
+        np.testing.assert_array_equal(q.fence(keep).result(), np.arange(8, dtype=np.float32) + 1)
+    finally:
+        q.shutdown()
