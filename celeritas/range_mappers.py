@@ -149,7 +149,11 @@ class transposed(RangeMapper):
 
 
 class even_split(RangeMapper):
-    """Maps the chunk's relative position in the kernel range onto dimension 0 of the buffer."""
+    """Maps the chunk's relative position in the kernel range onto dimension 0 of the buffer.
+
+    As Celerity splits: every kernel item gets ``rows // (items * granularity)`` granules;
+    the whole granules left over go one each to the first items, and the rows that do
+    not fill a granule to the last item (so only one chunk holds a misaligned part)."""
 
     name = "even_split"
 
@@ -163,17 +167,22 @@ class even_split(RangeMapper):
         if not shape:
             return Box.full(shape)
         total = shape[0]
-        if not g[0]:     # (an empty kernel range: no chunk of it reads anything)
+        items = g[0]
+        if not items:    # (an empty kernel range: no chunk of it reads anything)
             return Subrange((0,) * len(shape), (0,) + tuple(shape[1:]))
         gran = self.granularity
-        units = -(-total // gran)
-
-        def at(p):
-            return min(total, ((p * units) // g[0]) * gran)
-
-        start = at(chunk.offset[0] - (getattr(chunk, "global_offset", None) or (0,))[0])
-        end = at(chunk.offset[0] + chunk.range[0] - (getattr(chunk, "global_offset", None) or (0,))[0])
-        return Subrange((start,) + (0,) * (len(shape) - 1), (end - start,) + tuple(shape[1:]))
+        step = total // (items * gran) * gran            # rows every item gets
+        rest = total - items * step                      # rows left over
+        whole_rest = rest // gran * gran                 # ... in whole granules, one per item from the first
+        offset = chunk.offset[0] - (getattr(chunk, "global_offset", None) or (0,))[0]
+        n = chunk.range[0]
+        before = min(whole_rest, offset * gran)          # leftover granules the items before this chunk took
+        rows = n * step
+        if rest > before:
+            rows += min(n, (rest - before) // gran) * gran
+            if offset + n == items:
+                rows += rest % gran
+        return Subrange((offset * step + before,) + (0,) * (len(shape) - 1), (rows,) + tuple(shape[1:]))
 
 
 class ChunkView(Subrange):

@@ -1691,14 +1691,18 @@ def split_granularity(t: Task) -> tuple:
 def even_split_rows(total: int, gran: int, part: tuple[int, int], whole: int) -> tuple[int, int]:
     """Rows ``[start, end)`` of a buffer's dimension 0 that ``cl.even_split(gran)`` grants the
     chunk ``part`` (rows of the index space's dimension 0, relative to its offset) of a kernel
-    over ``whole`` rows: the same share of the rows, in whole units of ``gran`` rows (the last
-    unit clipped to the buffer)."""
+    over ``whole`` rows, as Celerity splits: each row of the index space gets the same whole
+    granules, the granules left over go one each to the first rows, and the rows that fill no
+    granule to the last one."""
     gran = gran or 1
-    units = -(-total // gran)
-
-    def at(p: int) -> int:
-        return min(total, (p * units // whole) * gran)
-    return at(part[0]), at(part[1])
+    if whole <= 0:
+        return 0, 0
+    each = total // (whole * gran) * gran
+    rest = total - whole * each
+    sizes = [each + gran if i < rest // gran else each for i in range(whole)]
+    sizes[-1] += rest % gran
+    start = sum(sizes[:part[0]])
+    return start, start + sum(sizes[part[0]:part[1]])
 
 
 def _draw_splits(g: _Gen, p: Program) -> None:

@@ -611,35 +611,47 @@ def test_neighborhood_grows_the_chunk_clipped_to_the_buffer(shape_kind, extent, 
 @pytest.mark.parametrize("shape, granularity, chunk, want", [
     ((128, 345, 678), None, ((0,), (1,), (8,)), ((0, 0, 0), (16, 345, 678))),
     ((128, 345, 678), None, ((4,), (2,), (8,)), ((64, 0, 0), (32, 345, 678))),
+    ((131, 992, 613), None, ((5,), (2,), (7,)), ((95, 0, 0), (36, 992, 613))),
+    ((128, 345, 678), 10, ((0,), (1,), (8,)), ((0, 0, 0), (20, 345, 678))),
     ((131, 992, 613), 10, ((0,), (1,), (7,)), ((0, 0, 0), (20, 992, 613))),
     ((131, 992, 613), 10, ((5,), (2,), (7,)), ((100, 0, 0), (31, 992, 613))),
     ((236, 992, 613), 10, ((6,), (1,), (7,)), ((200, 0, 0), (36, 992, 613))),
 ])
 def test_even_split_grants_the_chunks_share_of_dimension_0(shape, granularity, chunk, want):
-    """range_mapper_tests.cc "even_split built-in range mapper behaves as expected" (the five
-    of its seven checks where celeritas's placement of the remainder agrees with Celerity's,
-    see the next test): a chunk (offset, range) of a 1-D kernel over ``global`` items is
-    granted that share of the 3-D buffer's rows, every other dimension whole; with a
-    granularity of 10 rows, shares are whole multiples of 10 except the last one, which takes
-    the odd rest (131 rows over 7: the last two chunks get rows 100..131)."""
+    """range_mapper_tests.cc "even_split built-in range mapper behaves as expected" (all seven
+    checks): a chunk (offset, range) of a 1-D kernel over ``global`` items is granted its
+    share of the 3-D buffer's rows, every other dimension whole.  Each item gets the same
+    number of whole granules; the granules left over go one each to the first items (131 rows
+    over 7: items 0..4 get 19 rows, 5..6 get 18, so chunk [5, 7) gets rows [95, 131)); rows
+    that do not fill a granule go to the last item (131 rows in granules of 10 over 7: chunk
+    [5, 7) gets [100, 131))."""
     offset, rng, whole = chunk
     got = map_chunk(cl.even_split(granularity), offset, rng, shape, global_range=whole)
     assert single_box(got) == want
 
 
+def test_even_split_with_fewer_granules_than_items_fills_the_first_items():
+    """The same split where the rows do not give every item a granule: 5 rows over 8 items
+    give items 0..4 a row each and nothing to items 5..7; 7 rows in granules of 10 over 3
+    items are all the last item's (the odd rest goes last)."""
+    def share(rows, gran, item, parts):
+        return list(map_chunk(cl.even_split(gran), (item,), (1,), (rows, 2), global_range=(parts,)))
+
+    assert [share(5, None, p, 8) for p in range(8)] == [[Box((p, 0), (p + 1, 2))] for p in range(5)] + [[]] * 3
+    assert [share(7, 10, p, 3) for p in range(3)] == [[], [], [Box((0, 0), (7, 2))]]
+
+
 @pytest.mark.parametrize("rows, granularity, parts", [(131, None, 7), (128, 10, 8), (131, 10, 7),
                                                       (236, 10, 7), (128, None, 8), (25, 10, 2)])
 def test_even_split_tiles_dimension_0_in_granules_with_the_odd_rest_last(rows, granularity, parts):
-    """range_mapper_tests.cc "even_split built-in range mapper behaves as expected", its two
-    checks where celeritas differs in an implementation detail: which chunks get the rows
-    that do not divide evenly.  Celerity gives the remainder's granules to the first chunks
-    (131 rows over 7 one-item chunks: chunks 5..6 get rows [95, 131); 128 rows in granules of
-    10 over 8: chunk 0 gets [0, 20)); celeritas gives each chunk its proportional share,
-    ``floor(p * granules / parts)`` granules from its start p ([93, 131) and [0, 10)).  The
-    property both pin and this test checks for every chunk of several splits: the shares
-    tile the buffer's dimension 0 in order without gaps or overlap, every share but the last
-    is a whole number of granules, shares differ by at most one granule (ignoring the odd
-    rest of the last one), and every other dimension is granted whole."""
+    """range_mapper_tests.cc "even_split built-in range mapper behaves as expected", the
+    properties behind its checks, for every item of several splits: the shares tile the
+    buffer's dimension 0 in order without gaps or overlap, every share but the last is a
+    whole number of granules, shares differ by at most one granule (ignoring the odd rest of
+    the last one) and the larger ones come first, every other dimension is granted whole, and
+    a chunk of two items gets the two one-item shares together.  (celeritas used to give each
+    item its proportional share, ``floor(p * granules / parts)`` granules from its start p:
+    the same tiling, with the larger shares spread out instead of first.)"""
     gran = granularity or 1
     shape = (rows, 3)
     shares = []
@@ -653,6 +665,8 @@ def test_even_split_tiles_dimension_0_in_granules_with_the_odd_rest_last(rows, g
     assert all(r % gran == 0 for _, r in shares[:-1])
     granules = [r // gran for _, r in shares[:-1]] + [-(-shares[-1][1] // gran)]
     assert max(granules) - min(granules) <= 1, shares
+    whole = [r // gran for _, r in shares[:-1]]
+    assert whole == sorted(whole, reverse=True), shares          # the larger shares first
     # a chunk of two items gets the two one-item shares together
     for p in range(parts - 1):
         both = single_box(map_chunk(cl.even_split(granularity), (p,), (2,), shape, global_range=(parts,)))

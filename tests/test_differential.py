@@ -1428,7 +1428,7 @@ def test_split_controls_by_hand():
     """constrain_split(3) over 9 rows on 3 devices x oversubscribe(2): every cut at a multiple of
     3; per-dimension (1, 2) on a 2-D kernel with split_1d; even_split(2) of a 7-row buffer, each
     chunk granted its share (``even_split_rows``) and the model's data; explicit oversubscribe(1)."""
-    assert even_split_rows(7, 2, (0, 3), 9) == (0, 2) and even_split_rows(7, 2, (3, 9), 9) == (2, 7)
+    assert even_split_rows(7, 2, (0, 3), 9) == (0, 6) and even_split_rows(7, 2, (3, 9), 9) == (6, 7)
     assert even_split_rows(7, 0, (0, 9), 9) == (0, 7) and even_split_rows(8, 1, (2, 4), 8) == (2, 4)
     assert split_granularity(Task("kernel", (9, 4), gran=3)) == (3, 1)
     assert split_granularity(Task("kernel", (8, 4), gran=(2, 3), local_range=(4, 2))) == (4, 6)
