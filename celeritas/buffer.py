@@ -120,6 +120,14 @@ class Buffer:
             self._alive = False
             self._runtime.destroy_buffer(self.id)
 
+    def __copy__(self):
+        # a handle, as Celerity's are: a copy names the same buffer, which lives until the
+        # last reference goes (a second object would destroy it when collected)
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     def __del__(self) -> None:
         # (not ``destroy()``: the garbage collector may run this on any thread, inside any
         # loop of the runtime's; the application thread destroys it at its next call)

@@ -16,7 +16,8 @@ from scheduler.errors import CeleritasError
 
 
 class ClusterContext(threading.local):
-    """Set by ``run_cluster`` on each rank's thread: its communicator, environment and runtime."""
+    """Set by ``run_cluster`` on each rank's thread: its communicator, environment and runtime
+    (and by a launcher on the executor and lane threads that run the rank's tasks)."""
 
     def __init__(self):
         self.communicator = None

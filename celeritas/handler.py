@@ -18,7 +18,7 @@ from scheduler.geometry.box import as_ints
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration
-from .context import current_runtime
+from .context import cluster, current_runtime
 
 
 def handler_of(cgh: Any, what: str) -> "CommandGroupHandler":
@@ -213,10 +213,25 @@ def hint(cgh, h: _Hint) -> None:
     handler_of(cgh, "cl.hint")
     if not isinstance(h, _Hint):
         raise CeleritasError(f"cl.hint takes cl.split_1d(), cl.split_2d() or cl.oversubscribe(k), got {h!r}")
+    # (as in Celerity: a hint of each kind once, and the two split hints exclude each other)
+    given = cgh._hints
+    if given is None:
+        given = cgh._hints = {}
+    if h.kind in given:
+        raise CeleritasError(f"cl.hint({h!r}): this command group already has the hint {given[h.kind]!r}; "
+                             f"give each kind of hint once")
+    other = _OTHER_SPLIT.get(h.kind)
+    if other in given:
+        raise CeleritasError(f"cl.hint({h!r}): this command group already has the hint {given[other]!r}; "
+                             f"cl.split_1d() and cl.split_2d() cannot be combined")
+    given[h.kind] = h
     if h.kind == "oversubscribe":
         cgh._oversubscribe = h.value
     else:
         cgh._split = "2d" if h.kind == "split_2d" else "1d"
+
+
+_OTHER_SPLIT = {"split_1d": "split_2d", "split_2d": "split_1d"}
 
 
 def constrain_split(cgh, granularity) -> None:
@@ -342,6 +357,7 @@ class CommandGroupHandler:
         self._side_effects: list[Any] = []
         self._split = "1d"
         self._oversubscribe = 1
+        self._hints: dict[str, _Hint] | None = None   # the cl.hint kinds given (made by the first)
         self._granularity: tuple[int, ...] | None = None
         self._kind: str | None = None
         self._kernel = None
@@ -577,7 +593,7 @@ class _Launcher:
 
     __slots__ = ("fn", "device", "hydration", "task_name", "geom", "rank", "red_ops", "args", "device_args",
                  "backend", "local_range", "source", "what", "plain", "global_range", "global_offset", "inside",
-                 "where")
+                 "where", "rank_context")
 
     def __init__(self, cgh: CommandGroupHandler, rt, fn, kind: str, name: str, source: bool):
         self.fn = fn
@@ -602,6 +618,11 @@ class _Launcher:
         self.global_offset = self.geom.offset if self.geom is not None else None
         self.inside = rt.inside_task       # (what Runtime._refuse_inside_task reads)
         self.where = f"{self.what} {name!r}"
+        # under run_cluster: the rank's context, which the executor and lane threads running
+        # this task lack; without it cl.Buffer() there reached (and started) a process runtime
+        # instead of the rank's, which refuses it
+        self.rank_context = ((cluster.communicator, cluster.env, rt) if cluster.communicator is not None
+                             else None)
 
     def __call__(self, ctx: LaunchContext) -> None:
         # accessors read their chunk's arrays and boxes from the context itself, at their
@@ -614,6 +635,9 @@ class _Launcher:
         inside = self.inside
         outer = inside.where
         inside.where = self.where
+        rc = self.rank_context
+        if rc is not None and cluster.runtime is not rc[2]:   # (once per thread: lanes serve one rank)
+            cluster.communicator, cluster.env, cluster.runtime = rc
         try:
             if self.plain:
                 self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset), *self.args)

@@ -304,7 +304,7 @@ CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 #                  (``divergence_pattern``), from the rank at fault and its right neighbour in the ring
 #                  (CELERITAS_DIVERGENCE_TIMEOUT: DIVERGENCE_TIMEOUT)
 #   cg_handler     a command group passes None or the cgh of an earlier submit to one of CG_HANDLER_TARGETS
-#   cg_call        a command group (or q.submit) misuses a call (CG_CALLS)
+#   cg_call        a command group (or q.submit) misuses a call (CG_CALLS; CG_PLACEMENTS, CG_HINTS drawn last)
 #   fence_region   q.fence(buffer, cl.Region of 2 or 3 boxes)
 # the last three raise a cl.CeleritasError (cl.AccessError: no_init_read) at the submit on every rank
 # (``cg_misuse_error``); the submit makes no task, and the program goes on (ordinary steps after it):
@@ -320,6 +320,13 @@ CG_CALLS = ("reduction_target", "side_effect_kernel", "host_range_once", "host_r
 # cg_call, drawn last from host_range_* programs: cl.on_master_node() / cl.once() called, or
 # cl.collective(group) with a str for the group
 CG_PLACEMENTS = ("placement_called_master", "placement_called_once", "collective_bad_group")
+# cg_call, drawn last from name_type programs: two cl.hint calls Celerity refuses together (a hint kind
+# twice, or both split hints), as (first, second) hints
+CG_HINTS = {"hint_twice_split_1d": (("split_1d",), ("split_1d",)),
+            "hint_twice_split_2d": (("split_2d",), ("split_2d",)),
+            "hint_twice_oversubscribe": (("oversubscribe", 2), ("oversubscribe", 3)),
+            "hint_split_1d_2d": (("split_1d",), ("split_2d",)),
+            "hint_split_2d_1d": (("split_2d",), ("split_1d",))}
 CG_NAMES = (5, b"misuse", ("misuse",))          # cg_call name_type: name= that is no str
 CG_NONCALLABLES = (None, 5, "cgf")              # cg_call submit_noncallable: what q.submit gets
 CG_TARGETS = ("ndarray", "HostObject", "int")   # cg_call reduction_target: what cl.reduction gets
@@ -1122,6 +1129,12 @@ def _draw_misuse_more(g: _Gen, p: Program) -> None:
     # (drawn last, so that the programs above keep their forms) a placement misused instead
     if form == "cg_call" and sub.startswith("host_range") and rng.random() < 0.4:
         new = rng.choice(CG_PLACEMENTS)
+        bad.misuse_form = new
+        p.features -= {f"misuse:{form}:{sub}"}
+        p.features.add(f"misuse:{form}:{new}")
+    # (drawn after that) two hints that cannot go together instead of a name that is no str
+    if form == "cg_call" and sub == "name_type" and rng.random() < 0.5:
+        new = rng.choice(sorted(CG_HINTS))
         bad.misuse_form = new
         p.features -= {f"misuse:{form}:{sub}"}
         p.features.add(f"misuse:{form}:{new}")
@@ -3336,6 +3349,10 @@ class _Run:
                 self.bufs[a["b"]].access(cgh, cl.all(), cl.read, no_init=True)
         elif sub == "name_type":
             name = CG_NAMES[a["v"]]
+        elif sub in CG_HINTS:
+            def before(cgh):
+                for kind, *arg in CG_HINTS[sub]:
+                    cl.hint(cgh, getattr(cl, kind)(*arg))
         else:
             fn = _suspending(sub)
         q.submit(self._poison_cgf(t, name, rng, host, before, fn, on))
@@ -4931,6 +4948,11 @@ def cg_misuse_error(p: Program, t: Task) -> tuple[type, str]:
     if sub == "no_init_read":
         return cl.AccessError, (f"buffer {label(a['b'])}: no_init=True discards the old contents, which a cl.read "
                                 f"access reads (no_init applies to cl.write and cl.read_write)")
+    if sub in CG_HINTS:
+        first, second = (f"cl.{kind}({', '.join(map(str, arg))})" for kind, *arg in CG_HINTS[sub])
+        rule = ("give each kind of hint once" if CG_HINTS[sub][0][0] == CG_HINTS[sub][1][0]
+                else "cl.split_1d() and cl.split_2d() cannot be combined")
+        return cl.CeleritasError, f"cl.hint({second}): this command group already has the hint {first}; {rule}"
     if sub == "name_type":
         v = CG_NAMES[a["v"]]
         return cl.CeleritasError, f"a kernel's or host task's name= is a str, got {type(v).__name__} {v!r}"

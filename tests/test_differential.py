@@ -2116,8 +2116,14 @@ CG_CASES = [
      "cl.once is a placement, not a function"),
     (44, Config(ranks=2, devices=3), "cg_call", "no_init_read", cl.AccessError,
      "no_init=True discards the old contents, which a cl.read access reads"),
-    (112, Config(ranks=1, devices=2), "cg_call", "name_type", cl.CeleritasError,
-     "a kernel's or host task's name= is a str, got "),
+    (191, Config(ranks=1, devices=2), "cg_call", "name_type", cl.CeleritasError,
+     "a kernel's or host task's name= is a str, got "),            # (112 is now hint_split_1d_2d)
+    (112, Config(ranks=2, devices=2), "cg_call", "hint_split_1d_2d", cl.CeleritasError,
+     "cl.hint(cl.split_2d()): this command group already has the hint cl.split_1d(); cl.split_1d() and "
+     "cl.split_2d() cannot be combined"),
+    (929, Config(ranks=1, devices=2), "cg_call", "hint_twice_oversubscribe", cl.CeleritasError,
+     "cl.hint(cl.oversubscribe(3)): this command group already has the hint cl.oversubscribe(2); give each "
+     "kind of hint once"),
     (74, Config(ranks=2, devices=1), "cg_call", "submit_noncallable", cl.CeleritasError,
      "q.submit takes a command group function cgf(cgh), got "),
     (72, Config(ranks=2, devices=2), "cg_call", "generator_kernel", cl.CeleritasError,
