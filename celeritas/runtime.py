@@ -614,6 +614,9 @@ class Runtime:
 
     def fence(self, obj, subrange=None) -> concurrent.futures.Future:
         self._refuse_inside_task("q.fence()")
+        if self.dry_run:   # (as Celerity warns: a program that prints or checks fenced data misleads)
+            log.warning("q.fence() in a dry run (CELERITAS_DRY_RUN_NODES): no task runs, so the fence returns "
+                        "zeros of the fenced shape for a buffer and the host object as it was made")
         fut = _FenceFuture(self, obj.label if isinstance(obj, Buffer) else
                            f"host object H{obj.id}" if isinstance(obj, HostObject) else "?")
         with self._lock:

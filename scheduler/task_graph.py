@@ -427,6 +427,10 @@ class TaskManager:
                     if uninit and self.diagnostics != DIAG_OFF:
                         msg = (f"{t.label} reads {uninit} of buffer {info.label}, "
                                f"which has never been written (uninitialized read)")
+                        if any(a.buffer == bid and a.mode in (WRITE, READ_WRITE) for a in accesses):
+                            # (as Celerity's warning says: a write access is brought up to date first)
+                            msg += ("; a write or read_write access keeps what the task does not write: "
+                                    "declare it with no_init=True if the task overwrites all of it")
                         if self.diagnostics == DIAG_ERROR:
                             raise DiagnosticError(msg)
                         log.warning(msg)

@@ -766,13 +766,13 @@ def test_a_dry_run_builds_rank_0s_commands_for_any_number_of_ranks(nodes):
     assert commands[3]["box"] == [[0], [2]]
 
 
-def test_a_dry_run_resolves_fences_without_running_tasks():
+def test_a_dry_run_resolves_fences_without_running_tasks(caplog):
     """runtime_tests.cc "dry run proceeds on fences" (one simulated rank): a master-node host
     task that would set a 0-D bool buffer and a host object to True never runs, yet fences
     of both resolve at once.  What they hold is celeritas's (the dry-run executor's): zeros
     of the fenced shape for the buffer, here False, and a copy of the host object as it was
-    made, False.  (Celerity also logs a warning that fenced data is not real; celeritas
-    logs none.)"""
+    made, False.  Each fence logs a warning that fenced data is not real, as Celerity's
+    does."""
     def program(rank):
         q = cl.Queue()
         flag = cl.Buffer(np.array(False), name="flag")
@@ -799,10 +799,12 @@ def test_a_dry_run_resolves_fences_without_running_tasks():
         got = f1.result(timeout=5), f2.result(timeout=5)
         return got, ran
 
+    caplog.set_level(logging.WARNING)
     (((flag, obj), ran),) = run_cluster(program, nodes=1, timeout=TIMEOUT, CELERITAS_DRY_RUN_NODES="1")
     assert flag.shape == () and flag.dtype == np.bool_ and not flag
     assert obj is False
     assert ran == []
+    assert len(warnings_matching(caplog, "q.fence() in a dry run (CELERITAS_DRY_RUN_NODES)")) == 2
 
 
 def test_a_dry_run_processes_horizons():
@@ -971,8 +973,8 @@ def test_uninitialized_reads_are_reported_iff_diagnostics_are_on(caplog, diagnos
     ``read`` or a ``write`` access (``write`` consumes: it brings the region up to date
     first) of ``all()`` of a never-written buffer of 1 logs one warning naming the task, the
     region [0, 1), the buffer and "uninitialized read" under ``CELERITAS_DIAGNOSTICS=warn``,
-    and nothing under ``off``.  (Celerity's message for the ``write`` case also suggests
-    ``no_init``; celeritas's does not.)"""
+    and nothing under ``off``; for the ``write`` case it also suggests ``no_init``, as
+    Celerity's does."""
     def program(rank):
         q = cl.Queue()
         buf = cl.Buffer(shape=(1,), dtype=np.int32, name="fresh")
@@ -993,8 +995,10 @@ def test_uninitialized_reads_are_reported_iff_diagnostics_are_on(caplog, diagnos
     if diagnostics == "off":
         assert found == []
     else:
+        hint = ("; a write or read_write access keeps what the task does not write: declare it with "
+                "no_init=True if the task overwrites all of it") if mode == "write" else ""
         assert found == [('T1 "probe" reads Region([[0], [1]]) of buffer B0 "fresh", which has never been '
-                          'written (uninitialized read)')]
+                          'written (uninitialized read)' + hint)]
 
 
 @pytest.mark.parametrize("diagnostics", ["warn", "off"])
