@@ -526,7 +526,8 @@ class Runtime:
             cgh._closed = True
         with self._lock:
             self._check_alive()
-            self._reap()
+            if self._doomed:
+                self._reap()
             self._prune()
             tid = self.task_manager.submit(cgh._kind, **spec).id
         ahead = tid - max(self._horizon_reached, self._epoch_reached)
