@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.instruction_graph import (AllocInstruction, EpochInstruction, FenceInstruction, HorizonInstruction,
-                                         InstructionBatch)
+from scheduler.instruction_graph import (AllocInstruction, DestroyHostObjectInstruction, EpochInstruction,
+                                         FenceInstruction, HorizonInstruction, InstructionBatch)
 
 
 class DryRunExecutor:
@@ -41,6 +41,8 @@ class DryRunExecutor:
                 self._on_horizon(ins.task)
             elif t is EpochInstruction:
                 self._on_epoch(ins.task)
+            elif t is DestroyHostObjectInstruction:   # (as the executor drops it: the object may go)
+                self._host_objects.pop(ins.host_object, None)
             elif t is FenceInstruction and ins.promise is not None:
                 if ins.allocation is not None:
                     a = self._allocs.pop(ins.allocation)
