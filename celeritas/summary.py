@@ -5,7 +5,9 @@ or ``debug``.  The numbers come from the scheduler's counters and the executor t
 (which the runtime turns on for the summary); ``summary_numbers`` returns them as a dict.
 
 Executor starvation is the time the executor had nothing in flight on any lane while
-the scheduler was busy compiling: the executor waited for instructions, not for data.
+the scheduler was busy compiling, or held commands back for lookahead (Celerity counts a
+scheduler waiting to flush as busy too): the executor waited for instructions, not for
+data.
 The runtime has the scheduler record its busy intervals (``scheduler.busy_intervals``)
 whenever the executor traces, so this is the exact overlap of the executor's idle gaps
 with them.  Without intervals (a runtime built by hand) only the total busy time

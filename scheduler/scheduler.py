@@ -178,6 +178,7 @@ class Scheduler:
         # executor's trace; None unless someone (trace, summary) asked for them,
         # because a list that grows with every task is not free on long runs.
         self.busy_intervals: list[tuple[int, int]] | None = None
+        self._holding_since: int | None = None   # lookahead holds commands since (perf_counter_ns)
 
     # ---- thread-safe entry points (application thread) -----------------------------
     def notify_task(self, task: tg.Task) -> None:
@@ -249,7 +250,21 @@ class Scheduler:
                 self.busy_ns += t1 - t0
                 if self.busy_intervals is not None:
                     self.busy_intervals.append((t0, t1))
+                if self.lookahead.held:
+                    if self._holding_since is None:
+                        self._holding_since = t1
+                elif self._holding_since is not None:
+                    self._end_holding(t0)
                 self._busy = False
+
+    def _end_holding(self, end: int) -> None:
+        """Commands held for lookahead count as a busy scheduler, as Celerity counts them: the
+        executor waits for their instructions as it waits for a scheduler that compiles."""
+        start, self._holding_since = self._holding_since, None
+        if end > start:
+            self.busy_ns += end - start
+            if self.busy_intervals is not None:
+                self.busy_intervals.append((start, end))
 
     # ---- processing ------------------------------------------------------------------
     def process(self, ev) -> None:
