@@ -85,7 +85,8 @@ side-effect host tasks ran in submission order.
   submission order (``collective_record``, ``_collective_problems``);
 * master-node tasks placed by ``cl.once`` or by nothing (partition checked);
 * data buffers made without data, or made by a task later (after tasks, after a wait), and
-  destroyed in the middle (``Buffer.destroy()``, maybe right after a fence or a writer);
+  destroyed in the middle (``Buffer.destroy()``, or the last reference dropped, here or on another
+  thread: ``_draw_releases``; maybe right after a fence or a writer);
   extra host objects with side effects of collective and master-node tasks, fenced, made
   later and destroyed (``HostObject.destroy()``); ``lifecycle`` is the rule they follow;
 * ``q.set_lookahead(mode)`` and ``q.flush()`` between tasks (no effect on the model).
@@ -202,6 +203,8 @@ REGION_FENCE_DRAWS = True   # main: some subrange fences given as a cl.Region of
 BYTE_ORDER_DRAWS = True     # main: data buffers in the non-native byte order (``_draw_byte_order``)
 DISJOINT_READ_DRAWS = True  # main: reads of a buffer's first and last rows in one task (``_draw_disjoint_reads``)
 DISJOINT_READ_SHARE = 0.2   # of main programs
+RELEASE_DRAWS = True        # main: buffers and host objects released by dropping them (``_draw_releases``)
+RELEASE_FORMS = ("drop", "thread")   # the last reference dropped on the application thread / another thread
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
@@ -421,6 +424,8 @@ class Task:
                                 # buffer it indexes
     source: bool = False        # kernels: a cl.Kernel of OpenCL C source on the opencl backend (the same
                                 # values as the Python kernel it is elsewhere: ``source_kernel``)
+    release: str = ""           # destroy / hdestroy: "" destroy(), else how the last reference goes
+                                # (RELEASE_FORMS: ``_draw_releases``)
     misuse_arg: Any = None      # misuse diverge / cg_handler / cg_call / fence_region: what the step does
                                 # (a dict: ``_draw_misuse_more``); fence: "region" / "region_split" (a
                                 # subrange fence given as a cl.Region: ``_draw_region_fences``)
@@ -473,10 +478,11 @@ def _describe_task(t: Task) -> str:
         return "fence(log host object)"
     if t.kind == "wait":
         return f"q.wait(barrier={t.barrier})"
+    gone = {"": "destroy()", "drop": "last reference dropped", "thread": "last reference dropped on another thread"}
     if t.kind in ("create", "destroy"):
-        return f"{'cl.Buffer(...)' if t.kind == 'create' else 'destroy()'} b{t.fence_index}"
+        return f"{'cl.Buffer(...)' if t.kind == 'create' else gone[t.release]} b{t.fence_index}"
     if t.kind in ("hcreate", "hfence", "hdestroy"):
-        return {"hcreate": "cl.HostObject([])", "hfence": "fence", "hdestroy": "destroy()"}[t.kind] + \
+        return {"hcreate": "cl.HostObject([])", "hfence": "fence", "hdestroy": gone[t.release]}[t.kind] + \
             f" h{t.fence_index}"
     if t.kind == "lookahead":
         return f"q.set_lookahead({t.mode!r})"
@@ -1015,7 +1021,7 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
                          ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
                          ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many),
                          ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order),
-                         ("DISJOINT_READ_DRAWS", _draw_disjoint_reads)):
+                         ("DISJOINT_READ_DRAWS", _draw_disjoint_reads), ("RELEASE_DRAWS", _draw_releases)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1411,6 +1417,19 @@ def _draw_byte_order(g: _Gen, p: Program) -> None:
         if p.init[k] is not None:
             p.init[k] = p.init[k].astype(other)
         p.features.add("dtype:byte_order")
+
+
+def _draw_releases(g: _Gen, p: Program) -> None:
+    """Half of the buffers and host objects a program destroys (drawn after the whole program, so
+    that every seed keeps its program) are released instead by dropping their last reference, on
+    the application thread (``lifetime:drop``) or on another thread (``lifetime:drop_thread``): the
+    finalizer queues the destruction, which the application thread does at its next call into the
+    runtime.  Every later result must be the same."""
+    rng = g.rng
+    for t in p.tasks:
+        if t.kind in ("destroy", "hdestroy") and rng.random() < 0.5:
+            t.release = rng.choice(RELEASE_FORMS)
+            p.features.add("lifetime:drop" if t.release == "drop" else "lifetime:drop_thread")
 
 
 def _draw_disjoint_reads(g: _Gen, p: Program) -> None:
@@ -3227,16 +3246,14 @@ class _Run:
         elif t.kind == "create":
             self.bufs[t.fence_index] = self._make_buffer(t.fence_index)
         elif t.kind == "destroy":
-            self.bufs[t.fence_index].destroy()
-            self.bufs[t.fence_index] = None
+            self._release(self.bufs, t)
         elif t.kind == "hcreate":
             self.hobjs[t.fence_index] = cl.HostObject([])
             self.hlists[t.fence_index] = self.hobjs[t.fence_index].obj
         elif t.kind == "hfence":
             self.hfence_futures.append(q.fence(self.hobjs[t.fence_index]))
         elif t.kind == "hdestroy":
-            self.hobjs[t.fence_index].destroy()
-            self.hobjs[t.fence_index] = None
+            self._release(self.hobjs, t)
         elif t.kind == "lookahead":
             q.set_lookahead(t.mode)
         elif t.kind == "flush":
@@ -3294,6 +3311,24 @@ class _Run:
         name = DIVERGE_RENAMED if t.misuse_form == "name" and me else MISUSE_TASK
         rng = tuple(a["other"]) if t.misuse_form == "range" and me else shape
         self.q.submit(self._poison_cgf(t, name, rng, a["host"]))
+
+    def _release(self, objs: list, t: Task) -> None:
+        """A destroy step: ``destroy()``, or the last reference dropped (``_draw_releases``; the
+        command group kept for a stale-handler misuse holds its buffers: it goes first)."""
+        k = t.fence_index
+        if not t.release:
+            objs[k].destroy()
+            objs[k] = None
+            return
+        self.last_cgh = None
+        if t.release == "drop":
+            objs[k] = None
+        else:
+            holder = [objs[k]]
+            objs[k] = None
+            th = threading.Thread(target=holder.clear, name="celeritas-fuzz-release")
+            th.start()
+            th.join()
 
     def _bad_cg(self, t: Task) -> None:
         """misuse cg_handler / cg_call / fence_region: the call that must raise (``cg_misuse_error``)."""
