@@ -113,6 +113,12 @@ def reduction(buffer, cgh, op, *, identity=None, initialize_to_identity: bool = 
     if buffer.size != 1:
         raise AccessError(f"reduction into buffer {buffer.label} of shape {buffer.shape}: a reduction target "
                           f"holds exactly one element")
+    dt = buffer.dtype if buffer.dtype.isnative else buffer.dtype.newbyteorder("=")
+    try:
+        op.resolve_dtypes((dt, dt, None))
+    except TypeError:   # (e.g. a bitwise op on floats: numpy would fail in every chunk's combine)
+        raise CeleritasError(f"reduction into buffer {buffer.label}: {op.__name__} does not take its dtype "
+                             f"{buffer.dtype.name} (bitwise operations take integer or bool targets)") from None
     if identity is None:
         ident = identity_of(op, buffer.dtype)
     else:
@@ -432,8 +438,16 @@ class CommandGroupHandler:
     def parallel_for(self, global_range, kernel=None, *, offset=None, name=None, reductions=(),
                      local_range=None, args=()):
         geom = self._geometry_of(global_range, offset)
+        what = f"parallel_for{f' {name!r}' if isinstance(name, str) else ''}"
+        if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
+            raise CeleritasError(f"{what}: args= takes a tuple or list of the kernel's extra arguments, got "
+                                 f"{type(args).__name__}")
         self._args = tuple(args)
         self._local_range = self._check_local_range(local_range, geom, name)
+        if isinstance(reductions, ReductionDescriptor) or not isinstance(reductions, (tuple, list)):
+            raise CeleritasError(f"{what}: reductions= takes a list of cl.reduction(...) results"
+                                 f"{' (write reductions=[r])' if isinstance(reductions, ReductionDescriptor) else ''}"
+                                 f", got {type(reductions).__name__}")
         for r in reductions:
             if not isinstance(r, ReductionDescriptor):
                 raise CeleritasError(f"reductions= takes the results of cl.reduction(...), got {r!r}")
@@ -455,10 +469,8 @@ class CommandGroupHandler:
         dividing the global range (OpenCL rejects partial work groups)."""
         if local_range is None:
             return None
-        if isinstance(local_range, (int, np.integer)):
-            local_range = (int(local_range),)
-        lr = tuple(int(x) for x in local_range)
         what = f"parallel_for{f' {name!r}' if name else ''} with global range {geom.global_range}"
+        lr = as_ints(local_range, f"{what}: local_range", CeleritasError, scalar=True)
         if len(lr) != geom.dims:
             raise CeleritasError(f"{what}: local_range {lr} must have {geom.dims} extent(s)")
         if any(x < 1 for x in lr):
@@ -534,9 +546,17 @@ class CommandGroupHandler:
                             global_box=full, task_label=task_label)
             accesses.append(tg.BufferAccess(buf.id, mode, sm, pure))
         reductions = []
-        for d in getattr(self, "_kernel_reductions", []):
-            if d not in self._reductions:
-                raise CeleritasError("a reduction passed to parallel_for was created for another command group")
+        passed = getattr(self, "_kernel_reductions", None)
+        if passed is not None:
+            for d in passed:
+                if d not in self._reductions:
+                    raise CeleritasError("a reduction passed to parallel_for was created for another command group")
+            for d in self._reductions:
+                if d not in passed:
+                    raise CeleritasError(f"{task_label}: the reduction into buffer {d.buffer.label} is not passed to "
+                                         f"parallel_for's reductions=, which hands the kernel one reducer per entry")
+            # (the kernel gets its reducers in the order of reductions=, not of the cl.reduction calls)
+            self._reductions = list(passed)
         for d in self._reductions:
             d.id = rt.task_manager.new_reduction_id()
             reductions.append(tg.Reduction(d.id, d.buffer.id, d.op, d.identity, not d.initialize_to_identity))

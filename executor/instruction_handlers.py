@@ -368,9 +368,17 @@ def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None
         # in the buffer's dtype: numpy reduces small integers in a wider accumulator, whose
         # result then did not fit back (integer reductions wrap, as the partials did)
         dt = d.dtype if d.dtype.isnative else d.dtype.newbyteorder("=")   # (ufuncs take no byte order)
-        r = op.reduce(s, dtype=dt)
-        if include_dest:
-            r = op(d[0], r, dtype=dt)
+        try:
+            r = op.reduce(s, dtype=dt)
+            if include_dest:
+                r = op(d[0], r, dtype=dt)
+        except TypeError:
+            # an op whose loop returns another type (logical_and of int64: bool) has no loop
+            # in the buffer's dtype: reduced as numpy does, then cast back (as Reducer.combine)
+            r = op.reduce(s)
+            if include_dest:
+                r = op(d[0], r)
+            r = np.asarray(r).astype(dt)[()]
     elif include_dest:
         return
     else:

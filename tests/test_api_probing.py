@@ -108,9 +108,6 @@ def test_a_float_range_is_rejected_even_after_an_equal_int_range(queue):
         queue.submit(lambda cgh: cgh.host_task(lambda p: None, range=(4.0,)))
 
 
-@pytest.mark.xfail(strict=True, reason="local_range is converted with int(x) for x in local_range: 'x' raises a bare "
-                                       "ValueError, 2.5 and (None,) a bare TypeError, and (2.5,) is silently "
-                                       "truncated to work groups of 2")
 @pytest.mark.parametrize("local_range", ["x", 2.5, (None,), (2.5,)])
 def test_a_local_range_that_is_not_integers_is_a_celeritas_error(queue, local_range):
     """Input: parallel_for((4,), local_range=<not integers>).  Expected: cl.CeleritasError
@@ -119,9 +116,6 @@ def test_a_local_range_that_is_not_integers_is_a_celeritas_error(queue, local_ra
         queue.submit(lambda cgh: cgh.parallel_for((4,), lambda c: None, name="k", local_range=local_range))
 
 
-@pytest.mark.xfail(strict=True, reason="parallel_for does tuple(args) and iterates reductions: args=5 / None and a "
-                                       "single reduction passed as reductions=r raise a bare TypeError "
-                                       "('... object is not iterable') from inside handler.py")
 @pytest.mark.parametrize("what", ["args_int", "args_none", "reductions_single"])
 def test_args_or_reductions_that_are_not_sequences(queue, what):
     """Input: parallel_for(..., args=5 | None) or reductions=r (one descriptor, not a list).
@@ -139,10 +133,6 @@ def test_args_or_reductions_that_are_not_sequences(queue, what):
         queue.submit(cgf)
 
 
-@pytest.mark.xfail(strict=True, reason="reducers are handed to the kernel in the order the cl.reduction calls were "
-                                       "made, not in the order of reductions=: with reductions=[rm, rs] the kernel's "
-                                       "first reducer sums and the second takes the maximum, so the sum is 13, not 45 "
-                                       "(silently wrong data)")
 def test_reducers_follow_the_order_of_reductions(queue):
     """Input: two reductions made in one order and passed in the other.  Expected (docs:
     'one reducer per entry of reductions= in that order'): sum 45 and max 9."""
@@ -163,10 +153,6 @@ def test_reducers_follow_the_order_of_reductions(queue):
     assert int(queue.fence(s).result()) == 45
 
 
-@pytest.mark.xfail(strict=True, reason="a cl.reduction that is not passed in reductions= still reduces and is still "
-                                       "handed to the kernel as an extra argument: the kernel fails with "
-                                       "KernelError 'TypeError: <lambda>() takes 1 positional argument but 2 were "
-                                       "given' instead of a submit-time error naming the buffer")
 def test_a_reduction_not_passed_to_parallel_for_is_named_at_submit(queue):
     """Input: cl.reduction(t, cgh, cl.plus) then parallel_for without reductions=.
     Expected: cl.CeleritasError from submit naming buffer "t" and reductions=."""
@@ -181,10 +167,6 @@ def test_a_reduction_not_passed_to_parallel_for_is_named_at_submit(queue):
         queue.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="cl.bit_and on a float target raises numpy's bare ValueError \"Invalid integer "
-                                       "data type 'f'.\" from np.iinfo in identity_of; cl.bit_or / cl.bit_xor on "
-                                       "float or complex targets are accepted and fail later inside the kernel with "
-                                       "numpy's 'ufunc bitwise_or not supported for the input types'")
 @pytest.mark.parametrize("op, dtype", [(cl.bit_and, np.float64), (cl.bit_or, np.float64),
                                        (cl.bit_xor, np.complex128)])
 def test_a_bitwise_reduction_on_a_float_target_names_buffer_and_dtype(queue, op, dtype):
@@ -200,10 +182,6 @@ def test_a_bitwise_reduction_on_a_float_target_names_buffer_and_dtype(queue, op,
         queue.submit(cgf)
 
 
-@pytest.mark.xfail(strict=True, reason="cl.logical_and / cl.logical_or into an int64 or float64 target on two devices "
-                                       "fail in the executor's reduce instruction (op.reduce(s, dtype=int64)): "
-                                       "'rank 0: internal error: TypeError: No loop matching the specified signature "
-                                       "and casting was found for ufunc logical_and', naming no buffer or task")
 @pytest.mark.parametrize("op, dtype", [(cl.logical_and, np.int64), (cl.logical_or, np.float64)])
 def test_a_logical_reduction_on_a_numeric_target_is_not_an_internal_error(queue, op, dtype):
     """Input: a documented logical reduction op into a numeric (non-bool) one-element buffer.
