@@ -1,6 +1,7 @@
 """Buffers: n-d arrays distributed by the runtime, accessed through range mappers."""
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -37,7 +38,10 @@ class Buffer:
         if data is not None:
             if isinstance(data, Buffer):
                 raise BufferError("a Buffer cannot be initialized from another Buffer; fence it first")
-            arr = np.asarray(data)
+            try:
+                arr = np.asarray(data)
+            except ValueError as exc:   # (ragged nested lists: numpy's "inhomogeneous shape")
+                raise BufferError(f"buffer data {type(data).__name__} is not an array of one shape: {exc}") from None
             if dtype is not None:
                 dt = _check_dtype(dtype)
                 if arr.dtype != dt:
@@ -88,7 +92,7 @@ class Buffer:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)   # (exact: numpy's int64 product wraps past 2**63)
 
     def __repr__(self) -> str:
         return f"<cl.Buffer {self.label} shape={self.shape} dtype={self.dtype}>"

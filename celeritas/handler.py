@@ -210,9 +210,10 @@ def split_2d() -> _Hint:
 
 
 def oversubscribe(k: int) -> _Hint:
-    if int(k) < 1:
+    (n,) = as_ints(k, f"cl.oversubscribe({k!r}): the factor", CeleritasError, scalar=True)
+    if n < 1:
         raise CeleritasError(f"cl.oversubscribe({k}): the factor must be >= 1")
-    return _Hint("oversubscribe", int(k))
+    return _Hint("oversubscribe", n)
 
 
 def hint(cgh, h: _Hint) -> None:
@@ -418,6 +419,9 @@ class CommandGroupHandler:
             if len(memo) >= 1024:
                 memo.clear()
             memo[(global_range, offset)] = geom
+        elif not (_plain_ints(global_range) and (offset is None or _plain_ints(offset))):
+            # ((4.0,) == (4,) and hashes alike: a key of floats must not reuse a checked one)
+            return self._make_geometry(global_range, offset)
         return geom
 
     @staticmethod
@@ -601,6 +605,18 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
             raise CeleritasError(f"kernel {name!r} is device source code; the {rt.backend_name} backend runs only "
                                  f"Python kernels")
     return _Launcher(cgh, rt, fn, kind, name, source)
+
+
+def _plain_ints(v) -> bool:
+    """An int, or a tuple of ints (what a geometry memo hit may stand for unchecked)."""
+    if type(v) is int:
+        return True
+    if type(v) is not tuple:
+        return False
+    for x in v:
+        if type(x) is not int:
+            return False
+    return True
 
 
 class _Launcher:

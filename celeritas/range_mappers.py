@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from scheduler.errors import RangeMapperError
+from scheduler.errors import GeometryError, RangeMapperError
 from scheduler.geometry import Box, Region, Subrange
 
 
@@ -57,7 +57,11 @@ class fixed(RangeMapper):
 
     def __init__(self, subrange: Subrange | Box | Region | tuple):
         if isinstance(subrange, tuple) and len(subrange) == 2:
-            subrange = Subrange(*subrange)
+            try:
+                subrange = Subrange(*subrange)
+            except GeometryError as exc:
+                raise RangeMapperError(f"cl.fixed({subrange!r}): takes a Subrange, Box or Region, or an "
+                                       f"(offset, range) pair of sequences ({exc})") from None
         if not isinstance(subrange, (Subrange, Box, Region)):
             raise RangeMapperError(f"cl.fixed takes a Subrange, Box or Region, got {type(subrange).__name__}")
         self.subrange = subrange

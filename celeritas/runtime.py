@@ -710,6 +710,7 @@ class Runtime:
         self.scheduler.flush()
 
     def set_lookahead(self, mode: str) -> None:
+        self._check_alive()
         if mode not in cfg.LOOKAHEAD_MODES:
             raise ConfigError(f"lookahead {mode!r}; use one of {', '.join(cfg.LOOKAHEAD_MODES)}")
         self.scheduler.set_lookahead(mode)

@@ -63,19 +63,12 @@ def _run_kernel(q, body, *, shape=(8,), rng=(8,), mapper=None, mode=cl.read_writ
 # Defects (xfail strict): each asserts what the rule requires
 # =====================================================================================
 
-@pytest.mark.xfail(strict=True, reason="cl.Buffer([[1, 2], [3]]) raises numpy's bare ValueError ('setting an array "
-                                       "element with a sequence ... inhomogeneous shape') from np.asarray in "
-                                       "Buffer.__init__, not a cl.BufferError")
 def test_ragged_buffer_data_is_a_buffer_error(queue):
     """Input: ragged nested lists as buffer data.  Expected: cl.BufferError about the data."""
     with pytest.raises(cl.BufferError, match="data"):
         cl.Buffer([[1, 2], [3]], name="ragged")
 
 
-@pytest.mark.xfail(strict=True, reason="Buffer.size is np.prod(shape, dtype=int64), which wraps: shape (2**32, 2**32) "
-                                       "gives size 0, and a buffer of shape (274177, 67280421310721) has size 1 and "
-                                       "is accepted as a one-element reduction target; the OOM message then says "
-                                       "'cannot allocate 0 bytes' / a negative byte count")
 def test_buffer_element_count_does_not_wrap(queue):
     """Input: buffers whose element count exceeds int64.  Expected: ``size`` as in numpy
     (the exact count) or a cl.BufferError at construction; never a wrapped count that lets
@@ -95,9 +88,6 @@ def test_buffer_element_count_does_not_wrap(queue):
                                   cgh.parallel_for((1,), lambda c, r: None)))
 
 
-@pytest.mark.xfail(strict=True, reason="the task-geometry memo is keyed by ==, so (4.0,) hits the entry of an "
-                                       "earlier (4,) and skips validation: a float range is rejected in a fresh "
-                                       "runtime but accepted after an equal int range was submitted")
 def test_a_float_range_is_rejected_even_after_an_equal_int_range(queue):
     """Input: parallel_for((4.0,)) after parallel_for((4,)); host_task(range=(4.0,)) likewise.
     Expected: cl.CeleritasError naming the global range, as for a fresh runtime."""
@@ -356,10 +346,6 @@ def test_a_mapper_raising_a_base_exception_on_the_scheduler_thread(queue):
         queue.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="cl.fixed((0, 4)) (a flat pair instead of (offset, range) tuples) raises "
-                                       "cl.GeometryError 'subrange offset 0 must be a sequence of integers', not the "
-                                       "cl.RangeMapperError the docs promise for invalid built-in mapper arguments, "
-                                       "and the message does not name cl.fixed")
 def test_fixed_with_a_flat_pair_is_a_range_mapper_error():
     """Input: cl.fixed((0, 4)).  Expected (docs: 'Invalid arguments of the built-in mappers
     raise it where the mapper is written'): cl.RangeMapperError naming cl.fixed."""
@@ -367,8 +353,6 @@ def test_fixed_with_a_flat_pair_is_a_range_mapper_error():
         cl.fixed((0, 4))
 
 
-@pytest.mark.xfail(strict=True, reason="cl.oversubscribe(k) does int(k): 1.5 is silently truncated to 1, 'x' raises "
-                                       "a bare ValueError and None a bare TypeError")
 @pytest.mark.parametrize("k", [1.5, "x", None])
 def test_oversubscribe_needs_an_integer(k):
     """Input: cl.oversubscribe(1.5 | 'x' | None).  Expected: cl.CeleritasError naming
@@ -430,8 +414,6 @@ def test_a_collective_group_made_on_one_rank_only_is_a_divergence():
         run_cluster(program, nodes=2, timeout=12, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="4")
 
 
-@pytest.mark.xfail(strict=True, reason="Queue.set_lookahead after q.shutdown() is accepted silently, while submit, "
-                                       "fence, wait, flush and graphs raise 'the celeritas runtime has been shut down'")
 def test_set_lookahead_after_shutdown_says_so():
     """Input: q.set_lookahead('none') after q.shutdown().  Expected: cl.CeleritasError
     'shut down', as every other queue call."""
