@@ -5,6 +5,7 @@ Also the objects kernels and host tasks receive (``Chunk``, ``Partition``,
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Any, Callable
@@ -85,6 +86,29 @@ def _identity_fits(identity: Any, dtype: np.dtype) -> bool:
         return value.ndim == 0 and bool(np.can_cast(value.dtype, dtype, casting="same_kind"))
     except (TypeError, ValueError):
         return False
+
+
+def _code_of(fn) -> Any:
+    """The code object a call of ``fn`` runs: through functools.partial, bound methods and
+    callable objects' ``__call__`` (None for builtins and classes)."""
+    for _ in range(8):
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            return code
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+        elif getattr(fn, "__func__", None) is not None:
+            fn = fn.__func__
+        elif not isinstance(fn, type) and getattr(type(fn).__call__, "__code__", None) is not None:
+            fn = type(fn).__call__
+        else:
+            return None
+    return None
+
+
+def _suspended(result: Any) -> bool:
+    """Whether a kernel's return value is a generator or coroutine: its body never ran."""
+    return inspect.isgenerator(result) or inspect.iscoroutine(result) or inspect.isasyncgen(result)
 
 
 class ReductionDescriptor:
@@ -393,7 +417,7 @@ class CommandGroupHandler:
             raise CeleritasError("one command group submits exactly one parallel_for or host_task")
         if name is not None and not isinstance(name, str):
             raise CeleritasError(f"a kernel's or host task's name= is a str, got {type(name).__name__} {name!r}")
-        code = getattr(kernel, "__code__", None)
+        code = _code_of(kernel)
         if code is not None and code.co_flags & _SUSPENDING:
             # (calling one only makes a generator or coroutine object: its body, the writes
             # included, would never run, silently)
@@ -676,7 +700,9 @@ class _Launcher:
             cluster.communicator, cluster.env, cluster.runtime = rc
         try:
             if self.plain:
-                self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset), *self.args)
+                r = self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset), *self.args)
+                if r is not None and _suspended(r):
+                    _refuse(self, r)
                 return
             if self.device:
                 if self.red_ops:
@@ -691,27 +717,55 @@ class _Launcher:
                     if self.source:
                         self.backend.launch_source_kernel(self.fn, ctx, self.device_args, self.local_range)
                     else:
-                        self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset),
-                                *reducers, *self.args)
+                        r = self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset),
+                                    *reducers, *self.args)
+                        if r is not None and _suspended(r):
+                            _refuse(self, r)
                 finally:
                     for r in reducers:      # (a reducer kept past its kernel combines into nothing)
                         r._acc = None
             else:
-                self.fn(Partition(ctx.box, self.global_range, ctx.communicator, self.rank))
+                r = self.fn(Partition(ctx.box, self.global_range, ctx.communicator, self.rank))
+                if r is not None and _suspended(r):
+                    _refuse(self, r)
         except CeleritasError as exc:
             if isinstance(exc, KernelError):
                 raise
-            raise type(exc)(f"{exc} (in {self.what} {self.task_name!r} "
-                            f"of task T{ctx_task(ctx)}, rank {self.rank}, chunk {ctx.box})") from exc
-        except (Exception, KeyboardInterrupt, SystemExit) as exc:   # (the last two: raised by the kernel itself)
-            raise KernelError(f"{self.what} {self.task_name!r} of task "
-                              f"T{ctx_task(ctx)} failed on rank {self.rank}, chunk {ctx.box}"
-                              f"{'' if ctx.device is None else f', device {ctx.device}'}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            where = f"(in {self.what} {self.task_name!r} of task T{ctx_task(ctx)}, rank {self.rank}, chunk {ctx.box})"
+            try:
+                wrapped = type(exc)(f"{_text(exc)} {where}")
+            except Exception:   # (a subclass whose __init__ takes other arguments)
+                wrapped = _kernel_failure(self, ctx, exc)
+            raise wrapped from exc
+        except BaseException as exc:   # (whatever the kernel raised, KeyboardInterrupt and GeneratorExit too)
+            raise _kernel_failure(self, ctx, exc) from exc
         finally:
             inside.where = outer
             if hydration is not None:
                 hydration.ctx = prev
+
+
+def _refuse(launcher, result: Any) -> None:
+    close = getattr(result, "close", None)
+    if close is not None:   # (no "never awaited" warning on top of the error)
+        close()
+    raise CeleritasError(f"{launcher.what} {launcher.task_name!r}: calling it made a "
+                         f"{type(result).__name__} object; a kernel or host task is a plain function, run once "
+                         f"per chunk (its body never ran)")
+
+
+def _kernel_failure(launcher, ctx: LaunchContext, exc: BaseException) -> KernelError:
+    return KernelError(f"{launcher.what} {launcher.task_name!r} of task T{ctx_task(ctx)} failed on rank "
+                       f"{launcher.rank}, chunk {ctx.box}{'' if ctx.device is None else f', device {ctx.device}'}: "
+                       f"{type(exc).__name__}: {_text(exc)}")
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in where its ``__str__`` itself raises."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - any failure to print is the kernel's exception's own
+        return f"<{type(exc).__name__} whose str() raised>"
 
 
 def ctx_task(ctx: LaunchContext) -> Any:

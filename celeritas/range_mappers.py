@@ -14,6 +14,7 @@ import inspect
 import operator
 import os
 import sys
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -514,9 +515,18 @@ def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int
             reg = to_region(res, len(shape), "the mapper") & Box.full(shape)
         except RangeMapperError as exc:
             raise RangeMapperError(f"{context()}, chunk {view}: {exc}") from exc
-        except Exception as exc:
+        except BaseException as exc:
+            # (a Ctrl-C or exit on the application thread stays what it is; anything else, on the
+            # scheduler thread too, names the mapper instead of failing the scheduler)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) and threading.current_thread() is \
+                    threading.main_thread():
+                raise
+            try:
+                text = str(exc)
+            except Exception:  # noqa: BLE001 - an exception that cannot print itself
+                text = "(its str() raised)"
             raise RangeMapperError(f"{context()}, chunk {view}: the mapper raised {type(exc).__name__}: "
-                                   f"{exc}") from exc
+                                   f"{text}") from exc
         if len(cache) < _CHUNK_CACHE_LIMIT:
             cache[key] = reg
         return reg

@@ -558,7 +558,9 @@ class TaskManager:
         rng = t.geometry.global_range if t.geometry else ()
         stream = self._stream
         sid = self._str_ids
-        stream.append((sid[t.kind], sid[t.name], t.id, rng, tuple([(a.buffer, sid[a.mode]) for a in t.accesses])))
+        group = t.collective_group   # (ints only: hash(None) differs between processes)
+        stream.append((sid[t.kind], sid[t.name], t.id, rng, tuple([(a.buffer, sid[a.mode]) for a in t.accesses]),
+                       -1 if group is None else group))
         digest = self._digest
         if t.kind == EPOCH:
             self._fold_stream()

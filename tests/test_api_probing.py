@@ -280,9 +280,6 @@ class _Halt(BaseException):
     """A BaseException of the user's own (not Exception, KeyboardInterrupt or SystemExit)."""
 
 
-@pytest.mark.xfail(strict=True, reason="the launcher catches Exception, KeyboardInterrupt and SystemExit only: a "
-                                       "kernel or host task raising GeneratorExit or another BaseException subclass "
-                                       "surfaces as 'rank 0: internal error: _Halt: ...', naming no kernel or task")
 @pytest.mark.parametrize("exc, host", [(_Halt, False), (GeneratorExit, False), (_Halt, True)],
                          ids=["custom_kernel", "generator_exit_kernel", "custom_host_task"])
 def test_a_kernel_raising_any_base_exception_is_a_kernel_error(queue, exc, host):
@@ -300,10 +297,6 @@ def test_a_kernel_raising_any_base_exception_is_a_kernel_error(queue, exc, host)
     assert isinstance(ei.value.__cause__, exc)
 
 
-@pytest.mark.xfail(strict=True, reason="the launcher formats the kernel's exception with f'{exc}' and rebuilds a "
-                                       "CeleritasError subclass with type(exc)(message): an exception whose __str__ "
-                                       "raises, or a cl.CeleritasError subclass whose __init__ takes other arguments, "
-                                       "becomes 'rank 0: internal error: ...' naming no kernel")
 @pytest.mark.parametrize("kind", ["str_raises", "custom_init"])
 def test_a_kernel_exception_that_does_not_format_is_still_a_kernel_error(queue, kind):
     """Input: a kernel raising an exception whose __str__ raises, or a cl.CeleritasError
@@ -327,9 +320,6 @@ def test_a_kernel_exception_that_does_not_format_is_still_a_kernel_error(queue, 
     assert "internal error" not in msg and "'odd'" in msg, msg
 
 
-@pytest.mark.xfail(strict=True, reason="a range mapper raising a BaseException subclass only for a device chunk is "
-                                       "called on the scheduler thread, where it becomes 'rank 0: internal error: "
-                                       "_Halt: ...' naming neither the mapper nor the buffer")
 def test_a_mapper_raising_a_base_exception_on_the_scheduler_thread(queue):
     """Input: a mapper that raises _Halt(BaseException) for device chunks only (not the whole
     range).  Expected: cl.RangeMapperError at wait() naming the mapper and buffer "mb"."""
@@ -375,9 +365,6 @@ class _GeneratorCallable:
         yield
 
 
-@pytest.mark.xfail(strict=True, reason="the generator/coroutine check reads kernel.__code__, which a functools.partial "
-                                       "or a callable object lacks: such a kernel only makes a generator object, its "
-                                       "body never runs and the buffer silently keeps its old contents")
 @pytest.mark.parametrize("wrap", ["partial", "callable_object"])
 def test_a_generator_kernel_behind_partial_or_call_is_an_error(queue, wrap):
     """Input: parallel_for with functools.partial(generator_fn, w=acc) or an object whose
@@ -395,10 +382,6 @@ def test_a_generator_kernel_behind_partial_or_call_is_an_error(queue, wrap):
         queue.fence(b).result(timeout=30)
 
 
-@pytest.mark.xfail(strict=True, reason="collective group ids are not part of the divergence check: a "
-                                       "cl.CollectiveGroup() made on rank 0 only shifts the ids, the ranks' collective "
-                                       "host tasks use different communicators and hang in allreduce (run_cluster "
-                                       "times out; under MPI it hangs for good)")
 def test_a_collective_group_made_on_one_rank_only_is_a_divergence():
     """Input: rank 0 makes an extra CollectiveGroup before the one both ranks use.
     Expected: cl.DivergenceError (the task streams' collective groups differ), not a hang."""

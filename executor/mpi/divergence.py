@@ -274,7 +274,8 @@ class EpochCheck:
                     f"#{mine.seq}, T{mine.task}): the tasks listed agree; the difference lies in "
                     f"{_describe(more[0])}")
         return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
-                f"#{mine.seq}, T{mine.task}): the same task names and ranges, but different buffer accesses; "
+                f"#{mine.seq}, T{mine.task}): the same task names and ranges, but different buffer accesses or "
+                f"collective groups; "
                 f"the first task of that stretch is {_describe(a[0])}")
 
     @staticmethod
