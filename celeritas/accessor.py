@@ -8,7 +8,10 @@ command group: the accessor looks its array up there on every index.
 from __future__ import annotations
 
 import threading
+from operator import index as _index
 from typing import Any
+
+import numpy as np
 
 from scheduler.errors import AccessError
 from scheduler.geometry import Box, Region
@@ -121,7 +124,7 @@ class Accessor:
         if not isinstance(key, tuple):
             key = (key,)
         if len(key) != d:
-            raise AccessError(f"{len(key)} indices for the {d}-D buffer {self.buffer_name}")
+            return self._general(key, arr, acc)
         local = []
         pmin = []
         pmax = []
@@ -135,25 +138,200 @@ class Accessor:
                 pmin.append(start)
                 pmax.append(stop)
             else:
-                try:
-                    k = int(k)
-                except TypeError:
-                    # array (fancy) indices: shift them
-                    local.append(k - lo[i])
-                    pmin.append(None)
-                    pmax.append(None)
-                    continue
+                if type(k) is not int:
+                    # numpy integers; anything else (index arrays and lists, '...', None, a
+                    # bool, a float, a string): _general
+                    if type(k) is bool:
+                        return self._general(key, arr, acc)
+                    try:
+                        k = _index(k)
+                    except TypeError:
+                        return self._general(key, arr, acc)
                 local.append(k - lo[i])
                 pmin.append(k)
                 pmax.append(k + 1)
-        if self._checks and None not in pmin:
+        if self._checks:
             self._check(Box(tuple(pmin), tuple(pmax), d), acc.region)
-        if self._checks or None in pmin:
             for i, (a, b) in enumerate(zip(pmin, pmax)):
-                if a is not None and (a < abox.lo[i] or b > abox.hi[i]):
+                if a < abox.lo[i] or b > abox.hi[i]:
                     raise AccessError(f"index {key} is outside the part {abox} of buffer {self.buffer_name} "
                                       f"held for this chunk")
         return arr, tuple(local)
+
+    def _general(self, key: tuple, arr, acc) -> tuple[Any, Any]:
+        """``_local`` for a key with other parts than ints and slices: one ``...`` (the
+        missing dimensions, whole), ``None`` (numpy's new axis), integer arrays and lists
+        (numpy's fancy indexing, in global coordinates).  A boolean mask, a float, a string
+        or any other object raises AccessError.  An index array is always checked against
+        the allocation (numpy would wrap a negative index to the other end or raise its own
+        IndexError), and with checks point by point against what the range mapper grants."""
+        if arr is None:
+            self._check_mapped(key)
+        d = self.dims
+        name = self.buffer_name
+        ellipses = [p for p, k in enumerate(key) if k is Ellipsis]
+        n = sum(1 for k in key if k is not None and k is not Ellipsis)
+        if len(ellipses) > 1:
+            raise AccessError(f"index {key!r} into buffer {name} has more than one '...'")
+        if ellipses:
+            if n > d:
+                raise AccessError(f"{n} indices for the {d}-D buffer {name}")
+            p = ellipses[0]
+            key = key[:p] + (slice(None),) * (d - n) + key[p + 1:]
+        elif n != d:
+            raise AccessError(f"{n} indices for the {d}-D buffer {name}")
+        abox = acc.allocation_box
+        lo, hi = abox.lo, abox.hi
+        ctx = self._hydration.ctx
+        xp = getattr(ctx, "xp", None) or np
+        local: list = []
+        pmin: list = []
+        pmax: list = []
+        fancy: list = []           # (dimension, index array in global coordinates)
+        i = 0
+        for k in key:
+            if k is None:
+                local.append(None)
+                continue
+            if isinstance(k, slice):
+                start = lo[i] if k.start is None else self._bound(k.start, k)
+                stop = hi[i] if k.stop is None else self._bound(k.stop, k)
+                step = None if k.step is None else self._bound(k.step, k)
+                if step is not None and step <= 0:
+                    raise AccessError("accessor slices need a positive step")
+                local.append(slice(start - lo[i], stop - lo[i], step))
+                pmin.append(start)
+                pmax.append(stop)
+            else:
+                v = self._component(k, xp)
+                if type(v) is int:
+                    local.append(v - lo[i])
+                    pmin.append(v)
+                    pmax.append(v + 1)
+                else:
+                    fancy.append((i, v))
+                    local.append(v - lo[i])
+                    if v.size:
+                        pmin.append(int(v.min()))
+                        pmax.append(int(v.max()) + 1)
+                    else:
+                        pmin.append(None)      # (an empty index array accesses nothing)
+                        pmax.append(None)
+            i += 1
+        if len(fancy) > 1:
+            try:
+                np.broadcast_shapes(*[v.shape for _, v in fancy])
+            except ValueError:
+                raise AccessError(f"index arrays of shapes {', '.join(str(v.shape) for _, v in fancy)} into buffer "
+                                  f"{name} cannot be broadcast together") from None
+        empty = None in pmin or any(b <= a for a, b in zip(pmin, pmax))
+        if self._checks and not empty:
+            granted = acc.region
+            bounding = Box(tuple(pmin), tuple(pmax), d)
+            if granted is None or not granted.contains(bounding):
+                if fancy:
+                    self._check_points(fancy, pmin, pmax, granted)
+                else:
+                    self._check(bounding, granted)
+        if self._checks or fancy:
+            for i, (a, b) in enumerate(zip(pmin, pmax)):
+                if a is not None and (a < lo[i] or b > hi[i]):
+                    what = (f"index {key}" if not fancy else
+                            f"index {'array' if any(j == i for j, _ in fancy) else 'part'} {a}"
+                            f"{f'..{b - 1}' if b - 1 != a else ''} in dimension {i}")
+                    raise AccessError(f"{what} is outside the part {abox} of buffer {name} held for this chunk")
+        return arr, tuple(local)
+
+    def _bound(self, b, k: slice) -> int:
+        """A slice bound or step as an int; AccessError if it is none."""
+        if type(b) is int:
+            return b
+        try:
+            return _index(b)
+        except TypeError:
+            pass
+        raise AccessError(f"slice {k!r} into buffer {self.buffer_name}: slice bounds and steps must be integers "
+                          f"(got {type(b).__name__} {b!r})")
+
+    def _component(self, k, xp) -> Any:
+        """One non-slice index as an int, or as an index array of intp (numpy's or the
+        allocation's array module's); AccessError for anything else."""
+        tk = type(k)
+        if tk is int:
+            return k
+        if tk is bool:
+            self._mask(k)
+        if tk is list or tk is tuple:
+            try:
+                k = xp.asarray(k)
+            except (ValueError, TypeError):
+                raise AccessError(f"index {k!r} into buffer {self.buffer_name} is not a list of integers") from None
+            if k.size == 0 and k.dtype.kind == "f":
+                k = k.astype(np.intp)          # ([]: no indices, as numpy takes it)
+        dt = getattr(k, "dtype", None)
+        if dt is not None and hasattr(k, "ndim"):    # numpy or CuPy arrays, numpy scalars
+            kind = getattr(dt, "kind", "")
+            if kind == "b":
+                self._mask(k)
+            if kind in ("i", "u"):
+                if k.ndim == 0:
+                    return int(k)
+                return k if dt == np.intp else k.astype(np.intp)
+        else:
+            try:
+                return _index(k)
+            except TypeError:
+                pass
+        raise AccessError(f"index {k!r} ({type(k).__name__}) into buffer {self.buffer_name} is not an integer: an "
+                          f"accessor takes integers, slices with integer bounds, '...', integer arrays or lists, "
+                          f"a cl.Box or a chunk (a float is not truncated)")
+
+    def _mask(self, k) -> None:
+        raise AccessError(f"a boolean index (mask) into buffer {self.buffer_name}: accessor indices are global "
+                          f"coordinates, which a mask has none of; index with integers instead (e.g. the mask's "
+                          f"np.nonzero() plus the offset of what it masks)")
+
+    def _check_points(self, fancy: list, pmin: list, pmax: list, granted: Region | None) -> None:
+        """With checks: the elements that index arrays select (broadcast together, with the
+        other dimensions' ranges), when their bounding box is not all granted: each must be."""
+        d = self.dims
+        dims = [i for i, _ in fancy]
+        arrays = np.broadcast_arrays(*[v if isinstance(v, np.ndarray) else v.get() for _, v in fancy])
+        points = np.unique(np.stack([a.reshape(-1) for a in arrays], axis=1), axis=0)
+        if granted is not None:
+            left = np.ones(len(points), dtype=bool)
+            for g in granted.boxes:          # (vectorized: the points inside one granted box)
+                gl, gh = g.lo, g.hi
+                if any(not (gl[i] <= pmin[i] and pmax[i] <= gh[i]) for i in range(d) if i not in dims):
+                    continue
+                inside = np.ones(len(points), dtype=bool)
+                for c, i in enumerate(dims):
+                    inside &= (points[:, c] >= gl[i]) & (points[:, c] < gh[i])
+                left &= ~inside
+            points = points[left]
+        for p in points:                      # (the rest: granted by several boxes together, or not)
+            blo, bhi = list(pmin), list(pmax)
+            for c, i in enumerate(dims):
+                blo[i] = int(p[c])
+                bhi[i] = int(p[c]) + 1
+            self._check(Box(tuple(blo), tuple(bhi), d), granted)
+
+    def _reject(self, key) -> None:
+        """After a TypeError while indexing (numpy's, or celeritas's own arithmetic on a key
+        part): AccessError when a part of the key is of a wrong type."""
+        if isinstance(key, (Box, slice)) or key is Ellipsis or getattr(key, "box", None) is not None:
+            parts = (key,) if isinstance(key, slice) else ()
+        else:
+            parts = key if isinstance(key, tuple) else (key,)
+        for k in parts:
+            if k is None or k is Ellipsis:
+                continue
+            if isinstance(k, slice):
+                for b in (k.start, k.stop, k.step):
+                    if b is not None:
+                        self._bound(b, k)
+            else:
+                self._component(k, np)
 
     def _check(self, box: Box, granted: Region | None) -> None:
         if box.empty:
@@ -211,6 +389,7 @@ class Accessor:
             return arr[idx]
         except TypeError:
             self._check_mapped(key)
+            self._reject(key)
             raise
 
     def __setitem__(self, key, value) -> None:
@@ -226,6 +405,7 @@ class Accessor:
             arr[idx] = value
         except TypeError:
             self._check_mapped(key)
+            self._reject(key)
             raise
 
     def _check_mapped(self, key) -> None:

@@ -3590,13 +3590,17 @@ class _Run:
             if w is not None:
                 wshape = p.shapes[w.buffer] if w.space == "data" else p.targets[w.buffer].shape
                 wacc = run.buffer(w.space, w.buffer).access(cgh, make_write_mapper(w, wshape), w.mode)
-            reds = []
-            for spec in t.reds:
+            made = {}
+            # (in every other task the cl.reduction calls run in reverse: the kernel's reducers
+            # follow reductions=, not the order of the calls)
+            for k in (reversed(range(len(t.reds))) if idx % 2 else range(len(t.reds))):
+                spec = t.reds[k]
                 kw = {}
                 if spec.identity:
                     kw["identity"] = _identity(spec.op, p.targets[spec.target].dtype)
-                reds.append(cl.reduction(run.tbufs[spec.target], cgh, OPS[spec.op],
-                                         initialize_to_identity=spec.init, **kw))
+                made[k] = cl.reduction(run.tbufs[spec.target], cgh, OPS[spec.op],
+                                       initialize_to_identity=spec.init, **kw)
+            reds = [made[k] for k in range(len(t.reds))]
             if t.split2d:
                 cl.hint(cgh, cl.split_2d())
             if t.split1d:

@@ -8,9 +8,9 @@ class docs/api.md's error table names) whose message names the task, buffer or r
 fault, never a hang, a bare exception from inside celeritas, an "internal error" or
 silently wrong data.
 
-The ``xfail(strict=True)`` tests are defects found by probing: each asserts what the rule
-requires and fails today (its reason says what happens instead).  The other tests pin
-probes that already behave well and are not pinned elsewhere (tests/test_errors.py,
+The first group of tests are the 22 defects probing found (each was a strict xfail,
+fixed since; its docstring gives the input and the required error).  The other tests pin
+probes that already behaved well and are not pinned elsewhere (tests/test_errors.py,
 tests/test_range_mapper_errors.py, the restated Celerity suites).
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _run_kernel(q, body, *, shape=(8,), rng=(8,), mapper=None, mode=cl.read_writ
 
 
 # =====================================================================================
-# Defects (xfail strict): each asserts what the rule requires
+# Defects found by probing (fixed): each asserts what the rule requires
 # =====================================================================================
 
 def test_ragged_buffer_data_is_a_buffer_error(queue):
@@ -193,9 +193,6 @@ def test_a_logical_reduction_on_a_numeric_target_is_not_an_internal_error(queue,
         assert got[0] == expected
 
 
-@pytest.mark.xfail(strict=True, reason="a non-integer accessor index goes through int(k): acc[4.5] reads element 4 "
-                                       "and acc['4'] reads element 4 (with CELERITAS_ACCESSOR_CHECKS on or off), "
-                                       "where numpy raises IndexError; silently wrong reads and writes")
 @pytest.mark.parametrize("checks", ["0", "1"])
 @pytest.mark.parametrize("key", [lambda lo: lo + 0.5, lambda lo: str(lo)], ids=["float", "str"])
 def test_a_non_integer_accessor_index_is_an_access_error(monkeypatch, checks, key):
@@ -213,9 +210,6 @@ def test_a_non_integer_accessor_index_is_an_access_error(monkeypatch, checks, ke
             pass
 
 
-@pytest.mark.xfail(strict=True, reason="a boolean index array is shifted like integer indices (mask - offset): "
-                                       "acc[np.ones(4, bool)] on chunk [0, 4) reads element 1 four times and on "
-                                       "chunk [4, 8) reads wrapped element -3 of the allocation (silently wrong data)")
 def test_a_boolean_mask_index_is_not_silently_reinterpreted(queue):
     """Input: acc[np.ones(chunk.range[0], bool)] in a kernel.  Expected: cl.AccessError naming
     buffer "b" (a mask has no global coordinates), not integer indexing by True == 1."""
@@ -223,10 +217,6 @@ def test_a_boolean_mask_index_is_not_silently_reinterpreted(queue):
         _run_kernel(queue, lambda acc, c: acc[np.ones(c.range[0], bool)])
 
 
-@pytest.mark.xfail(strict=True, reason="with CELERITAS_ACCESSOR_CHECKS=1 fancy (array) indices are not checked: "
-                                       "acc[np.array([lo - 1])] on the first chunk silently reads the last element of "
-                                       "the allocation (numpy's negative wrap), and acc[np.array([hi])] fails with "
-                                       "numpy's IndexError wrapped in a KernelError, not cl.AccessError")
 @pytest.mark.parametrize("where", ["below", "above"])
 def test_fancy_indices_outside_the_mapped_region_with_checks(monkeypatch, where):
     """Input: an index array one past the chunk's granted region, accessor checks on.
@@ -253,10 +243,6 @@ def test_fancy_indices_outside_the_mapped_region_with_checks(monkeypatch, where)
             pass
 
 
-@pytest.mark.xfail(strict=True, reason="acc[[i, j]] (a list, numpy's fancy index) and acc[..., 0] fail inside "
-                                       "Accessor._local with TypeError \"unsupported operand type(s) for -: 'list' "
-                                       "and 'int'\" / \"'ellipsis' and 'int'\", surfacing as a KernelError about "
-                                       "celeritas's own arithmetic")
 @pytest.mark.parametrize("index", ["list", "ellipsis_tuple"])
 def test_list_and_ellipsis_tuple_indices_work_or_are_access_errors(queue, index):
     """Input: acc[[lo, lo + 1]] on a 1-D buffer, acc[..., 0] on a 2-D one.  Expected: numpy's
