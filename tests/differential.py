@@ -97,7 +97,8 @@ side-effect host tasks ran in submission order.
 Drawn after the whole program (so that every seed keeps the program it gave before):
 
 * how each kernel and host task indexes its accessors (``INDEX_STYLES``: boxes, the chunk,
-  bounded slices, integer indices, ``...``, mixed; ``acc_get`` / ``acc_set``); ``Config``
+  bounded slices, integer indices, ``...``, mixed, and, drawn last, integer index arrays
+  and lists; ``acc_get`` / ``acc_set``); ``Config``
   turns accessor checks off in about 40% of configurations (the fast paths
   ``Accessor._plain2`` / ``_plain`` / ``_local``'s tuples) and ``main`` programs run under
   ``CELERITAS_DIAGNOSTICS`` warn or off too (``program_config``);
@@ -188,7 +189,7 @@ BAD_FORMS = ("offset_eq", "next_block", "prev_block", "first_only")
 # a 1-tuple); one integer index per element; ``acc[...]`` (the allocation, shifted by ``acc.offset``);
 # or a different one of those per access.  Without accessor checks 2-D slices, boxes and chunks take
 # the fast paths (``Accessor._plain2`` / ``_plain``) and tuples of slices or ints ``_local``'s.
-INDEX_STYLES = ("box", "chunk", "slices", "ints", "ellipsis", "mixed")
+INDEX_STYLES = ("box", "chunk", "slices", "ints", "ellipsis", "mixed", "fancy")
 INDEX_DRAW = ("box", "box", "chunk", "slices", "slices", "ints", "ellipsis", "mixed")
 OOC_DRAWS = True            # main: a pair of kernels over larger buffers, for out-of-core batching
 SPLIT_DRAWS = True          # main: per-kernel oversubscribe, split_1d, constrain_split, host hints, even_split
@@ -204,6 +205,7 @@ BYTE_ORDER_DRAWS = True     # main: data buffers in the non-native byte order (`
 DISJOINT_READ_DRAWS = True  # main: reads of a buffer's first and last rows in one task (``_draw_disjoint_reads``)
 DISJOINT_READ_SHARE = 0.2   # of main programs
 RELEASE_DRAWS = True        # main: buffers and host objects released by dropping them (``_draw_releases``)
+FANCY_DRAWS = True          # main: some kernels and host tasks index with integer arrays / lists (``_draw_fancy``)
 RELEASE_FORMS = ("drop", "thread")   # the last reference dropped on the application thread / another thread
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
@@ -1021,7 +1023,8 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
                          ("EMPTY_DRAWS", _draw_empty), ("LONG_DRAWS", _draw_long), ("SOURCE_DRAWS", _draw_source),
                          ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many),
                          ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order),
-                         ("DISJOINT_READ_DRAWS", _draw_disjoint_reads), ("RELEASE_DRAWS", _draw_releases)):
+                         ("DISJOINT_READ_DRAWS", _draw_disjoint_reads), ("RELEASE_DRAWS", _draw_releases),
+                         ("FANCY_DRAWS", _draw_fancy)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1430,6 +1433,17 @@ def _draw_releases(g: _Gen, p: Program) -> None:
         if t.kind in ("destroy", "hdestroy") and rng.random() < 0.5:
             t.release = rng.choice(RELEASE_FORMS)
             p.features.add("lifetime:drop" if t.release == "drop" else "lifetime:drop_thread")
+
+
+def _draw_fancy(g: _Gen, p: Program) -> None:
+    """A tenth of the kernels and host tasks (drawn after the whole program, so that every seed
+    keeps its program) index their accessors with numpy's integer (fancy) indexing in global
+    coordinates instead (``index:fancy``: ``np.ix_`` of the box's ranges, a plain list for some
+    1-D boxes; ``_fancy_key``)."""
+    for t in p.tasks:
+        if t.kind in ("kernel", "host") and g.rng.random() < 0.1:
+            t.index = "fancy"
+            p.features.add("index:fancy")
 
 
 def _draw_disjoint_reads(g: _Gen, p: Program) -> None:
@@ -3784,8 +3798,8 @@ class _BoxKey:
 
 
 def _style_for(style: str, box: Box) -> str:
-    if box.dims == 0:
-        return "box"            # (0-D targets: no slices, no integer index)
+    if box.dims == 0 or (style == "fancy" and box.empty):
+        return "box"            # (0-D targets: no slices, no integer index; no index arrays of nothing)
     if style == "mixed":
         return INDEX_STYLES[(sum(box.min) * 7 + box.area + box.dims) % 5]
     return style
@@ -3796,6 +3810,15 @@ def _slices_key(box: Box):
     if box.dims == 1 and box.min[0] % 2:
         return key[0]           # 1-D: a bare slice (the general path) or a 1-tuple (the fast one)
     return key
+
+
+def _fancy_key(box: Box):
+    """``box`` as numpy integer (fancy) indices in global coordinates: ``np.ix_`` of its ranges,
+    or for 1-D boxes at an odd start a plain list."""
+    axes = [np.arange(a, b) for a, b in zip(box.min, box.max)]
+    if box.dims == 1 and box.min[0] % 2:
+        return [int(x) for x in axes[0]]
+    return np.ix_(*axes)
 
 
 def _int_key(box: Box, idx: tuple):
@@ -3830,6 +3853,8 @@ def acc_get(acc, box: Box, style: str = "box", chunk=None):
     if style == "ellipsis":
         whole = acc[...]
         return whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))]
+    if style == "fancy":
+        return acc[_fancy_key(box)]
     raise ValueError(style)
 
 
@@ -3850,6 +3875,9 @@ def acc_set(acc, box: Box, value, style: str = "box", chunk=None) -> None:
     elif style == "ellipsis":
         whole = acc[...]
         whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))] = value
+    elif style == "fancy":
+        value = np.asarray(value)       # (a point write's (1, 1) to the box's shape)
+        acc[_fancy_key(box)] = value.reshape(box.range) if value.size == box.area else value
     else:
         raise ValueError(style)
 

@@ -913,7 +913,7 @@ def _accessor_calls(monkeypatch):
     # 1-D and 3-D: _local's fast path for slices (1-tuples too) and integer indices
     (29, Config(ranks=3, devices=1, accessor_checks=False, oversubscribe=3, diagnostics="off"),
      {"local:3d:slices", "local:3d:ints", "local:1d:ints", "ellipsis"}),
-    (249, Config(ranks=2, devices=2, accessor_checks=False), {"local:1d:slices", "local:3d:ints"}),
+    (365, Config(ranks=2, devices=2, accessor_checks=False), {"local:1d:slices", "local:3d:ints"}),   # (249: fancy)
 ])
 def test_index_styles_without_checks_reach_the_fast_paths(monkeypatch, seed, cfg, reached):
     calls = _accessor_calls(monkeypatch)
