@@ -182,6 +182,9 @@ class Reducer:
         flat = acc.reshape(-1)
         target = self._dtype
         vdt = getattr(values, "dtype", None)
+        if vdt is None and isinstance(values, (list, tuple)):   # (values as a sequence: as an array)
+            values = np.asarray(values)
+            vdt = values.dtype
         if vdt is None:   # a Python scalar: numpy's default dtype of its kind
             vdt = _SCALAR_DTYPES.get(type(values)) or np.asarray(values).dtype
         if vdt is not self._checked:

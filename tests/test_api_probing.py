@@ -661,3 +661,17 @@ def test_one_rank_fencing_or_collecting_alone_is_a_divergence(mode):
 
     with pytest.raises(cl.DivergenceError, match="ranks [01] and [01] submitted different task streams"):
         run_cluster(program, nodes=2, timeout=30, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="10")
+
+
+def test_combine_takes_a_list_of_values_as_an_array(queue):
+    """Input: reducer.combine([1.0, 2.0]) in each of two chunks.  Expected: the values folded
+    as an array would be (6.0 in all); it was a KernelError 'setting an array element with a
+    sequence' (the list was taken for a scalar)."""
+    t = cl.Buffer(np.zeros(()), name="t")
+
+    def cgf(cgh):
+        r = cl.reduction(t, cgh, cl.plus, initialize_to_identity=True)
+        cgh.parallel_for((4,), lambda c, r: r.combine([1.0, 2.0]), reductions=[r], name="lists")
+
+    queue.submit(cgf)
+    assert float(queue.fence(t).result(timeout=30)) == 6.0
