@@ -329,8 +329,12 @@ class Runtime:
         dev = overrides.get("devices")
         if dev is not None:
             spec = cfg.DeviceSpec.parse(dev, "devices") if isinstance(dev, str) else dev
-            if spec != self.config.devices:
-                raise ConfigError(f"the runtime already runs on {self.config.devices}; create the Queue with "
+            running = self.config.devices
+            if running.backend == "default":   # (what the default turned out to be: host:1, or every GPU)
+                running = (cfg.DeviceSpec("host", self.num_devices) if self.backend_name == "host"
+                           else cfg.DeviceSpec(self.backend_name))
+            if spec != running and spec != self.config.devices:
+                raise ConfigError(f"the runtime already runs on {running}; create the Queue with "
                                   f"devices={dev!r} before any Buffer")
         if overrides.get("lookahead") is not None:
             self.set_lookahead(overrides["lookahead"])
@@ -936,4 +940,35 @@ def _default_communicator(config: cfg.Config):
     return SingleRankCommunicator()
 
 
-context.set_runtime_factory(lambda env, overrides, communicator: Runtime(_config(env, overrides), communicator))
+def _new_runtime(env: dict | None, overrides: dict, communicator) -> "Runtime":
+    try:
+        config = _config(env, overrides)
+    except ConfigError:
+        if communicator is None:
+            _join_mpi_job()
+        raise
+    try:
+        return Runtime(config, communicator)
+    except ConfigError as exc:
+        # (the backend's errors name CELERITAS_DEVICES; devices given to the Queue are named as such)
+        dev, prefix = overrides.get("devices"), f"CELERITAS_DEVICES={str(config.devices)!r}"
+        if dev is not None and str(exc).startswith(prefix):
+            raise ConfigError(f"devices={dev!r}{str(exc)[len(prefix):]}") from None
+        raise
+
+
+def _join_mpi_job() -> None:
+    """A rank whose settings are wrong still starts MPI before its ConfigError goes up: the
+    other ranks wait in MPI's start-up for every rank (a job that never ended), and an
+    uncaught error must end them all, as one found after the start does (``abort``)."""
+    try:
+        from executor.mpi import import_mpi, install_excepthook, launched_under_mpi
+        if not launched_under_mpi():
+            return
+        mpi = import_mpi()
+        install_excepthook(mpi.COMM_WORLD.Get_rank())
+    except Exception:  # noqa: BLE001 - the ConfigError being raised is what the user must see
+        log.debug("could not start MPI for a rank with a configuration error", exc_info=True)
+
+
+context.set_runtime_factory(_new_runtime)
