@@ -109,6 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if target is None:
         raise ConfigError("run: name a script (script.py) or a module (-m apps.wave_sim)")
     path = launcher.find_mpiexec(args.mpiexec)
+    if path is not None and args.mpiexec:
+        path = _executable(path, args.mpiexec)
     if path is None:
         if args.n != 1:
             raise ConfigError("no mpiexec found (next to the Python interpreter or on PATH); "
@@ -128,6 +130,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         return subprocess.run(cmd.argv, env=cmd.env).returncode
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:   # (not executable, vanished, ...): one line, not a traceback
+        raise ConfigError(f"run: cannot start {cmd.argv[0]!r}: {exc.strerror or exc}") from None
+
+
+def _executable(path: str, given: str) -> str:
+    """``path`` (what ``--mpiexec given`` resolved to) as a program subprocess can start: an
+    absolute path (a plain name that is no command on PATH but a file here would be looked
+    up on PATH); ConfigError for a folder or a file that is not executable."""
+    if os.path.isdir(path):
+        raise ConfigError(f"--mpiexec {given!r} is a folder, not an mpiexec program")
+    if not os.access(path, os.X_OK):
+        raise ConfigError(f"--mpiexec {given!r} is not an executable mpiexec program (no execute permission)")
+    return os.path.abspath(path)
 
 
 def _quote(s: str) -> str:
@@ -209,7 +224,7 @@ def _mpi_rows() -> list[tuple[str, Any]]:
         from executor.mpi import mpi_info
 
         from .config import from_env
-        info, err = _try(lambda: mpi_info(cuda_aware=from_env().mpi_cuda_aware))
+        info, err = _try(lambda: mpi_info(cuda_aware=from_env(warn=False).mpi_cuda_aware))
         if err:
             rows.append(("MPI library", Text(err, style="red")))
         else:
@@ -251,7 +266,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     from executor.backends.host import transparent_huge_pages
 
     from . import config
-    cfg, err = _try(config.from_env)        # (an invalid environment is reported at the end)
+    cfg, err = _try(config.from_env, warn=False)   # (an invalid environment is reported at the end)
+    unknown = config.unknown_variables()
+    if err is None and unknown:
+        err = "; ".join(config.describe_unknown(k, v) for k, v in unknown.items())
     t.add_row("huge pages", huge_page_status(config.HUGE_PAGES_DEFAULT if cfg is None else cfg.huge_pages,
                                              transparent_huge_pages()))
     console.print(t)
@@ -281,7 +299,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     c.add_column()
     if env:
         for k, v in env.items():
-            c.add_row(k, Text(v))
+            c.add_row(k, Text(v) if k not in unknown else
+                      Text(f"{v}  (not a celeritas setting" + (f"; did you mean {unknown[k]}?)" if unknown[k] else ")"),
+                           style="red"))
     else:
         c.add_row("CELERITAS_*", "(none set: defaults)")
     c.add_row("valid", Text("yes", style="green") if err is None else Text(err, style="red"))
@@ -458,12 +478,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             args = parser().parse_args(argv)
     except CeleritasError as exc:
-        _console(stderr=True).print(f"error: {exc}", style="red", markup=False)
+        _console(stderr=True).print(f"error: {exc}", style="red", markup=False, soft_wrap=True)
         return 2
     try:
         return int(args.fn(args) or 0)
     except CeleritasError as exc:
-        _console(stderr=True).print(f"error: {exc}", style="red", markup=False)
+        _console(stderr=True).print(f"error: {exc}", style="red", markup=False, soft_wrap=True)
         return 2
 
 

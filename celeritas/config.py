@@ -5,6 +5,7 @@ values, so a typo in a job script fails at start-up instead of mid-run.
 """
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -22,6 +23,44 @@ MPI_STRIDED = ("auto", "datatype", "staging")
 REPLAY_MODES = ("on", "off")
 HUGE_PAGES_DEFAULT = 2 << 20     # one x86-64 / arm64 transparent huge page
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+log = logging.getLogger("celeritas.config")
+
+# Every CELERITAS_* variable the runtime reads (docs/api.md's configuration table): any
+# other CELERITAS_* variable in the environment is reported as unknown (unknown_variables).
+VARIABLES = (
+    "CELERITAS_DEVICES", "CELERITAS_LOOKAHEAD", "CELERITAS_HORIZON_STEP", "CELERITAS_HORIZON_MAX_PARALLELISM",
+    "CELERITAS_MAX_TASKS_AHEAD", "CELERITAS_PAUSE_AHEAD", "CELERITAS_DRY_RUN_NODES", "CELERITAS_PRINT_GRAPHS",
+    "CELERITAS_TRACE", "CELERITAS_RECORD", "CELERITAS_DIAGNOSTICS", "CELERITAS_ACCESSOR_CHECKS",
+    "CELERITAS_LOG_LEVEL", "CELERITAS_SUMMARY", "CELERITAS_HOST_DEVICE_MEMORY", "CELERITAS_HUGE_PAGES",
+    "CELERITAS_DEVICE_MEMORY_LIMIT", "CELERITAS_OUT_OF_CORE_OVERLAP", "CELERITAS_REPLAY",
+    "CELERITAS_WAIT_WARNING", "CELERITAS_GC", "CELERITAS_MPI_DEVICE_MEMORY", "CELERITAS_MPI_CUDA_AWARE",
+    "CELERITAS_MPI_STRIDED", "CELERITAS_MPI_POLL_MAX_US", "CELERITAS_MPI_SPIN_US", "CELERITAS_INLINE_US",
+    "CELERITAS_SWITCH_INTERVAL_US", "CELERITAS_DIVERGENCE_TIMEOUT",
+)
+# read by the test suite, not by the runtime (hypothesis example counts, the fuzzer): not reported
+TEST_VARIABLES = re.compile(r"CELERITAS_[A-Z0-9_]*_EXAMPLES|CELERITAS_FUZZ_[A-Z0-9_]+")
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """The ``CELERITAS_*`` variables of ``env`` that celeritas does not read (a typo, or one
+    from another version), each with the known variable it is closest to (or None)."""
+    env = os.environ if env is None else env
+    return {k: next(iter(difflib.get_close_matches(k, VARIABLES, n=1)), None)
+            for k in sorted(env) if k.startswith("CELERITAS_") and k not in VARIABLES
+            and not TEST_VARIABLES.fullmatch(k)}
+
+
+def describe_unknown(name: str, close: str | None) -> str:
+    return f"{name} is not a celeritas setting and is ignored" + (f" (did you mean {close}?)" if close else "")
+
+
+def warn_unknown_variables(env: Mapping[str, str] | None = None) -> None:
+    """Log a warning for every unknown ``CELERITAS_*`` variable (each time a runtime reads the
+    settings; as Celerity warns about unknown ``CELERITY_*`` ones): a misspelt setting is otherwise
+    silently ignored."""
+    for name, close in unknown_variables(env).items():
+        log.warning("%s", describe_unknown(name, close))
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +298,11 @@ def _tristate(env: Mapping[str, str], var: str) -> bool | None:
 def check_output_paths(config: Config) -> None:
     """The graph-dump folder and the trace file's folder can be written: found out when
     the runtime starts (the folders are made then), not at shutdown after the whole run."""
+    if config.trace and os.path.isdir(config.trace):
+        raise ConfigError(f"CELERITAS_TRACE={config.trace!r} is a folder; name the trace file to write "
+                          f"(e.g. {os.path.join(config.trace, 'trace.json')!r})")
+    if config.trace and os.path.exists(config.trace) and not os.access(config.trace, os.W_OK):
+        raise ConfigError(f"CELERITAS_TRACE={config.trace!r}: the file exists and is not writable")
     for var, folder in (("CELERITAS_PRINT_GRAPHS", config.print_graphs),
                         ("CELERITAS_TRACE", os.path.dirname(os.path.abspath(config.trace)) if config.trace else None)):
         if not folder:
@@ -271,8 +315,56 @@ def check_output_paths(config: Config) -> None:
             raise ConfigError(f"{var}: the folder {folder!r} is not writable")
 
 
-def from_env(env: Mapping[str, str] | None = None) -> Config:
+def check_dry_run(config: Config, num_ranks: int) -> None:
+    """A dry run (CELERITAS_DRY_RUN_NODES) simulates the whole cluster in one process; in a
+    job of several ranks (``num_ranks``, or what an MPI launcher announced) every rank would
+    run as rank 0 and write the same outputs."""
+    if config.dry_run_nodes is None:
+        return
+    ranks = num_ranks
+    if ranks <= 1:
+        try:
+            from executor.mpi.launch import launched_world_size
+        except ImportError:
+            pass
+        else:
+            ranks = launched_world_size() or 1
+    if ranks > 1:
+        raise ConfigError(f"CELERITAS_DRY_RUN_NODES={config.dry_run_nodes}: a dry run simulates the "
+                          f"{config.dry_run_nodes}-node cluster in one process, but this job runs {ranks} "
+                          f"ranks (every one would be rank 0); start it as a single process")
+
+
+def _path(env: Mapping[str, str], var: str) -> str | None:
+    """A file or folder name; unset, empty or whitespace only: None."""
+    raw = env.get(var)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw
+
+
+SWITCH_INTERVAL_MAX_US = 2**32 - 1    # CPython keeps the interval in whole µs in a C unsigned long
+
+
+def _switch_interval(env: Mapping[str, str], var: str) -> float | None:
+    """µs, as ``sys.setswitchinterval`` can hold it: 1 µs (it truncates to whole µs, so less
+    would be 0) up to 2**32 - 1 µs (beyond, it overflows, to 0 on 64-bit Linux); 0, none,
+    off or inf: leave the interpreter's interval alone."""
+    us = _positive_float(env, var, None, "microseconds", off=True)
+    if us is None:
+        return None
+    if not 1 <= us <= SWITCH_INTERVAL_MAX_US:
+        raise ConfigError(f"{var}={env[var]!r} is out of range: CPython's switch interval takes 1 to "
+                          f"{SWITCH_INTERVAL_MAX_US} whole microseconds (or 'off')")
+    return us
+
+
+def from_env(env: Mapping[str, str] | None = None, warn: bool = True) -> Config:
+    """The configuration ``env`` (default: the environment) gives; ConfigError for an invalid
+    value.  With ``warn``, unknown ``CELERITAS_*`` variables are logged."""
     env = os.environ if env is None else env
+    if warn:
+        warn_unknown_variables(env)
     devices = DeviceSpec.parse(env["CELERITAS_DEVICES"]) if env.get("CELERITAS_DEVICES") else DeviceSpec("default")
     return Config(
         devices=devices,
@@ -282,8 +374,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         max_tasks_ahead=_int(env, "CELERITAS_MAX_TASKS_AHEAD", 4096, minimum=2),
         pause_ahead=_int(env, "CELERITAS_PAUSE_AHEAD", 128, minimum=0),
         dry_run_nodes=_int(env, "CELERITAS_DRY_RUN_NODES", None),
-        print_graphs=env.get("CELERITAS_PRINT_GRAPHS") or None,
-        trace=env.get("CELERITAS_TRACE") or None,
+        print_graphs=_path(env, "CELERITAS_PRINT_GRAPHS"),
+        trace=_path(env, "CELERITAS_TRACE"),
         record=_flag(env, "CELERITAS_RECORD"),
         diagnostics=_choice(env, "CELERITAS_DIAGNOSTICS", DIAGNOSTICS, "warn"),
         accessor_checks=_flag(env, "CELERITAS_ACCESSOR_CHECKS"),
@@ -293,7 +385,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         huge_pages=_huge_pages(env, "CELERITAS_HUGE_PAGES"),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
         gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),
-        switch_interval_us=_positive_float(env, "CELERITAS_SWITCH_INTERVAL_US", None, "microseconds", off=True),
+        switch_interval_us=_switch_interval(env, "CELERITAS_SWITCH_INTERVAL_US"),
         mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
         mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),
         mpi_spin_us=_nonnegative_float(env, "CELERITAS_MPI_SPIN_US", 100.0, "microseconds"),

@@ -268,6 +268,7 @@ class Runtime:
             communicator = _default_communicator(config)
         self.communicator = communicator
         dry = config.dry_run_nodes
+        cfg.check_dry_run(config, communicator.num_ranks)
         self.dry_run = dry is not None
         self.rank = 0 if self.dry_run else communicator.rank
         self.num_ranks = dry if self.dry_run else communicator.num_ranks

@@ -142,6 +142,7 @@ def rank_numbers(outputs) -> dict:
         "replay": {level: dict(v) for level, v in outputs.replay.items()},
         "memory": dict(outputs.memory),
         "throttled": outputs.throttled,
+        "dry_run": bool(getattr(outputs, "dry_run", False)),
     }
 
 
@@ -178,6 +179,7 @@ def combine(per_rank: Iterable[Mapping | None]) -> dict:
         "replay": {level: dict(v) for level, v in replay.items()},
         "memory": dict(memory),
         "throttled": max((r.get("throttled", 0) for r in ranks), default=0),
+        "dry_run": any(r.get("dry_run") for r in ranks),
         "per_rank": ranks,
     }
 
@@ -277,6 +279,9 @@ def render(numbers: Mapping, console=None) -> None:
                       f"to run for {up_to}{100 * numbers['starvation']:.0f} % of the run while the scheduler was busy: "
                       "instruction generation is the bottleneck (fewer, larger kernels; a coarser split; "
                       "lookahead 'none' if commands are held back)")
+    elif numbers.get("dry_run"):
+        con.print("[dim]no lane busy times or starvation: a dry run (CELERITAS_DRY_RUN_NODES) "
+                  "executes nothing[/dim]")
     else:
         con.print("[dim]lane busy times and starvation need the execution trace\n"
                   "(CELERITAS_SUMMARY=1 or CELERITAS_TRACE turn it on)[/dim]")

@@ -1,13 +1,15 @@
 """A whole simulated cluster in one process: one thread and one runtime per rank."""
 from __future__ import annotations
 
+import difflib
+import operator
 import os
 import threading
 import time
 import traceback
 from typing import Any, Callable
 
-from scheduler.errors import CeleritasError
+from scheduler.errors import CeleritasError, ConfigError
 
 from . import context
 
@@ -18,9 +20,37 @@ def _divergence_timeout(env: dict) -> float | None:
     ConfigError, as under MPI)."""
     from .config import DEFAULT_DIVERGENCE_TIMEOUT, from_env
     try:
-        return from_env({**os.environ, **env}).divergence_timeout
+        return from_env({**os.environ, **env}, warn=False).divergence_timeout
     except CeleritasError:
         return DEFAULT_DIVERGENCE_TIMEOUT
+
+
+def _count(name: str, value: Any) -> int:
+    """``nodes=`` / ``devices=``: an integer >= 1 (not a float, string or bool)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"run_cluster: {name}={value!r} is not an integer") from None
+    if n < 1:
+        raise ConfigError(f"run_cluster needs {name} >= 1, got {n}")
+    return n
+
+
+def _check_settings(env: dict) -> None:
+    """The keyword settings of ``run_cluster`` are ``CELERITAS_*`` variables that celeritas
+    reads (config.VARIABLES); anything else would be silently ignored."""
+    from .config import VARIABLES
+    for key, value in env.items():
+        if key in VARIABLES:
+            continue
+        close = difflib.get_close_matches(key if key.startswith("CELERITAS_") else "CELERITAS_" + key,
+                                          VARIABLES, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"run_cluster: {key}={value!r} is not a celeritas setting{hint}; settings are "
+                          f"given as CELERITAS_...= keywords, e.g. run_cluster(program, CELERITAS_LOOKAHEAD='none'), "
+                          f"besides nodes=, devices= and timeout=")
 
 
 def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | None = None,
@@ -28,15 +58,18 @@ def run_cluster(program: Callable[[int], Any], nodes: int = 2, devices: int | No
     """Run ``program(rank)`` on ``nodes`` threads connected by the in-process communicator.
 
     ``devices`` gives each rank ``host:devices``; ``env`` overrides ``CELERITAS_*``
-    variables (e.g. ``CELERITAS_LOOKAHEAD="none"``).  Returns each rank's return
+    variables (e.g. ``CELERITAS_LOOKAHEAD="none"``); a keyword that is none of them, or a
+    ``nodes``/``devices`` that is not an integer >= 1, is a ConfigError.  Returns each rank's return
     value; the first rank's exception is raised after every rank has stopped.
     """
     from executor.communicator import InProcessCluster
-    if nodes < 1:
-        raise CeleritasError(f"run_cluster needs nodes >= 1, got {nodes}")
+    nodes = _count("nodes", nodes)
+    if devices is not None:
+        devices = _count("devices", devices)
+    _check_settings(env)
     env = {k: str(v) for k, v in env.items()}
     if devices is not None:
-        env["CELERITAS_DEVICES"] = f"host:{int(devices)}"
+        env["CELERITAS_DEVICES"] = f"host:{devices}"
     cluster = InProcessCluster(nodes, divergence_timeout=_divergence_timeout(env),
                                divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT")
     results: list[Any] = [None] * nodes
