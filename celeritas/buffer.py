@@ -9,7 +9,7 @@ import numpy as np
 from scheduler.errors import AccessError, CeleritasError
 from scheduler.geometry.box import as_ints
 
-from .context import current_runtime
+from .context import Handle, current_runtime
 from .accessor import DISCARD_READ_WRITE, DISCARD_WRITE, MODES, READ, READ_WRITE, WRITE, Accessor
 from .handler import CommandGroupHandler, handler_of
 
@@ -28,8 +28,10 @@ def _check_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
-class Buffer:
+class Buffer(Handle):
     """A 0- to 3-D array the runtime distributes; host-initialized data is copied at construction."""
+
+    _handle_kind = "buffer"
 
     def __init__(self, data: Any = None, *, shape: Sequence[int] | int | None = None, dtype: Any = None,
                  name: str | None = None):
@@ -123,21 +125,3 @@ class Buffer:
         if getattr(self, "_alive", False):
             self._alive = False
             self._runtime.destroy_buffer(self.id)
-
-    def __copy__(self):
-        # a handle, as Celerity's are: a copy names the same buffer, which lives until the
-        # last reference goes (a second object would destroy it when collected)
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def __del__(self) -> None:
-        # (not ``destroy()``: the garbage collector may run this on any thread, inside any
-        # loop of the runtime's; the application thread destroys it at its next call)
-        try:
-            if getattr(self, "_alive", False):
-                self._alive = False
-                self._runtime.destroy_later("buffer", self.id)
-        except Exception:   # interpreter shutdown: the runtime may be gone already
-            pass

@@ -62,6 +62,31 @@ def current_runtime(create: bool = False, **overrides) -> Any:
         return rt
 
 
+class Handle:
+    """What ``cl.Buffer`` and ``cl.HostObject`` share: a handle to an object the runtime owns
+    (``_runtime``, ``id``, ``_alive``), destroyed by the runtime as ``_handle_kind``."""
+
+    _handle_kind = ""
+
+    def __copy__(self):
+        # a handle, as Celerity's are: a copy names the same object, which lives until the
+        # last reference goes (a second handle would destroy it when collected)
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __del__(self) -> None:
+        # (not ``destroy()``: the garbage collector may run this on any thread, inside any
+        # loop of the runtime's; the application thread destroys it at its next call)
+        try:
+            if getattr(self, "_alive", False):
+                self._alive = False
+                self._runtime.destroy_later(self._handle_kind, self.id)
+        except Exception:   # interpreter shutdown: the runtime may be gone already
+            pass
+
+
 def release(rt: Any) -> None:
     """``rt`` is no longer current (it shut down)."""
     if cluster.runtime is rt:

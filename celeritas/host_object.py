@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import current_runtime
+from .context import Handle, current_runtime
 
 
-class HostObject:
+class HostObject(Handle):
     """Wraps an object that host tasks use through ``cl.side_effect``; their order is the submit order."""
+
+    _handle_kind = "host_object"
 
     def __init__(self, obj: Any = None):
         self._runtime = current_runtime(create=True)
@@ -27,24 +29,6 @@ class HostObject:
         if getattr(self, "_alive", False):
             self._alive = False
             self._runtime.destroy_host_object(self.id)
-
-    def __copy__(self):
-        # a handle, as Celerity's are: a copy names the same host object, which lives until the
-        # last reference goes (a second object would destroy it when collected)
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
-
-    def __del__(self) -> None:
-        # (not ``destroy()``: the garbage collector may run this on any thread, inside any
-        # loop of the runtime's; the application thread destroys it at its next call)
-        try:
-            if getattr(self, "_alive", False):
-                self._alive = False
-                self._runtime.destroy_later("host_object", self.id)
-        except Exception:   # interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         return f"<cl.HostObject H{self.id} {type(self.obj).__name__}>"
