@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from scheduler import task_graph as tg
-from scheduler.errors import AccessError, CeleritasError, KernelError
+from scheduler.errors import AccessError, CeleritasError, KernelError, exception_text
 from scheduler.geometry import Box
 from scheduler.geometry.box import as_ints
 from scheduler.instruction_graph import AccessorArg, LaunchContext
@@ -469,14 +469,13 @@ class CommandGroupHandler:
     def parallel_for(self, global_range, kernel=None, *, offset=None, name=None, reductions=(),
                      local_range=None, args=()):
         geom = self._geometry_of(global_range, offset)
-        what = f"parallel_for{f' {name!r}' if isinstance(name, str) else ''}"
-        if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
-            raise CeleritasError(f"{what}: args= takes a tuple or list of the kernel's extra arguments, got "
-                                 f"{type(args).__name__}")
+        if not isinstance(args, (tuple, list)):
+            raise CeleritasError(f"{_parallel_for(name)}: args= takes a tuple or list of the kernel's extra "
+                                 f"arguments, got {type(args).__name__}")
         self._args = tuple(args)
         self._local_range = self._check_local_range(local_range, geom, name)
-        if isinstance(reductions, ReductionDescriptor) or not isinstance(reductions, (tuple, list)):
-            raise CeleritasError(f"{what}: reductions= takes a list of cl.reduction(...) results"
+        if not isinstance(reductions, (tuple, list)):
+            raise CeleritasError(f"{_parallel_for(name)}: reductions= takes a list of cl.reduction(...) results"
                                  f"{' (write reductions=[r])' if isinstance(reductions, ReductionDescriptor) else ''}"
                                  f", got {type(reductions).__name__}")
         for r in reductions:
@@ -634,6 +633,11 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
     return _Launcher(cgh, rt, fn, kind, name, source)
 
 
+def _parallel_for(name) -> str:
+    """``parallel_for 'name'`` (or without a name), for an error message."""
+    return f"parallel_for{f' {name!r}' if isinstance(name, str) else ''}"
+
+
 def _plain_ints(v) -> bool:
     """An int, or a tuple of ints (what a geometry memo hit may stand for unchecked)."""
     if type(v) is int:
@@ -702,12 +706,10 @@ class _Launcher:
         if rc is not None and cluster.runtime is not rc[2]:   # (once per thread: lanes serve one rank)
             cluster.communicator, cluster.env, cluster.runtime = rc
         try:
+            r = None
             if self.plain:
                 r = self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset), *self.args)
-                if r is not None and _suspended(r):
-                    _refuse(self, r)
-                return
-            if self.device:
+            elif self.device:
                 if self.red_ops:
                     reducers = []
                     for arr, red, (op, ident, dt, label) in zip(ctx.reduction_arrays, ctx.reductions, self.red_ops):
@@ -722,21 +724,19 @@ class _Launcher:
                     else:
                         r = self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset),
                                     *reducers, *self.args)
-                        if r is not None and _suspended(r):
-                            _refuse(self, r)
                 finally:
-                    for r in reducers:      # (a reducer kept past its kernel combines into nothing)
-                        r._acc = None
+                    for reducer in reducers:      # (a reducer kept past its kernel combines into nothing)
+                        reducer._acc = None
             else:
                 r = self.fn(Partition(ctx.box, self.global_range, ctx.communicator, self.rank))
-                if r is not None and _suspended(r):
-                    _refuse(self, r)
+            if r is not None and _suspended(r):
+                _refuse(self, r)
         except CeleritasError as exc:
             if isinstance(exc, KernelError):
                 raise
             where = f"(in {self.what} {self.task_name!r} of task T{ctx_task(ctx)}, rank {self.rank}, chunk {ctx.box})"
             try:
-                wrapped = type(exc)(f"{_text(exc)} {where}")
+                wrapped = type(exc)(f"{exception_text(exc)} {where}")
             except Exception:   # (a subclass whose __init__ takes other arguments)
                 wrapped = _kernel_failure(self, ctx, exc)
             raise wrapped from exc
@@ -760,15 +760,7 @@ def _refuse(launcher, result: Any) -> None:
 def _kernel_failure(launcher, ctx: LaunchContext, exc: BaseException) -> KernelError:
     return KernelError(f"{launcher.what} {launcher.task_name!r} of task T{ctx_task(ctx)} failed on rank "
                        f"{launcher.rank}, chunk {ctx.box}{'' if ctx.device is None else f', device {ctx.device}'}: "
-                       f"{type(exc).__name__}: {_text(exc)}")
-
-
-def _text(exc: BaseException) -> str:
-    """``str(exc)``, or a stand-in where its ``__str__`` itself raises."""
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001 - any failure to print is the kernel's exception's own
-        return f"<{type(exc).__name__} whose str() raised>"
+                       f"{type(exc).__name__}: {exception_text(exc)}")
 
 
 def ctx_task(ctx: LaunchContext) -> Any:

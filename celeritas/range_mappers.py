@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from scheduler.errors import GeometryError, RangeMapperError
+from scheduler.errors import GeometryError, RangeMapperError, exception_text
 from scheduler.geometry import Box, Region, Subrange
 
 
@@ -521,12 +521,8 @@ def to_scheduler_mapper(mapper: Callable, *, buffer_label: str, buffer_dims: int
             if isinstance(exc, (KeyboardInterrupt, SystemExit)) and threading.current_thread() is \
                     threading.main_thread():
                 raise
-            try:
-                text = str(exc)
-            except Exception:  # noqa: BLE001 - an exception that cannot print itself
-                text = "(its str() raised)"
             raise RangeMapperError(f"{context()}, chunk {view}: the mapper raised {type(exc).__name__}: "
-                                   f"{text}") from exc
+                                   f"{exception_text(exc)}") from exc
         if len(cache) < _CHUNK_CACHE_LIMIT:
             cache[key] = reg
         return reg

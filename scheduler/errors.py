@@ -45,3 +45,12 @@ class DivergenceError(CeleritasError):
 
 class CommunicationError(CeleritasError):
     """A peer failed or a message could not be delivered."""
+
+
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)`` for an error message that wraps a user's exception, or a stand-in where
+    its ``__str__`` itself raises (the wrapping error must still be raised, naming the culprit)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - any failure to print is the user's exception's own
+        return f"<{type(exc).__name__} whose str() raised>"
