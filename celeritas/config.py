@@ -42,12 +42,17 @@ VARIABLES = (
 TEST_VARIABLES = re.compile(r"CELERITAS_[A-Z0-9_]*_EXAMPLES|CELERITAS_FUZZ_[A-Z0-9_]+")
 
 
+def closest_variable(name: str) -> str | None:
+    """The known variable ``name`` is probably a misspelling of (None if none is close)."""
+    close = difflib.get_close_matches(name, VARIABLES, n=1)
+    return close[0] if close else None
+
+
 def unknown_variables(env: Mapping[str, str] | None = None) -> dict[str, str | None]:
     """The ``CELERITAS_*`` variables of ``env`` that celeritas does not read (a typo, or one
     from another version), each with the known variable it is closest to (or None)."""
     env = os.environ if env is None else env
-    return {k: next(iter(difflib.get_close_matches(k, VARIABLES, n=1)), None)
-            for k in sorted(env) if k.startswith("CELERITAS_") and k not in VARIABLES
+    return {k: closest_variable(k) for k in sorted(env) if k.startswith("CELERITAS_") and k not in VARIABLES
             and not TEST_VARIABLES.fullmatch(k)}
 
 
@@ -108,6 +113,7 @@ class DeviceSpec:
 @dataclass(frozen=True, slots=True)
 class Config:
     devices: DeviceSpec = field(default_factory=lambda: DeviceSpec("default"))
+    devices_setting: str = "CELERITAS_DEVICES"   # where ``devices`` came from, as errors name it
     lookahead: str = "auto"
     horizon_step: int = 4
     horizon_max_parallelism: int = 64
@@ -163,6 +169,7 @@ class Config:
     def with_overrides(self, **kw) -> "Config":
         kw = {k: v for k, v in kw.items() if v is not None}
         if "devices" in kw:
+            kw["devices_setting"] = "devices"   # (a Queue argument, not the environment)
             if isinstance(kw["devices"], str):
                 kw["devices"] = DeviceSpec.parse(kw["devices"], "devices")
             elif not isinstance(kw["devices"], DeviceSpec):

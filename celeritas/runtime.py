@@ -38,10 +38,11 @@ log = logging.getLogger("celeritas.runtime")
 
 
 def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
-                 huge_pages: int | None = cfg.HUGE_PAGES_DEFAULT):
+                 huge_pages: int | None = cfg.HUGE_PAGES_DEFAULT, setting_name: str = "CELERITAS_DEVICES"):
     """The backend for a device spec; ``default`` means every CUDA GPU, else one host device.
-    ``huge_pages``: the smallest host allocation put on huge pages (``CELERITAS_HUGE_PAGES``)."""
-    setting = f"CELERITAS_DEVICES={str(spec)!r}"    # (what every configuration error starts with)
+    ``huge_pages``: the smallest host allocation put on huge pages (``CELERITAS_HUGE_PAGES``);
+    ``setting_name``: where the spec came from (the variable, or a Queue's ``devices``)."""
+    setting = f"{setting_name}={str(spec)!r}"    # (what every configuration error starts with)
     if spec.backend in ("default", "cuda"):
         try:
             from executor.backends.cuda import CudaBackend, cuda_device_count
@@ -272,7 +273,8 @@ class Runtime:
         self.dry_run = dry is not None
         self.rank = 0 if self.dry_run else communicator.rank
         self.num_ranks = dry if self.dry_run else communicator.num_ranks
-        self.backend = make_backend(config.devices, config.host_device_memory, config.huge_pages)
+        self.backend = make_backend(config.devices, config.host_device_memory, config.huge_pages,
+                                    config.devices_setting)
         self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
         self.num_devices = self.backend.num_devices
         system = scheduler_system(self.backend, config.mpi_device_memory, None if dry else communicator,
@@ -948,14 +950,7 @@ def _new_runtime(env: dict | None, overrides: dict, communicator) -> "Runtime":
         if communicator is None:
             _join_mpi_job()
         raise
-    try:
-        return Runtime(config, communicator)
-    except ConfigError as exc:
-        # (the backend's errors name CELERITAS_DEVICES; devices given to the Queue are named as such)
-        dev, prefix = overrides.get("devices"), f"CELERITAS_DEVICES={str(config.devices)!r}"
-        if dev is not None and str(exc).startswith(prefix):
-            raise ConfigError(f"devices={dev!r}{str(exc)[len(prefix):]}") from None
-        raise
+    return Runtime(config, communicator)
 
 
 def _join_mpi_job() -> None:

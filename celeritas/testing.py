@@ -1,7 +1,6 @@
 """A whole simulated cluster in one process: one thread and one runtime per rank."""
 from __future__ import annotations
 
-import difflib
 import operator
 import os
 import threading
@@ -41,13 +40,12 @@ def _count(name: str, value: Any) -> int:
 def _check_settings(env: dict) -> None:
     """The keyword settings of ``run_cluster`` are ``CELERITAS_*`` variables that celeritas
     reads (config.VARIABLES); anything else would be silently ignored."""
-    from .config import VARIABLES
+    from .config import VARIABLES, closest_variable
     for key, value in env.items():
         if key in VARIABLES:
             continue
-        close = difflib.get_close_matches(key if key.startswith("CELERITAS_") else "CELERITAS_" + key,
-                                          VARIABLES, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        close = closest_variable(key if key.startswith("CELERITAS_") else "CELERITAS_" + key)
+        hint = f" (did you mean {close}?)" if close else ""
         raise ConfigError(f"run_cluster: {key}={value!r} is not a celeritas setting{hint}; settings are "
                           f"given as CELERITAS_...= keywords, e.g. run_cluster(program, CELERITAS_LOOKAHEAD='none'), "
                           f"besides nodes=, devices= and timeout=")
