@@ -742,18 +742,7 @@ def test_split_constraints_that_divide_the_range_cut_on_their_multiples():
              ((100,), (2,), (10,), (10,)), ((100, 80), (2, 4), (10, 20), (10, 20)),
              ((100, 80, 60), (2, 4, 20), (1, 2, 30), (2, 4, 60))]
 
-    def program(rank):
-        q = cl.Queue()
-        chunks = Log()
-        for n, (rng, constraint, local, _) in enumerate(cases):
-            def cgf(cgh, n=n, rng=rng, constraint=constraint, local=local):
-                cl.constrain_split(cgh, constraint)
-                cgh.parallel_for(rng, lambda chunk: chunks.add((n, chunk.box)), local_range=local, name=f"c{n}")
-            q.submit(cgf)
-        q.wait()
-        return chunks.items
-
-    got = flat(run(program, nodes=4))
+    got = _constrained_chunks(cases, nodes=4)
     for n, (rng, _, _, effective) in enumerate(cases):
         boxes = [b for k, b in got if k == n]
         assert covers_exactly(boxes, Box.full(rng)), (n, boxes)
@@ -773,21 +762,26 @@ def test_a_split_constraint_that_does_not_divide_the_range_leaves_the_rest_to_th
     cases = [((10,), 3, None, [(0, 6), (6, 4)]), ((10,), 20, None, [(0, 10)]),
              ((100,), 3, (10,), [(0, 60), (60, 40)])]
 
+    got = _constrained_chunks(cases, nodes=2)
+    for n, (_, _, _, want) in enumerate(cases):
+        assert sorted((b.offset[0], b.range[0]) for k, b in got if k == n) == want
+
+
+def _constrained_chunks(cases, nodes: int) -> list:
+    """(case index, chunk box) of every chunk of one kernel per case ``(range, constraint,
+    local_range, _)`` submitted with ``cl.constrain_split(constraint)``, on ``nodes`` ranks."""
     def program(rank):
         q = cl.Queue()
         chunks = Log()
         for n, (rng, constraint, local, _) in enumerate(cases):
             def cgf(cgh, n=n, rng=rng, constraint=constraint, local=local):
                 cl.constrain_split(cgh, constraint)
-                cgh.parallel_for(rng, lambda chunk: chunks.add((n, chunk.offset[0], chunk.range[0])),
-                                 local_range=local, name=f"ragged{n}")
+                cgh.parallel_for(rng, lambda chunk: chunks.add((n, chunk.box)), local_range=local, name=f"c{n}")
             q.submit(cgf)
         q.wait()
         return chunks.items
 
-    got = flat(run(program, nodes=2))
-    for n, (_, _, _, want) in enumerate(cases):
-        assert sorted((o, r) for k, o, r in got if k == n) == want
+    return flat(run(program, nodes=nodes))
 
 
 @pytest.mark.parametrize("nodes", [1, 2])

@@ -57,6 +57,21 @@ def check_capacity(ctx: GraphContext, capacity: int, rank: int = 0) -> dict:
     return dict(peak)
 
 
+def check_kernels_in_their_allocations(ctx: GraphContext, b, kernel: str, capacity: int) -> dict:
+    """Every accessor of every chunk of ``kernel`` on buffer ``b`` lies inside the allocation
+    it names, the device capacity holds, and the graph validates; returns ``b``'s
+    allocations by id."""
+    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
+    kernels = ctx.instrs(0, "device_kernel", name=kernel)
+    assert kernels
+    for k in kernels:
+        for acc in k.accesses:
+            assert allocs[acc.allocation].box.contains(acc.box)
+    check_capacity(ctx, capacity)
+    validate(ctx)
+    return allocs
+
+
 def _stencil(ctx, n, steps):
     up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)
     for _ in range(steps):
@@ -484,12 +499,8 @@ def test_anticipated_growth_never_evicts_the_commands_own_allocation(cap):
              name="reader")
     ctx.task((1,), [(b, rm.fixed(Subrange((3, 0), (1, 6))), DW)], name="row")
     ctx.finish()
-    (k,) = ctx.instrs(0, "device_kernel", name="reader")
-    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
-    for acc in k.accesses:
-        assert allocs[acc.allocation].box.contains(acc.box)
-    check_capacity(ctx, cap)
-    validate(ctx)
+    (_k,) = ctx.instrs(0, "device_kernel", name="reader")
+    check_kernels_in_their_allocations(ctx, b, "reader", cap)
 
 
 @pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (2, 2)])
@@ -532,14 +543,9 @@ def test_a_missing_group_is_allocated_before_the_allocation_another_group_was_fo
     ctx.task((3, 1), [(b, rm.fixed(Subrange((5, 4), (4, 3))), R), (b, rm.one_to_one(), R)], oversubscribe=3,
              name="second")
     ctx.finish()
-    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
-    for k in ctx.instrs(0, "device_kernel", name="second"):
-        for acc in k.accesses:
-            assert allocs[acc.allocation].box.contains(acc.box)
+    allocs = check_kernels_in_their_allocations(ctx, b, "second", 620)
     assert sorted((a.box.min, a.box.max) for a in allocs.values()) == \
         [((0, 0), (3, 1)), ((0, 0), (6, 8)), ((5, 4), (9, 7))]
-    check_capacity(ctx, 620)
-    validate(ctx)
 
 
 @pytest.mark.parametrize("cap", range(600, 768, 8))
@@ -555,12 +561,8 @@ def test_a_growth_that_would_force_a_later_box_to_merge_counts_that_box(cap):
     ctx.task((1,), [(b, rm.fixed(Subrange((0, 4), (6, 4))), R), (b, rm.fixed(Subrange((6, 0), (3, 2))), R)],
              name="second")
     ctx.finish()
-    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
-    (k,) = ctx.instrs(0, "device_kernel", name="second")
-    for acc in k.accesses:
-        assert allocs[acc.allocation].box.contains(acc.box)
-    check_capacity(ctx, cap)
-    validate(ctx)
+    (_k,) = ctx.instrs(0, "device_kernel", name="second")
+    check_kernels_in_their_allocations(ctx, b, "second", cap)
 
 
 @pytest.mark.parametrize("cap", range(680, 880, 16))
@@ -578,9 +580,5 @@ def test_a_growth_that_reaches_the_commands_own_allocation_counts_it(cap):
     ctx.task((1,), [(b, rm.fixed(Subrange((0, 0, 2), (2, 4, 1))), R),
                     (b, rm.fixed(Subrange((2, 1, 0), (1, 4, 2))), R)], name="second")
     ctx.finish()
-    allocs = {a.allocation: a for a in ctx.instrs(0, "alloc") if a.buffer == b}
-    (k,) = ctx.instrs(0, "device_kernel", name="second")
-    for acc in k.accesses:
-        assert allocs[acc.allocation].box.contains(acc.box)
-    check_capacity(ctx, cap)
-    validate(ctx)
+    (_k,) = ctx.instrs(0, "device_kernel", name="second")
+    check_kernels_in_their_allocations(ctx, b, "second", cap)
