@@ -220,6 +220,7 @@ class CommandGraphGenerator(CommandReplayMixin):
         self._shapes: dict = {}   # buffer -> its replay shape record (see command_replay)
         self._stale: dict = {}    # buffers whose objects lag behind their replay shape
         self._warned = False   # a diagnostic was logged while lowering (such lowerings are not memoized)
+        self._epoch_merged = False   # a lowering merged an epoch dependency into an anti one (replay)
         self._mapper_warned: set = set()   # (task name, buffer) already told of a mapper (_check_mapper_covers_chunks)
         self._buffers: dict[int, _BufferState] = {}
         self._next_id = 0
@@ -267,6 +268,8 @@ class CommandGraphGenerator(CommandReplayMixin):
                     if k == tg.TRUE_DEP:
                         break
                 else:
+                    if epoch in c.deps:   # (merged into an anti-dependency: see CommandReplayMixin._record)
+                        self._epoch_merged = True
                     c.add_dep(self._live[epoch], tg.TRUE_DEP, tg.ORIGIN_LAST_EPOCH)
             horizons.add(c.id, c.deps, c)
         self._register(out, c)

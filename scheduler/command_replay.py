@@ -41,6 +41,7 @@ class CommandReplayMixin:
         self._sync_buffers(bids)
         pending = [self._buffers[bid].pending for bid in bids]
         self._warned = False
+        self._epoch_merged = False
         self._build_now(task, out)
         if self._warned:
             replay.bypassed += 1     # diagnostics are logged by every lowering
@@ -48,9 +49,8 @@ class CommandReplayMixin:
             return
         replay.misses += 1
         # (a horizon's key holds the epoch itself: its lowering moves it)
-        used_epoch = task.kind != tg.HORIZON and any(o == tg.ORIGIN_LAST_EPOCH
-                                                     for c in out for _, o in c.deps.values())
-        replay.keep(key, self._record(task, bids, base, pending, out), epoch_rel, used_epoch)
+        replay.keep(key, self._record(task, bids, base, pending, out), epoch_rel,
+                    task.kind != tg.HORIZON and self._epoch_merged)
 
     def _forget_shapes(self, bids) -> None:
         if bids is None:
@@ -120,8 +120,14 @@ class CommandReplayMixin:
         then per buffer its new state and what became of its pending reduction."""
         from .command_graph import AWAIT_PUSH, EXECUTION, PUSH, REDUCTION
         cmds = []
+        # a command's epoch dependency (it has no true one) is written symbolically (None:
+        # whichever command is the epoch at replay), so that the template holds at any
+        # distance from the epoch, unless it merged with an anti-dependency on the epoch
+        # itself, whose relative id is the state's (the template is then kept per distance)
+        symbolic = task.kind != tg.HORIZON and not self._epoch_merged
         for c in out:
-            deps = tuple([(d - base, kd) for d, kd in c.deps.items()])
+            deps = tuple([(None if symbolic and kd[1] == tg.ORIGIN_LAST_EPOCH else d - base, kd)
+                          for d, kd in c.deps.items()])
             kind = c.kind
             if kind == EXECUTION:
                 fields = (c.box, c.include_current_reductions)
@@ -170,9 +176,12 @@ class CommandReplayMixin:
         live = self._live
         tid = task.id
         made = []
+        epoch = self._horizons.epoch
         for cls, rel, deps, fields in cmds:
             cid = base + rel
-            dd = {base + d: kd for d, kd in deps}
+            # (the epoch's entry comes last, as _commit adds it: where it meets an anti-dependency
+            # on the same command, the dict keeps that position and the epoch's kind and origin)
+            dd = {epoch if d is None else base + d: kd for d, kd in deps}
             if cls is ExecutionCommand:
                 c = ExecutionCommand(cid, task, dd, fields[0], fields[1])
             elif cls is PushCommand:

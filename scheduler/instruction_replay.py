@@ -13,7 +13,8 @@ actual ids travel beside it (``_BufferShape.allocations``).
 from __future__ import annotations
 
 from . import command_graph as cg
-from .instruction_graph import AccessAllocation, CloneCollectiveGroupInstruction, Pilot, ReductionAllocation
+from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
+                                ReductionAllocation)
 from .memory import Allocation
 from .replay import absolute_epoch, newest_named, relative_epoch
 from .replay import absolute_id as _abs
@@ -79,9 +80,10 @@ class InstructionReplayMixin:
             self._forget_shapes(touched)
             return
         replay.misses += 1
-        # (a horizon's key holds the epoch itself: its lowering moves it)
+        # (a horizon's key holds the epoch itself: its lowering moves it; the epoch dependency
+        # of an instruction without another is written symbolically, see _encode)
         used_epoch = cmd.kind != cg.HORIZON and epoch is not None and any(
-            d == epoch for ins in self._out[n_out:] for d, _ in ins.deps)
+            d == epoch and o != DEP_LAST_EPOCH for ins in self._out[n_out:] for d, o in ins.deps)
         replay.keep(key, tpl, epoch_rel, used_epoch)
 
     def _forget_shapes(self, bids) -> None:
@@ -285,7 +287,8 @@ class InstructionReplayMixin:
         task = cmd.task
         tid = task.id
         slots = [sh.allocations for sh in shapes]
-        ctx = (ibase, abase, mbase, tid, slots, cmd)
+        epoch = self._horizons.epoch
+        ctx = (ibase, abase, mbase, tid, slots, cmd, epoch)
         build = builder[0]
         if build is None:
             # compiled at the template's COMPILE_AFTER-th replay, interpreted before: a
@@ -305,7 +308,7 @@ class InstructionReplayMixin:
         made, kinds, post_ids, ext, sinks = build(ibase, abase, mbase, tid, slots, ctx, task)
         front = self._horizons.front
         for d in ext:
-            front.pop(ibase + d, None)
+            front.pop(epoch if d is None else ibase + d, None)
         for r in sinks:
             front[ibase + r] = None
         self._out.extend(made)
@@ -450,7 +453,12 @@ def _encode(ins, env: _Env) -> tuple:
         if role == "iid":
             v = v - env.ibase
         elif role == "deps":
-            v = tuple([(d - env.ibase, o) for d, o in v])
+            # the epoch dependency an instruction gets when it has no other (``_emit``) is
+            # written symbolically (None: the epoch at replay), so that the template holds at
+            # any distance from the epoch (a horizon's own dependencies stay relative: its key
+            # holds the epoch)
+            sym = env.cmd.kind != cg.HORIZON
+            v = tuple([(None if sym and o == DEP_LAST_EPOCH else d - env.ibase, o) for d, o in v])
         elif role == "aid":
             v = None if v is None else env.aid(v)
         elif role == "tid":
@@ -546,7 +554,12 @@ def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
                 own.append(val)
             elif code == _DEPS:
                 needed.update(d for d, _o in val)
-    return tuple(kinds.items()), tuple(sorted(needed.difference(own))), tuple(r for r in own if r not in needed)
+    # (None, the symbolic epoch, leaves the front too: first, as it sorts before every id)
+    ext = needed.difference(own)
+    sym = None in ext
+    ext.discard(None)
+    return (tuple(kinds.items()), ((None,) if sym else ()) + tuple(sorted(ext)),
+            tuple(r for r in own if r not in needed))
 
 
 class _Interpreted:
@@ -568,7 +581,7 @@ class _Interpreted:
                 if code == _IID:
                     args[pos] = ib + val
                 elif code == _DEPS:
-                    args[pos] = [(ib + d, o) for d, o in val]
+                    args[pos] = [(ctx[6] if d is None else ib + d, o) for d, o in val]
                 elif code == _NEW_AID:
                     args[pos] = ab + val
                 elif code == _SLOT_AID:
@@ -621,7 +634,8 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
             if code == _IID:
                 args[pos] = f"ib + {const(val)}"
             elif code == _DEPS:
-                args[pos] = "[" + ", ".join(f"(ib + {const(d)}, {const(o)})" for d, o in val) + "]"
+                args[pos] = "[" + ", ".join(f"({'ctx[6]' if d is None else 'ib + ' + const(d)}, {const(o)})"
+                                            for d, o in val) + "]"
             elif code == _NEW_AID:
                 args[pos] = f"ab + {const(val)}"
             elif code == _SLOT_AID:
@@ -671,7 +685,7 @@ def _reduction_from(src, cmd):
 
 
 # ---- decoding: (value, ctx, fields decoded so far) -> field value ---------------------------
-# ctx = (instruction base, allocation base, message base, task id, allocation slots, command)
+# ctx = (instruction base, allocation base, message base, task id, allocation slots, command, epoch)
 
 def _dec_aid(a, ctx, _kw):
     if a is None:

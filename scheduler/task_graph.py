@@ -236,6 +236,7 @@ class TaskManager:
         self.replay = replay
         self._shapes: dict[int, tuple] = {}   # buffer -> (interned shape, base, snapshot): see replay
         self._stale: dict[int, tuple] = {}    # buffers whose access map lags behind its shape
+        self._epoch_merged = False            # the lowering merged the epoch dependency into an anti one
         self._collapsed: dict = {}            # (shape, epoch relative to its base) -> collapsed shape
         self.buffers: dict[int, BufferInfo] = {}
         self.tasks: dict[int, Task] = {}
@@ -377,10 +378,10 @@ class TaskManager:
                 replay.hits += 1
                 self._replay(t, tpl)
                 return
+            self._epoch_merged = False
             self._lower_dependencies(t)
             replay.misses += 1
-            used_epoch = any(o == ORIGIN_LAST_EPOCH for _, o in t.deps.values())
-            replay.keep(key, self._record(t, key[1]), epoch_rel, used_epoch)
+            replay.keep(key, self._record(t, key[1]), epoch_rel, self._epoch_merged)
             return
         self._lower_dependencies(t)
 
@@ -473,8 +474,12 @@ class TaskManager:
             if prev is not None and prev.id in tasks:
                 t.add_dep(prev, TRUE_DEP, ORIGIN_COLLECTIVE)
             self._last_collective[t.collective_group] = t
-        if self.epoch_for_new_tasks is not None and not t.has_true_dep():
-            t.add_dep(self.epoch_for_new_tasks, TRUE_DEP, ORIGIN_LAST_EPOCH)
+        eft = self.epoch_for_new_tasks
+        if eft is not None and not t.has_true_dep():
+            # (merged into an anti-dependency on the epoch itself: replay keys the template
+            # by the epoch's distance, see _record)
+            self._epoch_merged = eft.id in t.deps
+            t.add_dep(eft, TRUE_DEP, ORIGIN_LAST_EPOCH)
 
     # ---- replay (see scheduler/replay.py) ------------------------------------------
     def _replay_key(self, t: Task) -> tuple | None:
@@ -514,7 +519,13 @@ class TaskManager:
         """The template of ``t``'s lowering just done: dependencies and new buffer states,
         ids relative to ``t``."""
         tid = t.id
-        deps = tuple([(d - tid, k, o) for d, (k, o) in t.deps.items()])
+        # the epoch dependency of a task without a true one is written symbolically (None:
+        # whichever task is the epoch at replay), so the template holds at any distance
+        # from the epoch; where it merged with an anti-dependency on the epoch itself, that
+        # dependency's relative id is the state's, and the template is kept per distance
+        symbolic = not self._epoch_merged
+        deps = tuple([(None if symbolic and o == ORIGIN_LAST_EPOCH else d - tid, k, o)
+                      for d, (k, o) in t.deps.items()])
         post = []
         for bid in bids:
             snap, top = own_base_shape(self._access[bid])
@@ -533,7 +544,7 @@ class TaskManager:
         tid = t.id
         tasks = self.tasks
         for rel, kind, origin in deps:
-            t.add_dep(tasks[tid + rel], kind, origin)
+            t.add_dep(self.epoch_for_new_tasks if rel is None else tasks[tid + rel], kind, origin)
         shapes = self._shapes
         stale = self._stale
         for bid, sid, snap, top in post:   # (the map is rebuilt when read: _sync)
