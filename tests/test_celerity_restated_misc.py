@@ -142,10 +142,10 @@ def set_identity():
 @pytest.mark.parametrize("kernel,want", [
     (stencil_kernel, "stencil_kernel"),
     (set_identity(), "set_identity_kernel"),
-    pytest.param(*(Smooth(), "Smooth"), marks=pytest.mark.xfail(strict=True, reason="defect: unnamed")),
-    pytest.param(*(Space.NestedKernel(), "NestedKernel"), marks=pytest.mark.xfail(strict=True, reason="defect: unnamed")),
-    pytest.param(*(functools.partial(_scaled, factor=2), "_scaled"), marks=pytest.mark.xfail(strict=True, reason="defect: unnamed")),
-    pytest.param(*(functools.partial(functools.partial(_scaled), factor=2), "_scaled"), marks=pytest.mark.xfail(strict=True, reason="defect: unnamed")),
+    (Smooth(), "Smooth"),
+    (Space.NestedKernel(), "NestedKernel"),
+    (functools.partial(_scaled, factor=2), "_scaled"),
+    (functools.partial(functools.partial(_scaled), factor=2), "_scaled"),
     (lambda chunk: None, "<lambda>"),
 ], ids=["function", "nested_function", "callable_object", "nested_class", "partial", "partial_of_partial",
         "lambda"])
