@@ -75,7 +75,7 @@ import pytest
 import celeritas as cl
 from celeritas import config as cfg
 from celeritas.config import ConfigError, DeviceSpec
-from celeritas import graphs
+from celeritas.graphs import fmt_bytes
 from celeritas.testing import run_cluster
 from executor.backends.backend import BackendError, Lane, LaneSkipped
 from executor.backends.host import HostBackend
@@ -256,20 +256,21 @@ def test_the_runtime_reports_its_backend_by_name(caplog):
     (1 << 20, "1.0 MiB"),
     (3 << 30, "3.0 GiB"),
     (10 ** 15, "909.5 TiB"),
+    ((1 << 20) - 1, "1.0 MiB"),
     (1 << 50, "1.0 PiB"),
+    (1 << 60, "1024.0 PiB"),
 ])
-@pytest.mark.xfail(strict=True, reason="defect: see the docstring")
 def test_sizes_print_in_binary_units(n, text):
     """print_utils_tests.cc "sizes are correctly stringified as_decimal_size()": Celerity
     prints 123456 bytes as "123.46 kB".  celeritas prints sizes in binary units with one
     decimal (memory is allocated in powers of two), and under 1 KiB as a byte count.
 
     Before: graph labels and the summary printed "512 bytes" while the timeline's tooltips
-    printed "512 B" from a second formatter of their own."""
-    assert graphs.fmt_bytes(n) == text
+    printed "512 B" from a second formatter of their own; 2**50 bytes printed as "1024.0 PiB"
+    (a division short) and 2**20 - 1 bytes as "1024.0 KiB"."""
+    assert fmt_bytes(n) == text
 
 
-@pytest.mark.xfail(strict=True, reason="defect: see the docstring")
 def test_the_timeline_prints_sizes_as_the_graphs_do():
     """print_utils_tests.cc "sizes are correctly stringified as_decimal_size()": one spelling
     of a size everywhere; the execution timeline's transfer tooltips use the graphs' formatter.
@@ -278,7 +279,7 @@ def test_the_timeline_prints_sizes_as_the_graphs_do():
     graphs' ("512 bytes")."""
     from celeritas import timeline
     assert not hasattr(timeline, "_fmt_bytes")
-    assert timeline.fmt_bytes is graphs.fmt_bytes
+    assert timeline.fmt_bytes is fmt_bytes
 
 
 def test_the_summary_prints_durations_in_milliseconds_and_sizes_in_binary_units(capsys):
