@@ -456,12 +456,12 @@ def test_lanes_have_names_that_say_which_device_and_queue(lane, name):
     assert lane.name == name
 
 
-@pytest.mark.xfail(strict=True, reason="defect: see the docstring")
 def test_the_runtime_threads_are_named_after_their_role_and_rank():
     """named_threads_tests.cc "thread names are set": after a wait, the scheduler and executor
     threads of every rank run under the names ``celeritas-scheduler-<rank>`` and
     ``celeritas-executor-<rank>``; a simulated rank's own application thread is
-    ``celeritas-rank-<rank>``; the host task ran on a host lane's worker and the kernel on
+    ``celeritas-rank-<rank>``; a collective host task ran on a host lane's worker (Celerity
+    checks "cy-host-" there) and the kernel on
     device 0's, each named after its lane and rank (inline execution off, so no work runs on
     the executor thread itself).  With two simulated ranks in one process, every name is
     different, so a py-spy dump tells the ranks' threads apart.
@@ -485,7 +485,7 @@ def test_the_runtime_threads_are_named_after_their_role_and_rank():
 
         def host(cgh):
             s = cl.side_effect(seen, cgh)
-            cgh.host_task(lambda part: s.append(threading.current_thread().name))
+            cgh.host_task(lambda part: s.append(threading.current_thread().name), on=cl.collective)
 
         q.submit(kernel)
         q.submit(host)
@@ -507,7 +507,6 @@ def test_the_runtime_threads_are_named_after_their_role_and_rank():
     assert len(live) == len(set(live)), live
 
 
-@pytest.mark.xfail(strict=True, reason="defect: see the docstring")
 def test_a_lane_worker_runs_its_work_on_a_thread_named_after_the_lane():
     """named_threads_tests.cc "thread_queue sets its thread name": work launched on a lane of
     the host backend runs on a thread named after the lane (and the rank the backend serves);
@@ -635,7 +634,6 @@ def test_a_lane_skips_dependent_jobs_after_a_failure():
         be.close()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: see the docstring")
 def test_a_closed_backend_refuses_new_work_and_ends_its_lane_threads():
     """thread_queue_tests.cc (a thread queue's lifetime, implied by both cases): closing the
     backend ends every lane worker thread; launching on a closed backend is a ``BackendError``
