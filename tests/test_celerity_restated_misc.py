@@ -40,7 +40,7 @@ Cases with no celeritas equivalent (no test written):
 * named_threads_tests.cc, the application thread's name in "thread names are set": celeritas
   never renames the user's own thread (it is the program's, not the runtime's); the simulated
   ranks' application threads are named, and that is tested.
-* affinity_tests.cc, all 21 cases (pinning environment parsing, warnings about too few
+* affinity_tests.cc, all 19 cases (pinning environment parsing, warnings about too few
   cores, pinning the application / scheduler / executor / submission threads, restoring
   masks, Windows processor groups): celeritas pins no thread.  Its threads take turns on the
   GIL, so pinning each to its own core would buy nothing Celerity's pinning buys; placement
@@ -882,15 +882,17 @@ def test_fences_of_a_buffer_a_subrange_and_a_host_object():
 @pytest.mark.parametrize("spellings", [
     [(1,), [(1,)], [[1]]],
     [(1, 2), [(1, 2)], [[1, 2]], [np.int64(1), 2]],
-    pytest.param([(1, 2, 3), [(1, 2, 3)], [np.array([1, 2, 3])]],
-                 marks=pytest.mark.xfail(strict=True, reason="defect: an array of extents")),
+    [(1, 2, 3), [(1, 2, 3)], [np.array([1, 2, 3])]],
 ])
 def test_neighborhood_extents_as_arguments_or_as_one_sequence_are_the_same_mapper(spellings):
     """runtime_deprecation_tests.cc "neighborhood range mapper can still be constructed with
     coordinate-lists": ``neighborhood(1, 2)`` (Celerity's old spelling) and
     ``neighborhood({1, 2})``: the same mapper.  In celeritas ``cl.neighborhood(1, 2)``,
     ``cl.neighborhood((1, 2))``, a list and numpy integers give equal extents (plain ints),
-    the same printed form, and grant the same region for a chunk."""
+    the same printed form, and grant the same region for a chunk.
+
+    Before: a numpy array of extents (``cl.neighborhood(np.array([1, 2, 3]))``) was refused
+    ("extent must be an integer, got array([1, 2, 3])") while a tuple or list was taken."""
     from celeritas.range_mappers import to_scheduler_mapper
     from scheduler.geometry import Box
     mappers = [cl.neighborhood(*args) for args in spellings]
