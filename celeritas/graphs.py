@@ -443,7 +443,7 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
             lines.append(f"for {_esc(_buffer_label(i['buffer'], names))} {_esc(fmt_box(i.get('box')))}")
         else:
             lines.append("scratch")
-        lines.append(f"{_fmt_bytes(i.get('size_bytes', 0))}")
+        lines.append(f"{fmt_bytes(i.get('size_bytes', 0))}")
     elif kind == "free":
         aid = i.get("allocation")
         lines.append(f"I{iid}")
@@ -452,14 +452,14 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
         if a is not None:
             what = (f"{_esc(_buffer_label(a['buffer'], names))} {_esc(fmt_box(a.get('box')))}"
                     if a.get("buffer") is not None else "scratch")
-            lines.append(f"{what}, {_fmt_bytes(a.get('size_bytes', 0))}")
+            lines.append(f"{what}, {fmt_bytes(a.get('size_bytes', 0))}")
     elif kind == "copy":
         lines.append(f"I{iid}")
         head = "<b>evicting copy</b>" if i.get("evict") else "<b>copy</b>"
         lines.append(f"{head} {_esc(_buffer_label(i.get('buffer'), names))} {_esc(fmt_box(i.get('box')))}")
         lines.append(f"from A{i.get('source')} ({_esc(_memory_label(i.get('source_memory')))})")
         lines.append(f"to A{i.get('dest')} ({_esc(_memory_label(i.get('dest_memory')))})")
-        lines.append(f"{_esc(i.get('layout', ''))}, {_fmt_bytes(i.get('size_bytes', 0))}")
+        lines.append(f"{_esc(i.get('layout', ''))}, {fmt_bytes(i.get('size_bytes', 0))}")
     elif kind in ("device_kernel", "host_task"):
         what = "device kernel" if kind == "device_kernel" else "host task"
         lines.append(f"I{iid} ({task_ref(i.get('task'))})")
@@ -490,7 +490,7 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
         lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))} {_esc(fmt_box(i.get('box')))}")
         if i.get("source") is not None:
             lines.append(f"from {alloc_ref(i['source'])}")
-        lines.append(_fmt_bytes(i.get("size_bytes", 0)))
+        lines.append(fmt_bytes(i.get("size_bytes", 0)))
     elif kind in ("receive", "split_receive", "await_receive"):
         tr = i.get("transfer")
         lines.append(f"I{iid}")
@@ -499,12 +499,12 @@ def _instruction_label(i: Mapping, tasks: Mapping[int, Mapping], allocs: Mapping
         if i.get("dest") is not None:
             lines.append(f"into {alloc_ref(i['dest'])}")
         if i.get("size_bytes"):
-            lines.append(_fmt_bytes(i["size_bytes"]))
+            lines.append(fmt_bytes(i["size_bytes"]))
     elif kind == "gather_receive":
         tr = i.get("transfer")
         lines.append(f"I{iid}")
         lines.append(f"<b>gather receive</b> {_esc(_transfer_label(tr))}")
-        lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))}, {_fmt_bytes(i.get('chunk_bytes', 0))} per rank")
+        lines.append(f"{_esc(_buffer_label(tr[1] if tr else None, names))}, {fmt_bytes(i.get('chunk_bytes', 0))} per rank")
     elif kind in ("fill_identity", "reduce"):
         lines.append(f"I{iid}")
         lines.append(f"<b>{kind.replace('_', ' ')}</b> R{i.get('reduction')} x{i.get('count')}")
@@ -588,15 +588,18 @@ def instruction_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | Non
     return "\n".join(out) + "\n"
 
 
-def _fmt_bytes(n: int | None) -> str:
+def fmt_bytes(n: int | None) -> str:
+    """A size as people read it: a byte count under 1 KiB, else binary units with one decimal
+    (``120.6 KiB``).  The one spelling of sizes in graph labels, the summary and the timeline."""
     n = int(n or 0)
     if n < 1024:
         return f"{n} bytes"
+    value = n / 1024
     for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024  # type: ignore[assignment]
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n:.1f} PiB"
+        if round(value, 1) < 1024:      # (1023.96 KiB would print as 1024.0 KiB)
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} PiB"
 
 
 # ---------------------------------------------------------------------------------------------

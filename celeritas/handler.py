@@ -106,6 +106,23 @@ def _code_of(fn) -> Any:
     return None
 
 
+def kernel_name(fn: Any) -> str:
+    """The name of a kernel or host task submitted without ``name=``: a function's own name
+    (not its enclosing function's qualification), a callable object's class name, the wrapped
+    function's for a ``functools.partial``.  As Celerity names an unnamed kernel after its type
+    without namespaces or template arguments: short enough for a graph label, and what the
+    program calls it.  Empty when nothing names it."""
+    for _ in range(8):
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        name = getattr(fn, "__name__", None)
+        if isinstance(name, str):
+            return name
+        return type(fn).__name__ if callable(fn) else ""
+    return ""
+
+
 def _suspended(result: Any) -> bool:
     """Whether a kernel's return value is a generator or coroutine: its body never ran."""
     return inspect.isgenerator(result) or inspect.iscoroutine(result) or inspect.isasyncgen(result)
@@ -426,12 +443,12 @@ class CommandGroupHandler:
             # included, would never run, silently)
             what = "coroutine (async def)" if code.co_flags & _ASYNC else "generator (it yields)"
             raise CeleritasError(f"{'parallel_for' if kind == tg.DEVICE_COMPUTE else 'host_task'} "
-                                 f"{name or getattr(kernel, '__name__', '')!r}: the function is a {what}; a kernel "
+                                 f"{name or kernel_name(kernel)!r}: the function is a {what}; a kernel "
                                  f"or host task is a plain function, run once per chunk")
         self._kind = kind
         self._kernel = kernel
         self._geometry = geometry
-        self._name = name or getattr(kernel, "__name__", "") or ""
+        self._name = name or kernel_name(kernel)
 
     def _geometry_of(self, global_range, offset) -> tg.TaskGeometry:
         """The task geometry, shared by every submit with the same range and offset (a
@@ -617,7 +634,7 @@ class CommandGroupHandler:
 def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], None]:
     fn = cgh._kernel
     kind = cgh._kind
-    name = cgh._name or getattr(fn, "__name__", "kernel")
+    name = cgh._name or "kernel"
     source = hasattr(fn, "source")
     if source and kind == tg.DEVICE_COMPUTE:
         for a in cgh._args:

@@ -109,7 +109,9 @@ class neighborhood(RangeMapper):
     name = "neighborhood"
 
     def __init__(self, *extent: int | Sequence[int], shape: str = "bounding_box"):
-        if len(extent) == 1 and isinstance(extent[0], (tuple, list)):
+        # one argument holding every extent: a tuple, a list or a 1-D numpy array
+        if len(extent) == 1 and (isinstance(extent[0], (tuple, list))
+                                 or (isinstance(extent[0], np.ndarray) and extent[0].ndim == 1)):
             extent = tuple(extent[0])
         if shape not in ("bounding_box", "along_axes"):
             raise RangeMapperError(f"cl.neighborhood shape must be 'bounding_box' or 'along_axes', got {shape!r}")

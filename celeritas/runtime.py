@@ -38,10 +38,12 @@ log = logging.getLogger("celeritas.runtime")
 
 
 def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
-                 huge_pages: int | None = cfg.HUGE_PAGES_DEFAULT, setting_name: str = "CELERITAS_DEVICES"):
+                 huge_pages: int | None = cfg.HUGE_PAGES_DEFAULT, setting_name: str = "CELERITAS_DEVICES",
+                 rank: int | None = None):
     """The backend for a device spec; ``default`` means every CUDA GPU, else one host device.
     ``huge_pages``: the smallest host allocation put on huge pages (``CELERITAS_HUGE_PAGES``);
-    ``setting_name``: where the spec came from (the variable, or a Queue's ``devices``)."""
+    ``setting_name``: where the spec came from (the variable, or a Queue's ``devices``);
+    ``rank``: the rank it serves (its lane threads carry it in their names)."""
     setting = f"{setting_name}={str(spec)!r}"    # (what every configuration error starts with)
     if spec.backend in ("default", "cuda"):
         try:
@@ -61,23 +63,23 @@ def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
                                       f"machine has {n} visible: {', '.join(f'cuda:{d}' for d in range(n))}")
                 from executor.backends.backend import BackendError
                 try:
-                    return CudaBackend(list(spec.ids) or list(range(n)))
+                    return CudaBackend(list(spec.ids) or list(range(n)), rank=rank)
                 except BackendError as exc:
                     raise ConfigError(f"{setting}: {exc}") from None
             if n > 0:
-                return CudaBackend(list(range(n)))
+                return CudaBackend(list(range(n)), rank=rank)
         from executor.backends.host import HostBackend
         # (the default without a GPU is host:1, and CELERITAS_HOST_DEVICE_MEMORY bounds it as it
         # bounds an explicit host:N: it was ignored here, so the limit held only with devices set)
-        return HostBackend(1, memory_capacity=host_device_memory, huge_pages=huge_pages)
+        return HostBackend(1, memory_capacity=host_device_memory, huge_pages=huge_pages, rank=rank)
     if spec.backend == "host":
         from executor.backends.host import HostBackend
-        return HostBackend(spec.count, memory_capacity=host_device_memory, huge_pages=huge_pages)
+        return HostBackend(spec.count, memory_capacity=host_device_memory, huge_pages=huge_pages, rank=rank)
     if spec.backend == "opencl":
         from executor.backends.backend import BackendError
         from executor.backends.opencl import OpenCLBackend
         try:
-            return OpenCLBackend(list(spec.ids), huge_pages=huge_pages)
+            return OpenCLBackend(list(spec.ids), huge_pages=huge_pages, rank=rank)
         except BackendError as exc:
             raise ConfigError(f"{setting}: {exc}") from None
     raise ConfigError(f"unknown backend {spec.backend!r}")
@@ -274,7 +276,7 @@ class Runtime:
         self.rank = 0 if self.dry_run else communicator.rank
         self.num_ranks = dry if self.dry_run else communicator.num_ranks
         self.backend = make_backend(config.devices, config.host_device_memory, config.huge_pages,
-                                    config.devices_setting)
+                                    config.devices_setting, rank=self.rank)
         self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
         self.num_devices = self.backend.num_devices
         system = scheduler_system(self.backend, config.mpi_device_memory, None if dry else communicator,

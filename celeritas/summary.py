@@ -20,7 +20,7 @@ import logging
 from collections import Counter, defaultdict
 from typing import Iterable, Mapping, Sequence
 
-from .graphs import _fmt_bytes
+from .graphs import fmt_bytes
 from .trace import lane_order, lane_title
 
 log = logging.getLogger("celeritas.graphs")
@@ -213,7 +213,7 @@ def render(numbers: Mapping, console=None) -> None:
     ranks = numbers["per_rank"]
 
     def b(v) -> str:
-        return "n/a" if v is None else _fmt_bytes(v)
+        return "n/a" if v is None else fmt_bytes(v)
 
     over = _table(f"celeritas summary ({numbers['ranks']} rank{'s' if numbers['ranks'] != 1 else ''})",
                   show_header=False)

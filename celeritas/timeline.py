@@ -37,6 +37,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from scheduler.errors import ConfigError
 
+from .graphs import fmt_bytes
+
 FORMATS = (".png", ".svg", ".html")
 
 # the instruction kinds of the trace, coloured in the spirit of the graph pictures
@@ -451,14 +453,6 @@ def _tick_label(v: float, step: float) -> str:
     return f"{v:.{decimals}f}"
 
 
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 def layout(tl: Timeline, width: int = 1600) -> Scene:
     """Every shape of the picture, in pixels; ``width`` is the whole picture's."""
     span = tl.span
@@ -534,7 +528,7 @@ def layout(tl: Timeline, width: int = 1600) -> Scene:
         y1 = row_y[t.src] + _ROW_H / 2
         y2 = row_y[t.dst] + _ROW_H / 2
         what = f"{t.count} transfers" if t.count > 1 else "transfer"
-        tip = (f"{what} R{tl.rows[t.src].rank} \u2192 R{tl.rows[t.dst].rank}, {_fmt_bytes(t.bytes)}: send at "
+        tip = (f"{what} R{tl.rows[t.src].rank} \u2192 R{tl.rows[t.dst].rank}, {fmt_bytes(t.bytes)}: send at "
                f"{_ms(t.start - tl.start)}, received by {_ms(t.end - tl.start)}")
         shapes.append(Line(x_of(t.start), y1, x_of(t.end), y2, TRANSFER_COLOUR,
                            width=min(3.0, 1.0 + math.log2(t.count)), opacity=opacity, title=tip, cls="transfer",

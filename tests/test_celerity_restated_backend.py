@@ -1513,7 +1513,7 @@ def test_a_device_list_names_one_backend_and_at_least_one_device(value):
 class _FakeCuda:
     """Stands in for the CUDA backend's constructor: records which GPUs were chosen."""
 
-    def __init__(self, ids):
+    def __init__(self, ids, *, rank=None):
         self.ids = list(ids)
 
 

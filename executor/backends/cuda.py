@@ -99,10 +99,10 @@ class CudaCompletion(Completion):
 class CudaBackend(HostBackend):
     """Logical device d = CUDA device ``device_ids[d]`` (several may share one GPU)."""
 
-    def __init__(self, device_ids: list[int]):
+    def __init__(self, device_ids: list[int], *, rank: int | None = None):
         if cupy is None:
             raise BackendError(f"CuPy is not installed: {_IMPORT_ERROR}")
-        super().__init__(len(device_ids))
+        super().__init__(len(device_ids), rank=rank)
         self.device_ids = list(device_ids)
         n = cuda_device_count()
         # the capacity out-of-core execution plans with: what is free when the runtime starts

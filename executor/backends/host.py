@@ -209,7 +209,8 @@ class _LaneWorker:
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0     # threads blocked in HostCompletion.wait (rare: tests, teardown)
         self.backend = backend
-        self.thread = threading.Thread(target=self._run, name=f"celeritas-{lane.name}", daemon=True)
+        suffix = "" if backend.rank is None else f"-{backend.rank}"
+        self.thread = threading.Thread(target=self._run, name=f"celeritas-{lane.name}{suffix}", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
@@ -250,13 +251,19 @@ class HostBackend(Backend):
     ``memory_capacity`` (bytes per device memory, None = unlimited; host memory is
     never bounded) simulates device memory limits, so that out-of-core execution and
     out-of-memory handling run without a GPU.
+
+    ``rank``: the rank these lanes serve, appended to their worker threads' names
+    (``celeritas-D0.lane0-1``) as it is to the scheduler's and executor's, so that the
+    threads of simulated ranks sharing a process can be told apart (py-spy, a debugger).
     """
 
     def __init__(self, num_devices: int = 1, *, peer_to_peer: bool = True,
-                 memory_capacity: int | None = None, huge_pages: int | None = HUGE_PAGE):
+                 memory_capacity: int | None = None, huge_pages: int | None = HUGE_PAGE,
+                 rank: int | None = None):
         if num_devices < 1:
             raise ValueError(f"HostBackend needs at least one device, got {num_devices}")
         self._num_devices = num_devices
+        self.rank = rank
         self._peer_to_peer = peer_to_peer
         self._capacity = memory_capacity
         self.huge_pages = huge_pages        # smallest allocation put on huge pages (None: none)

@@ -155,9 +155,9 @@ class OpenCLBackend(HostBackend):
     """Logical devices = the listed OpenCL devices (one physical device may appear several times)."""
 
     def __init__(self, ids: list[tuple[int, int]] | tuple = (), *, devices: list | None = None,
-                 huge_pages: int | None = HUGE_PAGE):
+                 huge_pages: int | None = HUGE_PAGE, rank: int | None = None):
         devs = devices if devices is not None else opencl_devices(list(ids))
-        super().__init__(len(devs), huge_pages=huge_pages)
+        super().__init__(len(devs), huge_pages=huge_pages, rank=rank)
         self.devices = devs
         self._contexts: dict[int, Any] = {}
         for d in devs:
