@@ -351,7 +351,7 @@ class OpenCLBackend(HostBackend):
         kkey = (id(queue), kernel.name, kernel.source.get("opencl"), kernel.options)
         k = self._kernels.get(kkey)
         if k is None:   # one kernel object per queue: set_args is not thread-safe
-            k = self._kernel_object(kernel, device, ctx)
+            k = self._kernel_object(kernel, device)
             self._signatures[id(k)] = _signature(k)
             self._kernels[kkey] = k
         syncs = []
@@ -397,7 +397,7 @@ class OpenCLBackend(HostBackend):
             cl.enqueue_copy(queue, arr.reshape(-1).view(np.uint8), buf).wait()
         note_blocked(time.perf_counter_ns() - t0)     # the device's time: this work's cost, run inline or not
 
-    def _kernel_object(self, kernel, device: int, ctx: Any) -> Any:
+    def _kernel_object(self, kernel, device: int) -> Any:
         """A new kernel object for the entry point ``kernel.name`` of its program.
 
         PoCL builds a kernel whose name is an OpenCL built-in function (``step``, ``dot``)
