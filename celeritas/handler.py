@@ -643,10 +643,11 @@ def _check_source_args(cgh: CommandGroupHandler, name: str) -> None:
     """A source kernel's ``args`` are this command group's accessors and numbers, checked at
     submit: an accessor kept from another command group carries that group's index and
     bound whatever this group's accessor of that index was, silently; anything else failed
-    only at launch, on the executor."""
-    from executor.backends.backend import BackendError   # (what the backends raised for these at launch)
+    only at launch, on the executor (they stay cl.BackendError, which the backends raised);
+    Buffer is imported here because celeritas.buffer imports this module."""
+    from executor.backends.backend import BackendError
 
-    from .buffer import Buffer   # (buffer imports this module)
+    from .buffer import Buffer
     for i, a in enumerate(cgh._args):
         if isinstance(a, Accessor):
             if a._hydration is not cgh._hydration:

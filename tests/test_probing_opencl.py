@@ -28,7 +28,7 @@ import celeritas as cl
 from celeritas.testing import run_cluster
 
 pyopencl = pytest.importorskip("pyopencl")
-from executor.backends.opencl import opencl_devices  # noqa: E402
+from executor.backends.opencl import opencl_devices
 
 try:
     _FIRST = opencl_devices()
@@ -303,7 +303,7 @@ def test_accessor_that_maps_nothing_in_a_chunk(queue):
     for buf, mapper, want in ((e, cl.fixed(cl.Subrange((2,), (0,))), [7] * 8),
                               (e, first_half, [17] * 4 + [7] * 4),
                               (z, cl.all(), [7] * 8)):
-        def cgf(cgh):
+        def cgf(cgh, buf=buf, mapper=mapper):
             a = b.access(cgh, cl.one_to_one(), cl.discard_write)
             ea = buf.access(cgh, mapper, cl.read)
             cgh.parallel_for((8,), k, args=(a, ea))
@@ -628,10 +628,9 @@ def test_build_error_names_kernel_task_and_shows_the_log(queue):
 def test_wrong_parameter_count_says_what_the_arguments_make(queue, extra):
     """One accessor and ``extra`` scalars for a kernel with one accessor and one scalar."""
     b = cl.Buffer(np.zeros(4, np.int32))
-    args = lambda a: (a,) + (1,) * extra  # noqa: E731
     with pytest.raises(cl.BackendError, match=rf"kernel 'fill' has 14 parameters, but its arguments make "
                                               rf"{13 + extra}: CHUNK_PARAMS \(6\), 1 accessor"):
-        _launch(queue, FILL_INT, b, (4,), args=args)
+        _launch(queue, FILL_INT, b, (4,), args=lambda a: (a,) + (1,) * extra)
 
 
 @pytest.mark.parametrize("value", [True, np.bool_(False)])
