@@ -637,6 +637,12 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
     name = cgh._name or "kernel"
     source = hasattr(fn, "source")
     if source and kind == tg.DEVICE_COMPUTE:
+        if cgh._reductions:
+            # (a source kernel gets no reducer: the target kept its identity, silently)
+            raise CeleritasError(f"kernel {name!r} is device source code, which cannot combine into reductions "
+                                 f"(target buffer {cgh._reductions[0].buffer.label}); reduce in a Python kernel, "
+                                 f"or write partial results to a buffer")
+        _check_source_args(cgh, name)
         for a in cgh._args:
             if isinstance(a, Accessor) and not a.dtype.isnative:
                 # (device code reads the bytes in the device's order: silently wrong values)
@@ -648,6 +654,32 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
             raise CeleritasError(f"kernel {name!r} is device source code; the {rt.backend_name} backend runs only "
                                  f"Python kernels")
     return _Launcher(cgh, rt, fn, kind, name, source)
+
+
+def _check_source_args(cgh: CommandGroupHandler, name: str) -> None:
+    """A source kernel's ``args`` are this command group's accessors and numbers, checked at
+    submit: an accessor kept from another command group carries that group's index and
+    bound whatever this group's accessor of that index was, silently; anything else failed
+    only at launch, on the executor (they stay cl.BackendError, which the backends raised);
+    Buffer is imported here because celeritas.buffer imports this module."""
+    from executor.backends.backend import BackendError
+
+    from .buffer import Buffer
+    for i, a in enumerate(cgh._args):
+        if isinstance(a, Accessor):
+            if a._hydration is not cgh._hydration:
+                raise AccessError(f"kernel {name!r}: args[{i}] is an accessor of buffer {a.buffer_name} made in "
+                                  f"another command group; make it with buffer.access(cgh, ...) in this one")
+        elif isinstance(a, Buffer):
+            raise BackendError(f"kernel {name!r}: args[{i}] is cl.Buffer {a.label}, not an accessor: pass "
+                                 f"{a.name or 'buffer'}.access(cgh, ...) (a range mapper and a mode) instead")
+        elif isinstance(a, np.ndarray):
+            raise BackendError(f"kernel {name!r}: args[{i}] is a numpy array of shape {a.shape}; pass arrays as "
+                                 f"buffers through accessors (cl.Buffer(array).access(cgh, ...))")
+        elif not isinstance(a, (bool, int, float, complex, np.bool_, np.number)):
+            what = "None" if a is None else f"{a!r} of type {type(a).__name__}"
+            raise BackendError(f"kernel {name!r}: args[{i}] is {what}: a source kernel takes accessors and scalars "
+                                 f"(bool, int, float, complex or numpy numbers)")
 
 
 def _parallel_for(name) -> str:
@@ -694,7 +726,8 @@ class _Launcher:
         self.backend = rt.backend if self.source else None
         self.local_range = cgh._local_range
         # accessors become AccessorArg(index): the backends may not import celeritas types
-        self.device_args = (tuple(AccessorArg(a.index) if isinstance(a, Accessor) else a for a in self.args)
+        self.device_args = (tuple(AccessorArg(a.index, a.buffer_name) if isinstance(a, Accessor) else a
+                                  for a in self.args)
                             if self.source else ())
         # the common launch: a Python kernel without reductions (see __call__)
         self.plain = self.device and not self.red_ops and not self.source

@@ -14,7 +14,7 @@ class Kernel:
     backends run these; on host devices a kernel needs a Python implementation.
     """
 
-    def __init__(self, source: Mapping[str, str] | str, name: str, *, options: tuple[str, ...] = ()):
+    def __init__(self, source: Mapping[str, str] | str, name: str, *, options: tuple[str, ...] | str = ()):
         if isinstance(source, str):
             source = {"cuda": source, "opencl": source}
         if not isinstance(source, Mapping) or not source or not all(isinstance(v, str) for v in source.values()):
@@ -27,7 +27,18 @@ class Kernel:
         self.source = dict(source)
         self.name = name
         self.__name__ = name
-        self.options = tuple(options)
+        # one string is one option string, as pyopencl and nvcc take it (tuple() of it made
+        # single characters of "-DV=7", which the compiler refused as "-", "D", ...)
+        options = (options,) if isinstance(options, str) else options
+        try:
+            options = tuple(options)
+        except TypeError:
+            raise CeleritasError(f"cl.Kernel {name!r}: options are a tuple of compiler option strings, got "
+                                 f"{options!r}") from None
+        for o in options:
+            if not isinstance(o, str):
+                raise CeleritasError(f"cl.Kernel {name!r}: options must be strings (compiler options), got {o!r}")
+        self.options = options
 
     def __repr__(self) -> str:
         return f"cl.Kernel({self.name!r}, languages={sorted(self.source)})"

@@ -371,9 +371,11 @@ class LaunchContext:
 
 @dataclass(frozen=True, slots=True)
 class AccessorArg:
-    """A device source kernel argument naming ``LaunchContext.arrays[index]`` (an accessor)."""
+    """A device source kernel argument naming ``LaunchContext.arrays[index]`` (an accessor);
+    ``label`` is its buffer's (``B3 "name"``), for the backend's messages."""
 
     index: int
+    label: str = field(default="", compare=False)
 
 
 @dataclass(slots=True)

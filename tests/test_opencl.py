@@ -205,7 +205,7 @@ def test_device_arrays_are_page_aligned_and_large_ones_huge_page_aligned():
      r"kernel 'k' has 2 parameters, but its arguments make 13: CHUNK_PARAMS \(6\), 1 accessor"),
     ("__kernel void k(CHUNK_PARAMS) { }", "other", "",
      r"kernel 'other': its OpenCL source defines no __kernel named 'other'"),
-    ("__kernel void k(CHUNK_PARAMS, int n) { }", "k", "object", r"argument <object .*> is neither an accessor nor a scalar"),
+    ("__kernel void k(CHUNK_PARAMS, int n) { }", "k", "object", r"kernel 'k': args\[0\] is <object .*> of type object: a source kernel takes accessors and scalars"),
     ("__kernel void k(CHUNK_PARAMS) { syntax error }", "k", "", r"(?s)OpenCL kernel 'k' failed to build.*undeclared identifier 'syntax'"),
 ])
 def test_source_kernel_mistakes_are_backend_errors_naming_the_kernel(source, name, args, match):

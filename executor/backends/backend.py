@@ -281,23 +281,42 @@ def copy_box(src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: 
     d[...] = s
 
 
-def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[[int, Any], Any]) -> list:
+def source_kernel_parameter_count(args: tuple) -> int:
+    """How many kernel parameters ``args`` fill: CHUNK_PARAMS (6), 7 per accessor, 1 per scalar."""
+    return 6 + sum(7 if isinstance(a, AccessorArg) else 1 for a in args)
+
+
+def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[[int, Any], Any],
+                            scalar: Callable[[int, int, Any], Any] | None = None) -> list:
     """Arguments of a device source kernel: ``CHUNK_PARAMS`` first, then ``args``.
 
     An accessor becomes ``pointer(index, array)`` followed by the allocation's
     offset and extents (three int64 each), which the generated prelude uses to
-    index in global coordinates; scalars pass through with C-friendly types.
+    index in global coordinates (an accessor that maps nothing of the chunk has
+    no array: ``pointer`` gets None, the extents are 0).  Scalars pass through with
+    C-friendly types, unless ``scalar(position in args, parameter index, value)``
+    (a backend that knows the declared parameter types) returns the value to pass.
     """
     box = ctx.box
     out: list = [np.int64(x) for x in box.lo]
     out.extend(np.int64(h - l) for l, h in zip(box.lo, box.hi))
-    for a in args:
+    for position, a in enumerate(args):
         if isinstance(a, AccessorArg):
             abox = ctx.accesses[a.index].allocation_box
-            out.append(pointer(a.index, ctx.arrays[a.index]))
-            out.extend(np.int64(x) for x in abox.lo)
-            out.extend(np.int64(h - l) for l, h in zip(abox.lo, abox.hi))
-        elif isinstance(a, (bool, np.bool_)):
+            arr = ctx.arrays[a.index]
+            out.append(pointer(a.index, arr))
+            if arr is None or abox is None:
+                out.extend(np.int64(0) for _ in range(6))
+            else:
+                out.extend(np.int64(x) for x in abox.lo)
+                out.extend(np.int64(h - l) for l, h in zip(abox.lo, abox.hi))
+            continue
+        if scalar is not None:
+            converted = scalar(position, len(out), a)
+            if converted is not None:
+                out.append(converted)
+                continue
+        if isinstance(a, (bool, np.bool_)):
             out.append(np.int32(a))
         elif isinstance(a, (int, np.integer)):
             out.append(np.int64(a))
@@ -310,15 +329,17 @@ def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[
     return out
 
 
-def check_argument_count(name: str, expected: int, given: list, args: tuple) -> None:
+def check_argument_count(name: str, expected: int, given: list | int, args: tuple) -> None:
     """A source kernel whose parameter list does not match what ``args`` marshals to
-    would fail deep in the driver (pyopencl: "set_args() takes 3 positional arguments
-    but 14 were given"); this says which parameters are missing."""
-    if expected == len(given):
+    (``given``: the marshalled list or its length) would fail deep in the driver
+    (pyopencl: "set_args() takes 3 positional arguments but 14 were given"); this says
+    which parameters are missing."""
+    count = given if isinstance(given, int) else len(given)
+    if expected == count:
         return
     accessors = sum(1 for a in args if isinstance(a, AccessorArg))
     raise BackendError(
-        f"kernel {name!r} has {expected} parameters, but its arguments make {len(given)}: CHUNK_PARAMS (6), "
+        f"kernel {name!r} has {expected} parameters, but its arguments make {count}: CHUNK_PARAMS (6), "
         f"{accessors} accessor(s) as ACCESSOR(T, name) (7 each) and {len(args) - accessors} scalar(s) from "
         f"args={tuple('accessor' if isinstance(a, AccessorArg) else a for a in args)}; declare it as "
         f"__kernel void {name}(CHUNK_PARAMS, ACCESSOR(T, a), ..., scalars...)")

@@ -15,14 +15,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, AccessorArg, device_memory
 
 from .backend import (BackendError, BackendInfo, Lane, check_argument_count, default_copy_pairs, note_blocked,
-                      source_kernel_arguments)
+                      source_kernel_arguments, source_kernel_parameter_count)
 from .host import HUGE_PAGE, HostBackend, host_empty
 
 log = logging.getLogger("celeritas.executor")
@@ -129,6 +129,116 @@ def opencl_devices(ids: list[tuple[int, int]] | tuple = ()) -> list:
                        f"on Debian/Ubuntu: apt-get install pocl-opencl-icd")
 
 
+# What a kernel parameter's declared type (as clGetKernelArgInfo spells it) takes.
+_SCALARS: dict[str, np.dtype] = {name: np.dtype(t) for name, t in {
+    "char": np.int8, "uchar": np.uint8, "short": np.int16, "ushort": np.uint16, "int": np.int32,
+    "uint": np.uint32, "long": np.int64, "ulong": np.uint64, "half": np.float16, "float": np.float32,
+    "double": np.float64, "float2": np.complex64, "double2": np.complex128}.items()}
+# The element types an accessor of a buffer of each dtype may be declared with.
+_ELEMENTS: dict[str, frozenset[str]] = {
+    "float32": frozenset({"float"}), "float64": frozenset({"double"}), "float16": frozenset({"half"}),
+    "int8": frozenset({"char"}), "uint8": frozenset({"uchar"}), "int16": frozenset({"short"}),
+    "uint16": frozenset({"ushort"}), "int32": frozenset({"int"}), "uint32": frozenset({"uint"}),
+    "int64": frozenset({"long"}), "uint64": frozenset({"ulong"}), "bool": frozenset({"uchar", "char", "bool"}),
+    "complex64": frozenset({"float2"}), "complex128": frozenset({"double2"})}
+_SPELLING = {"float32": "float", "float64": "double", "float16": "half", "int8": "char", "uint8": "uchar",
+             "int16": "short", "uint16": "ushort", "int32": "int", "uint32": "uint", "int64": "long",
+             "uint64": "ulong", "bool": "uchar", "complex64": "float2", "complex128": "double2"}
+# Built-in type names: a pointer to one of these that is not the buffer's type is a mistake;
+# anything else (a typedef, a struct, void) is the author's business.
+_BUILTIN = frozenset(
+    {"bool"} | {f"{t}{n}" for t in ("char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half",
+                                     "float", "double") for n in ("", "2", "3", "4", "8", "16")})
+_QUALIFIERS = frozenset({"const", "volatile", "restrict", "__global", "global", "__constant", "constant"})
+
+
+class _Param(NamedTuple):
+    """One declared kernel parameter, from clGetKernelArgInfo."""
+
+    name: str
+    type: str          # the type without qualifiers: "float*", "int", "real*"
+    pointer: bool      # a __global or __constant pointer (what an accessor fills)
+
+
+def _signature(k: Any) -> tuple[_Param, ...] | None:
+    """The declared parameters of a kernel object, or None where the driver keeps no argument
+    info (then arguments are marshalled as documented and only counted)."""
+    aq = cl.kernel_arg_address_qualifier
+    info = cl.kernel_arg_info
+    out = []
+    try:
+        for i in range(k.num_args):
+            type_name = " ".join(w for w in k.get_arg_info(i, info.TYPE_NAME).split() if w not in _QUALIFIERS)
+            pointer = (k.get_arg_info(i, info.ADDRESS_QUALIFIER) in (aq.GLOBAL, aq.CONSTANT)
+                       and type_name.endswith("*"))
+            out.append(_Param(k.get_arg_info(i, info.NAME), type_name.replace(" ", ""), pointer))
+    except (cl.RuntimeError, cl.LogicError):   # (KERNEL_ARG_INFO_NOT_AVAILABLE)
+        return None
+    return tuple(out)
+
+
+def _check_accessor(name: str, param: _Param, dtype: np.dtype, label: str) -> None:
+    """An accessor fills a pointer parameter declared with the buffer's element type; a
+    float* over float64 data reads and writes the wrong bytes, silently."""
+    what = f"an accessor of buffer {label} holding {dtype}" if label else f"an accessor of a {dtype} buffer"
+    if not param.pointer:
+        raise BackendError(f"kernel {name!r}: parameter {param.name!r} is declared {param.type}, not a __global "
+                           f"pointer, but gets {what}; declare accessors as ACCESSOR(T, name) in the order of args")
+    element = param.type[:-1]
+    allowed = _ELEMENTS.get(dtype.name)
+    if allowed is None or element == "void" or element not in _BUILTIN or element in allowed:
+        return
+    raise BackendError(f"kernel {name!r}: parameter {param.name!r} is declared {param.type} but gets {what}; "
+                       f"declare it ACCESSOR({_SPELLING[dtype.name]}, {param.name})")
+
+
+def _convert_scalar(name: str, param: _Param, position: int, value: Any) -> Any:
+    """``value`` as the numpy scalar of the declared parameter type, as a C call converts it
+    (an int into a double, an np.int32 into a long), where numpy's ``same_kind`` rule allows
+    and the value fits; without the conversion an int reached a double parameter as the bits
+    of a long, and an np.int32 an int parameter as 8 bytes (INVALID_ARG_SIZE)."""
+    target = _SCALARS.get(param.type)
+    if param.pointer:
+        raise BackendError(f"kernel {name!r}: parameter {param.name!r} is a pointer ({param.type}) but gets the "
+                           f"scalar args[{position}] {value!r}; pass an accessor there")
+    if target is None:   # (a typedef or vector type: marshalled as documented; the count was checked)
+        return None
+    source = np.asarray(value).dtype if isinstance(value, np.generic) else np.dtype(type(value))
+    if isinstance(value, bool) or source.kind == "b":
+        source = np.dtype(np.int32)
+        value = int(value)
+    integers = source.kind in "iu" and target.kind in "iu"   # (any integer that fits: checked below)
+    if not integers and not np.can_cast(source, target, "same_kind"):
+        why = ": it would truncate" if target.kind in "iu" and source.kind == "f" else ""
+        raise BackendError(f"kernel {name!r}: parameter {param.name!r} ({param.type}) cannot take args[{position}] "
+                           f"{value!r} of type {type(value).__name__}{why}")
+    if target.kind in "iu":
+        lo, hi = np.iinfo(target).min, np.iinfo(target).max
+        if not lo <= int(value) <= hi:
+            raise BackendError(f"kernel {name!r}: parameter {param.name!r} ({param.type}) cannot hold {value!r} "
+                               f"(its range is {lo}..{hi})")
+        return target.type(int(value))
+    with np.errstate(over="ignore"):
+        converted = target.type(value)
+    if target.kind == "f" and np.isinf(converted) and np.isfinite(value):
+        raise BackendError(f"kernel {name!r}: parameter {param.name!r} ({param.type}) cannot hold {value!r} "
+                           f"(it would become {converted})")
+    return converted
+
+
+def _check_accessors(name: str, signature: tuple[_Param, ...], ctx: Any, args: tuple) -> None:
+    """Every accessor in ``args`` against the parameter it fills (see ``_check_accessor``)."""
+    parameter = 6
+    for a in args:
+        if isinstance(a, AccessorArg):
+            arr = ctx.arrays[a.index]
+            if arr is not None:
+                _check_accessor(name, signature[parameter], arr.dtype, a.label)
+            parameter += 7
+        else:
+            parameter += 1
+
+
 def _arguments_key(ctx: Any, args: tuple) -> tuple | None:
     """What decides a source kernel's argument values: the chunk, and per argument the
     allocation's OpenCL buffer (the object itself: the key keeps it alive, so no later
@@ -144,7 +254,11 @@ def _arguments_key(ctx: Any, args: tuple) -> tuple | None:
                 return None
             abox = ctx.accesses[a.index].allocation_box
             key.append((buf, abox.lo, abox.hi))
-        elif isinstance(a, (bool, int, float, np.generic)):
+        elif isinstance(a, float):
+            key.append((float, a.hex()))   # (0.0 == -0.0, but 1 / x tells them apart)
+        elif isinstance(a, np.generic):
+            key.append((type(a), a.tobytes()))
+        elif isinstance(a, (bool, int)):
             key.append((type(a), a))
         else:
             return None
@@ -168,6 +282,8 @@ class OpenCLBackend(HostBackend):
         self._programs: dict[tuple, Any] = {}
         self._kernels: dict[tuple, Any] = {}
         self._kernel_args: dict[int, tuple] = {}     # id(kernel object) -> key of the arguments it holds
+        self._signatures: dict[int, tuple | None] = {}   # id(kernel object) -> its declared parameters
+        self._wg_limits: dict[tuple, tuple] = {}     # (id(kernel object), device) -> work-group limits
         self._prog_lock = threading.Lock()
         self._cpu = [d.type & cl.device_type.CPU != 0 for d in devs]
 
@@ -208,8 +324,11 @@ class OpenCLBackend(HostBackend):
             with self._prog_lock:
                 prg = self._programs.get(key)
                 if prg is None:
+                    # (argument info: what the parameters are declared as, so scalars are
+                    # converted to their types and accessors checked against theirs)
+                    options = list(kernel.options) + ["-cl-kernel-arg-info"]
                     try:
-                        prg = cl.Program(self.context_of(device), PRELUDE + src).build(options=list(kernel.options))
+                        prg = cl.Program(self.context_of(device), PRELUDE + src).build(options=options)
                     except cl.RuntimeError as exc:
                         raise BackendError(f"OpenCL kernel {kernel.name!r} failed to build: {exc}") from exc
                     self._programs[key] = prg
@@ -228,19 +347,18 @@ class OpenCLBackend(HostBackend):
         """Runs on the lane's worker thread: enqueue on the lane's queue and wait for its event."""
         device = ctx.device
         queue = ctx.stream
-        kkey = (id(queue), kernel.name, kernel.source.get("opencl"))
+        # (options are part of the key: one source built with -DT=float and -DT=double is two kernels)
+        kkey = (id(queue), kernel.name, kernel.source.get("opencl"), kernel.options)
         k = self._kernels.get(kkey)
         if k is None:   # one kernel object per queue: set_args is not thread-safe
-            program = self._program(kernel, device)
-            try:
-                k = cl.Kernel(program, kernel.name)
-            except cl.LogicError as exc:
-                raise BackendError(f"kernel {kernel.name!r}: its OpenCL source defines no __kernel named "
-                                   f"{kernel.name!r} ({exc})") from None
+            k = self._kernel_object(kernel, device)
+            self._signatures[id(k)] = _signature(k)
             self._kernels[kkey] = k
         syncs = []
 
         def pointer(_index: int, arr: Any):
+            if arr is None:   # (the accessor maps nothing of this chunk: a null pointer, extents 0)
+                return None
             buf = self._buffer(arr, device)
             if not self._cpu[device]:
                 syncs.append((buf, arr))
@@ -251,8 +369,15 @@ class OpenCLBackend(HostBackend):
         # launches on one chunk do
         key = _arguments_key(ctx, args)
         if key is None or self._kernel_args.get(id(k)) != key or not self._cpu[device]:
-            cl_args = source_kernel_arguments(kernel.name, ctx, args, pointer)
-            check_argument_count(kernel.name, k.num_args, cl_args, args)
+            check_argument_count(kernel.name, k.num_args, source_kernel_parameter_count(args), args)
+            signature = self._signatures.get(id(k))
+            scalar = None
+            if signature is not None:
+                _check_accessors(kernel.name, signature, ctx, args)
+
+                def scalar(position: int, parameter: int, value: Any) -> Any:
+                    return _convert_scalar(kernel.name, signature[parameter], position, value)
+            cl_args = source_kernel_arguments(kernel.name, ctx, args, pointer, scalar)
             for buf, arr in syncs:   # push host writes to the device
                 m, ev = cl.enqueue_map_buffer(queue, buf, cl.map_flags.WRITE_INVALIDATE_REGION, 0,
                                               (arr.nbytes,), np.uint8)
@@ -262,6 +387,8 @@ class OpenCLBackend(HostBackend):
             self._kernel_args[id(k)] = key if key is not None else _arguments_key(ctx, args)
         gsize = tuple(ctx.box.range) or (1,)
         goff = tuple(ctx.box.offset) or None
+        if local_range:
+            self._check_local_range(kernel.name, k, device, tuple(local_range))
         ev = cl.enqueue_nd_range_kernel(queue, k, gsize, tuple(local_range) if local_range else None,
                                         global_work_offset=goff)
         t0 = time.perf_counter_ns()
@@ -269,6 +396,44 @@ class OpenCLBackend(HostBackend):
         for buf, arr in syncs:   # pull the results back into the host-visible array
             cl.enqueue_copy(queue, arr.reshape(-1).view(np.uint8), buf).wait()
         note_blocked(time.perf_counter_ns() - t0)     # the device's time: this work's cost, run inline or not
+
+    def _kernel_object(self, kernel, device: int) -> Any:
+        """A new kernel object for the entry point ``kernel.name`` of its program.
+
+        PoCL builds a kernel whose name is an OpenCL built-in function (``step``, ``dot``)
+        as ``_cl_<name>``; that one is the entry point then."""
+        program = self._program(kernel, device)
+        try:
+            return cl.Kernel(program, kernel.name)
+        except cl.LogicError as exc:
+            try:
+                names = [n for n in program.get_info(cl.program_info.KERNEL_NAMES).split(";") if n]
+            except Exception:  # noqa: BLE001 - only for the message
+                names = []
+            if f"_cl_{kernel.name}" in names:
+                return cl.Kernel(program, f"_cl_{kernel.name}")
+            defines = f"it defines: {', '.join(sorted(names))}" if names else str(exc)
+            raise BackendError(f"kernel {kernel.name!r}: its OpenCL source defines no __kernel named "
+                               f"{kernel.name!r} ({defines})") from None
+
+    def _check_local_range(self, name: str, k: Any, device: int, local_range: tuple[int, ...]) -> None:
+        """A work group larger than the device runs for this kernel fails in the driver with
+        INVALID_WORK_GROUP_SIZE, which names neither the limit nor the cause."""
+        limit = self._wg_limits.get((id(k), device))
+        if limit is None:
+            dev = self.devices[device]
+            per_kernel = k.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, dev)
+            limit = self._wg_limits[(id(k), device)] = (int(per_kernel), tuple(dev.max_work_item_sizes))
+        total = int(np.prod(local_range))
+        if total > limit[0]:
+            raise BackendError(f"kernel {name!r}: local_range {local_range} has {total} work items per work group; "
+                               f"device {device} ({self.devices[device].name.strip()}) runs at most {limit[0]} for "
+                               f"this kernel")
+        for d, (n, most) in enumerate(zip(local_range, limit[1])):
+            if n > most:
+                raise BackendError(f"kernel {name!r}: local_range {local_range} has {n} work items in dimension {d}; "
+                                   f"device {device} ({self.devices[device].name.strip()}) allows at most {most} "
+                                   f"there")
 
     def close(self) -> None:
         super().close()
