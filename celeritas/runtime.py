@@ -748,6 +748,9 @@ class Runtime:
         if self._error is not None:
             err = self._surface(self._error)
             self._abort()
+            if self._error_shown:
+                return    # (a fence's result() raised it already: shutdown then returns quietly)
+            self._error_shown = True
             raise err
         self._shutting_down = True
         try:

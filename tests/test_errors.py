@@ -51,8 +51,24 @@ def test_kernel_error_surfaces_at_fence_result():
     q.submit(cgf)
     with pytest.raises(cl.KernelError, match="divides"):
         q.fence(b).result(timeout=30)
-    with pytest.raises(cl.CeleritasError):
+    # (the fence raised it: shutdown returns quietly, as after wait(); every later call raises it)
+    q.shutdown()
+    with pytest.raises(cl.KernelError, match="divides"):
+        q.wait()
+
+
+def test_shutdown_raises_a_failure_that_nothing_raised_yet():
+    q = cl.Queue()
+    b = cl.Buffer(np.zeros(8, np.float32))
+
+    def cgf(cgh):
+        b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.host_task(lambda part: 1 / 0, range=(8,), name="divides")
+
+    q.submit(cgf)
+    with pytest.raises(cl.KernelError, match="divides"):
         q.shutdown()
+    q.shutdown()   # (raised once: quiet after)
 
 
 @pytest.mark.parametrize("target", ["buffer", "host_object"])

@@ -334,13 +334,11 @@ def test_missing_entry_point_lists_the_kernels_the_source_defines(queue):
         queue.wait()
 
 
-@pytest.mark.xfail(strict=True, reason="Runtime.shutdown raises self._error whenever one is set; only the "
-                   "wait()/submit path (_check_alive) aborts the runtime, a fence's result() only marks the "
-                   "error shown (not OpenCL-specific: host:N does the same; left to the runtime's owner)")
 def test_shutdown_is_quiet_after_a_fence_raised_the_failure():
     """Input: a source kernel that fails (a parameter it cannot hold), its failure raised by
-    ``q.fence(b).result()``, then ``q.shutdown()``.  Happens: shutdown raises the same
-    BackendError again.  Expected (docs/api.md, Errors): "every later submit, wait and
+    ``q.fence(b).result()``, then ``q.shutdown()``.  Happened: shutdown raised the same
+    BackendError again (on host devices too: only wait() and submit marked the runtime
+    aborted).  Expected (docs/api.md, Errors): "every later submit, wait and
     fence raises the same error (shutdown() then returns quietly)"."""
     q = cl.Queue(devices=TWO)
     b = cl.Buffer(np.zeros(4, np.int32))
