@@ -462,7 +462,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("trace", metavar="TRACE", help="the .json trace file CELERITAS_TRACE wrote")
     t.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="timeline.png, timeline.svg or timeline.html (default: TRACE with .html)")
-    t.add_argument("--width", type=int, default=1600, help="width of the picture in pixels (default 1600)")
+    t.add_argument("--width", type=int, default=1600, help="width of the picture in pixels (400 to 16384, default 1600)")
     t.set_defaults(fn=cmd_trace)
     return p
 

@@ -38,6 +38,14 @@ from typing import Any, Iterable, Mapping, Sequence
 from scheduler.errors import ConfigError
 
 FORMATS = (".png", ".svg", ".html")
+MIN_WIDTH = 400
+# The widest picture drawn: the PNG writer paints at twice the size, so 16384 pixels are a
+# 32768-pixel canvas, already hundreds of MB for a trace of many ranks and lanes; a
+# larger --width (a typo, an extra zero) would exhaust memory instead of drawing anything.
+MAX_WIDTH = 16384
+# The PNG writer paints at twice the size unless that canvas would exceed this many pixels
+# (about 800 MB of RGB), then at the size itself; beyond it even that is refused.
+_MAX_CANVAS_PIXELS = 1 << 28
 
 # the instruction kinds of the trace, coloured in the spirit of the graph pictures
 KIND_COLOURS: dict[str, str] = {
@@ -658,6 +666,11 @@ def to_png(scene: Scene, path: Path, scale: int = 2) -> None:
     except ImportError:
         raise ConfigError("trace: PNG output needs Pillow, which is not installed (pip install pillow, or "
                           "pip install 'celeritas[dev]'); .svg and .html need nothing extra") from None
+    if scene.width * scene.height * scale * scale > _MAX_CANVAS_PIXELS:
+        scale = 1
+    if scene.width * scene.height > _MAX_CANVAS_PIXELS:
+        raise ConfigError(f"trace: a {scene.width} x {scene.height} pixel PNG is too large to paint; "
+                          f"write .svg or .html, or give a smaller --width")
     W, H = scene.width * scale, scene.height * scale
     img = Image.new("RGB", (W, H), "#ffffff")
     draw = ImageDraw.Draw(img)
@@ -715,8 +728,10 @@ def render(trace: str | Path, output: str | Path, *, width: int = 1600) -> Timel
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
         raise ConfigError(f"trace: cannot write {out.name!r}: the output must end in .png, .svg or .html")
-    if width < 400:
-        raise ConfigError(f"trace: --width {width} is too narrow (at least 400 pixels)")
+    if width < MIN_WIDTH:
+        raise ConfigError(f"trace: --width {width} is too narrow (at least {MIN_WIDTH} pixels)")
+    if width > MAX_WIDTH:
+        raise ConfigError(f"trace: --width {width} is too wide (at most {MAX_WIDTH} pixels)")
     tl = load(trace)
     scene = layout(tl, width)
     try:
