@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -174,8 +175,26 @@ class GraphRecord(dict):
 # label helpers
 
 
+# Characters no picture can show: C0 and C1 controls, DEL, lone surrogates (from JSON's
+# "\ud800") and the XML non-characters.  Graphviz's HTML labels and SVG are XML, where
+# most of these are not allowed at all (dot refuses the file: "not well-formed"), and a
+# newline in an HTML label is plain whitespace, so a name's line break would vanish.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+_SHOWN_AS = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def visible_text(text: Any) -> str:
+    """``str(text)`` with the characters no picture can show written as escapes (``\\n``,
+    ``\\x01``, ``\\ud800``), so that names from users never break a DOT, SVG or HTML file
+    and stay recognisable.  The records keep the names as given."""
+    def show(m: re.Match) -> str:
+        c = m.group()
+        return _SHOWN_AS.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+    return _INVISIBLE.sub(show, str(text))
+
+
 def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(visible_text(text), quote=True)
 
 
 def fmt_box(box) -> str:
