@@ -260,7 +260,6 @@ def test_an_enormous_width_is_a_clear_error_not_a_memory_error(tmp_path, capsys)
     assert code == 2 and "--width 100000000" in line and "at most" in line, line
 
 
-@XFAIL
 def test_graphs_on_a_file_says_it_is_not_a_folder(tmp_path, capsys):
     """Input: python -m celeritas graphs task_graph.dot (a file, not the dump folder).
     Happens (before): "no such folder: task_graph.dot" although the file is right there.
@@ -273,7 +272,6 @@ def test_graphs_on_a_file_says_it_is_not_a_folder(tmp_path, capsys):
     assert code == 2 and "not a folder" in line and str(tmp_path) in line, line
 
 
-@XFAIL
 @needs_dot
 @pytest.mark.parametrize("content", ["", "   \n"])
 def test_an_empty_dot_file_is_reported_not_rendered(tmp_path, capsys, content):
