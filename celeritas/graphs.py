@@ -21,6 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from scheduler.errors import CeleritasError, ConfigError
+
 log = logging.getLogger("celeritas.graphs")
 
 TASK_GRAPH = "task_graph"
@@ -135,11 +137,18 @@ class GraphRecord(dict):
 
     @classmethod
     def merge(cls, records: Iterable[Mapping]) -> "GraphRecord":
-        """One record with the commands of all ``records`` (the task list of the first)."""
+        """One record with the commands of all ``records`` (the task list of the first).
+
+        Each rank may come from one record only: two records holding commands of one rank
+        (two runs' dumps, or one file given twice) would otherwise lose one of them.
+        """
         records = list(records)
         commands: dict[int, list] = {}
         for r in records:
             for rank, cmds in r["commands"].items():
+                if int(rank) in commands:
+                    raise CeleritasError(f"GraphRecord.merge: two records hold the commands of rank {int(rank)}; "
+                                         f"merge one record per rank (of one run)")
                 commands[int(rank)] = list(cmds)
         first = records[0] if records else {"tasks": [], "instructions": [], "pilots": []}
         return cls(tasks=first["tasks"], commands=dict(sorted(commands.items())),
@@ -151,12 +160,31 @@ class GraphRecord(dict):
                            "instructions": self["instructions"], "pilots": self["pilots"]}, indent=indent)
 
     @classmethod
-    def from_json(cls, text: str) -> "GraphRecord":
-        """Inverse of ``to_json``: rank keys become ints again."""
-        data = json.loads(text)
+    def from_json(cls, text: str | bytes) -> "GraphRecord":
+        """Inverse of ``to_json``: rank keys become ints again.
+
+        The text usually comes from a file (a dump's ``.json``), so anything that is not a
+        graph record is a ``ConfigError`` (a ``ValueError`` too) saying what is wrong with
+        it, before a renderer trips over it."""
+        try:
+            data = json.loads(text)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"not a celeritas graph record: the text is not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"not a celeritas graph record: a JSON {type(data).__name__}, not an object with "
+                              f"{', '.join(cls.KEYS)}")
         missing = [k for k in cls.KEYS if k not in data]
         if missing:
-            raise ValueError(f"not a celeritas graph record: missing {', '.join(missing)}")
+            raise ConfigError(f"not a celeritas graph record: missing {', '.join(missing)}")
+        for key, id_key in (("tasks", "id"), ("instructions", "id"), ("pilots", "msg_id")):
+            _check_entries(data[key], key, id_key)
+        if not isinstance(data["commands"], dict):
+            raise ConfigError(f"not a celeritas graph record: 'commands' is a {type(data['commands']).__name__}, "
+                              f"not an object of rank: commands")
+        for rank, cmds in data["commands"].items():
+            if not str(rank).lstrip("-").isdigit():
+                raise ConfigError(f"not a celeritas graph record: 'commands' has the key {rank!r}, not a rank")
+            _check_entries(cmds, f"commands of rank {rank}", "id")
         return cls(**{k: data[k] for k in cls.KEYS})
 
     # ---- Graphviz --------------------------------------------------------------------------
@@ -169,6 +197,21 @@ class GraphRecord(dict):
     def to_dot_instructions(self, buffer_names: Mapping[int, str] | None = None, title: str | None = None,
                             rank: int | None = None) -> str:
         return instruction_graph_dot(self, buffer_names, title, rank)
+
+
+def _check_entries(entries: Any, what: str, id_key: str) -> None:
+    """``entries`` is a list of objects with an integer ``id_key`` (and a ``kind``, but pilots
+    have none): what every renderer indexes."""
+    if not isinstance(entries, list):
+        raise ConfigError(f"not a celeritas graph record: '{what}' is a {type(entries).__name__}, not a list")
+    for n, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ConfigError(f"not a celeritas graph record: entry {n} of '{what}' is a {type(e).__name__}, "
+                              f"not an object")
+        if not isinstance(e.get(id_key), int):
+            raise ConfigError(f"not a celeritas graph record: entry {n} of '{what}' has no integer {id_key!r}")
+        if id_key == "id" and not isinstance(e.get("kind"), str):
+            raise ConfigError(f"not a celeritas graph record: entry {n} of '{what}' has no 'kind'")
 
 
 # ---------------------------------------------------------------------------------------------
