@@ -330,6 +330,15 @@ def _preamble(name: str, title: str, legend: str) -> list[str]:
             f'  edge [fontname="{_FONT}", fontsize="9"];']
 
 
+def _unrecorded(node: str, label: str) -> str:
+    """A stand-in for a dependency target the record does not hold (recording began after
+    it ran, ``Queue(record=True)`` made mid-run): the edge stays, so no node looks as if it
+    depended on nothing."""
+    attrs = {"shape": "box", "style": "dashed", "color": "gray60", "fontcolor": "gray40", "class": "unrecorded",
+             "tooltip": "before the recording began", "label": f"{label}<br/><i>not recorded</i>"}
+    return f"  {node} [{_attrs(attrs)}];"
+
+
 _DEP_LEGEND = _legend([("true", "black"), ("anti", "limegreen"), ("execution front", "orange"),
                        ("last epoch", "orchid"), ("collective order", "blue"), ("side effect", "goldenrod3")])
 
@@ -370,7 +379,8 @@ def _task_label(t: Mapping, names: Mapping[int, str]) -> str:
 
 def task_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = None,
                    title: str | None = None) -> str:
-    """The task graph: one node per task, one edge per task dependency."""
+    """The task graph: one node per task, one edge per task dependency (to a dashed stand-in
+    where the task depended on is not recorded)."""
     names = buffer_names or {}
     tasks = record["tasks"]
     ids = {t["id"] for t in tasks}
@@ -378,10 +388,11 @@ def task_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = Non
     for t in tasks:
         shape, color = _TASK_STYLE.get(t["kind"], ("box", "black"))
         out.append(f'  T{t["id"]} [{_attrs({"shape": shape, "style": "rounded" if shape == "box" else "", "color": color, "class": t["kind"], "label": _task_label(t, names)})}];')
+    for tid in sorted({d["id"] for t in tasks for d in t.get("deps", ())} - ids):
+        out.append(_unrecorded(f"T{tid}", f"T{tid}"))
     for t in tasks:
         for d in t.get("deps", ()):
-            if d["id"] in ids:
-                out.append(f'  T{d["id"]} -> T{t["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
+            out.append(f'  T{d["id"]} -> T{t["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
     out.append("}")
     return "\n".join(out) + "\n"
 
@@ -457,10 +468,11 @@ def command_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = 
     out.extend("  " + n for n in loose)
     for r in ranks:
         ids = {c["id"] for c in commands[r]}
+        for cid in sorted({d["id"] for c in commands[r] for d in c.get("deps", ())} - ids):
+            out.append(_unrecorded(f"R{r}_C{cid}", f"C{cid} on R{r}"))
         for c in commands[r]:
             for d in c.get("deps", ()):
-                if d["id"] in ids:
-                    out.append(f'  R{r}_C{d["id"]} -> R{r}_C{c["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
+                out.append(f'  R{r}_C{d["id"]} -> R{r}_C{c["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
     # pushes to the matching await-push on the receiving rank
     awaits = {}
     for r in ranks:
@@ -629,10 +641,11 @@ def instruction_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | Non
         out.append(f'  I{i["id"]} [{_attrs(attrs)}];')
         if i["kind"] == "send":
             sends[i.get("msg_id")] = i["id"]
+    for iid in sorted({d["id"] for i in instrs for d in i.get("deps", ())} - ids):
+        out.append(_unrecorded(f"I{iid}", f"I{iid}"))
     for i in instrs:
         for d in i.get("deps", ()):
-            if d["id"] in ids:
-                out.append(f'  I{d["id"]} -> I{i["id"]} [{_attrs(_instr_dep_style(d.get("origin", "")))}];')
+            out.append(f'  I{d["id"]} -> I{i["id"]} [{_attrs(_instr_dep_style(d.get("origin", "")))}];')
     for p in record.get("pilots", ()):
         msg = p["msg_id"]
         tr = p.get("transfer")
