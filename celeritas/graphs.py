@@ -692,6 +692,8 @@ def write_graphs(folder: str | Path, record: GraphRecord, buffer_names: Mapping[
     written: list[Path] = []
 
     def put(stem: str, dot: str, rec: GraphRecord) -> None:
+        # a picture rendered from an earlier run's .dot would pass for this run's
+        (out / f"{stem}.svg").unlink(missing_ok=True)
         (out / f"{stem}.dot").write_text(dot)
         (out / f"{stem}.json").write_text(rec.to_json())
         written.extend((out / f"{stem}.dot", out / f"{stem}.json"))
@@ -703,6 +705,25 @@ def write_graphs(folder: str | Path, record: GraphRecord, buffer_names: Mapping[
         put(COMMAND_GRAPH, cmds.to_dot_commands(names), cmds)
     put(INSTRUCTION_GRAPH.format(rank=rank), record.to_dot_instructions(names, rank=rank), record)
     return written
+
+
+_RANK_GRAPH_FILE = re.compile(r"instruction_graph_rank(\d+)\.(dot|json|svg)")
+
+
+def remove_stale_rank_graphs(folder: str | Path, num_ranks: int) -> list[Path]:
+    """Remove the instruction graphs of ranks >= ``num_ranks`` from ``folder``: a dump folder
+    reused by a run with fewer ranks would otherwise mix two runs (and ``python -m
+    celeritas graphs`` render both).  Only the files a dump or its rendering writes go."""
+    removed = []
+    for p in Path(folder).iterdir():
+        m = _RANK_GRAPH_FILE.fullmatch(p.name)
+        if m and int(m.group(1)) >= num_ranks and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    if removed:
+        log.info("removed %d graph files of ranks >= %d left from an earlier run in %s", len(removed), num_ranks,
+                 folder)
+    return removed
 
 
 def write_outputs(outputs) -> None:
@@ -738,6 +759,7 @@ def write_outputs(outputs) -> None:
             merged = GraphRecord(tasks=rec["tasks"], commands=dict(sorted(commands.items())))
         write_graphs(folder, rec, names, rank=rank, merged_commands=merged)
         if rank == 0:
+            remove_stale_rank_graphs(folder, 1 if outputs.dry_run else outputs.num_ranks)
             log.info("graphs written to %s (render them: python -m celeritas graphs %s)", folder, folder)
     except Exception:  # noqa: BLE001
         log.exception("rank %d: could not write the graphs to %s", rank, folder)

@@ -443,7 +443,6 @@ def test_merging_two_records_of_one_rank_is_an_error():
     assert sorted(GraphRecord.merge([a, c])["commands"]) == [0, 1]
 
 
-@XFAIL
 def test_a_dump_folder_reused_by_a_smaller_run_holds_no_stale_graphs(tmp_path):
     """Input: CELERITAS_PRINT_GRAPHS=DIR for a 4-rank run rendered with python -m celeritas
     graphs DIR, then the same DIR for a 2-rank run.  Happens (before): DIR still held
