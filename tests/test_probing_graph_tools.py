@@ -35,15 +35,14 @@ from pathlib import Path
 import numpy as np
 import pydot
 import pytest
+from test_graphs import rich_program
+from test_trace import validate_chrome_trace
 
 import celeritas as cl
-from celeritas import graphs, summary, timeline
+from celeritas import summary, timeline
 from celeritas.__main__ import main, render_folder
 from celeritas.graphs import GraphRecord
 from celeritas.testing import run_cluster
-
-from test_graphs import rich_program
-from test_trace import validate_chrome_trace
 
 pytestmark = [pytest.mark.timeout(180),
               # pydot's grammar still uses pyparsing's camelCase names
@@ -94,7 +93,8 @@ def _edges(g) -> list:
 
 def _render_svg(dot_path: Path) -> ET.Element:
     """Graphviz's SVG of ``dot_path``, parsed as XML (fails on a DOT file dot refuses)."""
-    proc = subprocess.run(["dot", "-Tsvg", str(dot_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["dot", "-Tsvg", str(dot_path)], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0 and "Error" not in proc.stderr, proc.stderr
     return ET.fromstring(proc.stdout.encode())
 
@@ -582,13 +582,13 @@ def test_the_command_graph_joins_each_push_target_to_its_await_push(cluster_dump
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_send_has_its_pilot_and_a_receive_on_the_target_rank(cluster_dumps, n):
     """Input: the n ranks' instruction graph records.  Expected: each send has the pilot of
-    its message id (same target, transfer and box), each pilot of a send rank is a send's or a
-    reduction's, and the target rank receives that transfer (receive, split_receive or
-    gather_receive) over a region covering the send's box."""
+    its message id (same target, transfer and box), and the target rank receives that
+    transfer (receive, split_receive or gather_receive) over a region covering the send's
+    box."""
     folder = cluster_dumps[n] / "graphs"
     recs = {r: GraphRecord.from_json((folder / f"instruction_graph_rank{r}.json").read_text()) for r in range(n)}
     total = 0
-    for r, rec in recs.items():
+    for rec in recs.values():
         pilots = {p["msg_id"]: p for p in rec["pilots"]}
         sends = [i for i in rec["instructions"] if i["kind"] == "send"]
         total += len(sends)
@@ -749,7 +749,7 @@ def test_graphs_from_several_threads_while_they_submit_is_consistent():
     problems, snaps = [], []
 
     def cgf(cgh):
-        acc = b.access(cgh, cl.all(), cl.read_write)
+        b.access(cgh, cl.all(), cl.read_write)
         cgh.parallel_for((4,), lambda chunk: None, name="k")
 
     def worker():
