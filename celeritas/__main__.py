@@ -324,13 +324,18 @@ def render_folder(folder: str | Path, *, fmt: str = "svg", timeout: float | None
                   console=None) -> int:
     """Render every ``.dot`` in ``folder`` with Graphviz; returns a process exit code.
 
-    0: all rendered; 1: no ``dot``, nothing to render, or a render failed; 2: no such folder.
+    0: all rendered; 1: no ``dot``, nothing to render, or a render failed (an empty ``.dot``
+    too); 2: no such folder, or a file given instead of one.
     """
     from rich.console import Console
     con = console or Console(stderr=True)
     path = Path(folder)
+    if path.exists() and not path.is_dir():
+        con.print(f"[red]{path} is a file, not a folder:[/red] give the folder CELERITAS_PRINT_GRAPHS wrote "
+                  f"({path.parent})", highlight=False, soft_wrap=True)
+        return 2
     if not path.is_dir():
-        con.print(f"[red]no such folder:[/red] {path}")
+        con.print(f"[red]no such folder:[/red] {path}", highlight=False, soft_wrap=True)
         return 2
     files = sorted(path.glob("*.dot"))
     if not files:
@@ -343,6 +348,12 @@ def render_folder(folder: str | Path, *, fmt: str = "svg", timeout: float | None
 
     def render(f: Path) -> tuple[Path, str | None]:
         target = f.with_suffix("." + fmt)
+        try:
+            if not f.read_text(errors="replace").strip():
+                # (dot exits 0 on an empty file and writes nothing: a run killed while dumping)
+                return f, "the file is empty (no graph in it); dump it again"
+        except OSError as exc:
+            return f, f"cannot read it: {exc.strerror or exc}"
         try:
             proc = subprocess.run([dot, f"-T{fmt}", str(f), "-o", str(target)], capture_output=True, text=True,
                                   timeout=timeout)
@@ -399,7 +410,7 @@ the .json graph records are left as they are (cl.GraphRecord.from_json reads
 them).  Needs Graphviz installed (apt-get install graphviz).
 
 exit status: 0 all rendered; 1 no `dot`, no .dot file in DIR, or a render
-failed; 2 DIR does not exist.
+failed (an empty .dot file too); 2 DIR does not exist or is not a folder.
 
 example:
   CELERITAS_PRINT_GRAPHS=graphs python -m apps.hello
@@ -462,7 +473,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("trace", metavar="TRACE", help="the .json trace file CELERITAS_TRACE wrote")
     t.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="timeline.png, timeline.svg or timeline.html (default: TRACE with .html)")
-    t.add_argument("--width", type=int, default=1600, help="width of the picture in pixels (default 1600)")
+    t.add_argument("--width", type=int, default=1600, help="width of the picture in pixels (400 to 16384, default 1600)")
     t.set_defaults(fn=cmd_trace)
     return p
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from scheduler.errors import CeleritasError, ConfigError
 
 log = logging.getLogger("celeritas.graphs")
 
@@ -134,11 +137,18 @@ class GraphRecord(dict):
 
     @classmethod
     def merge(cls, records: Iterable[Mapping]) -> "GraphRecord":
-        """One record with the commands of all ``records`` (the task list of the first)."""
+        """One record with the commands of all ``records`` (the task list of the first).
+
+        Each rank may come from one record only: two records holding commands of one rank
+        (two runs' dumps, or one file given twice) would otherwise lose one of them.
+        """
         records = list(records)
         commands: dict[int, list] = {}
         for r in records:
             for rank, cmds in r["commands"].items():
+                if int(rank) in commands:
+                    raise CeleritasError(f"GraphRecord.merge: two records hold the commands of rank {int(rank)}; "
+                                         f"merge one record per rank (of one run)")
                 commands[int(rank)] = list(cmds)
         first = records[0] if records else {"tasks": [], "instructions": [], "pilots": []}
         return cls(tasks=first["tasks"], commands=dict(sorted(commands.items())),
@@ -150,12 +160,31 @@ class GraphRecord(dict):
                            "instructions": self["instructions"], "pilots": self["pilots"]}, indent=indent)
 
     @classmethod
-    def from_json(cls, text: str) -> "GraphRecord":
-        """Inverse of ``to_json``: rank keys become ints again."""
-        data = json.loads(text)
+    def from_json(cls, text: str | bytes) -> "GraphRecord":
+        """Inverse of ``to_json``: rank keys become ints again.
+
+        The text usually comes from a file (a dump's ``.json``), so anything that is not a
+        graph record is a ``ConfigError`` (a ``ValueError`` too) saying what is wrong with
+        it, before a renderer trips over it."""
+        try:
+            data = json.loads(text)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"not a celeritas graph record: the text is not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"not a celeritas graph record: a JSON {type(data).__name__}, not an object with "
+                              f"{', '.join(cls.KEYS)}")
         missing = [k for k in cls.KEYS if k not in data]
         if missing:
-            raise ValueError(f"not a celeritas graph record: missing {', '.join(missing)}")
+            raise ConfigError(f"not a celeritas graph record: missing {', '.join(missing)}")
+        for key, id_key in (("tasks", "id"), ("instructions", "id"), ("pilots", "msg_id")):
+            _check_entries(data[key], key, id_key)
+        if not isinstance(data["commands"], dict):
+            raise ConfigError(f"not a celeritas graph record: 'commands' is a {type(data['commands']).__name__}, "
+                              f"not an object of rank: commands")
+        for rank, cmds in data["commands"].items():
+            if not str(rank).lstrip("-").isdigit():
+                raise ConfigError(f"not a celeritas graph record: 'commands' has the key {rank!r}, not a rank")
+            _check_entries(cmds, f"commands of rank {rank}", "id")
         return cls(**{k: data[k] for k in cls.KEYS})
 
     # ---- Graphviz --------------------------------------------------------------------------
@@ -170,12 +199,45 @@ class GraphRecord(dict):
         return instruction_graph_dot(self, buffer_names, title, rank)
 
 
+def _check_entries(entries: Any, what: str, id_key: str) -> None:
+    """``entries`` is a list of objects with an integer ``id_key`` (and a ``kind``, but pilots
+    have none): what every renderer indexes."""
+    if not isinstance(entries, list):
+        raise ConfigError(f"not a celeritas graph record: '{what}' is a {type(entries).__name__}, not a list")
+    for n, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ConfigError(f"not a celeritas graph record: entry {n} of '{what}' is a {type(e).__name__}, "
+                              f"not an object")
+        if not isinstance(e.get(id_key), int):
+            raise ConfigError(f"not a celeritas graph record: entry {n} of '{what}' has no integer {id_key!r}")
+        if id_key == "id" and not isinstance(e.get("kind"), str):
+            raise ConfigError(f"not a celeritas graph record: entry {n} of '{what}' has no 'kind'")
+
+
 # ---------------------------------------------------------------------------------------------
 # label helpers
 
 
+# Characters no picture can show: C0 and C1 controls, DEL, lone surrogates (from JSON's
+# "\ud800") and the XML non-characters.  Graphviz's HTML labels and SVG are XML, where
+# most of these are not allowed at all (dot refuses the file: "not well-formed"), and a
+# newline in an HTML label is plain whitespace, so a name's line break would vanish.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+_SHOWN_AS = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def visible_text(text: Any) -> str:
+    """``str(text)`` with the characters no picture can show written as escapes (``\\n``,
+    ``\\x01``, ``\\ud800``), so that names from users never break a DOT, SVG or HTML file
+    and stay recognisable.  The records keep the names as given."""
+    def show(m: re.Match) -> str:
+        c = m.group()
+        return _SHOWN_AS.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+    return _INVISIBLE.sub(show, str(text))
+
+
 def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
+    return html.escape(visible_text(text), quote=True)
 
 
 def fmt_box(box) -> str:
@@ -268,6 +330,15 @@ def _preamble(name: str, title: str, legend: str) -> list[str]:
             f'  edge [fontname="{_FONT}", fontsize="9"];']
 
 
+def _unrecorded(node: str, label: str) -> str:
+    """A stand-in for a dependency target the record does not hold (recording began after
+    it ran, ``Queue(record=True)`` made mid-run): the edge stays, so no node looks as if it
+    depended on nothing."""
+    attrs = {"shape": "box", "style": "dashed", "color": "gray60", "fontcolor": "gray40", "class": "unrecorded",
+             "tooltip": "before the recording began", "label": f"{label}<br/><i>not recorded</i>"}
+    return f"  {node} [{_attrs(attrs)}];"
+
+
 _DEP_LEGEND = _legend([("true", "black"), ("anti", "limegreen"), ("execution front", "orange"),
                        ("last epoch", "orchid"), ("collective order", "blue"), ("side effect", "goldenrod3")])
 
@@ -308,7 +379,8 @@ def _task_label(t: Mapping, names: Mapping[int, str]) -> str:
 
 def task_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = None,
                    title: str | None = None) -> str:
-    """The task graph: one node per task, one edge per task dependency."""
+    """The task graph: one node per task, one edge per task dependency (to a dashed stand-in
+    where the task depended on is not recorded)."""
     names = buffer_names or {}
     tasks = record["tasks"]
     ids = {t["id"] for t in tasks}
@@ -316,10 +388,11 @@ def task_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = Non
     for t in tasks:
         shape, color = _TASK_STYLE.get(t["kind"], ("box", "black"))
         out.append(f'  T{t["id"]} [{_attrs({"shape": shape, "style": "rounded" if shape == "box" else "", "color": color, "class": t["kind"], "label": _task_label(t, names)})}];')
+    for tid in sorted({d["id"] for t in tasks for d in t.get("deps", ())} - ids):
+        out.append(_unrecorded(f"T{tid}", f"T{tid}"))
     for t in tasks:
         for d in t.get("deps", ()):
-            if d["id"] in ids:
-                out.append(f'  T{d["id"]} -> T{t["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
+            out.append(f'  T{d["id"]} -> T{t["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
     out.append("}")
     return "\n".join(out) + "\n"
 
@@ -395,10 +468,11 @@ def command_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | None = 
     out.extend("  " + n for n in loose)
     for r in ranks:
         ids = {c["id"] for c in commands[r]}
+        for cid in sorted({d["id"] for c in commands[r] for d in c.get("deps", ())} - ids):
+            out.append(_unrecorded(f"R{r}_C{cid}", f"C{cid} on R{r}"))
         for c in commands[r]:
             for d in c.get("deps", ()):
-                if d["id"] in ids:
-                    out.append(f'  R{r}_C{d["id"]} -> R{r}_C{c["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
+                out.append(f'  R{r}_C{d["id"]} -> R{r}_C{c["id"]} [{_attrs(_dep_style(d["kind"], d["origin"]))}];')
     # pushes to the matching await-push on the receiving rank
     awaits = {}
     for r in ranks:
@@ -567,10 +641,11 @@ def instruction_graph_dot(record: Mapping, buffer_names: Mapping[int, str] | Non
         out.append(f'  I{i["id"]} [{_attrs(attrs)}];')
         if i["kind"] == "send":
             sends[i.get("msg_id")] = i["id"]
+    for iid in sorted({d["id"] for i in instrs for d in i.get("deps", ())} - ids):
+        out.append(_unrecorded(f"I{iid}", f"I{iid}"))
     for i in instrs:
         for d in i.get("deps", ()):
-            if d["id"] in ids:
-                out.append(f'  I{d["id"]} -> I{i["id"]} [{_attrs(_instr_dep_style(d.get("origin", "")))}];')
+            out.append(f'  I{d["id"]} -> I{i["id"]} [{_attrs(_instr_dep_style(d.get("origin", "")))}];')
     for p in record.get("pilots", ()):
         msg = p["msg_id"]
         tr = p.get("transfer")
@@ -620,6 +695,8 @@ def write_graphs(folder: str | Path, record: GraphRecord, buffer_names: Mapping[
     written: list[Path] = []
 
     def put(stem: str, dot: str, rec: GraphRecord) -> None:
+        # a picture rendered from an earlier run's .dot would pass for this run's
+        (out / f"{stem}.svg").unlink(missing_ok=True)
         (out / f"{stem}.dot").write_text(dot)
         (out / f"{stem}.json").write_text(rec.to_json())
         written.extend((out / f"{stem}.dot", out / f"{stem}.json"))
@@ -631,6 +708,25 @@ def write_graphs(folder: str | Path, record: GraphRecord, buffer_names: Mapping[
         put(COMMAND_GRAPH, cmds.to_dot_commands(names), cmds)
     put(INSTRUCTION_GRAPH.format(rank=rank), record.to_dot_instructions(names, rank=rank), record)
     return written
+
+
+_RANK_GRAPH_FILE = re.compile(r"instruction_graph_rank(\d+)\.(dot|json|svg)")
+
+
+def remove_stale_rank_graphs(folder: str | Path, num_ranks: int) -> list[Path]:
+    """Remove the instruction graphs of ranks >= ``num_ranks`` from ``folder``: a dump folder
+    reused by a run with fewer ranks would otherwise mix two runs (and ``python -m
+    celeritas graphs`` render both).  Only the files a dump or its rendering writes go."""
+    removed = []
+    for p in Path(folder).iterdir():
+        m = _RANK_GRAPH_FILE.fullmatch(p.name)
+        if m and int(m.group(1)) >= num_ranks and p.is_file():
+            p.unlink(missing_ok=True)
+            removed.append(p)
+    if removed:
+        log.info("removed %d graph files of ranks >= %d left from an earlier run in %s", len(removed), num_ranks,
+                 folder)
+    return removed
 
 
 def write_outputs(outputs) -> None:
@@ -666,6 +762,7 @@ def write_outputs(outputs) -> None:
             merged = GraphRecord(tasks=rec["tasks"], commands=dict(sorted(commands.items())))
         write_graphs(folder, rec, names, rank=rank, merged_commands=merged)
         if rank == 0:
+            remove_stale_rank_graphs(folder, 1 if outputs.dry_run else outputs.num_ranks)
             log.info("graphs written to %s (render them: python -m celeritas graphs %s)", folder, folder)
     except Exception:  # noqa: BLE001
         log.exception("rank %d: could not write the graphs to %s", rank, folder)

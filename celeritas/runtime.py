@@ -733,12 +733,19 @@ class Runtime:
                 self.scheduler.start_recording(rec.commands, rec.instructions)
 
     def graphs(self) -> dict:
+        """The records so far.  After a failure (once it has surfaced) and after shutdown
+        the records are final and still returned: the graphs of a run that failed are what
+        its author needs to look at."""
         from .graphs import GraphRecord
         if self.recorders is None:
             raise CeleritasError("graph records are off; create the Queue with record=True or set CELERITAS_RECORD=1")
-        self._check_alive()
-        self.scheduler.flush()
-        self.scheduler.sync()
+        if self._error is not None:
+            if not self._error_shown:
+                self._check_alive()     # the failure surfaces once, here as at any other call
+            self._abort()               # (stops the threads, if a fence's result surfaced it)
+        if not self.is_shut_down:
+            self.scheduler.flush()
+            self.scheduler.sync()
         return GraphRecord.from_recorders(self.recorders, self.rank)
 
     # ---- shutdown --------------------------------------------------------------------------
@@ -843,7 +850,31 @@ class Runtime:
             self._fail_fence(f, err if err is not None else CeleritasError(
                 f"rank {self.rank}: the runtime was stopped before fence T{getattr(f, 'task', '?')} completed"))
         self._close_backend()
+        self._finish_outputs_after_failure()
         self._release_current()
+
+    def _finish_outputs_after_failure(self) -> None:
+        """Graph dumps and trace of a run that failed, as far as it got: a failed program is
+        the one its author most needs to look at.  Other ranks may be gone or stuck, so
+        nothing is gathered: every rank writes its own instruction graph (rank 0 also the
+        task graph and its own commands) and, beside the trace file, ``NAME.rankR.json``
+        (rank 0: the file itself) -- the fallbacks of ``graphs`` and ``trace`` for a gather
+        that failed.  No summary: it would bury the error."""
+        if not (self.config.print_graphs or self.config.trace):
+            return
+        try:
+            view = self.outputs()
+            view.summary = False
+            if self.num_ranks > 1 and not self.dry_run:
+                def no_gather(obj: Any) -> list | None:
+                    raise CeleritasError(f"rank {self.rank} failed, so its outputs are not gathered")
+                view.gather = no_gather
+            else:
+                view.gather = lambda obj: [obj]
+            from . import outputs
+            outputs.write_at_shutdown(view)
+        except Exception:  # noqa: BLE001 - never mask the failure being reported
+            log.exception("rank %d: could not write the outputs of the failed run", self.rank)
 
     def _close_backend(self) -> None:
         close = getattr(self.backend, "close", None)

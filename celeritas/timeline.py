@@ -37,9 +37,17 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from scheduler.errors import ConfigError
 
-from .graphs import fmt_bytes
+from .graphs import fmt_bytes, visible_text
 
 FORMATS = (".png", ".svg", ".html")
+MIN_WIDTH = 400
+# The widest picture drawn: the PNG writer paints at twice the size, so 16384 pixels are a
+# 32768-pixel canvas, already hundreds of MB for a trace of many ranks and lanes; a
+# larger --width (a typo, an extra zero) would exhaust memory instead of drawing anything.
+MAX_WIDTH = 16384
+# The PNG writer paints at twice the size unless that canvas would exceed this many pixels
+# (about 800 MB of RGB), then at the size itself; beyond it even that is refused.
+_MAX_CANVAS_PIXELS = 1 << 28
 
 # the instruction kinds of the trace, coloured in the spirit of the graph pictures
 KIND_COLOURS: dict[str, str] = {
@@ -173,23 +181,26 @@ def parse(doc: Any, source: str = "trace") -> Timeline:
     thread_names: dict[tuple, str] = {}
     thread_sort: dict[tuple, int] = {}
     xs: list[dict] = []
-    for e in events:
-        if not isinstance(e, dict):
-            continue
-        ph = e.get("ph")
-        if ph == "X":
-            xs.append(e)
-        elif ph == "M":
-            args = e.get("args") or {}
-            key = e.get("pid")
-            if e.get("name") == "process_name":
-                proc_names[key] = str(args.get("name", ""))
-            elif e.get("name") == "process_sort_index":
-                proc_sort[key] = _int(args.get("sort_index"), 0)
-            elif e.get("name") == "thread_name":
-                thread_names[(key, e.get("tid"))] = str(args.get("name", ""))
-            elif e.get("name") == "thread_sort_index":
-                thread_sort[(key, e.get("tid"))] = _int(args.get("sort_index"), 0)
+    try:
+        for e in events:
+            if not isinstance(e, dict):
+                continue
+            ph = e.get("ph")
+            if ph == "X":
+                xs.append(e)
+            elif ph == "M":
+                args = _args(e, source)
+                key = e.get("pid")
+                if e.get("name") == "process_name":
+                    proc_names[key] = str(args.get("name", ""))
+                elif e.get("name") == "process_sort_index":
+                    proc_sort[key] = _int(args.get("sort_index"), 0)
+                elif e.get("name") == "thread_name":
+                    thread_names[(key, e.get("tid"))] = str(args.get("name", ""))
+                elif e.get("name") == "thread_sort_index":
+                    thread_sort[(key, e.get("tid"))] = _int(args.get("sort_index"), 0)
+    except TypeError as exc:     # an unhashable pid or tid
+        raise ConfigError(f"trace: {source} has a malformed metadata event (TypeError: {exc})") from None
     if not xs:
         raise ConfigError(f"trace: {source} holds no executed instructions (no complete 'X' events)")
 
@@ -216,13 +227,17 @@ def parse(doc: Any, source: str = "trace") -> Timeline:
                 row = rows[(rank, lane)] = Row(rank, lane, thread_sort.get((pid, tid), _int(tid, 0)))
             else:
                 row.order = min(row.order, thread_sort.get((pid, tid), _int(tid, 0)))
-            start = float(e["ts"])
-            end = start + max(float(e.get("dur") or 0.0), 0.0)
-            args = e.get("args") or {}
+            start = _time(e, "ts", source)
+            end = start + max(_time(e, "dur", source), 0.0)
+            if not math.isfinite(end):
+                raise ConfigError(f"trace: {source} has a malformed event: its 'ts' + 'dur' overflows")
+            args = _args(e, source)
             kind = str(e.get("cat") or args.get("kind") or e.get("name") or "?")
             row.slices.append(Slice(start, end, kind, str(e.get("name", kind)), args))
             t0 = min(t0, start)
             t1 = max(t1, end)
+    except ConfigError:
+        raise
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"trace: {source} has a malformed event ({type(exc).__name__}: {exc})") from None
     ordered = sorted(rows.values(), key=lambda r: (r.rank, r.order, r.lane))
@@ -231,6 +246,36 @@ def parse(doc: Any, source: str = "trace") -> Timeline:
         r.busy = _union_length((s.start, s.end) for s in r.slices)
     transfers, unmatched = _transfers(ordered)
     return Timeline(source, ordered, transfers, t0, t1 if t1 > t0 else t0, rank_labels, unmatched)
+
+
+def _args(e: Mapping, source: str) -> Mapping:
+    """An event's ``args``: an object (or absent); anything else is a malformed trace.
+
+    The ids the timeline matches transfers by must be plain values: a ``transfer`` that
+    is a list of numbers or strings, a ``to_rank`` that is a number."""
+    args = e.get("args")
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise ConfigError(f"trace: {source} has a malformed {e.get('ph')!r} event: its 'args' is "
+                          f"{type(args).__name__}, not an object")
+    tr = args.get("transfer")
+    if tr is not None and not (isinstance(tr, list) and all(isinstance(v, (int, float, str)) for v in tr)):
+        raise ConfigError(f"trace: {source} has a malformed event: its 'transfer' {tr!r} is not a list of ids")
+    peer = args.get("to_rank")
+    if peer is not None and not isinstance(peer, (int, float, str)):
+        raise ConfigError(f"trace: {source} has a malformed event: its 'to_rank' {peer!r} is not a rank")
+    return args
+
+
+def _time(e: Mapping, key: str, source: str) -> float:
+    """An event's ``ts`` or ``dur`` in microseconds (``dur`` may be absent); NaN and
+    infinities (which JSON readers accept) would break every position computed from them."""
+    raw = e[key] if key == "ts" else (e.get(key) or 0.0)
+    value = float(raw)
+    if not math.isfinite(value):
+        raise ConfigError(f"trace: {source} has a malformed event: its {key!r} is {raw!r}, not a finite number")
+    return value
 
 
 def _int(v: Any, default: int) -> int:
@@ -570,14 +615,20 @@ def layout(tl: Timeline, width: int = 1600) -> Scene:
 # ----------------------------------------------------------------------------- writers
 
 
+def _xml(text: Any) -> str:
+    """``text`` for SVG and HTML: markup escaped, and control characters (names come from
+    the trace, so from users) shown as ``\\x01``: raw, they make the SVG ill-formed XML."""
+    return html.escape(visible_text(text), quote=True)
+
+
 def _attrs(d: Mapping) -> str:
-    return "".join(f' {k}="{html.escape(str(v), quote=True)}"' for k, v in d.items())
+    return "".join(f' {k}="{_xml(v)}"' for k, v in d.items())
 
 
 def to_svg(scene: Scene) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{scene.width}" height="{scene.height}" '
            f'viewBox="0 0 {scene.width} {scene.height}" font-family="DejaVu Sans, Helvetica, Arial, sans-serif">',
-           f"<title>{html.escape(scene.title)}</title>",
+           f"<title>{_xml(scene.title)}</title>",
            f'<rect x="0" y="0" width="{scene.width}" height="{scene.height}" fill="#ffffff"/>']
     for s in scene.shapes:
         cls = f' class="{s.cls}"' if s.cls else ""
@@ -585,12 +636,12 @@ def to_svg(scene: Scene) -> str:
             stroke = f' stroke="{s.stroke}" stroke-width="0.5"' if s.stroke else ""
             body = (f'<rect{cls} x="{s.x:.2f}" y="{s.y:.2f}" width="{s.w:.2f}" height="{s.h:.2f}" '
                     f'fill="{s.fill}"{stroke}{_attrs(s.attrs)}')
-            out.append(body + (f"><title>{html.escape(s.title)}</title></rect>" if s.title else "/>"))
+            out.append(body + (f"><title>{_xml(s.title)}</title></rect>" if s.title else "/>"))
         elif isinstance(s, Line):
             body = (f'<line{cls} x1="{s.x1:.2f}" y1="{s.y1:.2f}" x2="{s.x2:.2f}" y2="{s.y2:.2f}" '
                     f'stroke="{s.stroke}" stroke-width="{s.width:.2f}" stroke-opacity="{s.opacity:.2f}"'
                     f'{_attrs(s.attrs)}')
-            out.append(body + (f"><title>{html.escape(s.title)}</title></line>" if s.title else "/>"))
+            out.append(body + (f"><title>{_xml(s.title)}</title></line>" if s.title else "/>"))
             if s.dot:
                 out.append(f'<circle cx="{s.x2:.2f}" cy="{s.y2:.2f}" r="2.2" fill="{s.stroke}" '
                            f'fill-opacity="{min(1.0, s.opacity + 0.2):.2f}"/>')
@@ -598,7 +649,7 @@ def to_svg(scene: Scene) -> str:
             anchor = "" if s.anchor == "start" else f' text-anchor="{s.anchor}"'
             weight = ' font-weight="bold"' if s.bold else ""
             out.append(f'<text{cls} x="{s.x:.2f}" y="{s.y:.2f}" font-size="{s.size:g}" fill="{s.fill}"'
-                       f'{anchor}{weight}{_attrs(s.attrs)}>{html.escape(s.text)}</text>')
+                       f'{anchor}{weight}{_attrs(s.attrs)}>{_xml(s.text)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -607,16 +658,16 @@ def to_html(tl: Timeline, scene: Scene) -> str:
     """One self-contained page: the picture (tooltips on hover) and the per-lane numbers."""
     span = tl.span
     rows = "\n".join(
-        f"<tr><td>R{r.rank}</td><td>{html.escape(r.lane)}</td><td>{len(r.slices)}</td>"
+        f"<tr><td>R{r.rank}</td><td>{_xml(r.lane)}</td><td>{len(r.slices)}</td>"
         f"<td>{_ms(r.busy)}</td><td>{100 * r.share(span):.1f} %</td></tr>" for r in tl.rows)
     kinds = tl.kinds()
     colours = palette(kinds)
     kind_rows = "\n".join(
-        f'<tr><td><span class="sw" style="background:{colours[k]}"></span>{html.escape(k)}</td>'
+        f'<tr><td><span class="sw" style="background:{colours[k]}"></span>{_xml(k)}</td>'
         f"<td>{n}</td></tr>" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<title>{html.escape(scene.title)}</title>
+<title>{_xml(scene.title)}</title>
 <style>
 body {{ font-family: DejaVu Sans, Helvetica, Arial, sans-serif; margin: 1em; color: #222; }}
 .picture {{ overflow-x: auto; border: 1px solid #ddd; }}
@@ -628,7 +679,7 @@ svg rect.bar:hover {{ stroke: #000; stroke-width: 1; }}
 svg line.transfer:hover {{ stroke-opacity: 1; stroke-width: 3; }}
 </style></head>
 <body>
-<p>{html.escape(tl.source)}: {len(tl.ranks)} rank{'s' if len(tl.ranks) != 1 else ''}, {tl.instructions}
+<p>{_xml(tl.source)}: {len(tl.ranks)} rank{'s' if len(tl.ranks) != 1 else ''}, {tl.instructions}
 instructions, {len(tl.transfers)} transfers between ranks, {_ms(span)} from the first instruction to the last.
 Hover a bar or a line for what it holds; bars of one kind closer than a pixel are merged and show their count.</p>
 <div class="picture">
@@ -652,6 +703,11 @@ def to_png(scene: Scene, path: Path, scale: int = 2) -> None:
     except ImportError:
         raise ConfigError("trace: PNG output needs Pillow, which is not installed (pip install pillow, or "
                           "pip install 'celeritas[dev]'); .svg and .html need nothing extra") from None
+    if scene.width * scene.height * scale * scale > _MAX_CANVAS_PIXELS:
+        scale = 1
+    if scene.width * scene.height > _MAX_CANVAS_PIXELS:
+        raise ConfigError(f"trace: a {scene.width} x {scene.height} pixel PNG is too large to paint; "
+                          f"write .svg or .html, or give a smaller --width")
     W, H = scene.width * scale, scene.height * scale
     img = Image.new("RGB", (W, H), "#ffffff")
     draw = ImageDraw.Draw(img)
@@ -691,7 +747,7 @@ def to_png(scene: Scene, path: Path, scale: int = 2) -> None:
                                fill=_rgba(s.stroke, min(1.0, s.opacity + 0.2)))
         elif isinstance(s, Text):
             anchor = {"start": "ls", "middle": "ms", "end": "rs"}[s.anchor]
-            draw.text((s.x * scale, s.y * scale), s.text, fill=s.fill, font=font(s.size, s.bold), anchor=anchor)
+            draw.text((s.x * scale, s.y * scale), visible_text(s.text), fill=s.fill, font=font(s.size, s.bold), anchor=anchor)
     if overlay is not None:
         img = Image.alpha_composite(img.convert("RGBA"), overlay).convert("RGB")
     if scale != 1:
@@ -709,8 +765,10 @@ def render(trace: str | Path, output: str | Path, *, width: int = 1600) -> Timel
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
         raise ConfigError(f"trace: cannot write {out.name!r}: the output must end in .png, .svg or .html")
-    if width < 400:
-        raise ConfigError(f"trace: --width {width} is too narrow (at least 400 pixels)")
+    if width < MIN_WIDTH:
+        raise ConfigError(f"trace: --width {width} is too narrow (at least {MIN_WIDTH} pixels)")
+    if width > MAX_WIDTH:
+        raise ConfigError(f"trace: --width {width} is too wide (at most {MAX_WIDTH} pixels)")
     tl = load(trace)
     scene = layout(tl, width)
     try:

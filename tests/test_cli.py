@@ -62,8 +62,8 @@ def test_graphs_help_says_what_dir_is_and_what_it_writes(capsys):
     for name in ("task_graph.dot", "command_graph.dot", "instruction_graph_rank{R}.dot", ".json"):
         assert name in text
     assert "rendered with Graphviz's `dot` to an .svg beside it" in text
-    assert "exit status: 0 all rendered; 1 no `dot`, no .dot file in DIR, or a render failed; 2 DIR does not exist" \
-        in text
+    assert ("exit status: 0 all rendered; 1 no `dot`, no .dot file in DIR, or a render failed (an empty .dot "
+            "file too); 2 DIR does not exist or is not a folder") in text
 
 
 def test_graphs_exit_statuses_are_the_ones_its_help_gives(tmp_path, capsys):
