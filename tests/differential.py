@@ -1399,6 +1399,10 @@ def _draw_source(g: _Gen, p: Program) -> None:
                 p.features.add("source:local_range")
             if t.offset is not None:
                 p.features.add("source:offset")
+            if "bool" in [p.dtypes[t.write.buffer]] + [p.dtypes[rd.buffer] for rd in t.reads]:
+                p.features.add("source:bool")
+            if task_box(t).empty:
+                p.features.add("source:empty")
 
 
 BYTE_ORDER_SHARE = 0.08     # data buffers of multi-byte dtypes drawn with the non-native byte order
@@ -1481,18 +1485,18 @@ def _draw_disjoint_reads(g: _Gen, p: Program) -> None:
 
 
 SOURCE_TYPES = {"int64": "long", "int32": "int", "int16": "short", "uint8": "uchar", "float32": "float",
-                "float64": "double"}
+                "float64": "double", "bool": "uchar"}   # (bool: bytes 0 and 1, stored as ``store`` does)
 _SOURCE_KERNELS: dict = {}      # source text -> cl.Kernel (one object per text: the runtime caches its programs)
 
 
 def source_eligible(p: Program, t: Task) -> bool:
     """Whether ``source_kernel`` computes kernel ``t``: a one_to_one write of a data buffer (any
     mode), one_to_one reads of data buffers that hold its whole index space, no reductions, no
-    injected delay or failure, no bool buffers (``SOURCE_TYPES``), a non-empty index space."""
+    injected delay or failure, buffers of ``SOURCE_TYPES`` (bool as uchar), an index space of
+    at least one dimension (an empty one launches nothing)."""
     w = t.write
     if (w is None or w.space != "data" or w.mapper != "one_to_one" or w.opaque or t.reds or t.delay
-            or t.fail_at is not None or not t.range_shape or task_box(t).empty
-            or p.dtypes[w.buffer] not in SOURCE_TYPES):
+            or t.fail_at is not None or not t.range_shape or p.dtypes[w.buffer] not in SOURCE_TYPES):
         return False
     box = task_box(t)
     return all(rd.space == "data" and rd.mapper == "one_to_one" and p.dtypes[rd.buffer] in SOURCE_TYPES
@@ -1509,11 +1513,13 @@ def source_kernel(p: Program, t: Task):
     idx = ", ".join(f"g{d}" for d in range(n))
     params = [f"ACCESSOR({SOURCE_TYPES[p.dtypes[rd.buffer]]}, r{j})" for j, rd in enumerate(t.reads)]
     wt = SOURCE_TYPES[p.dtypes[t.write.buffer]]
+    boolean = p.dtypes[t.write.buffer] == "bool"
     terms = [f"(long){at}(r{j}, {idx})" for j in range(len(t.reads))] + \
         [f"g{d} * {WEIGHTS[d]}" for d in range(n)]
     store_v = {"discard_write": "v", "discard_read_write": "v", "write": "v",
                "read_write": f"(v + (long){at}(w, {idx})) % {MOD}"}[t.write.mode]
-    assign = f"{at}(w, {idx}) = ({wt})({store_v});"
+    assign = (f"{at}(w, {idx}) = (uchar)(({store_v}) % 2 == 0);" if boolean   # (``store``'s rule for bool)
+              else f"{at}(w, {idx}) = ({wt})({store_v});")
     if t.write.mode == "write":      # (every other element, by the sum of its global indices: write_mask)
         assign = f"if (({' + '.join(f'g{d}' for d in range(n))}) % 2 == 0) {assign}"
     src = (f"__kernel void fuzz_kernel(CHUNK_PARAMS, {', '.join(params + [f'ACCESSOR({wt}, w)'])}, long c0) {{\n"

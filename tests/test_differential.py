@@ -424,6 +424,7 @@ def _source_launches(monkeypatch):
     (97, Config(ranks=3, devices=1, backend="opencl", replay="off")),       # uint8, three reads
     (88, Config(ranks=2, devices=1, backend="opencl", oversubscribe=3)),    # 30 of a wide front's rows
     (204, Config(ranks=1, devices=2, backend="opencl", huge="0")),          # 1-D float64, write
+    (529, Config(ranks=2, devices=2, backend="opencl")),                   # a bool buffer written (as uchar)
 ])
 def test_source_kernels_on_opencl_fixed_seeds(monkeypatch, seed, cfg):
     """Kernels drawn as cl.Kernel OpenCL C source run as such on the opencl backend (launched
