@@ -111,9 +111,6 @@ def _shutdown_quietly(q):
 # =====================================================================================
 
 
-@pytest.mark.xfail(strict=True, reason="ranks that submit different numbers of tasks before a fence hang in "
-                                       "fence().result() forever: the divergence check runs only at epochs, so "
-                                       "CELERITAS_DIVERGENCE_TIMEOUT never fires (also under mpiexec -n 2)")
 def test_ranks_submitting_different_task_counts_before_a_fence_get_a_divergence_error():
     """Input (2 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=2): rank 0 submits three
     kernels on buffer b, rank 1 two, then both fence b.  Happens: each rank waits for the
