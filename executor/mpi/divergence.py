@@ -83,13 +83,6 @@ def _order(e: tuple) -> tuple:
     return e[0], 1, 0
 
 
-def _norm_pending(entries: list) -> list[tuple]:
-    """Pending tasks as compared: normalized, without the DIGEST_MORE marker.  (A digest
-    keeps its first DIGEST_LIMIT entries, so it is complete up to its last real entry,
-    marker or not; past that nothing is known, and nothing is compared.)"""
-    return [n for n in map(_norm_entry, entries) if n[1] != DIGEST_MORE]
-
-
 def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | None, tuple | None] | None:
     """(my entry, their entry) of the first task id where the streams differ, or None.
 
@@ -158,6 +151,7 @@ class EpochCheck:
         self._sent_count = 0
         self._left_pending: list[tuple] | None = None
         self._left_compared: tuple | None = None   # (my first entry, my count, their count) last compared
+        self._mine_cache: list[tuple] = []        # my pending tasks, normalized (see _my_pending)
 
     @property
     def enabled(self) -> bool:
@@ -303,11 +297,23 @@ class EpochCheck:
 
     # ---- the pending-task exchange (stalled ranks; see the module docstring)
     def _my_pending(self) -> list[tuple] | None:
+        """This rank's pending tasks, normalized, without the DIGEST_MORE marker (a digest
+        keeps its first DIGEST_LIMIT entries, so it is complete up to its last real entry,
+        marker or not; past that nothing is known, and nothing is compared).  Only the
+        entries new since the last call are normalized: the list only grows until the next
+        epoch starts another."""
         try:
-            return _norm_pending(self.pending_tasks())
+            raw = self.pending_tasks()
         except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
             log.debug("reading the pending tasks failed", exc_info=True)
             return None
+        raw = [e for e in raw if e[1] != DIGEST_MORE]
+        cached = self._mine_cache
+        if cached and raw and len(raw) >= len(cached) and _norm_entry(raw[0]) == cached[0]:
+            cached.extend(map(_norm_entry, raw[len(cached):]))
+        else:
+            cached = self._mine_cache = [_norm_entry(e) for e in raw]
+        return list(cached)
 
     def _send_pending(self) -> None:
         """Send the right neighbour this rank's pending tasks: whole when the stretch is new
