@@ -219,8 +219,8 @@ def test_in_a_ring_of_four_the_ranks_beside_the_odd_one_find_it():
     odd = [_k(1), _k(2, "other"), _fence(3)]
     wire, checks = _checks([list(same), list(same), list(same), odd])
     found = {}
-    for _ in range(2):      # (every rank stalled: each compares what came, then sends; rank 3 first)
-        for r in (3, 0, 1, 2):
+    for _ in range(2):      # (every rank stalled: each sends, then compares what came)
+        for r in range(4):
             try:
                 checks[r].poll(stalled=10.0)
             except cl.DivergenceError as exc:
@@ -396,7 +396,8 @@ for _ in range({counts}[q.rank]):
         w = b.access(cgh, cl.one_to_one(), cl.read_write)
         cgh.parallel_for((16,), lambda c: w.__setitem__(c, w[c] + 1), name="step")
     q.submit(cgf)
-print(f"rank {{q.rank}} fence", q.fence(b).result().sum(), flush=True)
+total = q.fence(b).result().sum()
+print(f"rank {{q.rank}} fence {{total}}", flush=True)   # (one write: the ranks share stdout)
 """
 
 

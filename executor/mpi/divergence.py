@@ -203,13 +203,15 @@ class EpochCheck:
         if self.pending_tasks is None:
             return
         now = time.monotonic()
+        if stalled >= self._stall_report and now >= self._next_pending_send:
+            # (sent before comparing: where this rank finds a difference, its right neighbour
+            # gets the same chance to, as with epochs, whichever rank's error ends the job)
+            self._next_pending_send = now + self.PENDING_RECHECK
+            self._send_pending()
         if got or now >= self._next_pending_check:
             self._next_pending_check = now + self.PENDING_RECHECK
             self._compare_pending()
             self._compare_left_pending()
-        if stalled >= self._stall_report and now >= self._next_pending_send and not self._failed:
-            self._next_pending_send = now + self.PENDING_RECHECK
-            self._send_pending()
 
     def verified(self, instr: EpochInstruction) -> bool:
         """True once this epoch may complete: always for plain epochs (checked in the
