@@ -211,6 +211,7 @@ class Executor(InstructionHandlers):
         self._idle_start = 0            # when the current wait with nothing but MPI outstanding began
         self._idle_estimate = 0         # how long such waits took lately (ns): spin only if short
         self._next_epoch_poll = 0
+        self._stalled_since = 0         # when the loop last started waiting after progress (0: progressing)
         self._name = name
 
         self._allocs: dict[int, Any] = {}           # allocation id -> backend array
@@ -439,9 +440,12 @@ class Executor(InstructionHandlers):
             if self._stop:
                 return
             if progress:
+                self._stalled_since = 0
                 if self._poll_delay:
                     self._end_idle_wait()
                 continue
+            if not self._stalled_since:
+                self._stalled_since = _perf_ns()
             self._wait()
 
     # ------------------------------------------------------------------ waiting
@@ -1006,10 +1010,11 @@ class Executor(InstructionHandlers):
 
     # ------------------------------------------------------------------ divergence check
     # (issue 5) A communicator that compares task streams across ranks exposes
-    # ``epoch_check`` with ``announce(epoch)``, ``poll()`` and ``verified(epoch) ->
+    # ``epoch_check`` with ``announce(epoch)``, ``poll(stalled)`` and ``verified(epoch) ->
     # bool``: every epoch is announced when it arrives (long before it runs, so a
     # rank stuck on data a diverged peer never sends still learns of the
-    # divergence), peers' announcements are polled every step, and an epoch the
+    # divergence), peers' announcements are polled every step (with how long the
+    # loop has been stalled: see _poll_epoch_check), and an epoch the
     # check wants confirmed (shutdown, barrier) completes only once verified.
     # Mismatches and timeouts raise DivergenceError, reported like any failure.
 
@@ -1020,8 +1025,13 @@ class Executor(InstructionHandlers):
             self._report(exc, instr)
 
     def _poll_epoch_check(self) -> None:
+        # stalled: work outstanding and nothing progressing (waiting for a peer's data, a
+        # fence, a long kernel); a long stall makes the check show the neighbour this
+        # rank's pending tasks, since ranks that diverged before a fence wait here forever
+        since = self._stalled_since
+        stalled = (_perf_ns() - since) / 1e9 if since and not self._engine.is_idle() else 0.0
         try:
-            self._epoch_check.poll()
+            self._epoch_check.poll(stalled)
         except Exception as exc:  # noqa: BLE001
             self._report(exc, None)
 

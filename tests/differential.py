@@ -305,8 +305,9 @@ CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 #   diverge        ranks >= 2 (``program_config``): one rank's task stream differs (DIVERGE_FORMS): its misuse
 #                  kernel (or host task) under another name or over another range, an extra task before it, or
 #                  a buffer of another shape or dtype made before it (``fence_index`` % ranks: that rank); then
-#                  q.shutdown().  A cl.DivergenceError naming the first differing task or buffer on both ranks
-#                  (``divergence_pattern``), from the rank at fault and its right neighbour in the ring
+#                  q.shutdown() (``extra``: half of them fence the misuse task's buffer first, sync
+#                  ``fence_shutdown``).  A cl.DivergenceError naming the first differing task or buffer on both
+#                  ranks (``divergence_pattern``), from the rank at fault and its right neighbour in the ring
 #                  (CELERITAS_DIVERGENCE_TIMEOUT: DIVERGENCE_TIMEOUT)
 #   cg_handler     a command group passes None or the cgh of an earlier submit to one of CG_HANDLER_TARGETS
 #   cg_call        a command group (or q.submit) misuses a call (CG_CALLS; CG_PLACEMENTS, CG_HINTS drawn last)
@@ -450,7 +451,8 @@ class Program:
     targets: list[TargetSpec]
     tasks: list[Task]
     features: set[str] = field(default_factory=set)
-    sync: str = "end"           # fail / bad_reduction / overlap: wait | fence | shutdown | fence_log
+    sync: str = "end"           # fail / bad_reduction / overlap: wait | fence | shutdown | fence_log;
+                                # misuse diverge: shutdown | fence_shutdown
                                 # (main / bad_mapper: "end", every live, written buffer is fenced at the end)
     ngroups: int = 0            # cl.CollectiveGroup()s made at the start (collective tasks' groups 1..ngroups)
     hobjs: int = 0              # extra host objects (besides the log); made at the start unless an
@@ -1115,6 +1117,11 @@ def _draw_misuse_more(g: _Gen, p: Program) -> None:
         p.sync = "shutdown"
         p.features |= {"misuse:diverge", f"misuse:diverge:{sub}",
                        f"misuse:diverge:{'host' if arg['host'] else 'kernel'}"}
+        if sub == "extra" and rng.random() < 0.5:
+            # (a fence of what the misuse task writes first: its transfers never match across
+            # the extra task, so the ranks wait there, where no epoch compares their streams)
+            p.sync = "fence_shutdown"
+            p.features.add("misuse:diverge:at_fence")
         return
     if form == "cg_handler":
         sub = f"{rng.choice(CG_HANDLER_TARGETS)}:{rng.choice(['none', 'stale'])}"
@@ -3970,6 +3977,12 @@ def run_expecting_error(p: Program, q: cl.Queue | None, *, oversubscribe: int = 
         elif p.sync == "shutdown":
             q.shutdown()
             return {"error": None, "stage": "done"}
+        elif p.sync == "fence_shutdown":      # (misuse diverge: a fence of what the misuse task writes)
+            stage = "sync fence"
+            q.fence(run.bufs[p.tasks[-1].write.buffer]).result(timeout=120)
+            stage = "sync shutdown"
+            q.shutdown()
+            return {"error": None, "stage": "done"}
         stage = "final wait"
         q.wait()
         return {"error": None, "stage": "done"}
@@ -4892,7 +4905,8 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
         d = t.fence_index % n
         adj = sorted({d, (d + 1) % n})
         pats = {r: divergence_pattern(p, (r - 1) % n, r, d) for r in adj}
-        return MisuseOutcome(adj, cl.DivergenceError, pats[adj[0]], submit + r"|sync shutdown",
+        return MisuseOutcome(adj, cl.DivergenceError, pats[adj[0]],
+                             submit + r"|sync shutdown" + ("|sync fence" if p.sync == "fence_shutdown" else ""),
                              patterns=pats, may_finish=True)
     if t.kind == "bad_cg":
         cls, text = cg_misuse_error(p, t)
@@ -4950,7 +4964,8 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
 def divergence_pattern(p: Program, left: int, rank: int, at_fault: int) -> str:
     """The whole message (a regex) of the DivergenceError that ``rank`` raises comparing its task
     stream with its ``left`` neighbour's (executor/mpi/divergence.py's ``_mismatch_message``, and
-    ``_compare_pending``'s, which reads the same): the first differing entry by task id, a buffer
+    ``_compare_pending``'s, which reads the same, or ``_compare_left_pending``'s, which differs in the
+    parenthesis: the ids both ranks' pending tasks cover): the first differing entry by task id, a buffer
     made before task j sorting before task j.  Every rank submits the same tasks up to the misuse
     step, so both name the same task id j (not modelled: horizons take ids too), the id the rank
     at fault gives its renamed, re-ranged or extra task, or the task after its buffer, and the
@@ -4974,10 +4989,14 @@ def divergence_pattern(p: Program, left: int, rank: int, at_fault: int) -> str:
         elif fault and t.misuse_form == "range":
             rng = a["other"]
         return f"T\x00 ({kind} {name!r}, range {list(rng)})"
-    text = (f"ranks {left} and {rank} submitted different task streams; the first differing task (after epoch "
-            f"T\x01, epoch #{waits + 1}): rank {left} submitted {entry(left == at_fault)}; rank {rank} submitted "
-            f"{entry(rank == at_fault)}")
-    pat = re.escape(text).replace("\x01", "0" if not waits else r"\d+")
+    text = (f"ranks {left} and {rank} submitted different task streams; the first differing task (\x02): "
+            f"rank {left} submitted {entry(left == at_fault)}; rank {rank} submitted {entry(rank == at_fault)}")
+    # where: at the epoch (q.shutdown()), or before it from the pending tasks a stalled rank sent
+    # (a fence that waits, or any wait for data longer than the check's stall time)
+    epoch = "0" if not waits else r"\d+"
+    where = (f"(?:after epoch T{epoch}, epoch #{waits + 1}|among T\\d+\\.\\.T\\d+, which both submitted since "
+             f"their last epoch, compared while a rank waited at a fence or for data)")
+    pat = re.escape(text).replace("\x02", where)
     return pat.replace("\x00", r"(?P<t>\d+)", 1).replace("\x00", "(?P=t)")
 
 

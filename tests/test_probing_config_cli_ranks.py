@@ -13,8 +13,8 @@ The project rule: every bad input gets a clear ``cl.*Error`` (the class docs/api
 error table names) naming what was wrong (variable and value, task, buffer, rank), never
 a hang, a bare traceback from deep inside, a silently ignored setting or a lost result.
 
-The first group are the defects found, each a strict xfail asserting what the rule
-requires (its docstring gives the input, what happens and what should).  The second
+The first group are the defects found, each asserting what the rule requires (its
+docstring gives the input, what happened and what should; all are fixed now).  The second
 group pins probes that already behave well and are not pinned elsewhere
 (tests/test_errors.py, test_cli.py, test_mpi.py, test_timeline.py, test_differential.py).
 """
@@ -111,9 +111,6 @@ def _shutdown_quietly(q):
 # =====================================================================================
 
 
-@pytest.mark.xfail(strict=True, reason="ranks that submit different numbers of tasks before a fence hang in "
-                                       "fence().result() forever: the divergence check runs only at epochs, so "
-                                       "CELERITAS_DIVERGENCE_TIMEOUT never fires (also under mpiexec -n 2)")
 def test_ranks_submitting_different_task_counts_before_a_fence_get_a_divergence_error():
     """Input (2 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=2): rank 0 submits three
     kernels on buffer b, rank 1 two, then both fence b.  Happens: each rank waits for the
@@ -128,8 +125,10 @@ def test_ranks_submitting_different_task_counts_before_a_fence_get_a_divergence_
             q.submit(_touch(b, "step"))
         return q.fence(b).result(timeout=8)
 
-    with pytest.raises(cl.DivergenceError, match="ranks [01] and [01] submitted different task streams"):
+    with pytest.raises(cl.DivergenceError, match="ranks [01] and [01] submitted different task streams") as ei:
         run_cluster(program, nodes=2, timeout=30, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="2")
+    msg = str(ei.value)     # (found from the pending tasks the stalled ranks show each other)
+    assert "rank 0 submitted T3 (device_compute 'step', range [16])" in msg and "rank 1 submitted T3 (a fence)" in msg
 
 
 @needs_mpi

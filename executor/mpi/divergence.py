@@ -6,6 +6,16 @@ its left neighbour sent.  Any difference between any two ranks shows up between
 some pair of neighbours, so one message per rank and epoch suffices.  Shutdown
 and barrier epochs wait (with a timeout) until the neighbour's matching epoch
 arrived.
+
+Fences are not epochs: ranks that submitted different tasks and then fence wait
+for each other's data forever, no epoch ever being announced.  So a rank whose
+executor has been stalled for a while (work outstanding, nothing completing) also
+shows its right neighbour the tasks it submitted since its last epoch (its
+"pending" tasks), and the neighbour compares them with its own pending tasks
+over the task ids both lists cover.  Streams grow by appending only, so two
+snapshots taken at any times must agree wherever both reach: a rank that is
+merely slower holds a prefix of the other's stream, which is no error, and no
+timeout is involved (a rank may be slow for as long as it likes).
 """
 from __future__ import annotations
 
@@ -23,6 +33,8 @@ from ..communicator import DEFAULT_DIVERGENCE_TIMEOUT  # noqa: F401 - (re-export
 from .wire import EPOCH_TAG
 
 log = logging.getLogger("celeritas.mpi")
+
+_PENDING = "pending"     # the first item of a pending-task message (an epoch message starts with its number)
 
 
 @dataclass(slots=True)
@@ -51,6 +63,8 @@ def _describe(e: tuple | None) -> str:
         return f"T{tid} and the tasks after it (compared by hash only: the digest lists the first tasks after an epoch)"
     if kind == "epoch":
         return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
+    if kind == "fence" and not rng:
+        return f"T{tid} (a fence)" if name in ("", "fence") else f"T{tid} (fence {name!r})"
     if kind == BUFFER_CREATED:
         return f"buffer {name} of shape {tuple(rng)} (made before T{tid})"
     return f"T{tid} ({kind} {name!r}, range {list(rng)})"
@@ -103,7 +117,8 @@ class EpochCheck:
     """
 
     WAIT_ACTIONS = ("shutdown", "barrier")
-    PENDING_RECHECK = 1.0       # s between comparisons of the growing pending tasks
+    PENDING_RECHECK = 1.0       # s between comparisons of the growing pending tasks, and between sends
+    STALL_REPORT = 1.0          # s stalled before a rank sends its pending tasks (at most timeout / 4)
 
     def __init__(self, comm: Any, rank: int, size: int, timeout: float | None, *,
                  timeout_hint: str | None = None):
@@ -127,6 +142,16 @@ class EpochCheck:
         self._wait_started: dict[int, float] = {}
         self._next_pending_check = 0.0
         self.pending_tasks: Callable[[], list] | None = None
+        # the pending-task exchange (see the module docstring): what this rank last sent its
+        # right neighbour (the stretch's first entry, how many entries), and what the left
+        # neighbour sent (extended by later sends of the same stretch)
+        self._stall_report = self.STALL_REPORT if timeout is None else min(self.STALL_REPORT, timeout / 4)
+        self._next_pending_send = 0.0
+        self._sent_first: tuple | None = None
+        self._sent_count = 0
+        self._left_pending: list[tuple] | None = None
+        self._left_compared: tuple | None = None   # (my first entry, my count, their count) last compared
+        self._mine_cache: list[tuple] = []        # my pending tasks, normalized (see _my_pending)
 
     @property
     def enabled(self) -> bool:
@@ -147,7 +172,10 @@ class EpochCheck:
         self._sends.append(self._comm.isend(payload, dest=self._right, tag=EPOCH_TAG))
         self._compare()
 
-    def poll(self) -> None:
+    def poll(self, stalled: float = 0.0) -> None:
+        """Take in the neighbour's messages and compare.  ``stalled``: for how long (s) the
+        executor has had work outstanding and made no progress; past ``STALL_REPORT``
+        this rank shows its right neighbour its pending tasks."""
         if not self.enabled or self._failed:
             return
         while self._sends and self._sends[0].Test():
@@ -163,13 +191,27 @@ class EpochCheck:
             if not flag:
                 break
             self._recv = None
+            if payload[0] == _PENDING:
+                self._take_left_pending(payload[1], payload[2])
+                got = True
+                continue
             seq, task, action, h, digest = payload
             self._theirs[seq] = _EpochInfo(seq, task, action, h, [_norm_entry(e) for e in digest])
             got = True
         if got:
             self._compare()
-        if self.pending_tasks is not None and (got or time.monotonic() >= self._next_pending_check):
+        if self.pending_tasks is None:
+            return
+        now = time.monotonic()
+        if stalled >= self._stall_report and now >= self._next_pending_send:
+            # (sent before comparing: where this rank finds a difference, its right neighbour
+            # gets the same chance to, as with epochs, whichever rank's error ends the job)
+            self._next_pending_send = now + self.PENDING_RECHECK
+            self._send_pending()
+        if got or now >= self._next_pending_check:
+            self._next_pending_check = now + self.PENDING_RECHECK
             self._compare_pending()
+            self._compare_left_pending()
 
     def verified(self, instr: EpochInstruction) -> bool:
         """True once this epoch may complete: always for plain epochs (checked in the
@@ -232,7 +274,6 @@ class EpochCheck:
     def _compare_pending(self) -> None:
         """The neighbour announced the next epoch and this rank has not: compare what this
         rank submitted since its last epoch with the neighbour's stretch up to there."""
-        self._next_pending_check = time.monotonic() + self.PENDING_RECHECK
         seq = self._verified + 1
         theirs = self._theirs.get(seq)
         if self._failed or theirs is None or seq in self._mine or self._seq != seq:
@@ -255,6 +296,93 @@ class EpochCheck:
                 f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
                 f"({self._since()}, epoch #{seq}): rank {self._left} submitted {_describe(eb)}; rank {self.rank} "
                 f"submitted {_describe(ea)}")
+
+    # ---- the pending-task exchange (stalled ranks; see the module docstring)
+    def _my_pending(self) -> list[tuple] | None:
+        """This rank's pending tasks, normalized, without the DIGEST_MORE marker (a digest
+        keeps its first DIGEST_LIMIT entries, so it is complete up to its last real entry,
+        marker or not; past that nothing is known, and nothing is compared).  Only the
+        entries new since the last call are normalized: the list only grows until the next
+        epoch starts another."""
+        try:
+            raw = self.pending_tasks()
+        except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
+            log.debug("reading the pending tasks failed", exc_info=True)
+            return None
+        raw = [e for e in raw if e[1] != DIGEST_MORE]
+        cached = self._mine_cache
+        if cached and raw and len(raw) >= len(cached) and _norm_entry(raw[0]) == cached[0]:
+            cached.extend(map(_norm_entry, raw[len(cached):]))
+        else:
+            cached = self._mine_cache = [_norm_entry(e) for e in raw]
+        return list(cached)
+
+    def _send_pending(self) -> None:
+        """Send the right neighbour this rank's pending tasks: whole when the stretch is new
+        to it, else only the entries appended since the last send (nothing if none)."""
+        mine = self._my_pending()
+        if not mine:
+            return
+        if mine[0] == self._sent_first:
+            if len(mine) <= self._sent_count:
+                return
+            index = self._sent_count
+        else:
+            index = 0
+        log.debug("rank %d stalled: sending rank %d its pending tasks T%d.. (%d entries from %d)", self.rank,
+                  self._right, mine[0][0], len(mine) - index, index)
+        self._sends.append(self._comm.isend((_PENDING, index, mine[index:]), dest=self._right, tag=EPOCH_TAG))
+        self._sent_first, self._sent_count = mine[0], len(mine)
+
+    def _take_left_pending(self, index: int, entries: list) -> None:
+        entries = [_norm_entry(e) for e in entries]
+        if index == 0:
+            self._left_pending = entries
+        elif self._left_pending is not None and len(self._left_pending) == index:
+            self._left_pending.extend(entries)
+        else:          # (cannot happen: one channel, in order; ignore rather than compare wrongly)
+            log.debug("rank %d: pending tasks of rank %d from entry %d do not extend the %s held", self.rank,
+                      self._left, index, len(self._left_pending) if self._left_pending is not None else "none")
+            self._left_pending = None
+        self._left_compared = None
+
+    def _compare_left_pending(self) -> None:
+        """Compare the left neighbour's pending tasks with this rank's over the ids both
+        cover: from the later first id to the earlier last entry (a buffer entry sorts
+        before the task it was made before).  Each list is complete over its own range, so
+        a missing or different entry inside both ranges is a divergence; a list that ends
+        earlier (a slower rank) or starts later (a rank past another epoch) is not."""
+        theirs = self._left_pending
+        if self._failed or not theirs:
+            return
+        mine = self._my_pending()
+        if not mine:
+            return
+        key = (mine[0], len(mine), len(theirs))
+        if key == self._left_compared:
+            return
+        self._left_compared = key
+        lo = (max(mine[0][0], theirs[0][0]), 0, 0)
+        hi = min(_order(mine[-1]), _order(theirs[-1]))
+        if lo > hi:
+            return
+        a = [e for e in mine if lo <= _order(e) <= hi]
+        b = [e for e in theirs if lo <= _order(e) <= hi]
+        diff = _first_difference(a, b)
+        if diff is None:
+            return
+        ea, eb = diff
+        at = _order(ea if ea is not None else eb)
+        if ea is None:      # (name what this rank has there instead: its next entry)
+            ea = next((e for e in mine if _order(e) > at), None)
+        if eb is None:
+            eb = next((e for e in theirs if _order(e) > at), None)
+        self._failed = True
+        raise DivergenceError(
+            f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
+            f"(among T{lo[0]}..T{hi[0]}, which both submitted since their last epoch, compared while a rank "
+            f"waited at a fence or for data): rank {self._left} submitted "
+            f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
 
     def _since(self) -> str:
         return (f"after epoch T{self._last_verified_task}" if self._last_verified_task is not None

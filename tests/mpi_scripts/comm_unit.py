@@ -198,6 +198,31 @@ if rank == 0:
     expect(time.monotonic() - t0 < 5, "timeout took too long")
 world.Barrier()
 
+# pending tasks of stalled ranks (fences; no epoch announced): rank 1 submitted 'other' at T3000
+# of a 4000-task stretch (messages past the eager size); a rank compares with its left
+# neighbour's list, so ranks 1 and 2 find it, rank 0 (left: rank 2, the same stream) does not
+chk = EpochCheck(world.Dup(), rank, size, timeout=2.0)
+chk.PENDING_RECHECK = 0.0
+stream = [(i, "device_compute", "other" if rank == 1 and i == 3000 else "k", [64]) for i in range(1, 4001)]
+chk.pending_tasks = lambda: stream
+err = None
+t0 = time.monotonic()
+while time.monotonic() - t0 < 3.0:
+    try:
+        chk.poll(stalled=10.0)
+    except DivergenceError as exc:
+        err = str(exc)
+        break
+    time.sleep(1e-3)
+if rank in (1, 2):
+    one, other = "T3000 (device_compute 'other', range [64])", "T3000 (device_compute 'k', range [64])"
+    expect(err is not None and f"rank {rank - 1} submitted {one if rank == 2 else other}; "
+           f"rank {rank} submitted {other if rank == 2 else one}" in err, f"pending divergence: {err}")
+else:
+    expect(err is None, f"rank 0 reported {err}")
+world.Barrier()
+chk.close()
+
 for p in problems:
     print(f"rank {rank}: FAIL {p}", flush=True)
 if not problems:

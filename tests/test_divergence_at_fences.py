@@ -1,0 +1,426 @@
+"""Ranks that submit different task streams and then wait at a fence (not an epoch).
+
+No epoch is announced there, so the epoch comparison never runs; the ranks wait for
+each other's data forever.  A rank stalled for a while shows its right neighbour the
+tasks it submitted since its last epoch, and the neighbour compares them with its own
+over the task ids both lists cover (executor/mpi/divergence.py).  These tests pin: the
+comparison itself (``EpochCheck`` over an in-memory wire: prefixes, stretches after
+different epochs, the digest limit, the entries resent), the error on 2 and 4 simulated
+ranks and under a real ``mpiexec -n 2``, and that a rank that is merely late (longer
+than the divergence timeout) is no divergence.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import celeritas as cl
+from celeritas.testing import run_cluster
+from executor.mpi.divergence import EpochCheck
+from scheduler.task_graph import BUFFER_CREATED, DIGEST_MORE
+
+pytestmark = pytest.mark.timeout(180)
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+
+needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
+
+# the parenthesis of a difference found from the pending tasks, or at the next epoch (a
+# rank whose left neighbour is found out first may reach that epoch)
+FOUND = (r"\((among T\d+\.\.T\d+, which both submitted since their last epoch, compared while a rank waited "
+         r"at a fence or for data|after epoch T0, epoch #1)\)")
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch):
+    for var in [k for k in os.environ if k.startswith("CELERITAS_")]:
+        monkeypatch.delenv(var)
+
+
+# ---------------------------------------------------------------- EpochCheck over a wire
+
+
+class _Wire:
+    """The ``isend``/``improbe`` calls EpochCheck makes, in memory, one queue per
+    (sender, receiver); every message is kept in ``sent`` for inspection."""
+
+    def __init__(self):
+        self.queues: dict = defaultdict(deque)
+        self.sent: list = []
+
+    def endpoint(self, rank: int) -> "_End":
+        return _End(self, rank)
+
+
+class _Msg:
+    def __init__(self, payload=None):
+        self.payload = payload
+
+    def Test(self):  # noqa: N802 - mpi4py spelling
+        return True
+
+    def irecv(self):
+        return self
+
+    def test(self):
+        return True, self.payload
+
+
+class _End:
+    def __init__(self, wire: _Wire, rank: int):
+        self.wire, self.rank = wire, rank
+
+    def isend(self, payload, dest, tag=0):
+        self.wire.queues[(self.rank, dest)].append(payload)
+        self.wire.sent.append((self.rank, dest, payload))
+        return _Msg()
+
+    def improbe(self, source, tag=0):
+        q = self.wire.queues[(source, self.rank)]
+        return _Msg(q.popleft()) if q else None
+
+
+def _checks(pending: list[list], timeout: float = 2.0) -> tuple[_Wire, list[EpochCheck]]:
+    """One EpochCheck per rank of a ring, ``pending[r]`` (a list the test may grow) as
+    rank r's pending tasks, comparing and sending at every poll."""
+    wire = _Wire()
+    n = len(pending)
+    checks = []
+    for r in range(n):
+        chk = EpochCheck(wire.endpoint(r), r, n, timeout)
+        chk.PENDING_RECHECK = 0.0
+        chk.pending_tasks = (lambda lst: (lambda: list(lst)))(pending[r])
+        checks.append(chk)
+    return wire, checks
+
+
+def _k(tid: int, name: str = "step", rng=(16,)) -> tuple:
+    return (tid, "device_compute", name, list(rng))
+
+
+FENCE = "fence"
+
+
+def _fence(tid: int) -> tuple:
+    return (tid, FENCE, "fence", [])
+
+
+def test_a_stalled_rank_sends_its_pending_tasks_once_past_the_stall_time_and_then_only_what_is_new():
+    mine = [_k(1), _k(2)]
+    wire, (c0, c1) = _checks([mine, []], timeout=2.0)
+    c0.poll(stalled=0.4)                # (below timeout / 4)
+    assert wire.sent == []
+    c0.poll(stalled=0.5)
+    assert wire.sent == [(0, 1, ("pending", 0, [(1, "device_compute", "step", (16,)),
+                                                (2, "device_compute", "step", (16,))]))]
+    c0.poll(stalled=3.0)                # unchanged: nothing more
+    assert len(wire.sent) == 1
+    mine.append(_fence(3))
+    c0.poll(stalled=4.0)
+    assert wire.sent[1] == (0, 1, ("pending", 2, [(3, FENCE, "fence", ())]))
+    c1.poll()
+    assert c1._left_pending == [(1, "device_compute", "step", (16,)), (2, "device_compute", "step", (16,)),
+                                (3, FENCE, "fence", ())]
+
+
+def test_a_shorter_stream_is_no_divergence_however_it_grows():
+    """The slower rank holds a prefix of the other's stream: no error, neither while it
+    catches up nor after it went past the other's list."""
+    fast, slow = [_k(1), _k(2), _k(3), _fence(4)], []
+    wire, (c0, c1) = _checks([fast, slow])
+    c0.poll(stalled=10.0)
+    for entry in [_k(1), _k(2), _k(3), _fence(4), _k(5), _k(6)]:
+        slow.append(entry)
+        c1.poll(stalled=10.0)
+        c0.poll(stalled=10.0)
+    assert not c0._failed and not c1._failed
+
+
+@pytest.mark.parametrize("left_is", ["longer", "shorter"])
+def test_a_different_task_inside_both_lists_is_a_divergence_naming_both_tasks(left_is):
+    three = [_k(1), _k(2), _k(3), _fence(4)]
+    two = [_k(1), _k(2), _fence(3)]
+    wire, (c0, c1) = _checks([three, two] if left_is == "longer" else [two, three])
+    c0.poll(stalled=10.0)
+    with pytest.raises(cl.DivergenceError) as ei:
+        c1.poll()
+    l3, r3 = (("T3 (device_compute 'step', range [16])", "T3 (a fence)") if left_is == "longer"
+              else ("T3 (a fence)", "T3 (device_compute 'step', range [16])"))
+    assert str(ei.value) == (
+        "ranks 0 and 1 submitted different task streams; the first differing task (among T1..T3, which both "
+        "submitted since their last epoch, compared while a rank waited at a fence or for data): "
+        f"rank 0 submitted {l3}; rank 1 submitted {r3}")
+    c1.poll(stalled=10.0)       # (quiet after the error)
+    assert [m for m in wire.sent if m[0] == 1] == []
+
+
+def test_only_the_ids_both_lists_cover_are_compared():
+    """The left rank is past an epoch at T4: its list starts at T5.  A difference at T2
+    (the epoch comparison's business) is not compared; one at T6 is."""
+    left = [_k(5), _k(6, "a"), _k(7)]
+    right = [_k(1), _k(2, "other"), _k(3), (4, "device_compute", "not an epoch here", [16]), _k(5)]
+    wire, (c0, c1) = _checks([left, right])
+    c0.poll(stalled=10.0)
+    c1.poll()
+    assert not c1._failed
+    right.append(_k(6, "b"))
+    with pytest.raises(cl.DivergenceError, match=re.escape(
+            "(among T5..T6, which both submitted since their last epoch, compared while a rank waited at a fence "
+            "or for data): rank 0 submitted T6 (device_compute 'a', range [16]); rank 1 submitted T6 "
+            "(device_compute 'b', range [16])")):
+        c1.poll()
+
+
+def test_tasks_past_the_digest_limit_are_not_compared():
+    """A digest keeps the first DIGEST_LIMIT entries: past its last real entry (the
+    DIGEST_MORE marker) nothing is known, so a different T3 there is no error."""
+    left = [_k(1), _k(2), (3, DIGEST_MORE, "", [])]
+    right = [_k(1), _k(2), _k(3, "other"), _fence(4)]
+    wire, (c0, c1) = _checks([left, right])
+    c0.poll(stalled=10.0)
+    assert wire.sent[0][2] == ("pending", 0, [(1, "device_compute", "step", (16,)),
+                                              (2, "device_compute", "step", (16,))])
+    c1.poll()
+    c1.poll(stalled=10.0)
+    c0.poll()
+    assert not c0._failed and not c1._failed
+
+
+def test_a_buffer_made_on_one_rank_only_names_the_task_the_other_submitted_there():
+    left = [(1, BUFFER_CREATED, "B1 float64", [4]), _k(1), _fence(2)]
+    right = [_k(1), _fence(2)]
+    wire, (c0, c1) = _checks([left, right])
+    c0.poll(stalled=10.0)
+    with pytest.raises(cl.DivergenceError, match=re.escape(
+            "rank 0 submitted buffer B1 float64 of shape (4,) (made before T1); rank 1 submitted T1 "
+            "(device_compute 'step', range [16])")):
+        c1.poll()
+
+
+def test_in_a_ring_of_four_the_ranks_beside_the_odd_one_find_it():
+    same = [_k(1), _k(2), _fence(3)]
+    odd = [_k(1), _k(2, "other"), _fence(3)]
+    wire, checks = _checks([list(same), list(same), list(same), odd])
+    found = {}
+    for _ in range(2):      # (every rank stalled: each sends, then compares what came)
+        for r in range(4):
+            try:
+                checks[r].poll(stalled=10.0)
+            except cl.DivergenceError as exc:
+                found[r] = str(exc)
+    assert sorted(found) == [0, 3]      # rank 3 against its left (2), rank 0 against its left (3)
+    assert "ranks 2 and 3 submitted different task streams" in found[3]
+    assert "rank 2 submitted T2 (device_compute 'step', range [16]); rank 3 submitted T2 " \
+           "(device_compute 'other', range [16])" in found[3]
+    assert "rank 3 submitted T2 (device_compute 'other', range [16]); rank 0 submitted T2 " \
+           "(device_compute 'step', range [16])" in found[0]
+
+
+# ---------------------------------------------------------------- simulated clusters
+
+
+def _touch(b, name="step", n=16):
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for((n,), lambda c: w.__setitem__(c, w[c] + 1), name=name)
+    return cgf
+
+
+def _sleeping_touch(b, name, seconds):
+    """_touch whose chunk (on this rank) first sleeps ``seconds``."""
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+        def kernel(c):
+            time.sleep(seconds)
+            w[c] = w[c] + 1
+        cgh.parallel_for((16,), kernel, name=name)
+    return cgf
+
+
+def _run_recording_stage(program, nodes: int, **env) -> tuple[BaseException, dict]:
+    """run_cluster's error, and where each rank's program stood when it raised."""
+    stages: dict = {}
+
+    def wrapped(rank):
+        stages[rank] = "start"
+        try:
+            return program(rank, stages)
+        except BaseException:
+            stages[rank] += " (raised)"
+            raise
+
+    with pytest.raises(cl.CeleritasError) as ei:
+        run_cluster(wrapped, nodes=nodes, timeout=60, CELERITAS_DEVICES="host:1", **env)
+    return ei.value, stages
+
+
+@pytest.mark.parametrize("odd", [(3,), (2, 3)], ids=["rank3", "ranks2and3"])
+def test_four_ranks_where_the_last_ones_submit_an_extra_kernel_before_a_fence(odd):
+    """Input (4 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=2): the ranks in ``odd``
+    submit three kernels on b, the others two; all fence b.  Expected: a DivergenceError
+    from a rank whose left neighbour differs, naming both ranks' T3, raised by the fence."""
+    def program(rank, stages):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        for _ in range(3 if rank in odd else 2):
+            q.submit(_touch(b))
+        stages[rank] = "fence"
+        return q.fence(b).result(timeout=30)
+
+    err, stages = _run_recording_stage(program, 4, CELERITAS_DIVERGENCE_TIMEOUT="2")
+    assert type(err) is cl.DivergenceError, err
+    msg = str(err)
+    m = re.match(r"ranks (\d) and (\d) submitted different task streams; the first differing task " + FOUND, msg)
+    assert m, msg
+    left, me = int(m.group(1)), int(m.group(2))
+    assert me == (left + 1) % 4 and (left in odd) != (me in odd), msg
+    extra, fence = "T3 (device_compute 'step', range [16])", "T3 (a fence)"
+    assert (f"rank {left} submitted {extra if left in odd else fence}; "
+            f"rank {me} submitted {extra if me in odd else fence}") in msg, msg
+    assert stages[me] == "fence (raised)", stages
+
+
+def test_a_kernel_renamed_on_one_rank_before_a_fence_is_found_while_the_fence_waits():
+    """Input (2 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=2): both submit two kernels
+    on b, rank 1's second named 'other', whose chunk sleeps 4 s on rank 1; both fence b.
+    (The same number of tasks: the transfers match, and only the slow kernel keeps the
+    fence waiting.)  Expected: the fence raises DivergenceError naming 'step' on rank 0
+    and 'other' on rank 1 at T2, before the kernel ends."""
+    def program(rank, stages):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        q.submit(_touch(b))
+        q.submit(_sleeping_touch(b, "other" if rank == 1 else "step", 4.0 if rank == 1 else 0.0))
+        stages[rank] = "fence"
+        return q.fence(b).result(timeout=30)
+
+    err, stages = _run_recording_stage(program, 2, CELERITAS_DIVERGENCE_TIMEOUT="2")
+    assert type(err) is cl.DivergenceError, err
+    msg = str(err)
+    assert re.search(r"submitted different task streams; the first differing task \(among T1\.\.T\d+, which both "
+                     r"submitted since their last epoch", msg), msg
+    assert "rank 0 submitted T2 (device_compute 'step', range [16])" in msg, msg
+    assert "rank 1 submitted T2 (device_compute 'other', range [16])" in msg, msg
+    assert "fence (raised)" in stages.values(), stages
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+@pytest.mark.parametrize("late", ["before_submitting", "between_kernels", "in_a_host_task"])
+def test_a_rank_late_longer_than_the_divergence_timeout_is_no_divergence(nodes, late):
+    """Input (2 or 4 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=1): the same three
+    kernels and a fence of b on every rank, but the last rank sleeps 3 s before its first
+    submit / between its first and second kernel / in its chunk of a host task on b
+    between them, while the others wait at their fence (stalled, showing their pending tasks).
+    Expected: every rank's fence gives arange(16) + 3, and a barrier after it passes."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        lazy = rank == nodes - 1
+        if late == "before_submitting" and lazy:
+            time.sleep(3.0)
+        q.submit(_touch(b))
+        if late == "between_kernels" and lazy:
+            time.sleep(3.0)
+        if late == "in_a_host_task":
+            def nap(cgh):
+                b.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.host_task(lambda chunk: time.sleep(3.0) if lazy else None, range=(16,), name="nap")
+            q.submit(nap)
+        q.submit(_touch(b))
+        q.submit(_touch(b))
+        got = q.fence(b).result(timeout=60)
+        q.wait(barrier=True)
+        return got.tolist()
+
+    results = run_cluster(program, nodes=nodes, timeout=90, CELERITAS_DEVICES="host:1",
+                          CELERITAS_DIVERGENCE_TIMEOUT="1")
+    assert results == [(np.arange(16.0) + 3).tolist()] * nodes
+
+
+# ---------------------------------------------------------------- a real mpiexec -n 2
+
+
+def _env(extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra)
+    return env
+
+
+def _job(argv: list, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
+    """Run ``argv`` in its own session; None if it outlived ``timeout`` (then mpiexec and
+    its ranks are killed)."""
+    proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _explain(r: subprocess.CompletedProcess | None) -> str:
+    if r is None:
+        return "the job did not finish (killed at its timeout)"
+    return f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
+
+
+SCRIPT = """\
+import numpy as np
+import celeritas as cl
+
+q = cl.Queue()
+b = cl.Buffer(np.arange(16.0), name="b")
+for _ in range({counts}[q.rank]):
+    def cgf(cgh):
+        w = b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for((16,), lambda c: w.__setitem__(c, w[c] + 1), name="step")
+    q.submit(cgf)
+total = q.fence(b).result().sum()
+print(f"rank {{q.rank}} fence {{total}}", flush=True)   # (one write: the ranks share stdout)
+"""
+
+
+@needs_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("counts, ends", [((3, 2), "divergence"), ((3, 3), "normally")])
+def test_ranks_submitting_different_task_counts_before_a_fence_under_mpiexec(tmp_path, counts, ends):
+    """Input: mpiexec -n 2 (CELERITAS_DIVERGENCE_TIMEOUT=2), rank 0 submits three kernels on
+    b, rank 1 two, then both print their fence of b.  Expected: the job ends non-zero with
+    the DivergenceError naming T3 on both ranks instead of hanging; with three kernels on
+    both it prints both sums (120 + 3*16)."""
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT.format(counts=counts))
+    r = _job([MPIEXEC, "-n", "2", sys.executable, script],
+             _env({"CELERITAS_DEVICES": "host:1", "CELERITAS_DIVERGENCE_TIMEOUT": "2"}), timeout=90)
+    assert r is not None, _explain(r)
+    if ends == "normally":
+        assert r.returncode == 0, _explain(r)
+        assert "rank 0 fence 168.0" in r.stdout and "rank 1 fence 168.0" in r.stdout, _explain(r)
+        return
+    assert r.returncode != 0, _explain(r)
+    assert "fence" not in r.stdout, _explain(r)
+    assert "DivergenceError: ranks" in r.stderr and "submitted different task streams" in r.stderr, _explain(r)
+    assert re.search(r"rank 0 submitted T3 \(device_compute 'step', range \[16\]\); rank 1 submitted T3 \(a fence\)"
+                     r"|rank 1 submitted T3 \(a fence\); rank 0 submitted T3 \(device_compute 'step', range \[16\]\)",
+                     r.stderr), _explain(r)
