@@ -43,7 +43,7 @@ from .collective import collective_comm
 from .cuda_aware import mpi_cuda_support
 from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
 from .launch import import_mpi, library_version, thread_level_name
-from .progress import MpiRequest, PilotRing, SendList, handle_of, quick_test, set_mpi_byte
+from .progress import MpiRequest, PilotRing, SendList, handle_of, quick_probe, quick_test, set_mpi_byte
 from .wire import (PAYLOAD_TAG_BASE, PILOT_TAG, PILOT_WORDS, STRIDED_POLICIES, DatatypeCache, Spec,
                    buffer_spec, encode_pilot)
 
@@ -102,8 +102,10 @@ class MpiCommunicator(Communicator):
         self._setup(MPI, base.Dup(), None, None, DatatypeCache(MPI), policy)
         if cuda_aware is not None:
             self._cuda_aware = bool(cuda_aware)
-        self.epoch_check = EpochCheck(self._comm.Dup(), self._rank, self._size, divergence_timeout,
-                                      timeout_hint=divergence_timeout_hint) if self._size > 1 else None
+        if self._size > 1:
+            channel = self._comm.Dup()
+            self.epoch_check = EpochCheck(channel, self._rank, self._size, divergence_timeout,
+                                          timeout_hint=divergence_timeout_hint, quick_probe=quick_probe(MPI, channel))
         self.poll_spin = self.POLL_SPIN if poll_spin is None else float(poll_spin)
         self.poll_min = self.POLL_MIN
         self.poll_max = self.POLL_MAX if poll_max is None else float(poll_max)

@@ -121,8 +121,11 @@ class EpochCheck:
     STALL_REPORT = 1.0          # s stalled before a rank sends its pending tasks (at most timeout / 4)
 
     def __init__(self, comm: Any, rank: int, size: int, timeout: float | None, *,
-                 timeout_hint: str | None = None):
+                 timeout_hint: str | None = None, quick_probe: Callable[[int, int], bool] | None = None):
         self._comm = comm
+        # whether a message waits, without giving the GIL away (``progress.QuickProbe``): the
+        # executor looks once a millisecond, and a message comes once an epoch
+        self._quick_probe = quick_probe
         self._timeout_hint = timeout_hint    # where users set the timeout, named in the timeout error
         self.rank = rank
         self.size = size
@@ -181,8 +184,11 @@ class EpochCheck:
         while self._sends and self._sends[0].Test():
             self._sends.popleft()
         got = False
+        quick = self._quick_probe
         while True:
             if self._recv is None:
+                if quick is not None and not quick(self._left, EPOCH_TAG):
+                    break
                 msg = self._comm.improbe(source=self._left, tag=EPOCH_TAG)
                 if msg is None:
                     break

@@ -153,7 +153,32 @@ def epoch(task, action, digest, h):
     return EpochInstruction(id=task, task=task, action=action, stream_hash=h, digest=digest)
 
 
-chk = EpochCheck(world.Dup(), rank, size, timeout=5.0)
+# the check looks for its neighbour's messages once a millisecond through MPI_Iprobe called
+# without releasing the GIL (progress.QuickProbe), and through mpi4py only once one waits
+from executor.mpi.progress import quick_probe  # noqa: E402
+if sys.platform.startswith("linux"):
+    expect(comm.epoch_check._quick_probe is not None, "the divergence check probes through mpi4py only")
+    ch = world.Dup()
+    qp = quick_probe(MPI, ch)
+    expect(qp is not None, "MPI_Iprobe not found through ctypes")
+    if qp is not None:
+        expect(not qp((rank - 1) % size, 77), "a probe saw a message nobody sent")
+        ch.Barrier()
+        ch.send(("hello", rank), dest=(rank + 1) % size, tag=77)
+        t0 = time.monotonic()
+        while not qp((rank - 1) % size, 77) and time.monotonic() - t0 < 10:
+            time.sleep(1e-4)
+        expect(not qp((rank - 1) % size, 78) and not qp((rank + 1) % size, 77) or size == 2,
+               "a probe saw a message of another tag or source")
+        got = ch.recv(source=(rank - 1) % size, tag=77)
+        expect(got == ("hello", (rank - 1) % size), f"received {got}")
+        expect(not qp((rank - 1) % size, 77), "the probe still sees a message that was received")
+        ch.Barrier()
+        ch.Free()
+    world.Barrier()
+
+_ch = world.Dup()
+chk = EpochCheck(_ch, rank, size, timeout=5.0, quick_probe=quick_probe(MPI, _ch))
 d = [(1, "device_compute", "k", [8]), (2, "horizon", "horizon", [])]
 chk.announce(epoch(3, "barrier", d, 1234))
 t0 = time.monotonic()
