@@ -43,17 +43,21 @@ def set_mpi_byte(byte: Any) -> None:
     _MPI_BYTE[0] = byte
 
 
-class QuickTest:
-    """``MPI_Request_get_status`` through ``ctypes.PyDLL``: tests a request without freeing it
-    and without releasing the GIL.  ``done(handle)`` is True once the request completed (or
-    the call failed: mpi4py's ``Test`` then reports the error)."""
+class _FlagCall:
+    """An MPI function called through ``ctypes.PyDLL`` (``_gil_keeping``) that answers through
+    an int flag and fills a status nobody reads."""
 
-    def __init__(self, fn: Any, handle_type: Any):
+    def __init__(self, fn: Any):
         self._fn = fn
-        self._handle_type = handle_type
         self._flag = ctypes.c_int(0)
         self._flag_ref = ctypes.byref(self._flag)
         self._status = ctypes.create_string_buffer(256)     # larger than any MPI_Status
+
+
+class QuickTest(_FlagCall):
+    """``MPI_Request_get_status`` through ``ctypes.PyDLL``: tests a request without freeing it
+    and without releasing the GIL.  ``done(handle)`` is True once the request completed (or
+    the call failed: mpi4py's ``Test`` then reports the error)."""
 
     def done(self, handle: int) -> bool:
         if self._fn(handle, self._flag_ref, self._status) != 0:
@@ -75,13 +79,13 @@ def quick_test(mpi: Any) -> QuickTest | None:
         fn = _gil_keeping(handle_type and "MPI_Request_get_status",
                           [handle_type, ctypes.POINTER(ctypes.c_int), ctypes.c_void_p])
         if fn is not None:
-            _QUICK[0] = QuickTest(fn, handle_type)
+            _QUICK[0] = QuickTest(fn)
     except Exception:  # noqa: BLE001 - an optimization only
         log.debug("MPI requests are tested through mpi4py only", exc_info=True)
     return _QUICK[0]
 
 
-class QuickProbe:
+class QuickProbe(_FlagCall):
     """``MPI_Iprobe`` on one communicator through ``ctypes.PyDLL``: whether a message from
     ``source`` with ``tag`` waits, without releasing the GIL.  For channels that are looked
     at often and rarely carry anything (the divergence check's, once a millisecond): an
@@ -90,11 +94,8 @@ class QuickProbe:
     on 2 ranks of wave_sim 256² on a loaded machine, a tenth of the executor's time)."""
 
     def __init__(self, fn: Any, comm_handle: Any):
-        self._fn = fn
+        super().__init__(fn)
         self._comm = comm_handle
-        self._flag = ctypes.c_int(0)
-        self._flag_ref = ctypes.byref(self._flag)
-        self._status = ctypes.create_string_buffer(256)     # larger than any MPI_Status
 
     def __call__(self, source: int, tag: int) -> bool:
         if self._fn(source, tag, self._comm, self._flag_ref, self._status) != 0:
