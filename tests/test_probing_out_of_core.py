@@ -195,3 +195,523 @@ def test_stencil_evicting_every_step_for_hundreds_of_steps_is_exact(lookahead):
     assert on[1] == off[1]
     assert on[1]["evictions"] > steps and on[1]["batches"] > steps
     assert free[1]["evictions"] == 0 and free[1]["batches"] == 0
+
+
+# ---- limits around one chunk's need ---------------------------------------------------------
+@pytest.mark.parametrize("delta,batched", [(0, False), (F8, False), (-1, True), (-F8, True)])
+def test_limit_at_exactly_one_allocation_and_one_byte_under(delta, batched):
+    """A (16, 8) float64 buffer (1 KiB) incremented in place on one device bounded at exactly
+    its size (one allocation, no batch), one element over, one byte under and one element
+    under (batches): always arange + 1, never over the capacity."""
+    shape = (16, 8)
+    need = 16 * 8 * F8
+    got, instructions = _run1(_increment_program(shape), CELERITAS_HOST_DEVICE_MEMORY=str(need + delta))
+    np.testing.assert_array_equal(got, np.arange(128, dtype=np.float64).reshape(shape) + 1)
+    kernels = [i for i in instructions if i["kind"] == "device_kernel"]
+    assert all(bool(k.get("batch")) == batched for k in kernels)
+    assert (len(kernels) > 1) == batched
+    check_records(instructions, need + delta)
+
+
+@pytest.mark.parametrize("cap", [1, 7, 63])
+def test_limit_under_one_row_is_an_out_of_memory_error_naming_task_and_buffer(cap):
+    """A (16, 8) float64 buffer has 64-byte rows; under 64 bytes no batch fits: a
+    cl.OutOfMemoryError (also a MemoryError) naming the kernel, the buffer and the
+    capacity, raised to the program, not a hang."""
+    with pytest.raises(cl.OutOfMemoryError) as ei:
+        _run1(_increment_program((16, 8), name="tiny_inc"), CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    msg = str(ei.value)
+    assert isinstance(ei.value, MemoryError)
+    assert '"tiny_inc"' in msg and '"b"' in msg and f"{cap} bytes" in msg
+
+
+def test_a_buffer_with_one_row_cannot_batch_and_says_so():
+    """Batches cut dimension 0 only: a (1, 256) float64 buffer on a 1 KiB device cannot be
+    cut; cl.OutOfMemoryError names the kernel, the 2 KiB its row needs and the capacity."""
+    with pytest.raises(cl.OutOfMemoryError) as ei:
+        _run1(_increment_program((1, 256), name="wide"), CELERITAS_HOST_DEVICE_MEMORY="1024")
+    msg = str(ei.value)
+    assert '"wide"' in msg and "2048 bytes" in msg and "1024 bytes" in msg
+
+
+def test_a_0d_buffer_on_a_device_of_exactly_its_size():
+    """A 0-d float64 buffer (8 bytes) on a device of 8 bytes: incremented 5 times."""
+    def program(rank):
+        q = cl.Queue(record=True)
+        b = cl.Buffer(np.array(2.5), name="scalar")
+        for _ in range(5):
+            def cgf(cgh):
+                w = b.access(cgh, cl.all(), cl.read_write)
+                cgh.parallel_for((1,), lambda chunk: w.__setitem__((), w[()] + 1), name="bump")
+            q.submit(cgf)
+        got = q.fence(b).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+    got, instructions = _run1(program, CELERITAS_HOST_DEVICE_MEMORY="8")
+    assert got.shape == () and float(got) == 7.5
+    check_records(instructions, 8)
+
+
+# ---- many buffers, evicted data read by host tasks and fences ------------------------------
+def test_many_buffers_competing_for_a_small_device():
+    """Ten 512-byte buffers on a device of 1 KiB: each step reads two of them (all of
+    one, one_to_one of the other) and writes a third; the device holds at most two, so
+    almost every task evicts.  Every buffer equals numpy after 40 steps."""
+    k, n = 10, 64
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        bufs = [cl.Buffer(np.full(n, float(i)), name=f"b{i}") for i in range(k)]
+        for s in range(40):
+            x, y, z = bufs[s % k], bufs[(3 * s + 1) % k], bufs[(7 * s + 2) % k]
+            if len({id(x), id(y), id(z)}) < 3:
+                continue
+
+            def cgf(cgh, x=x, y=y, z=z):
+                rx = x.access(cgh, cl.all(), cl.read)
+                ry = y.access(cgh, cl.one_to_one(), cl.read)
+                wz = z.access(cgh, cl.one_to_one(), cl.discard_write)
+
+                @cgh.parallel_for((n,), name="mix")
+                def kernel(chunk):
+                    wz[chunk] = ry[chunk] + np.asarray(rx[0:n]).sum() / n
+            q.submit(cgf)
+        got = [q.fence(b).result() for b in bufs]
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    want = [np.full(n, float(i)) for i in range(k)]
+    for s in range(40):
+        x, y, z = s % k, (3 * s + 1) % k, (7 * s + 2) % k
+        if len({x, y, z}) < 3:
+            continue
+        want[z] = want[y] + want[x].sum() / n
+    cap = 2 * n * F8 + n * F8 // 2
+    got, instructions = _run1(program, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    check_records(instructions, cap)
+    assert any(i.get("evict") for i in instructions if i["kind"] == "copy")
+
+
+def test_host_tasks_and_fences_mid_run_read_evicted_data():
+    """Between stencil steps that evict, a host task reads the whole grid (evicted to host
+    in parts) into a host object and a fence snapshots it: every snapshot equals numpy at
+    that step."""
+    steps = 24
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        a = cl.Buffer(np.arange(N * N, dtype=np.float64).reshape(N, N) % 7, name="a")
+        b = cl.Buffer(shape=(N, N), dtype=np.float64, name="b")
+        seen = cl.HostObject([])
+        fences = []
+        for s in range(steps):
+            src, dst = (a, b) if s % 2 == 0 else (b, a)
+            _stencil_step(q, src, dst)
+            if s % 5 == 2:
+                def host(cgh, dst=dst):
+                    r = dst.access(cgh, cl.all(), cl.read)
+                    log = cl.side_effect(seen, cgh)
+                    cgh.host_task(lambda part: log.append(np.array(r[0:N, 0:N])), on=cl.on_master_node)
+                q.submit(host)
+            if s % 7 == 3:
+                fences.append((s, q.fence(dst)))
+        last = q.fence(a if steps % 2 == 0 else b).result()
+        snaps = q.fence(seen).result()
+        q.wait()
+        return last, [(s, f.result()) for s, f in fences], snaps, q.graphs()["instructions"]
+
+    cap = 2 * N * N * F8 // 3
+    last, fenced, snaps, instructions = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    np.testing.assert_array_equal(last, _stencil_reference(steps))
+    assert [s for s, _ in fenced] == [3, 10, 17]
+    for s, got in fenced:
+        np.testing.assert_array_equal(got, _stencil_reference(s + 1))
+    assert len(snaps) == 5
+    for k, got in zip(range(2, steps, 5), snaps):
+        np.testing.assert_array_equal(got, _stencil_reference(k + 1))
+    check_records(instructions, cap)
+
+
+def test_fence_of_a_subrange_of_an_evicted_buffer():
+    """A fence of rows 5..9, columns 3..30 of a grid that the next buffer's work evicted."""
+    def program(rank):
+        q = cl.Queue()
+        a = cl.Buffer(np.arange(N * N, dtype=np.float64).reshape(N, N) % 7, name="a")
+        b = cl.Buffer(shape=(N, N), dtype=np.float64, name="b")
+        _stencil_step(q, a, b)
+        _stencil_step(q, b, a)
+        return q.fence(b, cl.Subrange((5, 3), (4, 27))).result()
+
+    got = _run1(program, CELERITAS_HOST_DEVICE_MEMORY=str(N * N * F8))
+    np.testing.assert_array_equal(got, _stencil_reference(1)[5:9, 3:30])
+
+
+def test_buffers_destroyed_while_evicted_and_new_ones_reuse_the_room():
+    """Six buffers written in turn on a device that holds two, so that each is evicted
+    (its only up-to-date copy saved to host) by the next; then all are dropped (garbage
+    collected) while evicted, and six new ones take their room.  The survivor's data is
+    intact, the capacity holds, and by the wait every dropped buffer's allocations are
+    freed."""
+    n = 64
+
+    def bump(q, keep, tmp, r):
+        def cgf(cgh):
+            rk = keep.access(cgh, cl.one_to_one(), cl.read_write)
+            rt = tmp.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            @cgh.parallel_for((n,), name="pair")
+            def kernel(chunk):
+                rt[chunk] = rk[chunk] * 2 + r
+                rk[chunk] = rk[chunk] + 1
+        q.submit(cgf)
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        keep = cl.Buffer(np.arange(n, dtype=np.float64), name="keep")
+        tmps = [cl.Buffer(shape=(n,), dtype=np.float64, name=f"old{r}") for r in range(6)]
+        for r, tmp in enumerate(tmps):
+            bump(q, keep, tmp, r)
+        del tmp, tmps
+        gc.collect()
+        news = [cl.Buffer(shape=(n,), dtype=np.float64, name=f"new{r}") for r in range(6)]
+        for r, new in enumerate(news):
+            bump(q, keep, new, 10 + r)
+        got = q.fence(keep).result(), q.fence(news[5]).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    cap = 2 * n * F8
+    (got, last), instructions = _run1(program, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    np.testing.assert_array_equal(got, np.arange(n, dtype=np.float64) + 12)
+    np.testing.assert_array_equal(last, (np.arange(n, dtype=np.float64) + 11) * 2 + 15)
+    check_records(instructions, cap)
+    assert any(i.get("evict") for i in instructions if i["kind"] == "copy")
+    old = {i["allocation"] for i in instructions if i["kind"] == "alloc" and 1 <= i["buffer"] <= 6}
+    freed = {i["allocation"] for i in instructions if i["kind"] == "free"}
+    assert old and old <= freed
+
+
+# ---- reductions on a bounded device ---------------------------------------------------------
+@pytest.mark.parametrize("nodes,devices", [(1, 1), (1, 2), (2, 2)])
+def test_sum_max_and_custom_reductions_on_bounded_devices(nodes, devices):
+    """plus, maximum and a numpy ufunc (bitwise_xor, identity 0) over a 4 KiB int64
+    buffer on 1 KiB devices (batches, each keeping its reduction scratch); a reduction
+    without initialize_to_identity adds to the 42 the target holds."""
+    n = 512
+
+    def program(rank):
+        q = cl.Queue()
+        x = cl.Buffer((np.arange(n, dtype=np.int64) * 37) % 1001, name="x")
+        s = cl.Buffer(np.array([42], dtype=np.int64), name="s")
+        m = cl.Buffer(np.zeros(1, dtype=np.int64), name="m")
+        z = cl.Buffer(np.zeros(1, dtype=np.int64), name="z")
+
+        def cgf(cgh):
+            rx = x.access(cgh, cl.one_to_one(), cl.read)
+            rs = cl.reduction(s, cgh, cl.plus)
+            rm = cl.reduction(m, cgh, cl.maximum, initialize_to_identity=True)
+            rz = cl.reduction(z, cgh, np.bitwise_xor, initialize_to_identity=True)
+
+            @cgh.parallel_for((n,), name="reduce", reductions=(rs, rm, rz))
+            def kernel(chunk, a, b, c):
+                v = np.asarray(rx[chunk])
+                a.combine(v)
+                b.combine(v)
+                c.combine(np.bitwise_xor.reduce(v))
+        q.submit(cgf)
+        return int(q.fence(s).result()[0]), int(q.fence(m).result()[0]), int(q.fence(z).result()[0])
+
+    x = (np.arange(n, dtype=np.int64) * 37) % 1001
+    want = (42 + int(x.sum()), int(x.max()), int(np.bitwise_xor.reduce(x)))
+    got = run_cluster(program, nodes=nodes, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="1024")
+    assert got == [want] * nodes
+
+
+def test_reduction_over_evicting_steps_with_replay_on_and_off():
+    """A stencil step plus a sum of the grid every step, 60 steps, evicting: the sums equal
+    numpy's at every step, with replay on and off."""
+    steps = 60
+
+    def program(rank):
+        q = cl.Queue()
+        a = cl.Buffer(np.arange(N * N, dtype=np.float64).reshape(N, N) % 7, name="a")
+        b = cl.Buffer(shape=(N, N), dtype=np.float64, name="b")
+        sums = []
+        for s in range(steps):
+            src, dst = (a, b) if s % 2 == 0 else (b, a)
+            _stencil_step(q, src, dst)
+            t = cl.Buffer(shape=(1,), dtype=np.float64, name="total")
+
+            def red(cgh, dst=dst, t=t):
+                r = dst.access(cgh, cl.one_to_one(), cl.read)
+                rr = cl.reduction(t, cgh, cl.plus, initialize_to_identity=True)
+                cgh.parallel_for((N, N), lambda chunk, acc: acc.combine(np.asarray(r[chunk]).sum()),
+                                 name="total", reductions=(rr,))
+            q.submit(red)
+            sums.append(q.fence(t))
+        return [float(f.result()[0]) for f in sums]
+
+    want, a = [], _stencil_reference(0)
+    for s in range(steps):
+        a = _stencil_reference(1, N) if s == 0 else None
+    ref = [float(_stencil_reference(s + 1).sum()) for s in range(steps)]
+    cap = 2 * N * N * F8 // 3
+    for replay in ("on", "off"):
+        got = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap), CELERITAS_REPLAY=replay)
+        np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+# ---- shapes and mappers ------------------------------------------------------------------------
+def test_3d_stencil_with_neighborhood_one_to_one_and_all_together():
+    """A 3-D (12, 8, 6) float64 grid updated from its bounding-box neighbourhood, a 1-D
+    weights buffer read whole through all(), and an output written one_to_one, on two
+    devices each bounded at a third of the grids: equals numpy for 6 steps."""
+    shape = (12, 8, 6)
+    size = int(np.prod(shape))
+    w_host = np.array([0.5, 0.25, 0.125, 0.125])
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        a = cl.Buffer(np.arange(size, dtype=np.float64).reshape(shape) % 5, name="a")
+        b = cl.Buffer(shape=shape, dtype=np.float64, name="b")
+        w = cl.Buffer(w_host, name="w")
+        for s in range(6):
+            src, dst = (a, b) if s % 2 == 0 else (b, a)
+
+            def cgf(cgh, src=src, dst=dst):
+                r = src.access(cgh, cl.neighborhood((1, 1, 1)), cl.read)
+                rw = w.access(cgh, cl.all(), cl.read)
+                o = dst.access(cgh, cl.one_to_one(), cl.discard_write)
+
+                @cgh.parallel_for(shape, name="st3")
+                def kernel(chunk):
+                    lo, hi = chunk.box.min, chunk.box.max
+                    glo = [max(l - 1, 0) for l in lo]
+                    ghi = [min(h + 1, n) for h, n in zip(hi, shape)]
+                    blk = np.asarray(r[glo[0]:ghi[0], glo[1]:ghi[1], glo[2]:ghi[2]])
+                    ww = np.asarray(rw[0:4])
+                    center = blk[tuple(slice(l - g, h - g) for l, h, g in zip(lo, hi, glo))]
+                    up = blk[tuple(slice(max(l - 1, 0) - g, h - 1 - g) if d == 0 else slice(l - g, h - g)
+                                   for d, (l, h, g) in enumerate(zip(lo, hi, glo)))] if lo[0] > 0 else None
+                    out = ww[0] * center
+                    if up is not None:
+                        out = out + ww[1] * up
+                    else:
+                        top = center.copy()
+                        top[1:] = center[:-1]
+                        out = out + ww[1] * top
+                    o[chunk] = out + ww[2] * center.sum() / center.size * 0 + ww[3]
+            q.submit(cgf)
+        got = q.fence(a).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    want = np.arange(size, dtype=np.float64).reshape(shape) % 5
+    for _ in range(6):
+        up = np.concatenate([want[:1], want[:-1]], axis=0)
+        want = w_host[0] * want + w_host[1] * up + w_host[3]
+    cap = 2 * size * F8 // 3
+    got, instructions = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    np.testing.assert_array_equal(got, want)
+    check_records(instructions, cap)
+
+
+def _two_strips(chunk, shape):
+    """A non-contiguous region: the chunk's rows, columns 0..2 and shape[1]-2..shape[1]."""
+    lo, hi = chunk.offset[0], chunk.offset[0] + chunk.range[0]
+    return cl.Region([cl.Box((lo, 0), (hi, 2)), cl.Box((lo, shape[1] - 2), (hi, shape[1]))])
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_non_contiguous_region_mapper_on_a_bounded_device(devices):
+    """A custom mapper returning two column strips at both edges of a (64, 64) int64 grid
+    (32 KiB) on 2 KiB devices: the strips of each row are summed into a column vector;
+    equals numpy, and the kernels' accessors lie inside their allocations."""
+    n = 64
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        g = cl.Buffer(np.arange(n * n, dtype=np.int64).reshape(n, n), name="grid")
+        out = cl.Buffer(shape=(n, 1), dtype=np.int64, name="edges")
+
+        def cgf(cgh):
+            r = g.access(cgh, _two_strips, cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            @cgh.parallel_for((n, 1), name="edges")
+            def kernel(chunk):
+                lo, hi = chunk.box.min[0], chunk.box.max[0]
+                left = np.asarray(r[lo:hi, 0:2]).sum(axis=1)
+                right = np.asarray(r[lo:hi, n - 2:n]).sum(axis=1)
+                w[chunk] = (left + right).reshape(-1, 1)
+        q.submit(cgf)
+        got = q.fence(out).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    grid = np.arange(n * n, dtype=np.int64).reshape(n, n)
+    want = (grid[:, :2].sum(axis=1) + grid[:, -2:].sum(axis=1)).reshape(n, 1)
+    got, instructions = _run1(program, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="2048")
+    np.testing.assert_array_equal(got, want)
+    check_records(instructions, 2048)
+    # (the strips are allocated, never the 32 KiB bounding box of both)
+    assert all(i["size_bytes"] <= 2048 for i in instructions if i["kind"] == "alloc" and i["memory"] >= 2)
+
+
+def test_transposed_read_of_a_2d_buffer_larger_than_the_device():
+    """out = transpose(a) through cl.transposed() for a (32, 32) float64 (8 KiB) on 3 KiB
+    devices: each batch of out's rows reads a column strip of a."""
+    def program(rank):
+        q = cl.Queue(record=True)
+        a = cl.Buffer(np.arange(N * N, dtype=np.float64).reshape(N, N), name="a")
+        t = cl.Buffer(shape=(N, N), dtype=np.float64, name="t")
+
+        def cgf(cgh):
+            r = a.access(cgh, cl.transposed(), cl.read)
+            w = t.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            @cgh.parallel_for((N, N), name="transpose")
+            def kernel(chunk):
+                (x0, y0), (x1, y1) = chunk.box.min, chunk.box.max
+                w[chunk] = np.asarray(r[y0:y1, x0:x1]).T
+        q.submit(cgf)
+        got = q.fence(t).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    got, instructions = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY="3072")
+    np.testing.assert_array_equal(got, np.arange(N * N, dtype=np.float64).reshape(N, N).T)
+    check_records(instructions, 3072)
+
+
+# ---- hints, lookahead, overlap ------------------------------------------------------------------
+@pytest.mark.parametrize("hint", ["oversubscribe", "split_2d", "granularity"])
+def test_hints_with_a_limit(hint):
+    """oversubscribe(3), split_2d and constrain_split((4, 1)) on a stencil under a limit that
+    batches: equals numpy after 10 steps, within capacity."""
+    steps = 10
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        a = cl.Buffer(np.arange(N * N, dtype=np.float64).reshape(N, N) % 7, name="a")
+        b = cl.Buffer(shape=(N, N), dtype=np.float64, name="b")
+        for s in range(steps):
+            src, dst = (a, b) if s % 2 == 0 else (b, a)
+
+            def cgf(cgh, src=src, dst=dst):
+                if hint == "oversubscribe":
+                    cl.hint(cgh, cl.oversubscribe(3))
+                elif hint == "split_2d":
+                    cl.hint(cgh, cl.split_2d())
+                else:
+                    cl.constrain_split(cgh, (4, 1))
+                r = src.access(cgh, cl.neighborhood((1, 1), shape="along_axes"), cl.read)
+                w = dst.access(cgh, cl.one_to_one(), cl.discard_write)
+
+                @cgh.parallel_for((N, N), name="stencil")
+                def kernel(chunk):
+                    (x0, y0), (x1, y1) = chunk.box.min, chunk.box.max
+                    xs = np.clip(np.arange(x0 - 1, x1 + 1), 0, N - 1)
+                    ys = np.clip(np.arange(y0 - 1, y1 + 1), 0, N - 1)
+                    ox, oy = max(x0 - 1, 0), max(y0 - 1, 0)
+                    full = np.asarray(r[ox:min(x1 + 1, N), oy:min(y1 + 1, N)])[np.ix_(xs - ox, ys - oy)]
+                    w[chunk] = (full[:-2, 1:-1] + full[2:, 1:-1] + full[1:-1, :-2] + full[1:-1, 2:]
+                                + full[1:-1, 1:-1]) / 5.0
+            q.submit(cgf)
+        got = q.fence(a).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    cap = N * N * F8 // 2
+    got, instructions = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    np.testing.assert_array_equal(got, _stencil_reference(steps))
+    check_records(instructions, cap)
+
+
+@pytest.mark.parametrize("lookahead", ["auto", "none", "infinite"])
+def test_growing_reads_under_a_limit_with_every_lookahead(lookahead):
+    """RSim-shaped: step t writes row t of a (48, 32) float64 buffer from the sum of the
+    four rows before it, so that the rows touched grow over the buffer step by step, on a
+    device of 4 KiB (the buffer is 12 KiB): lookahead's anticipated allocation of the
+    whole pattern cannot fit and must not be forced; equals numpy."""
+    rows, cols = 48, 32
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        q.set_lookahead(lookahead)
+        b = cl.Buffer(np.ones((rows, cols)), name="rows")
+        for t in range(1, rows):
+            lo = max(0, t - 4)
+
+            def cgf(cgh, t=t, lo=lo):
+                r = b.access(cgh, cl.fixed(cl.Subrange((lo, 0), (t - lo, cols))), cl.read)
+                w = b.access(cgh, cl.fixed(cl.Subrange((t, 0), (1, cols))), cl.discard_write)
+                cgh.parallel_for((1,), lambda chunk: w.__setitem__(
+                    (slice(t, t + 1), slice(0, cols)),
+                    np.asarray(r[lo:t, 0:cols]).sum(axis=0, keepdims=True) % 1000), name="grow")
+            q.submit(cgf)
+        got = q.fence(b).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    want = np.ones((rows, cols))
+    for t in range(1, rows):
+        want[t] = want[max(0, t - 4):t].sum(axis=0) % 1000
+    got, instructions = _run1(program, CELERITAS_HOST_DEVICE_MEMORY="4096")
+    np.testing.assert_array_equal(got, want)
+    check_records(instructions, 4096)
+
+
+def test_overlap_off_gives_the_same_results_and_replays_like_a_fresh_lowering():
+    """CELERITAS_OUT_OF_CORE_OVERLAP=off (batches strictly one after the other) on the
+    evicting stencil for 40 steps: equals numpy, and the graph with replay on is the one
+    replay off gives."""
+    steps = 40
+    cap = 2 * N * N * F8 // 3
+    on = _run1(_stencil_program(steps, record=True), devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap),
+               CELERITAS_OUT_OF_CORE_OVERLAP="off")
+    off = _run1(_stencil_program(steps, record=True), devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap),
+                CELERITAS_OUT_OF_CORE_OVERLAP="off", CELERITAS_REPLAY="off")
+    np.testing.assert_array_equal(on[0], _stencil_reference(steps))
+    np.testing.assert_array_equal(off[0], _stencil_reference(steps))
+    assert _graph_signature(on[3]) == _graph_signature(off[3])
+    check_records(on[3], cap)
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_replayed_graph_under_a_limit_that_sometimes_evicts(overlap):
+    """Three grids, each step reading one and writing the next, on a device that holds two
+    and a half grids: evictions come and go with a period of three steps, so replay mixes
+    hits and fresh lowerings.  120 steps equal numpy and the graph equals replay off's."""
+    steps, n = 120, 16
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        bufs = [cl.Buffer(np.full((n, n), float(i)), name=f"g{i}") for i in range(3)]
+        for s in range(steps):
+            src, dst = bufs[s % 3], bufs[(s + 1) % 3]
+
+            def cgf(cgh, src=src, dst=dst):
+                r = src.access(cgh, cl.one_to_one(), cl.read)
+                w = dst.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.parallel_for((n, n), lambda c: w.__setitem__(c, (w[c] + r[c]) % 97), name="acc")
+            q.submit(cgf)
+        got = [q.fence(b).result() for b in bufs]
+        igg = q.runtime.scheduler.igg
+        q.wait()
+        return got, q.graphs()["instructions"], (igg.replay.stats() if igg.replay else None)
+
+    want = [np.full((n, n), float(i)) for i in range(3)]
+    for s in range(steps):
+        want[(s + 1) % 3] = (want[(s + 1) % 3] + want[s % 3]) % 97
+    cap = 5 * n * n * F8 // 2
+    on = _run1(program, CELERITAS_HOST_DEVICE_MEMORY=str(cap), CELERITAS_OUT_OF_CORE_OVERLAP=overlap)
+    off = _run1(program, CELERITAS_HOST_DEVICE_MEMORY=str(cap), CELERITAS_OUT_OF_CORE_OVERLAP=overlap,
+                CELERITAS_REPLAY="off")
+    for got in (on[0], off[0]):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    assert _graph_signature(on[1]) == _graph_signature(off[1])
+    check_records(on[1], cap)
