@@ -715,3 +715,183 @@ def test_replayed_graph_under_a_limit_that_sometimes_evicts(overlap):
             np.testing.assert_array_equal(g, w)
     assert _graph_signature(on[1]) == _graph_signature(off[1])
     check_records(on[1], cap)
+
+
+# ---- several ranks ------------------------------------------------------------------------------
+@pytest.mark.parametrize("nodes,devices", [(2, 1), (2, 2), (4, 1), (4, 2)])
+def test_stencil_on_bounded_devices_of_several_ranks(nodes, devices):
+    """The evicting stencil for 30 steps on 2 and 4 simulated ranks (halo transfers every
+    step) with 1 and 2 bounded devices each: every rank's result equals numpy, with replay
+    on and off."""
+    steps = 30
+    cap = 2 * N * N * F8 // (3 * nodes)
+    want = _stencil_reference(steps)
+    for replay in ("on", "off"):
+        outs = run_cluster(_stencil_program(steps), nodes=nodes, devices=devices,
+                           CELERITAS_HOST_DEVICE_MEMORY=str(cap), CELERITAS_REPLAY=replay)
+        for got, stats, _rp, _ in outs:
+            np.testing.assert_array_equal(got, want)
+        assert sum(o[1]["evictions"] for o in outs) > 0
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_all_reads_of_data_other_ranks_wrote_on_bounded_devices(nodes):
+    """Each rank writes its rows of a (64, 16) int64 grid; then each rank sums its columns
+    over all rows (received from the other ranks) through a custom mapper, on a device
+    that holds half the grid: equals numpy on every rank."""
+    n, m = 64, 16
+
+    def columns(chunk, shape):
+        lo, hi = chunk.offset[0], chunk.offset[0] + chunk.range[0]
+        return cl.Subrange((0, lo), (shape[0], hi - lo))
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        g = cl.Buffer(shape=(n, m), dtype=np.int64, name="g")
+        out = cl.Buffer(shape=(m,), dtype=np.int64, name="out")
+
+        def fill(cgh):
+            w = g.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            @cgh.parallel_for((n, m), name="fill")
+            def kernel(chunk):
+                (x0, y0), (x1, y1) = chunk.box.min, chunk.box.max
+                w[chunk] = np.add.outer(np.arange(x0, x1) * 3, np.arange(y0, y1))
+
+        def col(cgh):
+            r = g.access(cgh, columns, cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+
+            @cgh.parallel_for((m,), name="colsum")
+            def kernel(chunk):
+                j0, j1 = chunk.box.min[0], chunk.box.max[0]
+                w[chunk] = np.asarray(r[0:n, j0:j1]).sum(axis=0)
+        q.submit(fill)
+        q.submit(col)
+        got = q.fence(out).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    grid = np.add.outer(np.arange(n) * 3, np.arange(m)).astype(np.int64)
+    cap = n * m * F8 // 2
+    for got, instructions in run_cluster(program, nodes=nodes, devices=1, CELERITAS_HOST_DEVICE_MEMORY=str(cap)):
+        np.testing.assert_array_equal(got, grid.sum(axis=0))
+        check_records(instructions, cap)
+
+
+# ---- the memory stats the runtime reports -----------------------------------------------------
+def test_memory_stats_match_the_instruction_records():
+    """The summary's out-of-core numbers agree with the recorded graph: batch kernels are
+    the device kernels with a batch label, bytes saved to host are the bytes of the
+    evicting copies, and each eviction frees one device allocation."""
+    steps = 12
+    cap = 2 * N * N * F8 // 3
+    got, stats, _rp, instructions = _run1(_stencil_program(steps, record=True), devices=2,
+                                          CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    np.testing.assert_array_equal(got, _stencil_reference(steps))
+    kernels = [i for i in instructions if i["kind"] == "device_kernel"]
+    assert stats["batches"] == sum(1 for k in kernels if k.get("batch")) > 0
+
+    def nbytes(rec_box):
+        lo, hi = rec_box
+        return int(np.prod([h - l for l, h in zip(lo, hi)])) * F8
+    evicting = [c for c in instructions if c["kind"] == "copy" and c.get("evict")]
+    assert stats["bytes_written_back"] == sum(nbytes(c["box"]) for c in evicting) > 0
+    device_frees = {i["allocation"] for i in instructions if i["kind"] == "free"} & \
+        {i["allocation"] for i in instructions if i["kind"] == "alloc" and i["memory"] >= 2}
+    assert 0 < stats["evictions"] <= len(device_frees)
+
+
+def test_summary_prints_the_out_of_core_line(monkeypatch, capsys):
+    """CELERITAS_SUMMARY=1 on an evicting program prints evictions, bytes saved to host and
+    batch kernels, the same numbers as the generator's stats."""
+    monkeypatch.setenv("CELERITAS_SUMMARY", "1")
+    monkeypatch.setenv("CELERITAS_HOST_DEVICE_MEMORY", str(2 * N * N * F8 // 3))
+    q = cl.Queue(devices="host:1")
+    a = cl.Buffer(np.arange(N * N, dtype=np.float64).reshape(N, N) % 7, name="a")
+    b = cl.Buffer(shape=(N, N), dtype=np.float64, name="b")
+    for s in range(4):
+        src, dst = (a, b) if s % 2 == 0 else (b, a)
+        _stencil_step(q, src, dst)
+    np.testing.assert_array_equal(q.fence(a).result(), _stencil_reference(4))
+    stats = dict(q.runtime.scheduler.igg.memory_stats)
+    q.shutdown()
+    err = capsys.readouterr().err
+    assert "out of core" in err
+    assert f"{stats['evictions']} evictions" in err and f"{stats['batches']} batch kernels" in err
+
+
+# ---- configuration ------------------------------------------------------------------------------
+@pytest.mark.parametrize("raw,want", [("4096", 4096), (" 2k ", 2048), ("2KB", 2048), ("3m", 3 << 20),
+                                      ("1G", 1 << 30), ("1.0", 1.0), ("0.25", 0.25), (".5", 0.5)])
+def test_device_memory_limit_spellings_that_are_accepted(raw, want):
+    """Bytes with K/M/G (any case, optional B, surrounding blanks) and fractions in (0, 1]."""
+    from celeritas import config
+    got = config.from_env({"CELERITAS_DEVICE_MEMORY_LIMIT": raw}).device_memory_limit
+    assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize("raw", ["0", "0.0", "-1K", "1.5", "2T", "lots", "B", "nan", "inf", "0x100",
+                                 "1e9", "1.5G", "50%", "2 GB extra"])
+def test_device_memory_limit_spellings_that_are_config_errors(raw):
+    """Anything else is a cl.ConfigError naming the variable and the value, raised when
+    the runtime starts."""
+    from celeritas import config
+    with pytest.raises(cl.ConfigError, match="CELERITAS_DEVICE_MEMORY_LIMIT"):
+        config.from_env({"CELERITAS_DEVICE_MEMORY_LIMIT": raw})
+    with pytest.raises(cl.ConfigError, match="CELERITAS_DEVICE_MEMORY_LIMIT"):
+        run_cluster(lambda r: cl.Queue(), nodes=1, devices=1, CELERITAS_DEVICE_MEMORY_LIMIT=raw)
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "2M", "lots", "1.5"])
+def test_host_device_memory_that_is_no_positive_byte_count_is_a_config_error(raw):
+    from celeritas import config
+    with pytest.raises(cl.ConfigError, match="CELERITAS_HOST_DEVICE_MEMORY"):
+        config.from_env({"CELERITAS_HOST_DEVICE_MEMORY": raw})
+
+
+def test_the_smaller_of_both_limits_bounds_a_host_device():
+    """CELERITAS_HOST_DEVICE_MEMORY=8192 with CELERITAS_DEVICE_MEMORY_LIMIT=0.5: the device
+    holds 4 KiB (the stencil batches and evicts); with a byte limit above 8192 it holds
+    8192.  A fraction without a host device size is a ConfigError."""
+    half = _run1(_stencil_program(4, record=True), CELERITAS_HOST_DEVICE_MEMORY="8192",
+                 CELERITAS_DEVICE_MEMORY_LIMIT="0.5")
+    np.testing.assert_array_equal(half[0], _stencil_reference(4))
+    assert max(check_records(half[3], 4096).values()) <= 4096 and half[1]["batches"] > 0
+    big = _run1(_stencil_program(4, record=True), CELERITAS_HOST_DEVICE_MEMORY="8192",
+                CELERITAS_DEVICE_MEMORY_LIMIT="1M")
+    np.testing.assert_array_equal(big[0], _stencil_reference(4))
+    assert 4096 < max(check_records(big[3], 8192).values()) <= 8192
+    with pytest.raises(cl.ConfigError, match="CELERITAS_HOST_DEVICE_MEMORY"):
+        _run1(_stencil_program(1), CELERITAS_DEVICE_MEMORY_LIMIT="0.5")
+
+
+# ---- failures inside batches ----------------------------------------------------------------
+def test_a_kernel_failing_in_its_third_batch_names_the_kernel_and_nothing_after_runs():
+    """A kernel raising in one of its batches: cl.KernelError naming the kernel, at the
+    fence; the task after it (which depends on it) never runs."""
+    ran = []
+
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(64 * 8, dtype=np.float64).reshape(64, 8), name="b")
+
+        def bad(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+
+            @cgh.parallel_for((64, 8), name="explodes")
+            def kernel(chunk):
+                if chunk.box.min[0] <= 40 < chunk.box.max[0]:
+                    raise ValueError("row 40 is cursed")
+                w[chunk] = w[chunk] + 1
+
+        def after(cgh):
+            r = b.access(cgh, cl.all(), cl.read)
+            cgh.host_task(lambda part: ran.append(True), on=cl.on_master_node)
+        q.submit(bad)
+        q.submit(after)
+        return q.fence(b).result()
+
+    with pytest.raises(cl.KernelError, match=r'explodes.*|.*row 40 is cursed'):
+        _run1(program, CELERITAS_HOST_DEVICE_MEMORY="1024")
+    assert ran == []
