@@ -153,8 +153,9 @@ def _increment_program(shape, dtype=np.float64, name="inc"):
 # =====================================================================================
 
 
+@pytest.mark.parametrize("lookahead", ["auto", "none", "infinite"])
 @pytest.mark.parametrize("devices", [1, 2])
-def test_replay_hits_on_a_bounded_device_that_never_evicts(devices):
+def test_replay_hits_on_a_bounded_device_that_never_evicts(devices, lookahead):
     """Input: the stencil, 120 steps, on devices bounded at twice what both grids need (no
     eviction, no batch).  Happened: replay recorded a new template for every step and never
     replayed one (0 hits against 110 without a limit; on CUDA, bounded by default, replay
@@ -162,9 +163,10 @@ def test_replay_hits_on_a_bounded_device_that_never_evicts(devices):
     the grid equals numpy."""
     steps = 120
     cap = 4 * N * N * F8
-    on = _run1(_stencil_program(steps, record=True), devices=devices, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    on = _run1(_stencil_program(steps, record=True), devices=devices, CELERITAS_HOST_DEVICE_MEMORY=str(cap),
+               CELERITAS_LOOKAHEAD=lookahead)
     off = _run1(_stencil_program(steps, record=True), devices=devices, CELERITAS_HOST_DEVICE_MEMORY=str(cap),
-                CELERITAS_REPLAY="off")
+                CELERITAS_LOOKAHEAD=lookahead, CELERITAS_REPLAY="off")
     want = _stencil_reference(steps)
     np.testing.assert_array_equal(on[0], want)
     np.testing.assert_array_equal(off[0], want)
@@ -753,10 +755,11 @@ def test_overlap_off_gives_the_same_results_and_replays_like_a_fresh_lowering():
 
 
 @pytest.mark.parametrize("overlap", ["on", "off"])
-def test_replayed_graph_under_a_limit_that_sometimes_evicts(overlap):
+def test_replay_under_a_limit_that_evicts_every_step(overlap):
     """Three grids, each step reading one and writing the next, on a device that holds two
-    and a half grids: evictions come and go with a period of three steps, so replay mixes
-    hits and fresh lowerings.  120 steps equal numpy and the graph equals replay off's."""
+    and a half grids: every step evicts the grid the step before read (an evicting lowering
+    is never replayed: the key does not hold the other buffers on the memory).  120 steps
+    equal numpy; the graph and the memory stats equal replay off's."""
     steps, n = 120, 16
 
     def program(rank):
@@ -773,7 +776,7 @@ def test_replayed_graph_under_a_limit_that_sometimes_evicts(overlap):
         got = [q.fence(b).result() for b in bufs]
         igg = q.runtime.scheduler.igg
         q.wait()
-        return got, q.graphs()["instructions"], (igg.replay.stats() if igg.replay else None)
+        return got, q.graphs()["instructions"], (igg.replay.stats() if igg.replay else None), dict(igg.memory_stats)
 
     want = [np.full((n, n), float(i)) for i in range(3)]
     for s in range(steps):
@@ -786,6 +789,7 @@ def test_replayed_graph_under_a_limit_that_sometimes_evicts(overlap):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
     assert _graph_signature(on[1]) == _graph_signature(off[1])
+    assert on[3] == off[3] and on[3]["evictions"] > 0
     check_records(on[1], cap)
 
 
@@ -1050,3 +1054,128 @@ def test_opencl_python_kernel_stencil_under_a_fraction_of_global_memory(pocl):
     np.testing.assert_array_equal(got, _stencil_reference(steps))
     assert stats["batches"] > 0
     check_records(instructions, 5461)
+
+
+# ---- more shapes of trouble --------------------------------------------------------------------
+def test_out_of_memory_on_one_rank_only_ends_every_rank_with_it():
+    """A custom mapper makes rank 0's chunk read a 2 KiB buffer whole while rank 1's reads
+    one element, on 1 KiB devices; rank 1 then needs data rank 0 never produces.  The
+    cl.OutOfMemoryError of rank 0 ends the cluster (naming the kernel), never a hang."""
+    n = 256
+
+    def lopsided(chunk, shape):
+        return cl.Subrange((0,), (n,)) if chunk.offset[0] == 0 else cl.Subrange((0,), (1,))
+
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(n, dtype=np.int64), name="big")
+        out = cl.Buffer(shape=(2,), dtype=np.int64, name="out")
+
+        def first(cgh):
+            r = b.access(cgh, lopsided, cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((2,), lambda c: w.__setitem__(c, np.asarray(r[0:1]).sum()), name="lopsided")
+
+        def second(cgh):
+            r = out.access(cgh, cl.all(), cl.read)
+            w = b.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((n,), lambda c: w.__setitem__(c, np.asarray(r[0:2]).sum()), name="after")
+        q.submit(first)
+        q.submit(second)
+        return q.fence(b).result()
+
+    with pytest.raises(cl.OutOfMemoryError, match='"lopsided".*"big"'):
+        run_cluster(program, nodes=2, devices=1, timeout=120, CELERITAS_HOST_DEVICE_MEMORY="1024")
+
+
+def test_batches_of_a_chunk_whose_other_accessor_maps_a_fixed_corner():
+    """A kernel writing 64 elements one_to_one and reading elements 0..2 of another buffer
+    through cl.fixed, on two 100-byte devices: each batch allocates the corner (16 B) and
+    its slice of the output; equals numpy."""
+    n = 64
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        src = cl.Buffer(np.arange(n, dtype=np.float64), name="src")
+        out = cl.Buffer(shape=(n,), dtype=np.float64, name="out")
+
+        def cgf(cgh):
+            r = src.access(cgh, cl.fixed(cl.Subrange((0,), (2,))), cl.read)
+            w = out.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for((n,), lambda c: w.__setitem__(c, r[0] + r[1] + np.arange(c.box.min[0], c.box.max[0])),
+                             name="corner")
+        q.submit(cgf)
+        got = q.fence(out).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    got, instructions = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY="100")
+    np.testing.assert_array_equal(got, 1 + np.arange(n, dtype=np.float64))
+    assert len([i for i in instructions if i["kind"] == "device_kernel"]) > 2
+    check_records(instructions, 100)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.bool_, np.int8, np.float16])
+def test_odd_item_sizes_with_a_capacity_that_is_no_multiple_of_them(dtype):
+    """A (37, 5) buffer of 16-, 1- and 2-byte items read through a neighbourhood into
+    another, on two devices of 7 rows plus 3 bytes: bit-identical copy, capacity holds."""
+    shape = (37, 5)
+    data = (np.arange(185) % 3).astype(dtype).reshape(shape)
+
+    def program(rank):
+        q = cl.Queue(record=True)
+        b = cl.Buffer(data, name="b")
+        c = cl.Buffer(shape=shape, dtype=dtype, name="c")
+
+        def cgf(cgh):
+            r = b.access(cgh, cl.neighborhood((1, 0)), cl.read)
+            w = c.access(cgh, cl.one_to_one(), cl.discard_write)
+            cgh.parallel_for(shape, lambda ch: w.__setitem__(ch, r[ch]), name="cp")
+        q.submit(cgf)
+        got = q.fence(c).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    cap = 7 * 5 * np.dtype(dtype).itemsize + 3
+    got, instructions = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, data)
+    check_records(instructions, cap)
+
+
+def test_kernels_without_buffers_and_host_tasks_run_on_a_one_byte_device():
+    """A 1-byte device: a kernel with no accessors and a host task reading and writing a
+    buffer need no device memory and run; a kernel with a plus reduction needs 8 bytes of
+    scratch and is a cl.OutOfMemoryError, then 8 bytes are enough."""
+    def program(rank):
+        q = cl.Queue()
+        hits = []
+        q.submit(lambda cgh: cgh.parallel_for((8,), lambda c: hits.append(c.range[0]), name="noacc"))
+        b = cl.Buffer(np.arange(100, dtype=np.int64), name="b")
+
+        def host(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.host_task(lambda p: w.__setitem__(p.slices, w[p.slices] * 3), range=(100,))
+        q.submit(host)
+        got = q.fence(b).result()
+        q.wait()
+        return sum(hits), got
+
+    def reduction(rank):
+        q = cl.Queue()
+        s = cl.Buffer(np.zeros(1, np.int64), name="s")
+
+        def cgf(cgh):
+            r = cl.reduction(s, cgh, cl.plus, initialize_to_identity=True)
+            cgh.parallel_for((100,), lambda c, r: r.combine(np.arange(c.box.min[0], c.box.max[0])), name="red",
+                             reductions=(r,))
+        q.submit(cgf)
+        return int(q.fence(s).result()[0])
+
+    for devices in (1, 2):
+        hits, got = _run1(program, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="1")
+        assert hits == 8
+        np.testing.assert_array_equal(got, np.arange(100) * 3)
+        with pytest.raises(cl.OutOfMemoryError, match='"red"'):
+            _run1(reduction, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="1")
+        assert _run1(reduction, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="8") == 4950
