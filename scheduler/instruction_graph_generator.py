@@ -760,6 +760,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                         buffers[bid].newest.update(reg, self._only[p.memory])
                 self._pinned.difference_update(batch_allocs)
                 self.memory_stats["batches"] += 1
+                if p.batch[0] == 0:   # (a device's batches of one command: one series)
+                    self.memory_stats["batched_chunks"] += 1
                 if not self._overlap_batches:
                     self._batch_barrier[p.memory] = ins.id
         # newest data after the writes

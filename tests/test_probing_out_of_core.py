@@ -247,6 +247,20 @@ def test_evictions_in_batches_do_not_warn_of_a_growing_access_pattern(caplog, lo
                                        for i in instructions)
 
 
+def test_memory_stats_count_the_chunks_that_ran_as_batches():
+    """Input: the evicting stencil on two devices, 6 steps (each device chunk of each step
+    runs as batches).  Happened: the stats the summary gathers report batched_chunks = 0
+    beside 48 batch kernels.  Expected: one batched chunk per (task, device) whose kernels
+    are batches, 12 here."""
+    cap = 2 * N * N * F8 // 3
+    got, stats, _rp, instructions = _run1(_stencil_program(6, record=True), devices=2,
+                                          CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    np.testing.assert_array_equal(got, _stencil_reference(6))
+    batched = {(k["task"], k["device"]) for k in instructions if k["kind"] == "device_kernel" and k.get("batch")}
+    assert len(batched) == 12
+    assert stats["batched_chunks"] == len(batched)
+
+
 # =====================================================================================
 # Probes that behaved well
 # =====================================================================================
@@ -892,9 +906,10 @@ def test_summary_prints_the_out_of_core_line(monkeypatch, capsys):
     np.testing.assert_array_equal(q.fence(a).result(), _stencil_reference(4))
     stats = dict(q.runtime.scheduler.igg.memory_stats)
     q.shutdown()
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.replace("\u2502", " ").split())   # (the table wraps its cells)
     assert "out of core" in err
     assert f"{stats['evictions']} evictions" in err and f"{stats['batches']} batch kernels" in err
+    assert stats["batched_chunks"] == 4 and "(4 chunks larger than their device)" in err
 
 
 # ---- configuration ------------------------------------------------------------------------------
