@@ -176,6 +176,16 @@ def test_replay_hits_on_a_bounded_device_that_never_evicts(devices, lookahead):
     check_records(on[3], cap)
 
 
+def test_replay_hits_on_two_ranks_with_bounded_devices():
+    """Input: as above on two ranks (halo transfers every step).  Happened: no replay hit on
+    either rank.  Expected: hits on every rank, and both ranks equal numpy."""
+    steps = 80
+    outs = run_cluster(_stencil_program(steps), nodes=2, devices=1, CELERITAS_HOST_DEVICE_MEMORY=str(4 * N * N * F8))
+    for got, stats, rp, _ in outs:
+        np.testing.assert_array_equal(got, _stencil_reference(steps))
+        assert stats["evictions"] == 0 and rp["hits"] > steps // 2
+
+
 @pytest.mark.parametrize("what", ["reduction_only", "granule"])
 def test_out_of_memory_names_the_reduction_target_and_the_granule(what):
     """Input: (a) a kernel with only a plus reduction into int64 ``s`` on a 1-byte device;
@@ -1194,3 +1204,55 @@ def test_kernels_without_buffers_and_host_tasks_run_on_a_one_byte_device():
         with pytest.raises(cl.OutOfMemoryError, match='"red"'):
             _run1(reduction, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="1")
         assert _run1(reduction, devices=devices, CELERITAS_HOST_DEVICE_MEMORY="8") == 4950
+
+
+def test_lookahead_switched_mid_run_under_a_limit():
+    """infinite for 10 steps, none for 10, auto for 10, on the evicting stencil: what is
+    held is compiled at each switch; the grid equals numpy."""
+    def program(rank):
+        q = cl.Queue(record=True)
+        a = cl.Buffer(np.arange(N * N, dtype=np.float64).reshape(N, N) % 7, name="a")
+        b = cl.Buffer(shape=(N, N), dtype=np.float64, name="b")
+        for s in range(30):
+            if s % 10 == 0:
+                q.set_lookahead(("infinite", "none", "auto")[s // 10])
+            _stencil_step(q, a if s % 2 == 0 else b, b if s % 2 == 0 else a)
+        got = q.fence(a).result()
+        q.wait()
+        return got, q.graphs()["instructions"]
+
+    cap = 2 * N * N * F8 // 3
+    got, instructions = _run1(program, devices=2, CELERITAS_HOST_DEVICE_MEMORY=str(cap))
+    np.testing.assert_array_equal(got, _stencil_reference(30))
+    check_records(instructions, cap)
+
+
+def test_strided_fortran_order_input_round_trips_through_eviction():
+    """A Fortran-ordered, strided (every other column) float64 view as buffer data, pushed
+    through a device a quarter its size and back: the buffer holds the view's values."""
+    base = np.asfortranarray(np.arange(64 * 32, dtype=np.float64).reshape(64, 32))
+    view = base[:, ::2]
+
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(view, name="strided")
+
+        def cgf(cgh):
+            w = b.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for(view.shape, lambda c: w.__setitem__(c, w[c] * 2), name="twice")
+        q.submit(cgf)
+        return q.fence(b).result()
+
+    got = _run1(program, CELERITAS_HOST_DEVICE_MEMORY=str(view.size * F8 // 4))
+    np.testing.assert_array_equal(got, view * 2)
+
+
+def test_device_memory_limit_alone_bounds_the_plan_of_an_unbounded_host_device():
+    """CELERITAS_DEVICE_MEMORY_LIMIT=3K on host:2 without CELERITAS_HOST_DEVICE_MEMORY: the
+    generator plans within 3 KiB per device (batches, evictions) although the backend
+    would allow more; equals numpy."""
+    got, stats, _rp, instructions = _run1(_stencil_program(6, record=True), devices=2,
+                                          CELERITAS_DEVICE_MEMORY_LIMIT="3K")
+    np.testing.assert_array_equal(got, _stencil_reference(6))
+    assert stats["batches"] > 0 and stats["evictions"] > 0
+    assert max(check_records(instructions, 3072).values()) <= 3072
