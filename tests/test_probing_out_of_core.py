@@ -40,15 +40,27 @@ def _box(rec_box) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def check_records(instructions: list[dict], capacity: int) -> dict[int, int]:
     """The graph-level out-of-core invariants on a ``Queue.graphs()`` record: in program
-    order no device memory holds more than ``capacity`` bytes, and every accessor of every
-    device kernel lies inside the allocation it names.  Returns the peak per memory."""
+    order no device memory holds more than ``capacity`` bytes, every allocation there
+    (transitively) depends on every free of that memory before it (so that no execution
+    order exceeds the capacity), and every accessor of every device kernel lies inside the
+    allocation it names.  Returns the peak per memory."""
     used: dict[int, int] = {}
     peak: dict[int, int] = {}
     live: dict[int, dict] = {}
-    for i in instructions:
+    pos: dict[int, int] = {}
+    closure: dict[int, int] = {}          # instruction id -> bitset of its predecessors' positions
+    frees: dict[int, list[int]] = {}      # memory -> positions of its frees so far
+    for k, i in enumerate(instructions):
+        bits = 0
+        for d in i["deps"]:
+            if d["id"] in pos:            # (older than the record: before the first epoch)
+                bits |= closure[d["id"]] | (1 << pos[d["id"]])
+        pos[i["id"]], closure[i["id"]] = k, bits
         if i["kind"] == "alloc":
             live[i["allocation"]] = i
             if i["memory"] >= 2:
+                missing = [f for f in frees.get(i["memory"], ()) if not bits >> f & 1]
+                assert not missing, f"alloc I{i['id']} may run before frees at {missing} that made its room"
                 used[i["memory"]] = used.get(i["memory"], 0) + i["size_bytes"]
                 peak[i["memory"]] = max(peak.get(i["memory"], 0), used[i["memory"]])
                 assert used[i["memory"]] <= capacity, (i, used[i["memory"]], capacity)
@@ -56,6 +68,7 @@ def check_records(instructions: list[dict], capacity: int) -> dict[int, int]:
             a = live.pop(i["allocation"], None)
             if a is not None and a["memory"] >= 2:
                 used[a["memory"]] -= a["size_bytes"]
+                frees.setdefault(a["memory"], []).append(k)
         elif i["kind"] == "device_kernel":
             for acc in i["accesses"]:
                 a = live.get(acc["allocation"])
