@@ -241,7 +241,7 @@ def _memory_limit(env: Mapping[str, str], var: str, fractions: bool = True) -> i
             raise ConfigError(f"{var}={raw!r}: a fraction of the device memory must be in (0, 1]")
         return n
     if n < 1:
-        raise ConfigError(f"{var}={raw!r} must be at least 1 byte")
+        raise ConfigError(f"{var}={raw!r} must be at least 1 byte" if fractions else f"{var}={raw!r} must be >= 1")
     return n
 
 
