@@ -564,9 +564,6 @@ def test_reduction_over_evicting_steps_with_replay_on_and_off():
             sums.append(q.fence(t))
         return [float(f.result()[0]) for f in sums]
 
-    want, a = [], _stencil_reference(0)
-    for s in range(steps):
-        a = _stencil_reference(1, N) if s == 0 else None
     ref = [float(_stencil_reference(s + 1).sum()) for s in range(steps)]
     cap = 2 * N * N * F8 // 3
     for replay in ("on", "off"):
