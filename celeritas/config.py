@@ -215,8 +215,10 @@ def _flag(env: Mapping[str, str], var: str) -> bool:
     raise ConfigError(f"{var}={raw!r}; use 1 or 0")
 
 
-def _memory_limit(env: Mapping[str, str], var: str) -> int | float | None:
-    """Bytes (an integer, optionally with a K/M/G suffix) or a fraction in (0, 1]."""
+def _memory_limit(env: Mapping[str, str], var: str, fractions: bool = True) -> int | float | None:
+    """Bytes (an integer, optionally with a K/M/G suffix) or, with ``fractions``, a fraction
+    in (0, 1].  (Every byte count of device memory takes the same spellings: a user who
+    writes ``2M`` for one variable writes it for the other.)"""
     raw = env.get(var)
     if raw is None or raw.strip() == "":
         return None
@@ -225,9 +227,13 @@ def _memory_limit(env: Mapping[str, str], var: str) -> int | float | None:
     if scale != 1:
         v = v[:-1]
     fraction = "." in v and scale == 1
+    if fraction and not fractions:
+        raise ConfigError(f"{var}={raw!r} is not a number of bytes (e.g. 65536 or 64K)")
     try:
         n = float(v) if fraction else int(v) * scale
     except ValueError:
+        if not fractions:
+            raise ConfigError(f"{var}={raw!r} is not a number of bytes (e.g. 65536 or 64K)") from None
         raise ConfigError(f"{var}={raw!r} is neither a number of bytes (e.g. 2G) nor a fraction "
                           f"such as 0.8") from None
     if fraction:
@@ -235,7 +241,7 @@ def _memory_limit(env: Mapping[str, str], var: str) -> int | float | None:
             raise ConfigError(f"{var}={raw!r}: a fraction of the device memory must be in (0, 1]")
         return n
     if n < 1:
-        raise ConfigError(f"{var}={raw!r} must be at least 1 byte")
+        raise ConfigError(f"{var}={raw!r} must be at least 1 byte" if fractions else f"{var}={raw!r} must be >= 1")
     return n
 
 
@@ -388,7 +394,7 @@ def from_env(env: Mapping[str, str] | None = None, warn: bool = True) -> Config:
         accessor_checks=_flag(env, "CELERITAS_ACCESSOR_CHECKS"),
         log_level=_choice(env, "CELERITAS_LOG_LEVEL", tuple(LOG_LEVELS), "warning"),
         summary=_flag(env, "CELERITAS_SUMMARY"),
-        host_device_memory=_int(env, "CELERITAS_HOST_DEVICE_MEMORY", None),
+        host_device_memory=_memory_limit(env, "CELERITAS_HOST_DEVICE_MEMORY", fractions=False),
         huge_pages=_huge_pages(env, "CELERITAS_HUGE_PAGES"),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
         gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),

@@ -234,7 +234,8 @@ def render(numbers: Mapping, console=None) -> None:
     if mem.get("evictions") or mem.get("batches"):
         over.add_row("out of core", f"{mem.get('evictions', 0)} evictions ({b(mem.get('bytes_evicted'))}, "
                                     f"{b(mem.get('bytes_written_back'))} saved to host), "
-                                    f"{mem.get('batches', 0)} batch kernels")
+                                    f"{mem.get('batches', 0)} batch kernels "
+                                    f"({mem.get('batched_chunks', 0)} chunks larger than their device)")
     if numbers.get("throttled"):
         over.add_row("application thread", f"waited {numbers['throttled']}× for the executor to catch up "
                                            f"(max on one rank)")

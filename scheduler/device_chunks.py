@@ -266,11 +266,18 @@ class ChunkPlanning:
                 # (grow towards the number of batches the worst one suggests, but never past
                 # one granule per batch, the finest split: jumping over it gave up too soon)
                 k = min(max(k + 1, -(-k * worst // budget)), max(rows, k + 1))
+        # (name what the bytes are for: a kernel with only reductions has no buffer of its
+        # own, and a granule of several rows is what cannot be cut further)
         names = ", ".join(self._buffers[bid].info.label for bid in sorted(plan.bbox))
+        parts = [f"buffers {names}"] if names else []
+        if extra:
+            targets = ", ".join(self._buffers[r.buffer].info.label for r in task.reductions)
+            parts.append(f"the reduction scratch of every batch (reductions into {targets})")
+        unit = "one row" if gran == 1 else f"one granule ({gran} rows, constrain_split)"
         raise OutOfMemoryError(
-            f"{task.label}: one row of its chunk {plan.box} on device {plan.device} (memory M{plan.memory}) "
-            f"needs at least {need if least is None else least} bytes for buffers {names}"
-            f"{' and the reduction scratch of every batch' if extra else ''}, but the device's capacity is {cap} bytes: it cannot be "
+            f"{task.label}: {unit} of its chunk {plan.box} on device {plan.device} (memory M{plan.memory}) "
+            f"needs at least {need if least is None else least} bytes for {' and '.join(parts)}"
+            f", but the device's capacity is {cap} bytes: it cannot be "
             f"split into batches that fit (an all() or other whole-buffer access of a buffer larger than the "
             f"device?); raise CELERITAS_DEVICE_MEMORY_LIMIT / CELERITAS_HOST_DEVICE_MEMORY or read less per chunk")
 

@@ -760,6 +760,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                         buffers[bid].newest.update(reg, self._only[p.memory])
                 self._pinned.difference_update(batch_allocs)
                 self.memory_stats["batches"] += 1
+                if p.batch[0] == 0:   # (a device's batches of one command: one series)
+                    self.memory_stats["batched_chunks"] += 1
                 if not self._overlap_batches:
                     self._batch_barrier[p.memory] = ins.id
         # newest data after the writes
@@ -1086,6 +1088,17 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 a.access.apply_all(partial(collapse_access, eid=eid))
         for d in (self._host_objects, self._collective):
             collapse_map(d, eid)
+        # the allocation order of bounded memories too: an allocation that depended on an
+        # older free or allocation now depends on the epoch, which follows them.  Left as
+        # they were, their ids sat in the replay key (``_memory_state``) at a distance that
+        # grows every step, so that no step on a bounded memory was ever replayed
+        if self._capacity:
+            collapse_map(self._last_alloc, eid)
+            collapse_map(self._batch_barrier, eid)
+            for m, frees in self._frees_since.items():
+                if frees and frees[0] < eid:
+                    kept = [f for f in frees if f >= eid]
+                    self._frees_since[m] = [eid] + kept
 
 
 class _Singletons(dict):

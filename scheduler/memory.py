@@ -121,9 +121,12 @@ class MemoryManagement:
         new = Allocation(aid, memory, target, ins.id, nbytes)
         if cap is not None:
             self._pinned.add(aid)
-        n = b.alloc_counts.get(memory, 0) + 1
+        # (the host allocations evictions save a device's data to are one per evicted piece,
+        # as many as a chunk has batches: no access pattern grows there, and no lookahead
+        # mode would allocate them once; batches reallocate on the bounded memory itself)
+        n = b.alloc_counts.get(memory, 0) + (not self._evicting)
         b.alloc_counts[memory] = n
-        if n >= FREQUENT_ALLOCATION_THRESHOLD and not b.warned and cap is None:   # (batches reallocate)
+        if n >= FREQUENT_ALLOCATION_THRESHOLD and not b.warned and cap is None:
             b.warned = True
             log.warning("buffer %s was allocated %d times on memory %d: its access pattern grows; "
                         "lookahead 'auto' or 'infinite' allocates once instead", b.info.label, n, memory)
