@@ -3,7 +3,7 @@
 Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does on
 ``COMM_WORLD`` can match celeritas' messages:
 
-* **pilots** travel as fixed 13 x int64 messages on ``PILOT_TAG``; a ring of
+* **pilots** travel as fixed 12 x int64 messages on ``PILOT_TAG``; a ring of
   standing ``Irecv(ANY_SOURCE)`` receives is always posted, so a pilot never
   waits for the receiver to ask for it.  The ring is tested head first, which
   keeps MPI's per-sender order (receives match in posting order).
@@ -43,8 +43,7 @@ from .collective import collective_comm
 from .cuda_aware import mpi_cuda_support
 from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
 from .launch import import_mpi, library_version, thread_level_name
-from .progress import (MpiRequest, PilotRing, RawRequest, SendList, handle_of, quick_probe, quick_test, raw_mpi,
-                       set_mpi_byte)
+from .progress import MpiRequest, PilotRing, SendList, handle_of, quick_probe, quick_test, set_mpi_byte
 from .wire import (PAYLOAD_TAG_BASE, PILOT_TAG, PILOT_WORDS, STRIDED_POLICIES, DatatypeCache, Spec,
                    buffer_spec, encode_pilot)
 
@@ -110,7 +109,6 @@ class MpiCommunicator(Communicator):
         self.poll_spin = self.POLL_SPIN if poll_spin is None else float(poll_spin)
         self.poll_min = self.POLL_MIN
         self.poll_max = self.POLL_MAX if poll_max is None else float(poll_max)
-        self._ensure_ready()     # (finds the GIL-keeping calls the ring uses)
         self._start_ring()
         if install_hooks is None:
             install_hooks = comm is None and self._size > 1
@@ -144,8 +142,6 @@ class MpiCommunicator(Communicator):
         self._payload_sends = SendList()       # for close(): let them finish before MPI_Finalize
         self._handle: Any = None
         self._closed = False
-        self._raw: Any = None                  # RawMpi (GIL-keeping calls), once the handle is ready
-        self._raw_tried = False
 
     @classmethod
     def _clone_of(cls, root: "MpiCommunicator", comm: Any, request: Any) -> "MpiCommunicator":
@@ -199,16 +195,14 @@ class MpiCommunicator(Communicator):
 
     def _ensure_ready(self) -> None:
         req = self._pending_dup
-        if req is not None:
-            self._wait(req.Test, "the other ranks to clone a collective group communicator")
-            self._pending_dup = None
-        if not self._raw_tried:
-            self._raw_tried = True
-            self._raw = raw_mpi(self._mpi, self._comm)
+        if req is None:
+            return
+        self._wait(req.Test, "the other ranks to clone a collective group communicator")
+        self._pending_dup = None
 
     # ---- pilots
     def _start_ring(self) -> None:
-        self._ring = PilotRing(self._mpi, self._comm, self._pilot_inbox, self._raw)
+        self._ring = PilotRing(self._mpi, self._comm, self._pilot_inbox)
 
     def send_pilot(self, to: int, pilot: Pilot) -> None:
         self._check_rank(to)
@@ -216,18 +210,12 @@ class MpiCommunicator(Communicator):
             raise CommunicatorError(f"rank {self._rank}: communicator closed")
         self._ensure_ready()
         buf = np.empty(PILOT_WORDS, dtype=np.int64)
-        encode_pilot(pilot, buf, self._rank)
-        raw = self._raw
+        encode_pilot(pilot, buf)
         try:
-            if raw is not None:
-                r = RawRequest(raw, raw.isend(self._mpi.buffer(buf).address, PILOT_WORDS, raw.int64, to, PILOT_TAG),
-                               buf, what=f"pilot to rank {to}")
-            else:
-                req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
-                r = MpiRequest(req, buf, what=f"pilot to rank {to}", handle=handle_of(self._mpi, req))
+            req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
-        self._pilot_sends.add(r)
+        self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}", handle=handle_of(self._mpi, req)))
 
     def poll_pilots(self) -> list[tuple[int, Pilot]]:
         if self._closed:
@@ -258,18 +246,12 @@ class MpiCommunicator(Communicator):
         self._check_rank(to)
         self._ensure_ready()
         spec, keep, _finish, _n = self._spec(array, receive=False)
-        raw = self._raw
-        what = f"send of message {msg_id} to rank {to}"
         try:
-            if raw is not None and type(spec[0]) is np.ndarray and spec[2] is self._mpi.BYTE:
-                r = RawRequest(raw, raw.isend(self._mpi.buffer(spec[0]).address, spec[1], raw.byte, to, self._payload_tag(msg_id)),
-                               keep, what=what)
-            else:
-                req = self._comm.Isend(spec, to, self._payload_tag(msg_id))
-                r = MpiRequest(req, keep, what=what, handle=handle_of(self._mpi, req))
+            req = self._comm.Isend(spec, to, self._payload_tag(msg_id))
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: send of message {msg_id} to rank {to} failed: {exc}") \
                 from exc
+        r = MpiRequest(req, keep, what=f"send of message {msg_id} to rank {to}", handle=handle_of(self._mpi, req))
         if len(self._payload_sends) > 64:       # keep the teardown list short
             self._payload_sends.pending()
         self._payload_sends.add(r)
@@ -279,18 +261,13 @@ class MpiCommunicator(Communicator):
         self._check_rank(from_rank)
         self._ensure_ready()
         spec, keep, finish, nbytes = self._spec(out_array, receive=True)
-        raw = self._raw
-        what = f"receive of message {msg_id} from rank {from_rank}"
         try:
-            if raw is not None and type(spec[0]) is np.ndarray and spec[2] is self._mpi.BYTE:
-                h = raw.irecv(self._mpi.buffer(spec[0]).address, spec[1], raw.byte, from_rank, self._payload_tag(msg_id))
-                return RawRequest(raw, h, keep, receive=True, expect=nbytes, finish=finish, what=what)
             req = self._comm.Irecv(spec, from_rank, self._payload_tag(msg_id))
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: receive of message {msg_id} from rank {from_rank} "
                                     f"failed: {exc}") from exc
-        return MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish, what=what,
-                          handle=handle_of(self._mpi, req))
+        return MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
+                          what=f"receive of message {msg_id} from rank {from_rank}", handle=handle_of(self._mpi, req))
 
     # ---- groups, barrier, collectives
     def clone(self, key: Hashable | None = None) -> "MpiCommunicator":

@@ -161,100 +161,6 @@ def handle_of(mpi: Any, req: Any) -> int | None:
         return None
 
 
-class RawMpi:
-    """``MPI_Isend``, ``MPI_Irecv``, ``MPI_Test`` and ``MPI_Get_count`` on one communicator,
-    called through ``ctypes.PyDLL``: the GIL stays with the executor.
-
-    mpi4py releases the GIL around every call, and the application and scheduler threads
-    are busy (submitting and lowering the next steps) exactly while the executor issues a
-    step's sends: each release handed them the GIL, and the executor waited for it to come
-    back, up to a switch interval (5 ms).  Measured on 2 ranks of wave_sim 256², loaded
-    machine: a pilot's ``Isend`` took 29-100 us of wall time for 9 us of CPU.  These calls
-    never block, so holding the GIL through them costs nothing.  None of ``raw_mpi``'s
-    functions may be missing; without them the mpi4py calls serve."""
-
-    def __init__(self, mpi: Any, comm: Any):
-        req_t, comm_t, dt_t = (_handle_type(mpi, c) for c in (mpi.Request, mpi.Comm, mpi.Datatype))
-        if None in (req_t, comm_t, dt_t):
-            raise LookupError("unusual MPI handle sizes")
-        p, i, ref = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER
-        fns = {name: _gil_keeping(name, args) for name, args in (
-            ("MPI_Isend", [p, i, dt_t, i, i, comm_t, ref(req_t)]),
-            ("MPI_Irecv", [p, i, dt_t, i, i, comm_t, ref(req_t)]),
-            ("MPI_Test", [ref(req_t), ref(i), p]),
-            ("MPI_Get_count", [p, dt_t, ref(i)]),
-            ("MPI_Cancel", [ref(req_t)]),
-            ("MPI_Error_string", [i, ctypes.c_char_p, ref(i)]))}
-        if None in fns.values():
-            raise LookupError("MPI functions not reachable through ctypes")
-        self._isend, self._irecv, self._test = fns["MPI_Isend"], fns["MPI_Irecv"], fns["MPI_Test"]
-        self._get_count, self._cancel, self._error_string = fns["MPI_Get_count"], fns["MPI_Cancel"], \
-            fns["MPI_Error_string"]
-        self.request_type = req_t
-        self.comm = comm_t(mpi._handleof(comm))
-        self.byte = dt_t(mpi._handleof(mpi.BYTE))
-        self.int64 = dt_t(mpi._handleof(mpi.INT64_T))
-        self.any_source = int(mpi.ANY_SOURCE)
-        self._flag = ctypes.c_int(0)
-        self._flag_ref = ctypes.byref(self._flag)
-        self._count = ctypes.c_int(0)
-        self._count_ref = ctypes.byref(self._count)
-        self.scratch_status = ctypes.create_string_buffer(256)   # (larger than any MPI_Status)
-
-    def isend(self, addr: int, count: int, dtype: Any, dest: int, tag: int) -> Any:
-        h = self.request_type()
-        rc = self._isend(addr, count, dtype, dest, tag, self.comm, ctypes.byref(h))
-        if rc:
-            raise CommunicatorError(f"MPI_Isend to rank {dest} failed: {self.error_text(rc)}")
-        return h
-
-    def irecv(self, addr: int, count: int, dtype: Any, source: int, tag: int) -> Any:
-        h = self.request_type()
-        rc = self._irecv(addr, count, dtype, source, tag, self.comm, ctypes.byref(h))
-        if rc:
-            raise CommunicatorError(f"MPI_Irecv from rank {source} failed: {self.error_text(rc)}")
-        return h
-
-    def test(self, h: Any, status: Any) -> bool:
-        """``MPI_Test``: True once complete (the request is freed then)."""
-        rc = self._test(ctypes.byref(h), self._flag_ref, status)
-        if rc:
-            raise CommunicatorError(self.error_text(rc))
-        return self._flag.value != 0
-
-    def received(self, status: Any) -> int:
-        """The byte count of a completed receive's ``status``."""
-        rc = self._get_count(status, self.byte, self._count_ref)
-        if rc:
-            raise CommunicatorError(f"MPI_Get_count failed: {self.error_text(rc)}")
-        return self._count.value
-
-    def cancel(self, h: Any) -> None:
-        self._cancel(ctypes.byref(h))
-
-    def error_text(self, rc: int) -> str:
-        """The MPI library's text for error code ``rc`` (as mpi4py's exceptions show it)."""
-        buf = ctypes.create_string_buffer(1024)     # (MPI_MAX_ERROR_STRING is at most 1024 in practice)
-        n = ctypes.c_int(0)
-        if self._error_string(rc, buf, ctypes.byref(n)) != 0:
-            return f"MPI error {rc}"
-        return buf.raw[:n.value].decode(errors="replace") or f"MPI error {rc}"
-
-
-RAW_CALLS = [True]     # (tests turn it off to exercise the mpi4py path, which other platforms take)
-
-
-def raw_mpi(mpi: Any, comm: Any) -> RawMpi | None:
-    """A ``RawMpi`` for ``comm``, or None where the MPI library cannot be reached that way."""
-    if not RAW_CALLS[0]:
-        return None
-    try:
-        return RawMpi(mpi, comm)
-    except Exception:  # noqa: BLE001 - an optimization only
-        log.debug("MPI sends and receives go through mpi4py only", exc_info=True)
-        return None
-
-
 class MpiRequest(FlagRequest):
     """A payload (or pilot) send or receive.
 
@@ -287,20 +193,13 @@ class MpiRequest(FlagRequest):
             raise self._error
         return True
 
-    def _test_once(self) -> bool:
-        """One MPI_Test (preceded by a QuickTest where there is one)."""
+    def _progress(self) -> bool:
+        """One MPI_Test (preceded by a QuickTest where there is one); True once complete (or failed)."""
         handle = self._handle
         if handle is not None and not _QUICK[0].done(handle):
             return False
-        return self._req.Test(self._status) if self._status is not None else self._req.Test()
-
-    def _byte_count(self) -> int:
-        return self._status.Get_count(_MPI_BYTE[0])
-
-    def _progress(self) -> bool:
-        """One test; True once complete (or failed)."""
         try:
-            flag = self._test_once()
+            flag = self._req.Test(self._status) if self._status is not None else self._req.Test()
         except Exception as exc:  # noqa: BLE001 - mpi4py raises MPI.Exception
             self._error = CommunicatorError(f"{self._what} failed: {exc}")
             flag = True
@@ -308,7 +207,7 @@ class MpiRequest(FlagRequest):
             if flag:
                 try:
                     if self._status is not None and self._expect >= 0:
-                        got = self._byte_count()
+                        got = self._status.Get_count(_MPI_BYTE[0])
                         if got != self._expect:
                             raise CommunicatorError(f"{self._what}: received {got} bytes, expected {self._expect}")
                     if self._finish is not None:
@@ -338,26 +237,6 @@ class MpiRequest(FlagRequest):
         return True
 
 
-class RawRequest(MpiRequest):
-    """An ``MpiRequest`` made and tested through ``RawMpi`` (the GIL kept): ``_req`` is the
-    ctypes request handle, freed by the ``MPI_Test`` that completes it."""
-
-    __slots__ = ("_raw",)
-
-    def __init__(self, raw: RawMpi, h: Any, keep: Any, *, receive: bool = False, expect: int = -1,
-                 finish: Callable[[], None] | None = None, what: str = ""):
-        super().__init__(h, keep, status=ctypes.create_string_buffer(256) if receive else None, expect=expect,
-                         finish=finish, what=what)
-        self._raw = raw
-
-    def _test_once(self) -> bool:
-        status = self._status
-        return self._raw.test(self._req, self._raw.scratch_status if status is None else status)
-
-    def _byte_count(self) -> int:
-        return self._raw.received(self._status)
-
-
 class PilotRing:
     """The standing ``Irecv(ANY_SOURCE)`` pilot receives of one communicator.
 
@@ -365,59 +244,46 @@ class PilotRing:
     posting order); decoded pilots go to ``inbox``, which ``poll_pilots`` drains.
     """
 
-    def __init__(self, mpi: Any, comm: Any, inbox: deque, raw: RawMpi | None = None):
+    def __init__(self, mpi: Any, comm: Any, inbox: deque):
         self._mpi = mpi
         self._comm = comm
         self.inbox = inbox
         self._status = mpi.Status()
         self._quick = quick_test(mpi)
-        self._raw = raw            # receives posted and tested through RawMpi (the source: the pilot's last word)
         self.slots: deque = deque()
         for _ in range(PILOT_RING):
-            buf = np.zeros(PILOT_WORDS, dtype=np.int64)
-            self.slots.append(self._post(buf, mpi.buffer(buf).address))
+            self.slots.append(self._post(np.zeros(PILOT_WORDS, dtype=np.int64)))
 
-    def _post(self, buf: np.ndarray, addr: int) -> tuple:
-        raw = self._raw
-        if raw is not None:
-            return raw.irecv(addr, PILOT_WORDS, raw.int64, raw.any_source, PILOT_TAG), buf, addr, None
+    def _post(self, buf: np.ndarray) -> tuple:
         mpi = self._mpi
         req = self._comm.Irecv([buf, mpi.INT64_T], mpi.ANY_SOURCE, PILOT_TAG)
-        return req, buf, addr, handle_of(mpi, req)
+        return req, buf, handle_of(mpi, req)
 
     def poll(self) -> bool:
         got = False
-        slots, raw = self.slots, self._raw
+        slots, status, quick = self.slots, self._status, self._quick
         while slots:
-            req, buf, addr, handle = slots[0]
-            if raw is not None:
-                if not raw.test(req, raw.scratch_status):
-                    break
-                source = int(buf[PILOT_WORDS - 1])
-            else:
-                if handle is not None and not self._quick.done(handle):
-                    break
-                if not req.Test(self._status):
-                    break
-                source = self._status.Get_source()
-            self.inbox.append((source, decode_pilot(buf)))
+            req, buf, handle = slots[0]
+            if handle is not None and not quick.done(handle):
+                break
+            if not req.Test(status):
+                break
+            self.inbox.append((status.Get_source(), decode_pilot(buf)))
             slots.popleft()
-            slots.append(self._post(buf, addr))
+            slots.append(self._post(buf))
             got = True
         return got
 
     def cancel(self, timeout: float = 2.0) -> None:
         slots, self.slots = self.slots, deque()
-        raw = self._raw
-        for req, _buf, _addr, _handle in slots:
+        for req, _buf, _handle in slots:
             try:
-                raw.cancel(req) if raw is not None else req.Cancel()
+                req.Cancel()
             except Exception:  # noqa: BLE001
                 pass
         deadline = time.monotonic() + timeout
-        for req, _buf, _addr, _handle in slots:
-            while time.monotonic() < deadline and not (raw.test(req, raw.scratch_status) if raw is not None
-                                                       else req.Test()):
+        for req, _buf, _handle in slots:
+            while time.monotonic() < deadline and not req.Test():
                 time.sleep(1e-4)
 
 

@@ -1,8 +1,6 @@
 """What celeritas puts on the MPI wire: pilot messages, payload buffer specs, datatypes.
 
-* **pilots** travel as fixed 13 x int64 messages on ``PILOT_TAG``, the sender's rank last
-  (a standing ``ANY_SOURCE`` receive completed through ``RawMpi`` has no portable way to
-  read the source from its status).
+* **pilots** travel as fixed 12 x int64 messages on ``PILOT_TAG``.
 * **payloads** go straight from / into the allocation: contiguous boxes as raw
   bytes, strided boxes through a cached ``hvector`` datatype over the view's
   memory or through a contiguous staging copy, whichever the size says is
@@ -26,7 +24,7 @@ PILOT_TAG = 1
 EPOCH_TAG = 2
 PAYLOAD_TAG_BASE = 16
 PILOT_RING = 16                  # standing pilot receives
-PILOT_WORDS = 13                 # msg_id, to, t0, t1, t2, dims, lo0..2, hi0..2, sender
+PILOT_WORDS = 12                 # msg_id, to, t0, t1, t2, dims, lo0..2, hi0..2
 
 # Strided boxes: "datatype" (hvector over the allocation), "staging" (contiguous
 # copy), or "auto".  Measured with MPICH 5 (shared memory, 2 ranks, ping-pong,
@@ -48,10 +46,15 @@ Spec = tuple[Any, Any, "Callable[[], None] | None", int]
 # pilots
 
 
-def encode_pilot(p: Pilot, out: np.ndarray, sender: int = -1) -> None:
+def encode_pilot(p: Pilot, out: np.ndarray) -> None:
     b = p.box
     t = p.transfer
-    out[:] = (p.msg_id, p.to, t[0], t[1], t[2], b.dims) + b.lo + b.hi + (sender,)
+    out[0] = p.msg_id
+    out[1] = p.to
+    out[2], out[3], out[4] = t[0], t[1], t[2]
+    out[5] = b.dims
+    out[6:9] = b.lo
+    out[9:12] = b.hi
 
 
 def decode_pilot(w: np.ndarray) -> Pilot:
