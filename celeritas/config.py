@@ -328,6 +328,48 @@ def check_output_paths(config: Config) -> None:
             raise ConfigError(f"{var}: the folder {folder!r} is not writable")
 
 
+def collective_settings(config: Config, summary: bool) -> dict:
+    """What the ranks of one job must agree on, as this rank has it (``summary``: whether
+    this rank asks for the shutdown summary).  The horizon settings decide where horizon
+    tasks go, so ranks that differ number their later tasks differently and no transfer
+    matches; graph dumps, trace and summary are gathered at shutdown, a collective every
+    rank must join.  The rest of the configuration may differ between ranks."""
+    return {"CELERITAS_HORIZON_STEP": config.horizon_step,
+            "CELERITAS_HORIZON_MAX_PARALLELISM": config.horizon_max_parallelism,
+            "CELERITAS_PRINT_GRAPHS": config.print_graphs is not None,
+            "CELERITAS_TRACE": config.trace is not None,
+            "summary": bool(summary)}
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def agree_across_ranks(per_rank: list[dict]) -> bool:
+    """Check the ``collective_settings`` of every rank (in rank order) and return whether
+    the job prints the summary: when any rank asks for it (CELERITAS_SUMMARY, or a log
+    level of info or debug, which one rank may well have alone), every rank joins its
+    gather and rank 0 prints it.  A horizon setting that differs, or a graph folder or
+    trace file named on some ranks only, is a ConfigError naming it and the ranks."""
+    first = per_rank[0]
+    for var in first:
+        if var == "summary":
+            continue
+        by_value: dict = {}
+        for rank, settings in enumerate(per_rank):
+            by_value.setdefault(settings[var], []).append(rank)
+        if len(by_value) == 1:
+            continue
+        if isinstance(first[var], bool):
+            raise ConfigError(f"{var} is set on {_ranks_text(by_value[True])} but not on "
+                              f"{_ranks_text(by_value[False])}; every rank takes part in writing it at "
+                              f"shutdown, so set it on every rank or on none (the paths may differ)")
+        values = ", ".join(f"{_ranks_text(ranks)}: {value}" for value, ranks in by_value.items())
+        raise ConfigError(f"{var} differs between ranks ({values}); it decides where horizon tasks go, "
+                          f"and every rank must submit the same tasks: give it the same value on every rank")
+    return any(settings["summary"] for settings in per_rank)
+
+
 def check_dry_run(config: Config, num_ranks: int) -> None:
     """A dry run (CELERITAS_DRY_RUN_NODES) simulates the whole cluster in one process; in a
     job of several ranks (``num_ranks``, or what an MPI launcher announced) every rank would

@@ -275,6 +275,12 @@ class Runtime:
         self.dry_run = dry is not None
         self.rank = 0 if self.dry_run else communicator.rank
         self.num_ranks = dry if self.dry_run else communicator.num_ranks
+        from .summary import enabled as summary_enabled
+        self._summary = summary_enabled(config)
+        if not self.dry_run and communicator.num_ranks > 1 and communicator.settings_may_differ:
+            # (before anything runs: every rank raises the same ConfigError, nobody hangs)
+            self._summary = cfg.agree_across_ranks(
+                self._collective().allgather(cfg.collective_settings(config, self._summary)))
         self.backend = make_backend(config.devices, config.host_device_memory, config.huge_pages,
                                     config.devices_setting, rank=self.rank)
         self.backend_name = type(self.backend).__name__.replace("Backend", "").lower()
@@ -289,8 +295,7 @@ class Runtime:
             self.executor = Executor(self.backend, communicator, on_horizon=self._on_horizon,
                                      on_epoch=self._on_epoch, on_error=self._on_executor_error,
                                      inline_threshold=config.inline_us * 1e-6,
-                                     trace=bool(config.trace) or config.summary
-                                     or config.log_level in ("info", "debug"),
+                                     trace=bool(config.trace) or self._summary,
                                      name=f"celeritas-executor-{self.rank}")
         # graph records (Queue.graphs(), dumps): recorders injected into the generators
         self.recorders: Recorders | None = (Recorders(self.rank) if config.record or config.print_graphs
@@ -820,8 +825,15 @@ class Runtime:
             memory=dict(igg.memory_stats), throttled=self.throttled_count, gather=self.gather_to_root)
 
     def _summary_enabled(self) -> bool:
-        from .summary import enabled
-        return enabled(self.config)
+        """Whether this job prints the summary (asked for on any rank: see cfg.agree_across_ranks)."""
+        return self._summary
+
+    def _collective(self):
+        """The collective handle of a communicator cloned once per runtime for the start-up
+        agreement and the shutdown outputs, so these messages never mix with the executor's."""
+        if self._gather_handle is None:
+            self._gather_handle = self.communicator.clone(key="celeritas-outputs").collective_handle()
+        return self._gather_handle
 
     def gather_to_root(self, obj: Any, root: int = 0) -> list | None:
         """``obj`` of every rank, in rank order, on ``root``; None elsewhere.  Collective:
@@ -829,9 +841,7 @@ class Runtime:
         so these messages never mix with the executor's."""
         if self.dry_run or self.communicator.num_ranks == 1:
             return [obj]
-        if self._gather_handle is None:
-            self._gather_handle = self.communicator.clone(key="celeritas-outputs").collective_handle()
-        return self._gather_handle.gather(obj, root=root)
+        return self._collective().gather(obj, root=root)
 
     def _abort(self) -> None:
         """Stop both threads without waiting for outstanding work (after an error)."""
@@ -982,6 +992,8 @@ def _default_communicator(config: cfg.Config):
 def _new_runtime(env: dict | None, overrides: dict, communicator) -> "Runtime":
     try:
         config = _config(env, overrides)
+        if communicator is None:         # (a dry run in an MPI job of several ranks: refused)
+            cfg.check_dry_run(config, 1)
     except ConfigError:
         if communicator is None:
             _join_mpi_job()

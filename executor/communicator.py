@@ -58,6 +58,9 @@ class Communicator(abc.ABC):
     contiguous arrays.
     ``cuda_aware``: payloads may live in CUDA device memory (True), may not
     (False), or nobody can tell (None); decides ``CELERITAS_MPI_DEVICE_MEMORY=auto``.
+    ``settings_may_differ``: each rank is a process of its own that reads its own
+    environment (MPI), so the runtime checks at start-up that the ranks agree on the
+    settings that must be alike; the ranks of an in-process cluster share theirs.
 
     A communicator that does not notify is polled by the executor, on its own
     thread, through ``poll_pilots`` and its requests' ``test``, while sends or
@@ -69,6 +72,7 @@ class Communicator(abc.ABC):
 
     notifies: bool = False
     accepts_strided: bool = False
+    settings_may_differ: bool = False
     cuda_aware: bool | None = False
     poll_spin: float = 0.0
     poll_min: float = 20e-6
