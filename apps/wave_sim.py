@@ -80,9 +80,9 @@ def submit_step(q: cl.Queue, up: cl.Buffer, u: cl.Buffer, a: float, b: float, c:
         def kernel(chunk):
             (y0, x0), (y1, x1) = chunk.box.min, chunk.box.max
             xp = chunk.xp
-            # the chunk's neighbourhood straight from the accessor's allocation (global
-            # coordinates minus its offset): the kernel reads it nine times, and a plain
-            # slice costs a third of an accessor index
+            # the chunk's neighbourhood and its rows of ``up`` straight from the accessors'
+            # allocations (global coordinates minus their offsets): the kernel indexes them
+            # eleven times, and a plain slice costs a third of an accessor index
             arr = ru.array
             oy, ox = ru.offset
 
@@ -93,7 +93,9 @@ def submit_step(q: cl.Queue, up: cl.Buffer, u: cl.Buffer, a: float, b: float, c:
             lap = (_shift(xp, get, y0, y1, x0, x1, -1, 0, n) + _shift(xp, get, y0, y1, x0, x1, 1, 0, n)
                    + _shift(xp, get, y0, y1, x0, x1, 0, -1, n) + _shift(xp, get, y0, y1, x0, x1, 0, 1, n)
                    - 4 * center)
-            rw[chunk] = a * 2 * center - b * rw[chunk] + c * lap
+            (wy, wx), w = rw.offset, rw.array
+            out = w[y0 - wy:y1 - wy, x0 - wx:x1 - wx]
+            out[...] = a * 2 * center - b * out + c * lap
 
     q.submit(cgf)
 
