@@ -29,3 +29,24 @@ def run_job(argv: list, env: dict, timeout: float, cwd: Path | str | None = None
     res = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     res.seconds = time.monotonic() - t0  # type: ignore[attr-defined]
     return res
+
+
+def job_or_none(argv: list, env: dict, timeout: float, cwd: Path | str | None = None) -> subprocess.CompletedProcess | None:
+    """``run_job`` for tests whose question is whether the job ends at all: None if it outlived
+    ``timeout`` (the whole process group, mpiexec and its ranks, is killed then)."""
+    proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def explain(r: subprocess.CompletedProcess | None) -> str:
+    """What a job printed, for an assertion's message (None: it was killed at its timeout)."""
+    if r is None:
+        return "the job did not finish (killed at its timeout)"
+    return f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"

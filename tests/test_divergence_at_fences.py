@@ -11,18 +11,18 @@ than the divergence timeout) is no divergence.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs import explain, job_or_none
 
 import celeritas as cl
 from celeritas.testing import run_cluster
@@ -65,7 +65,7 @@ class _Wire:
         self.queues: dict = defaultdict(deque)
         self.sent: list = []
 
-    def endpoint(self, rank: int) -> "_End":
+    def endpoint(self, rank: int) -> _End:
         return _End(self, rank)
 
 
@@ -73,7 +73,7 @@ class _Msg:
     def __init__(self, payload=None):
         self.payload = payload
 
-    def Test(self):  # noqa: N802 - mpi4py spelling
+    def Test(self):
         return True
 
     def irecv(self):
@@ -106,7 +106,7 @@ def _checks(pending: list[list], timeout: float = 2.0) -> tuple[_Wire, list[Epoc
     for r in range(n):
         chk = EpochCheck(wire.endpoint(r), r, n, timeout)
         chk.PENDING_RECHECK = 0.0
-        chk.pending_tasks = (lambda lst: (lambda: list(lst)))(pending[r])
+        chk.pending_tasks = functools.partial(list, pending[r])
         checks.append(chk)
     return wire, checks
 
@@ -144,7 +144,7 @@ def test_a_shorter_stream_is_no_divergence_however_it_grows():
     """The slower rank holds a prefix of the other's stream: no error, neither while it
     catches up nor after it went past the other's list."""
     fast, slow = [_k(1), _k(2), _k(3), _fence(4)], []
-    wire, (c0, c1) = _checks([fast, slow])
+    _wire, (c0, c1) = _checks([fast, slow])
     c0.poll(stalled=10.0)
     for entry in [_k(1), _k(2), _k(3), _fence(4), _k(5), _k(6)]:
         slow.append(entry)
@@ -176,7 +176,7 @@ def test_only_the_ids_both_lists_cover_are_compared():
     (the epoch comparison's business) is not compared; one at T6 is."""
     left = [_k(5), _k(6, "a"), _k(7)]
     right = [_k(1), _k(2, "other"), _k(3), (4, "device_compute", "not an epoch here", [16]), _k(5)]
-    wire, (c0, c1) = _checks([left, right])
+    _wire, (c0, c1) = _checks([left, right])
     c0.poll(stalled=10.0)
     c1.poll()
     assert not c1._failed
@@ -206,7 +206,7 @@ def test_tasks_past_the_digest_limit_are_not_compared():
 def test_a_buffer_made_on_one_rank_only_names_the_task_the_other_submitted_there():
     left = [(1, BUFFER_CREATED, "B1 float64", [4]), _k(1), _fence(2)]
     right = [_k(1), _fence(2)]
-    wire, (c0, c1) = _checks([left, right])
+    _wire, (c0, c1) = _checks([left, right])
     c0.poll(stalled=10.0)
     with pytest.raises(cl.DivergenceError, match=re.escape(
             "rank 0 submitted buffer B1 float64 of shape (4,) (made before T1); rank 1 submitted T1 "
@@ -217,7 +217,7 @@ def test_a_buffer_made_on_one_rank_only_names_the_task_the_other_submitted_there
 def test_in_a_ring_of_four_the_ranks_beside_the_odd_one_find_it():
     same = [_k(1), _k(2), _fence(3)]
     odd = [_k(1), _k(2, "other"), _fence(3)]
-    wire, checks = _checks([list(same), list(same), list(same), odd])
+    _wire, checks = _checks([list(same), list(same), list(same), odd])
     found = {}
     for _ in range(2):      # (every rank stalled: each sends, then compares what came)
         for r in range(4):
@@ -366,23 +366,10 @@ def _env(extra: dict) -> dict:
 
 
 def _job(argv: list, env: dict, timeout: float) -> subprocess.CompletedProcess | None:
-    """Run ``argv`` in its own session; None if it outlived ``timeout`` (then mpiexec and
-    its ranks are killed)."""
-    proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return job_or_none(argv, env, timeout, cwd=ROOT)
 
 
-def _explain(r: subprocess.CompletedProcess | None) -> str:
-    if r is None:
-        return "the job did not finish (killed at its timeout)"
-    return f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
+_explain = explain
 
 
 SCRIPT = """\

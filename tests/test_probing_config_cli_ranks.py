@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs import explain, job_or_none
 
 import celeritas as cl
 from celeritas.__main__ import main
@@ -72,23 +72,10 @@ def _env(extra: dict | None = None) -> dict:
 
 
 def _job(argv: list, env: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess | None:
-    """Run ``argv`` in its own session; ``None`` if it outlived ``timeout`` (then the whole
-    process group, mpiexec and its ranks, is killed)."""
-    proc = subprocess.Popen([str(a) for a in argv], cwd=cwd or ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return job_or_none(argv, env, timeout, cwd=cwd or ROOT)
 
 
-def _explain(r: subprocess.CompletedProcess | None) -> str:
-    if r is None:
-        return "the job did not finish (killed at its timeout)"
-    return f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
+_explain = explain
 
 
 def _touch(b, name, n=16):
