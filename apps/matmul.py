@@ -12,7 +12,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, positive, report_verification
+from ._common import Timer, base_parser, cli, console, positive, report_verification
 
 
 def inputs(n: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -73,4 +73,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))
