@@ -24,7 +24,7 @@ def base_parser(description: str, *, timed: bool = False) -> argparse.ArgumentPa
     p.add_argument("--verify", action="store_true", help="compare the result with a sequential numpy run")
     if timed:
         p.add_argument("--json", action="store_true", help="print one JSON timing line on stdout (rank 0)")
-        p.add_argument("--no-progress", action="store_true")
+        p.add_argument("--no-progress", action="store_true", help="no step bar on stderr")
     return p
 
 

@@ -19,8 +19,8 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import (Timer, base_parser, cli, console, image_output, input_file, nonnegative, positive,
-                      positive_float, print_timing, progress_bar, report_verification)
+from ._common import (Timer, base_parser, cli, console, image_output, input_file, nonnegative, positive, positive_float,
+                      print_timing, progress_bar, report_verification)
 
 log = logging.getLogger("celeritas.apps")
 

@@ -106,7 +106,7 @@ def run(q: cl.Queue, n: int, steps: int, *, dt: float = 1e-3, eps: float = 0.05,
 def main(argv=None) -> int:
     p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=positive, default=2048, help="number of bodies")
-    p.add_argument("-T", "--steps", type=positive, default=10)
+    p.add_argument("-T", "--steps", type=positive, default=10, help="time steps")
     p.add_argument("--dt", type=finite_float, default=1e-3, help="time step")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)

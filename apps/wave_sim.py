@@ -140,7 +140,7 @@ def _write_frame(q, u, frames, step, output):
 def main(argv=None) -> int:
     p = base_parser(__doc__)
     p.add_argument("-N", "--size", type=positive, default=512, help="grid edge length")
-    p.add_argument("-T", "--steps", type=positive, default=100)
+    p.add_argument("-T", "--steps", type=positive, default=100, help="time steps")
     p.add_argument("--output", type=output_folder, default=None,
                    help="folder for .npy frames of u: frame_STEP.npy after the last step and every --output-every "
                         "steps (written by a master-node host task)")

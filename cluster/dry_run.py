@@ -26,7 +26,6 @@ from rich.console import Console
 from rich.table import Table
 
 import celeritas as cl
-
 from apps._common import devices, positive
 
 from . import workloads
@@ -157,7 +156,8 @@ def main(argv=None) -> int:
                                                            "1024 ranks gets work; 128 for jacobi3d)")
     p.add_argument("--steps", type=positive, default=32)
     p.add_argument("--repeats", type=positive, default=3, help="runs per point (the fastest is kept)")
-    p.add_argument("--devices", type=devices, default="host:1", help="devices per simulated node (shapes rank 0's instructions)")
+    p.add_argument("--devices", type=devices, default="host:1",
+                   help="devices per simulated node (shapes rank 0's instructions)")
     p.add_argument("--out", default="scaling-results")
     p.add_argument("--name", default=None, help="file name stem (default: dry_run_APP)")
     args = p.parse_args(argv)

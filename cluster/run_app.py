@@ -18,7 +18,6 @@ import sys
 import time
 
 import celeritas as cl
-
 from apps._common import devices, positive
 
 from . import workloads
