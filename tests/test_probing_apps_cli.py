@@ -157,6 +157,17 @@ def test_a_size_too_large_for_memory_is_one_line_not_a_traceback():
     assert re.search(r"error: out of host memory \(Unable to allocate [\d.]+ TiB.*\); try a smaller -N", r.stderr)
 
 
+@needs_mpi
+def test_an_app_failing_on_two_ranks_ends_the_job_with_one_line_per_rank():
+    """Input: mpiexec -n 2 python -m apps.wave_sim -N 1000000 (every rank runs out of host
+    memory).  Happened: each rank printed numpy's traceback, then celeritas' excepthook
+    aborted the job.  Expected: the job still ends (nonzero, within seconds), with one
+    'error: out of host memory' line per rank and no traceback."""
+    r = _job([MPIEXEC, "-n", "2", sys.executable, "-m", "apps.wave_sim", "-N", "1000000"], timeout=60)
+    assert r is not None and r.returncode != 0, explain(r)
+    assert r.stderr.count("error: out of host memory") == 2 and "Traceback" not in r.stderr, explain(r)
+
+
 def test_a_celeritas_error_while_an_app_runs_is_one_line_not_a_traceback():
     """Input: CELERITAS_HORIZON_STEP=0 python -m apps.hello (an invalid setting, found by
     cl.Queue()).  Happened: a traceback through apps/hello.py, celeritas/runtime.py and
