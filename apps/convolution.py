@@ -19,7 +19,8 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, nonnegative, positive, print_timing, progress_bar, report_verification
+from ._common import (Timer, base_parser, cli, console, image_output, input_file, nonnegative, positive, positive_float,
+                      print_timing, progress_bar, report_verification)
 
 log = logging.getLogger("celeritas.apps")
 
@@ -170,10 +171,12 @@ def run(q: cl.Queue, image: np.ndarray | int, *, radius: int = 2, sigma: float |
 def main(argv=None) -> int:
     p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=positive, default=1024, help="edge length of the synthetic image")
-    p.add_argument("--input", default=None, help="a picture to filter instead of the synthetic one")
-    p.add_argument("--output", default="convolution.png", help="PNG written by rank 0 ('' for none)")
+    p.add_argument("--input", type=input_file, default=None, help="a picture to filter instead of the synthetic one")
+    p.add_argument("--output", type=image_output, default="convolution.png",
+                   help="picture (.png, .jpg, ...) written by rank 0 ('' for none)")
     p.add_argument("--radius", type=nonnegative, default=2, help="Gaussian radius in pixels")
-    p.add_argument("--sigma", type=float, default=None)
+    p.add_argument("--sigma", type=positive_float, default=None,
+                   help="Gaussian width in pixels (default: radius / 2, at least 0.5)")
     p.add_argument("-T", "--iterations", type=positive, default=1, help="blur + sharpen passes")
     args = p.parse_args(argv)
     image = load_image(args.input) if args.input else synthetic_image(args.size, args.size)
@@ -197,4 +200,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -7,7 +7,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import base_parser, console
+from ._common import base_parser, cli, console
 
 SECRET = "Ifmmp-!Xpsme\""   # "Hello, World!" shifted by one
 
@@ -59,4 +59,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -23,7 +23,8 @@ from rich.progress import TextColumn
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, positive, print_timing, progress_bar, report_verification
+from ._common import (Timer, at_least, base_parser, cli, console, finite_float, positive, print_timing, progress_bar,
+                      report_verification)
 
 log = logging.getLogger("celeritas.apps")
 
@@ -122,10 +123,12 @@ def run(q: cl.Queue, n: int, max_steps: int, *, tol: float = 1e-4, check_every: 
 
 def main(argv=None) -> int:
     p = base_parser(__doc__, timed=True)
-    p.add_argument("-N", "--size", type=positive, default=128, help="cube edge length (boundary included)")
+    p.add_argument("-N", "--size", type=at_least(3), default=128,
+                   help="cube edge length, boundary included (at least 3: one interior point)")
     p.add_argument("-T", "--steps", type=positive, default=1000, help="maximum number of steps")
-    p.add_argument("--tol", type=float, default=1e-4, help="stop when the largest change is below this")
-    p.add_argument("--check-every", type=positive, default=10)
+    p.add_argument("--tol", type=finite_float, default=1e-4,
+                   help="stop when the largest change is below this (0 or less: run all --steps)")
+    p.add_argument("--check-every", type=positive, default=10, help="steps between convergence checks")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -149,4 +152,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -12,7 +12,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, positive, report_verification
+from ._common import Timer, base_parser, cli, console, positive, report_verification
 
 
 def inputs(n: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
@@ -53,9 +53,9 @@ def run(q: cl.Queue, n: int, *, split_2d: bool = False, repeat: int = 1) -> np.n
 
 def main(argv=None) -> int:
     p = base_parser(__doc__)
-    p.add_argument("-N", "--size", type=positive, default=512)
-    p.add_argument("--split-2d", action="store_true")
-    p.add_argument("--repeat", type=positive, default=1)
+    p.add_argument("-N", "--size", type=positive, default=512, help="matrix edge length (N x N times N x N)")
+    p.add_argument("--split-2d", action="store_true", help="split C by rows and columns (split_2d hint)")
+    p.add_argument("--repeat", type=positive, default=1, help="multiplications to run (timed together)")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -73,4 +73,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -20,7 +20,8 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, positive, print_timing, progress_bar, report_verification
+from ._common import (Timer, base_parser, cli, console, finite_float, positive, print_timing, progress_bar,
+                      report_verification)
 
 log = logging.getLogger("celeritas.apps")
 
@@ -105,8 +106,8 @@ def run(q: cl.Queue, n: int, steps: int, *, dt: float = 1e-3, eps: float = 0.05,
 def main(argv=None) -> int:
     p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=positive, default=2048, help="number of bodies")
-    p.add_argument("-T", "--steps", type=positive, default=10)
-    p.add_argument("--dt", type=float, default=1e-3)
+    p.add_argument("-T", "--steps", type=positive, default=10, help="time steps")
+    p.add_argument("--dt", type=finite_float, default=1e-3, help="time step")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -129,4 +130,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -16,7 +16,8 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, positive, print_timing, progress_bar, report_verification
+from ._common import (Timer, base_parser, cli, console, image_output, positive, print_timing, progress_bar,
+                      report_verification)
 
 log = logging.getLogger("celeritas.apps")
 
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     p = base_parser(__doc__, timed=True)
     p.add_argument("-N", "--size", type=positive, default=2048, help="edge length of the synthetic image")
     p.add_argument("-T", "--repeat", type=positive, default=1, help="frames to stretch")
-    p.add_argument("--output", default="", help="PNG of the last stretched frame, written by rank 0")
+    p.add_argument("--output", type=image_output, default="", help="PNG of the last stretched frame, written by rank 0")
     args = p.parse_args(argv)
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
@@ -151,4 +152,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -23,7 +23,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, positive, print_timing, progress_bar, report_verification
+from ._common import Timer, base_parser, cli, console, positive, print_timing, progress_bar, report_verification
 
 log = logging.getLogger("celeritas.apps")
 
@@ -117,4 +117,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -13,7 +13,7 @@ import numpy as np
 
 import celeritas as cl
 
-from ._common import Timer, base_parser, console, nonnegative, positive, report_verification
+from ._common import Timer, base_parser, cli, console, nonnegative, output_folder, positive, report_verification
 
 
 def initial_condition(n: int, dtype=np.float32) -> np.ndarray:
@@ -102,6 +102,9 @@ def submit_step(q: cl.Queue, up: cl.Buffer, u: cl.Buffer, a: float, b: float, c:
 
 def run(q: cl.Queue, n: int, steps: int, *, dt: float = 0.25, dx: float = 1.0, output: str | None = None,
         output_every: int = 0) -> np.ndarray:
+    """``steps`` steps on an ``n`` x ``n`` grid; the final field on every rank.  With ``output`` (a
+    folder) a master-node host task saves ``frame_STEP.npy`` every ``output_every`` steps (0: never)
+    and after the last step."""
     init = initial_condition(n)
     u = cl.Buffer(init, name="u")
     up = cl.Buffer(init, name="up")
@@ -112,6 +115,8 @@ def run(q: cl.Queue, n: int, steps: int, *, dt: float = 0.25, dx: float = 1.0, o
         up, u = u, up
         if frames is not None and output_every and (s + 1) % output_every == 0:
             _write_frame(q, u, frames, s + 1, output)
+    if frames is not None and not (output_every and steps % output_every == 0):
+        _write_frame(q, u, frames, steps, output)      # the last step, unless the loop just wrote it
     result = q.fence(u).result()
     return result
 
@@ -135,10 +140,15 @@ def _write_frame(q, u, frames, step, output):
 def main(argv=None) -> int:
     p = base_parser(__doc__)
     p.add_argument("-N", "--size", type=positive, default=512, help="grid edge length")
-    p.add_argument("-T", "--steps", type=positive, default=100)
-    p.add_argument("--output", default=None, help="folder for .npy frames (written by a master-node host task)")
-    p.add_argument("--output-every", type=nonnegative, default=0)
+    p.add_argument("-T", "--steps", type=positive, default=100, help="time steps")
+    p.add_argument("--output", type=output_folder, default=None,
+                   help="folder for .npy frames of u: frame_STEP.npy after the last step and every --output-every "
+                        "steps (written by a master-node host task)")
+    p.add_argument("--output-every", type=nonnegative, default=0,
+                   help="steps between frames written to --output (0: the last step only)")
     args = p.parse_args(argv)
+    if args.output_every and not args.output:
+        p.error("--output-every needs --output (the folder the frames go to)")
     q = cl.Queue(devices=args.devices, lookahead=args.lookahead)
     with Timer() as t:
         result = run(q, args.size, args.steps, output=args.output, output_every=args.output_every)
@@ -157,4 +167,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 import celeritas as cl
+from apps._common import devices, positive
 
 from . import workloads
 
@@ -151,17 +152,16 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=parse_nodes, default=DEFAULT_NODES)
     p.add_argument("--app", default="wave_sim",
                    help=f"one or more (comma-separated) of {', '.join(workloads.WORKLOADS)}")
-    p.add_argument("--size", type=int, default=None, help="problem size (default per app: 1024, so every one of "
+    p.add_argument("--size", type=positive, default=None, help="problem size (default per app: 1024, so every one of "
                                                            "1024 ranks gets work; 128 for jacobi3d)")
-    p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3, help="runs per point (the fastest is kept)")
-    p.add_argument("--devices", default="host:1", help="devices per simulated node (shapes rank 0's instructions)")
+    p.add_argument("--steps", type=positive, default=32)
+    p.add_argument("--repeats", type=positive, default=3, help="runs per point (the fastest is kept)")
+    p.add_argument("--devices", type=devices, default="host:1",
+                   help="devices per simulated node (shapes rank 0's instructions)")
     p.add_argument("--out", default="scaling-results")
     p.add_argument("--name", default=None, help="file name stem (default: dry_run_APP)")
     args = p.parse_args(argv)
-    apps = [a.strip() for a in args.app.split(",") if a.strip()]
-    for a in apps:
-        workloads.get(a)
+    apps = workloads.app_list(p, args.app)
     rows = study(apps, args.nodes, size=args.size, steps=args.steps, devices=args.devices, repeats=args.repeats)
     stem = args.name or f"dry_run_{'_'.join(apps)}"
     csv_path = write_csv(rows, Path(args.out) / f"{stem}.csv")

@@ -18,6 +18,7 @@ import sys
 import time
 
 import celeritas as cl
+from apps._common import devices, positive
 
 from . import workloads
 
@@ -44,9 +45,9 @@ def measure(app: str, size: int | None = None, steps: int | None = None, *, devi
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--app", required=True, choices=sorted(workloads.WORKLOADS))
-    p.add_argument("--size", type=int, default=None)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--devices", default=None, help="CELERITAS_DEVICES for every rank")
+    p.add_argument("--size", type=positive, default=None)
+    p.add_argument("--steps", type=positive, default=None)
+    p.add_argument("--devices", type=devices, default=None, help="CELERITAS_DEVICES for every rank")
     p.add_argument("--lookahead", default=None, choices=["none", "auto", "infinite"])
     args = p.parse_args(argv)
     info = measure(args.app, args.size, args.steps, devices=args.devices, lookahead=args.lookahead)

@@ -39,6 +39,8 @@ from typing import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from apps._common import devices, positive, positive_float
+
 from . import workloads
 
 log = logging.getLogger("celeritas.apps")
@@ -307,25 +309,23 @@ def main(argv=None) -> int:
     p.add_argument("--app", default="wave_sim",
                    help=f"one or more (comma-separated) of {', '.join(workloads.WORKLOADS)}")
     p.add_argument("--ranks", type=parse_ranks, default=[1, 2, 4])
-    p.add_argument("--devices", default=None, help="CELERITAS_DEVICES of every rank (host:N, cuda, ...)")
-    p.add_argument("--size", type=int, default=None, help="problem size (the base size with --weak)")
-    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--devices", type=devices, default=None, help="CELERITAS_DEVICES of every rank (host:N, cuda, ...)")
+    p.add_argument("--size", type=positive, default=None, help="problem size (the base size with --weak)")
+    p.add_argument("--steps", type=positive, default=None)
     p.add_argument("--weak", action="store_true", help="grow the size with the rank count")
-    p.add_argument("--repeats", type=int, default=1, help="jobs per point; the median is kept")
+    p.add_argument("--repeats", type=positive, default=1, help="jobs per point; the median is kept")
     p.add_argument("--lookahead", default=None, choices=["none", "auto", "infinite"])
     p.add_argument("--launcher", default="auto", choices=["auto", "mpiexec", "srun"])
     p.add_argument("--mpiexec", default=None, help="a specific mpiexec")
     p.add_argument("--launcher-args", default="", help="extra launcher arguments, e.g. '--gpus-per-task=1'")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per job")
+    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per job")
     p.add_argument("--no-handwritten", action="store_true",
                    help="skip the apps' hand-written mpi4py baselines (run beside celeritas by default)")
     p.add_argument("--out", default="scaling-results", help="folder for the CSV and the PNG")
     p.add_argument("--name", default=None, help="file name stem (default: APP_MODE)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    apps = [a.strip() for a in args.app.split(",") if a.strip()]
-    for a in apps:
-        workloads.get(a)
+    apps = workloads.app_list(p, args.app)
     mode = "weak" if args.weak else "strong"
     console.print(f"{mode} scaling of {', '.join(apps)} on ranks {args.ranks} via "
                   f"{choose_launcher(args.launcher)}", soft_wrap=True)

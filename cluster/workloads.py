@@ -287,6 +287,18 @@ def write_csv(rows: Sequence[dict], path: Path, fields: Sequence[str]) -> Path:
     return path
 
 
+def app_list(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The apps of an ``--app a,b`` option, each a known workload, in order and without repeats;
+    a usage error (``parser.error``) for an unknown name or an empty list."""
+    apps = list(dict.fromkeys(a.strip() for a in text.split(",") if a.strip()))
+    if not apps:
+        parser.error(f"argument --app: name one or more of {', '.join(WORKLOADS)}, got {text!r}")
+    for a in apps:
+        if a not in WORKLOADS:
+            parser.error(f"argument --app: unknown app {a!r}; choose one of {', '.join(WORKLOADS)}")
+    return apps
+
+
 def count_list(option: str, what: str) -> Callable[[str], list[int]]:
     """An argparse ``type`` for ``--ranks 1,2,4``-style options: sorted distinct positive ints."""
     def parse(text: str) -> list[int]:
@@ -326,8 +338,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Run an app's hand-written mpi4py baseline on every rank of an MPI "
                                             "job; rank 0 prints one JSON timing line.")
     p.add_argument("--handwritten", required=True, choices=sorted(k for k, w in WORKLOADS.items() if w.handwritten))
-    p.add_argument("--size", type=int, default=None)
-    p.add_argument("--steps", type=int, default=None)
+    from apps._common import positive
+    p.add_argument("--size", type=positive, default=None)
+    p.add_argument("--steps", type=positive, default=None)
     args = p.parse_args(argv)
     info = measure_handwritten(args.handwritten, args.size, args.steps)
     if info["rank"] == 0:
