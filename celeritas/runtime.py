@@ -331,8 +331,9 @@ class Runtime:
                  " (dry run)" if self.dry_run else "")
 
     def _pending_tasks(self) -> list:
-        """(id, kind, name, range) of the tasks submitted since the last epoch (executor thread;
-        the task manager replaces the list at each epoch, so the copy is one stretch)."""
+        """The digest entries (id, kind, name, range, accesses) of the tasks submitted since
+        the last epoch (executor thread; the task manager replaces the list at each epoch, so
+        the copy is one stretch)."""
         return self.task_manager.pending_digest()
 
     def check_overrides(self, overrides: dict) -> None:

@@ -6,6 +6,7 @@ task stream on every rank, so it depends only on what the program submits.
 from __future__ import annotations
 
 import logging
+import zlib
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -138,7 +139,7 @@ class Task:
     fence_box: Box | None = None
     fence_host_object: int | None = None
     stream_hash: int = 0              # epochs: hash of the task stream up to here (divergence check)
-    digest: list = field(default_factory=list)  # epochs: (id, kind, name, range) of tasks since the last epoch
+    digest: list = field(default_factory=list)  # epochs: DIGEST entries of the tasks since the last epoch
     deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
     critical_path_length: int = 0
     buffer_ids: tuple[int, ...] = ()  # the buffers accessed or reduced into, sorted (every level reads it)
@@ -201,9 +202,19 @@ _EMPTY_BOX0 = Box((), ())
 # digest keeps the first DIGEST_LIMIT of them (a program that never waits would
 # otherwise grow it without bound, and it travels to the neighbour rank); past that,
 # one DIGEST_MORE entry says from which task on the tasks are hashed only.
+# An entry is (id, kind, name, range, accesses): accesses as the stream hashes them,
+# ((buffer id, ACCESS_MODE_IDS[mode]), ...) in the task's order (the tuple the stream entry
+# already builds, so the digest costs no more per task); a buffer's entry has ().
 DIGEST_LIMIT = 4096
 DIGEST_MORE = "more"
 BUFFER_CREATED = "buffer"    # a digest entry of a buffer made before task ``id``, named "B<id> <dtype>"
+
+
+def _stable_str_id(s: str) -> int:
+    return zlib.crc32(s.encode())
+
+
+ACCESS_MODE_IDS = {m: _stable_str_id(m) for m in ACCESS_MODES}   # a mode's id in the stream and digest
 
 
 class _StableStrIds(dict):
@@ -213,8 +224,7 @@ class _StableStrIds(dict):
     __slots__ = ()
 
     def __missing__(self, s: str) -> int:
-        import zlib
-        v = self[s] = zlib.crc32(s.encode())
+        v = self[s] = _stable_str_id(s)
         return v
 
 
@@ -274,7 +284,7 @@ class TaskManager:
         dt = str(dtype)
         self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt], host_initialized))
         if len(self._digest) < DIGEST_LIMIT:
-            self._digest.append((self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape)))
+            self._digest.append((self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape), ()))
         box = info.box
         init = self._horizons.epoch if host_initialized else None
         self._access[bid] = RegionMap(box, (init, _NO_READERS))
@@ -570,8 +580,8 @@ class TaskManager:
         stream = self._stream
         sid = self._str_ids
         group = t.collective_group   # (ints only: hash(None) differs between processes)
-        stream.append((sid[t.kind], sid[t.name], t.id, rng, tuple([(a.buffer, sid[a.mode]) for a in t.accesses]),
-                       -1 if group is None else group))
+        accessed = tuple([(a.buffer, sid[a.mode]) for a in t.accesses])
+        stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed, -1 if group is None else group))
         digest = self._digest
         if t.kind == EPOCH:
             self._fold_stream()
@@ -585,9 +595,9 @@ class TaskManager:
             if len(stream) >= 1024:
                 self._fold_stream()
             if len(digest) < DIGEST_LIMIT:
-                digest.append((t.id, t.kind, t.name, list(rng)))
+                digest.append((t.id, t.kind, t.name, list(rng), accessed))
             elif self._digest_more is None:
-                self._digest_more = (t.id, DIGEST_MORE, "", [])
+                self._digest_more = (t.id, DIGEST_MORE, "", [], ())
         if self.recorder is not None:
             self.recorder.record_task(t, self.buffers)
         if self.on_task is not None:
@@ -663,8 +673,8 @@ class TaskManager:
             self._pruned_to = limit
 
     def pending_digest(self) -> list:
-        """(id, kind, name, range) of the tasks committed since the last epoch (a copy: the
-        divergence check reads it from another thread)."""
+        """The digest entries (id, kind, name, range, accesses) of the tasks committed since
+        the last epoch (a copy: the divergence check reads it from another thread)."""
         more = self._digest_more
         return list(self._digest) if more is None else self._digest + [more]
 

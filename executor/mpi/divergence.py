@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
-from scheduler.task_graph import BUFFER_CREATED, DIGEST_MORE
+from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
 
 from ..communicator import DEFAULT_DIVERGENCE_TIMEOUT  # noqa: F401 - (re-exported: executor.mpi)
 from .wire import EPOCH_TAG
@@ -47,32 +47,53 @@ class _EpochInfo:
 
 
 def _norm_entry(e: Any) -> tuple:
-    tid, kind, name, rng = e
-    return int(tid), str(kind), str(name), tuple(int(x) for x in rng)
+    """A digest entry (task_graph's DIGEST entries) as ``(id, kind, name, range, accesses)``
+    of ints, strings and tuples (an entry without accesses gets ())."""
+    tid, kind, name, rng = e[:4]
+    acc = tuple([(int(b), int(m)) for b, m in e[4]]) if len(e) > 4 else ()
+    return int(tid), str(kind), str(name), tuple([int(x) for x in rng]), acc
+
+
+_MODE_NAMES = {v: k for k, v in ACCESS_MODE_IDS.items()}
 
 
 _EPOCH_WORDS = {"none": "epoch of q.wait()", "barrier": "barrier epoch of q.wait(barrier=True)",
                 "shutdown": "shutdown epoch of q.shutdown() or the program's end", "init": "initial epoch"}
 
 
-def _describe(e: tuple | None) -> str:
+def _describe(e: tuple | None, accesses: bool = False) -> str:
+    """An entry in words; ``accesses``: with its buffer accesses (where two entries differ
+    in nothing else)."""
     if e is None:
         return "no further task"
-    tid, kind, name, rng = e
+    tid, kind, name, rng, acc = e
     if kind == DIGEST_MORE:
         return f"T{tid} and the tasks after it (compared by hash only: the digest lists the first tasks after an epoch)"
     if kind == "epoch":
         return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
-    if kind == "fence" and not rng:
-        return f"T{tid} (a fence)" if name in ("", "fence") else f"T{tid} (fence {name!r})"
     if kind == BUFFER_CREATED:
         return f"buffer {name} of shape {tuple(rng)} (made before T{tid})"
-    return f"T{tid} ({kind} {name!r}, range {list(rng)})"
+    more = f", {_describe_accesses(acc)}" if accesses else ""
+    if kind == "fence" and not rng:
+        return f"T{tid} (a fence{more})" if name in ("", "fence") else f"T{tid} (fence {name!r}{more})"
+    return f"T{tid} ({kind} {name!r}, range {list(rng)}{more})"
+
+
+def _describe_accesses(acc: tuple) -> str:
+    if not acc:
+        return "no buffer accesses"
+    return "accesses " + ", ".join(f"B{b} {_MODE_NAMES.get(m, f'mode #{m}')}" for b, m in acc)
+
+
+def _describe_pair(ea: tuple | None, eb: tuple | None) -> tuple[str, str]:
+    """Two differing entries in words, their accesses named where nothing else differs."""
+    acc = ea is not None and eb is not None and ea[:4] == eb[:4]
+    return _describe(ea, acc), _describe(eb, acc)
 
 
 def _stretch(info: _EpochInfo) -> list[tuple]:
     """The tasks of the stretch that ``info``'s epoch closes, the epoch itself last."""
-    return info.digest + [(info.task, "epoch", info.action, ())]
+    return info.digest + [(info.task, "epoch", info.action, (), ())]
 
 
 def _order(e: tuple) -> tuple:
@@ -297,11 +318,11 @@ class EpochCheck:
         diff = _first_difference(pending, stretch)
         if diff is not None:
             self._failed = True
-            ea, eb = diff
+            da, db = _describe_pair(*diff)
             raise DivergenceError(
                 f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
-                f"({self._since()}, epoch #{seq}): rank {self._left} submitted {_describe(eb)}; rank {self.rank} "
-                f"submitted {_describe(ea)}")
+                f"({self._since()}, epoch #{seq}): rank {self._left} submitted {db}; rank {self.rank} "
+                f"submitted {da}")
 
     # ---- the pending-task exchange (stalled ranks; see the module docstring)
     def _my_pending(self) -> list[tuple] | None:
@@ -384,11 +405,11 @@ class EpochCheck:
         if eb is None:
             eb = next((e for e in theirs if _order(e) > at), None)
         self._failed = True
+        da, db = _describe_pair(ea, eb)
         raise DivergenceError(
             f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
             f"(among T{lo[0]}..T{hi[0]}, which both submitted since their last epoch, compared while a rank "
-            f"waited at a fence or for data): rank {self._left} submitted "
-            f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
+            f"waited at a fence or for data): rank {self._left} submitted {db}; rank {self.rank} submitted {da}")
 
     def _since(self) -> str:
         return (f"after epoch T{self._last_verified_task}" if self._last_verified_task is not None
@@ -398,19 +419,19 @@ class EpochCheck:
         a, b = _stretch(mine), _stretch(theirs)
         diff = _first_difference(a, b)
         if diff is not None:
-            ea, eb = diff
+            da, db = _describe_pair(*diff)
             return (f"ranks {self._left} and {self.rank} submitted different task streams; the first "
                     f"differing task ({self._since()}, epoch #{mine.seq}): rank {self._left} submitted "
-                    f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
+                    f"{db}; rank {self.rank} submitted {da}")
         more = [e for e in a if e[1] == DIGEST_MORE]
         if more:
             return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
                     f"#{mine.seq}, T{mine.task}): the tasks listed agree; the difference lies in "
                     f"{_describe(more[0])}")
         return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
-                f"#{mine.seq}, T{mine.task}): the same task names and ranges, but different buffer accesses or "
-                f"collective groups; "
-                f"the first task of that stretch is {_describe(a[0])}")
+                f"#{mine.seq}, T{mine.task}): the same tasks (names, ranges and buffer accesses) and buffers "
+                f"(shapes and dtypes), but different collective groups or buffers initialized on one rank and "
+                f"not on the other; the first task of that stretch is {_describe(a[0])}")
 
     @staticmethod
     def _digest_summary(info: _EpochInfo | None) -> str:
