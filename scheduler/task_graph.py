@@ -266,6 +266,9 @@ class TaskManager:
         self.stream_hash = 0
         self._digest: list = []
         self._digest_more: tuple | None = None   # the first task past DIGEST_LIMIT since the epoch
+        # (id of the epoch before the latest, the latest epoch): the stretch the latest closed,
+        # for a reader that has not seen the latest epoch yet (see pending_digest)
+        self._closed: tuple[int | None, Task] | None = None
         self._stream: list = []   # tasks not yet folded into stream_hash, as tuples of ints
         self._str_ids = _StableStrIds()   # kind, name, mode -> their stream-hash ids
         init = self._new_task(EPOCH, name="init")
@@ -589,6 +592,8 @@ class TaskManager:
             if self._digest_more is not None:
                 digest.append(self._digest_more)
             t.digest = digest
+            prev = self.latest_epoch
+            self._closed = (None if prev is None else prev.id, t)   # (before _digest: see pending_digest)
             self._digest = []
             self._digest_more = None
         else:
@@ -672,11 +677,26 @@ class TaskManager:
         if limit > self._pruned_to:
             self._pruned_to = limit
 
-    def pending_digest(self) -> list:
+    def pending_digest(self, after: int | None = None) -> list:
         """The digest entries (id, kind, name, range, accesses) of the tasks committed since
-        the last epoch (a copy: the divergence check reads it from another thread)."""
+        the last epoch (a copy: the divergence check reads it from another thread).  With
+        ``after`` the id of the epoch before the latest one (a reader, the executor, that
+        has not reached the latest epoch yet): since that one, the latest epoch listed as
+        ``(id, EPOCH, action, [], ())`` in between (its stretch up to its DIGEST_MORE entry
+        only, if it has one: nothing after that would be complete)."""
+        digest = self._digest            # (read before _closed: _commit writes them the other way round)
         more = self._digest_more
-        return list(self._digest) if more is None else self._digest + [more]
+        cur = list(digest) if more is None else digest + [more]
+        closed = self._closed
+        if after is None or closed is None or closed[0] != after:
+            return cur
+        epoch = closed[1]
+        if digest is epoch.digest:       # (read between _commit's two writes: nothing since the epoch)
+            cur = []
+        old = epoch.digest
+        if old and old[-1][1] == DIGEST_MORE:
+            return list(old)
+        return old + [(epoch.id, EPOCH, epoch.epoch_action, [], ())] + cur
 
     @property
     def epoch_for_new_tasks(self) -> Task | None:

@@ -11,7 +11,6 @@ than the divergence timeout) is no divergence.
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 import subprocess
@@ -106,7 +105,7 @@ def _checks(pending: list[list], timeout: float = 2.0) -> tuple[_Wire, list[Epoc
     for r in range(n):
         chk = EpochCheck(wire.endpoint(r), r, n, timeout)
         chk.PENDING_RECHECK = 0.0
-        chk.pending_tasks = functools.partial(list, pending[r])
+        chk.pending_tasks = lambda after=None, _mine=pending[r]: list(_mine)
         checks.append(chk)
     return wire, checks
 
@@ -236,6 +235,24 @@ def test_fences_of_different_buffers_name_their_accesses():
     c0.poll(stalled=10.0)
     with pytest.raises(cl.DivergenceError, match=re.escape(
             "rank 0 submitted T2 (a fence, accesses B0 read); rank 1 submitted T2 (a fence, accesses B1 read)")):
+        c1.poll()
+
+
+def test_a_pending_list_past_an_epoch_not_yet_announced_is_compared_up_to_what_both_cover():
+    """Rank 0's application is past its epoch T3 (listed in its pending tasks, its executor
+    not there yet); rank 1 submitted T3 as a kernel instead: found at T3.  Where both list
+    the epoch, the tasks after it on one rank only are no divergence."""
+    epoch = (3, "epoch", "none", [], ())
+    left = [_k(1), _k(2), epoch, _k(4)]
+    _wire, (c0, c1) = _checks([left, [_k(1), _k(2), epoch]])
+    c0.poll(stalled=10.0)
+    c1.poll(stalled=10.0)
+    c0.poll()
+    assert not c0._failed and not c1._failed
+    _wire, (c0, c1) = _checks([left, [_k(1), _k(2), _k(3), _fence(4)]])
+    c0.poll(stalled=10.0)
+    with pytest.raises(cl.DivergenceError, match=re.escape(
+            "rank 0 submitted T3 (epoch of q.wait()); rank 1 submitted T3 (device_compute 'step', range [16])")):
         c1.poll()
 
 
@@ -477,3 +494,24 @@ def test_ranks_submitting_different_task_counts_before_a_fence_under_mpiexec(tmp
     assert re.search(r"rank 0 submitted T3 \(device_compute 'step', range \[16\]\); rank 1 submitted T3 \(a fence\)"
                      r"|rank 1 submitted T3 \(a fence\); rank 0 submitted T3 \(device_compute 'step', range \[16\]\)",
                      r.stderr), _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_a_rank_waiting_in_a_collective_groups_clone_past_its_epoch_is_found_under_mpiexec():
+    """Input: mpiexec -n 2 mpi_scripts/diverge_in_collective_clone.py
+    (CELERITAS_DIVERGENCE_TIMEOUT=5): rank 0's executor waits in the Idup of a collective
+    group rank 1 never clones, its application thread already at q.wait(); rank 1 waits at
+    a fence for rank 0's part of b.  (Before, the job hung: rank 0's pending tasks were
+    those after its q.wait() epoch, which its executor never reached, and it sent none from
+    inside the wait.)  Expected: both ranks end with the DivergenceError naming T1, the
+    collective task on rank 0 and the kernel on rank 1."""
+    r = _job([MPIEXEC, "-n", "2", sys.executable, ROOT / "tests" / "mpi_scripts" / "diverge_in_collective_clone.py"],
+             _env({"CELERITAS_DEVICES": "host:1", "CELERITAS_DIVERGENCE_TIMEOUT": "5"}), timeout=90)
+    assert r is not None, _explain(r)
+    assert r.returncode != 0 and "waited" not in r.stdout and "fence" not in r.stdout, _explain(r)
+    assert re.search(r"DivergenceError: ranks [01] and [01] submitted different task streams; the first differing "
+                     r"task \(among T1\.\.T2, which both submitted since their last epoch", r.stderr), _explain(r)
+    assert re.search(r"rank 1 submitted T1 \(device_compute 'step', range \[16\]\); rank 0 submitted T1 "
+                     r"\(collective 'step', range \[2\]\)|rank 0 submitted T1 \(collective 'step', range \[2\]\); "
+                     r"rank 1 submitted T1 \(device_compute 'step', range \[16\]\)", r.stderr), _explain(r)

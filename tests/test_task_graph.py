@@ -223,3 +223,18 @@ def test_a_buffer_destroyed_while_horizons_collapse_the_access_maps(monkeypatch)
         ctx.task((8,), [(bufs[0], rm.one_to_one(), R), (bufs[1], rm.one_to_one(), R)])
     assert victim not in tm._access and bufs[0] in tm._access and bufs[1] in tm._access
     assert len([t for t in tm.tasks.values() if t.kind == tg.HORIZON]) >= 1
+
+
+def test_pending_digest_after_the_epoch_before_the_latest_lists_the_latest_epoch_in_between():
+    """The divergence check asks for the tasks after the last epoch its executor saw; an
+    epoch submitted since (the application at q.wait(), the executor blocked before it) is
+    listed in between, followed by what came after it; asked after any other epoch (or
+    none), only what came after the latest."""
+    tm = tg.TaskManager()
+    k = tm.submit(tg.HOST_COMPUTE, name="k", geometry=tg.TaskGeometry(1, (4,), (0,), (1,)))
+    e = tm.epoch()
+    f = tm.fence()
+    assert tm.pending_digest() == [(f.id, tg.FENCE, "fence", [], ())]
+    assert tm.pending_digest(after=0) == [(k.id, tg.HOST_COMPUTE, "k", [4], ()), (e.id, tg.EPOCH, tg.EPOCH_NONE, [], ()),
+                                          (f.id, tg.FENCE, "fence", [], ())]
+    assert tm.pending_digest(after=e.id) == tm.pending_digest()

@@ -129,8 +129,10 @@ class EpochCheck:
     Errors are raised once as ``DivergenceError``; after that the check is quiet
     (the runtime aborts the job).
 
-    ``pending_tasks`` (set by the runtime) returns the tasks this rank submitted
-    since its last epoch, as ``(id, kind, name, range)``.  While the neighbour is
+    ``pending_tasks(after)`` (set by the runtime) returns the digest entries of the tasks
+    this rank submitted since its epoch ``after`` (the last one announced here: an epoch
+    the application submitted since, which this thread has not seen yet, is listed in
+    between), or since its last epoch where it cannot say.  While the neighbour is
     an epoch ahead, they are compared with the neighbour's stretch: a rank that
     submitted a task the neighbour did not, and then blocks (at a fence, on data
     that never comes) before its own epoch, is reported at once and by the task,
@@ -165,7 +167,7 @@ class EpochCheck:
         self._failed = False
         self._wait_started: dict[int, float] = {}
         self._next_pending_check = 0.0
-        self.pending_tasks: Callable[[], list] | None = None
+        self.pending_tasks: Callable[[int | None], list] | None = None
         # the pending-task exchange (see the module docstring): what this rank last sent its
         # right neighbour (the stretch's first entry, how many entries), and what the left
         # neighbour sent (extended by later sends of the same stretch)
@@ -305,17 +307,18 @@ class EpochCheck:
         theirs = self._theirs.get(seq)
         if self._failed or theirs is None or seq in self._mine or self._seq != seq:
             return                     # (self._seq != seq: an epoch of mine is announced but not compared)
+        last = self._last_announced_task
         try:
-            pending = [_norm_entry(e) for e in self.pending_tasks()]
+            pending = [_norm_entry(e) for e in self.pending_tasks(last)]
         except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
             log.debug("reading the pending tasks failed", exc_info=True)
             return
-        last = self._last_announced_task
         if not pending or last is None or pending[0][0] != last + 1:
-            return                     # an epoch of this rank sits in between, not yet announced
-        end = _order(pending[-1])
-        stretch = [e for e in _stretch(theirs) if _order(e) <= end]
-        diff = _first_difference(pending, stretch)
+            return                     # not the stretch after this rank's last announced epoch
+        stretch = _stretch(theirs)
+        end = min(_order(pending[-1]), _order(stretch[-1]))    # (over what both lists cover)
+        diff = _first_difference([e for e in pending if _order(e) <= end],
+                                 [e for e in stretch if _order(e) <= end])
         if diff is not None:
             self._failed = True
             da, db = _describe_pair(*diff)
@@ -332,7 +335,7 @@ class EpochCheck:
         entries new since the last call are normalized: the list only grows until the next
         epoch starts another."""
         try:
-            raw = self.pending_tasks()
+            raw = self.pending_tasks(self._last_announced_task)
         except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
             log.debug("reading the pending tasks failed", exc_info=True)
             return None
