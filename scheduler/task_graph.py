@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -205,6 +206,10 @@ _EMPTY_BOX0 = Box((), ())
 # An entry is (id, kind, name, range, accesses): accesses as the stream hashes them,
 # ((buffer id, ACCESS_MODE_IDS[mode]), ...) in the task's order (the tuple the stream entry
 # already builds, so the digest costs no more per task); a buffer's entry has ().
+# Past DIGEST_LIMIT, the newest DIGEST_LIMIT entries are also kept (a ring): what a rank
+# stalled at a fence shows its neighbour (``pending_digest``), so a difference in a long
+# stretch between epochs (a loop with fences, no q.wait()) is still found where the
+# neighbour's newest tasks overlap these; an epoch's digest lists only the first ones.
 DIGEST_LIMIT = 4096
 DIGEST_MORE = "more"
 BUFFER_CREATED = "buffer"    # a digest entry of a buffer made before task ``id``, named "B<id> <dtype>"
@@ -266,6 +271,7 @@ class TaskManager:
         self.stream_hash = 0
         self._digest: list = []
         self._digest_more: tuple | None = None   # the first task past DIGEST_LIMIT since the epoch
+        self._tail: deque | None = None          # past DIGEST_LIMIT: the newest DIGEST_LIMIT entries
         # (id of the epoch before the latest, the latest epoch): the stretch the latest closed,
         # for a reader that has not seen the latest epoch yet (see pending_digest)
         self._closed: tuple[int | None, Task] | None = None
@@ -286,8 +292,11 @@ class TaskManager:
         # as a task would: in the stream hash, and in the digest before the next task)
         dt = str(dtype)
         self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt], host_initialized))
+        entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape), ())
         if len(self._digest) < DIGEST_LIMIT:
-            self._digest.append((self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape), ()))
+            self._digest.append(entry)
+        else:
+            self._overflow(entry)
         box = info.box
         init = self._horizons.epoch if host_initialized else None
         self._access[bid] = RegionMap(box, (init, _NO_READERS))
@@ -596,17 +605,26 @@ class TaskManager:
             self._closed = (None if prev is None else prev.id, t)   # (before _digest: see pending_digest)
             self._digest = []
             self._digest_more = None
+            self._tail = None
         else:
             if len(stream) >= 1024:
                 self._fold_stream()
             if len(digest) < DIGEST_LIMIT:
                 digest.append((t.id, t.kind, t.name, list(rng), accessed))
-            elif self._digest_more is None:
-                self._digest_more = (t.id, DIGEST_MORE, "", [], ())
+            else:
+                self._overflow((t.id, t.kind, t.name, list(rng), accessed))
         if self.recorder is not None:
             self.recorder.record_task(t, self.buffers)
         if self.on_task is not None:
             self.on_task(t)
+
+    def _overflow(self, entry: tuple) -> None:
+        """A digest entry past DIGEST_LIMIT since the epoch: into the ring of the newest."""
+        tail = self._tail
+        if tail is None:
+            self._digest_more = (entry[0], DIGEST_MORE, "", [], ())
+            tail = self._tail = deque(maxlen=DIGEST_LIMIT)
+        tail.append(entry)
 
     def _fold_stream(self) -> None:
         """Fold the tasks committed since the last fold into ``stream_hash`` (in batches: a
@@ -679,14 +697,18 @@ class TaskManager:
 
     def pending_digest(self, after: int | None = None) -> list:
         """The digest entries (id, kind, name, range, accesses) of the tasks committed since
-        the last epoch (a copy: the divergence check reads it from another thread).  With
+        the last epoch (a copy: the divergence check reads it from another thread), or of the
+        newest DIGEST_LIMIT of them where there are more (a list without a gap).  With
         ``after`` the id of the epoch before the latest one (a reader, the executor, that
         has not reached the latest epoch yet): since that one, the latest epoch listed as
         ``(id, EPOCH, action, [], ())`` in between (its stretch up to its DIGEST_MORE entry
         only, if it has one: nothing after that would be complete)."""
+        tail = self._tail
+        if tail is not None:             # (contiguous: the newest DIGEST_LIMIT entries)
+            newest = list(tail)
+            return newest if len(newest) >= DIGEST_LIMIT else self._digest[len(newest) - DIGEST_LIMIT:] + newest
         digest = self._digest            # (read before _closed: _commit writes them the other way round)
-        more = self._digest_more
-        cur = list(digest) if more is None else digest + [more]
+        cur = list(digest)
         closed = self._closed
         if after is None or closed is None or closed[0] != after:
             return cur
