@@ -330,10 +330,11 @@ class Runtime:
                  self.num_ranks, self.backend_name, self.num_devices, config.lookahead,
                  " (dry run)" if self.dry_run else "")
 
-    def _pending_tasks(self) -> list:
-        """(id, kind, name, range) of the tasks submitted since the last epoch (executor thread;
-        the task manager replaces the list at each epoch, so the copy is one stretch)."""
-        return self.task_manager.pending_digest()
+    def _pending_tasks(self, after: int | None = None) -> list:
+        """The digest entries (id, kind, name, range, accesses) of the tasks submitted since
+        the epoch ``after`` where the latest epoch follows it, else since the latest epoch
+        (executor thread; see TaskManager.pending_digest)."""
+        return self.task_manager.pending_digest(after)
 
     def check_overrides(self, overrides: dict) -> None:
         dev = overrides.get("devices")

@@ -339,7 +339,7 @@ class EpochInstruction(Instruction):
     action: str = "none"            # "none" | "barrier" | "shutdown" | "init"
     garbage: list[int] = field(default_factory=list)
     stream_hash: int = 0            # task-stream hash up to this epoch (ranks compare it)
-    digest: list = field(default_factory=list)  # (task id, kind, name, range) since the previous epoch
+    digest: list = field(default_factory=list)  # task_graph's DIGEST entries since the previous epoch
     kind = "epoch"
 
     def fields(self) -> dict:

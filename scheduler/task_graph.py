@@ -6,6 +6,8 @@ task stream on every rank, so it depends only on what the program submits.
 from __future__ import annotations
 
 import logging
+import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -138,7 +140,7 @@ class Task:
     fence_box: Box | None = None
     fence_host_object: int | None = None
     stream_hash: int = 0              # epochs: hash of the task stream up to here (divergence check)
-    digest: list = field(default_factory=list)  # epochs: (id, kind, name, range) of tasks since the last epoch
+    digest: list = field(default_factory=list)  # epochs: DIGEST entries of the tasks since the last epoch
     deps: dict[int, tuple[str, str]] = field(default_factory=dict)  # dep id -> (kind, origin)
     critical_path_length: int = 0
     buffer_ids: tuple[int, ...] = ()  # the buffers accessed or reduced into, sorted (every level reads it)
@@ -201,9 +203,23 @@ _EMPTY_BOX0 = Box((), ())
 # digest keeps the first DIGEST_LIMIT of them (a program that never waits would
 # otherwise grow it without bound, and it travels to the neighbour rank); past that,
 # one DIGEST_MORE entry says from which task on the tasks are hashed only.
+# An entry is (id, kind, name, range, accesses): accesses as the stream hashes them,
+# ((buffer id, ACCESS_MODE_IDS[mode]), ...) in the task's order (the tuple the stream entry
+# already builds, so the digest costs no more per task); a buffer's entry has ().
+# Past DIGEST_LIMIT, the newest DIGEST_LIMIT entries are also kept (a ring): what a rank
+# stalled at a fence shows its neighbour (``pending_digest``), so a difference in a long
+# stretch between epochs (a loop with fences, no q.wait()) is still found where the
+# neighbour's newest tasks overlap these; an epoch's digest lists only the first ones.
 DIGEST_LIMIT = 4096
 DIGEST_MORE = "more"
 BUFFER_CREATED = "buffer"    # a digest entry of a buffer made before task ``id``, named "B<id> <dtype>"
+
+
+def _stable_str_id(s: str) -> int:
+    return zlib.crc32(s.encode())
+
+
+ACCESS_MODE_IDS = {m: _stable_str_id(m) for m in ACCESS_MODES}   # a mode's id in the stream and digest
 
 
 class _StableStrIds(dict):
@@ -213,8 +229,7 @@ class _StableStrIds(dict):
     __slots__ = ()
 
     def __missing__(self, s: str) -> int:
-        import zlib
-        v = self[s] = zlib.crc32(s.encode())
+        v = self[s] = _stable_str_id(s)
         return v
 
 
@@ -256,6 +271,10 @@ class TaskManager:
         self.stream_hash = 0
         self._digest: list = []
         self._digest_more: tuple | None = None   # the first task past DIGEST_LIMIT since the epoch
+        self._tail: deque | None = None          # past DIGEST_LIMIT: the newest DIGEST_LIMIT entries
+        # (id of the epoch before the latest, the latest epoch): the stretch the latest closed,
+        # for a reader that has not seen the latest epoch yet (see pending_digest)
+        self._closed: tuple[int | None, Task] | None = None
         self._stream: list = []   # tasks not yet folded into stream_hash, as tuples of ints
         self._str_ids = _StableStrIds()   # kind, name, mode -> their stream-hash ids
         init = self._new_task(EPOCH, name="init")
@@ -273,8 +292,11 @@ class TaskManager:
         # as a task would: in the stream hash, and in the digest before the next task)
         dt = str(dtype)
         self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt], host_initialized))
+        entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape), ())
         if len(self._digest) < DIGEST_LIMIT:
-            self._digest.append((self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape)))
+            self._digest.append(entry)
+        else:
+            self._overflow(entry)
         box = info.box
         init = self._horizons.epoch if host_initialized else None
         self._access[bid] = RegionMap(box, (init, _NO_READERS))
@@ -570,8 +592,8 @@ class TaskManager:
         stream = self._stream
         sid = self._str_ids
         group = t.collective_group   # (ints only: hash(None) differs between processes)
-        stream.append((sid[t.kind], sid[t.name], t.id, rng, tuple([(a.buffer, sid[a.mode]) for a in t.accesses]),
-                       -1 if group is None else group))
+        accessed = tuple([(a.buffer, sid[a.mode]) for a in t.accesses])
+        stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed, -1 if group is None else group))
         digest = self._digest
         if t.kind == EPOCH:
             self._fold_stream()
@@ -579,19 +601,30 @@ class TaskManager:
             if self._digest_more is not None:
                 digest.append(self._digest_more)
             t.digest = digest
+            prev = self.latest_epoch
+            self._closed = (None if prev is None else prev.id, t)   # (before _digest: see pending_digest)
             self._digest = []
             self._digest_more = None
+            self._tail = None
         else:
             if len(stream) >= 1024:
                 self._fold_stream()
             if len(digest) < DIGEST_LIMIT:
-                digest.append((t.id, t.kind, t.name, list(rng)))
-            elif self._digest_more is None:
-                self._digest_more = (t.id, DIGEST_MORE, "", [])
+                digest.append((t.id, t.kind, t.name, list(rng), accessed))
+            else:
+                self._overflow((t.id, t.kind, t.name, list(rng), accessed))
         if self.recorder is not None:
             self.recorder.record_task(t, self.buffers)
         if self.on_task is not None:
             self.on_task(t)
+
+    def _overflow(self, entry: tuple) -> None:
+        """A digest entry past DIGEST_LIMIT since the epoch: into the ring of the newest."""
+        tail = self._tail
+        if tail is None:
+            self._digest_more = (entry[0], DIGEST_MORE, "", [], ())
+            tail = self._tail = deque(maxlen=DIGEST_LIMIT)
+        tail.append(entry)
 
     def _fold_stream(self) -> None:
         """Fold the tasks committed since the last fold into ``stream_hash`` (in batches: a
@@ -662,11 +695,30 @@ class TaskManager:
         if limit > self._pruned_to:
             self._pruned_to = limit
 
-    def pending_digest(self) -> list:
-        """(id, kind, name, range) of the tasks committed since the last epoch (a copy: the
-        divergence check reads it from another thread)."""
-        more = self._digest_more
-        return list(self._digest) if more is None else self._digest + [more]
+    def pending_digest(self, after: int | None = None) -> list:
+        """The digest entries (id, kind, name, range, accesses) of the tasks committed since
+        the last epoch (a copy: the divergence check reads it from another thread), or of the
+        newest DIGEST_LIMIT of them where there are more (a list without a gap).  With
+        ``after`` the id of the epoch before the latest one (a reader, the executor, that
+        has not reached the latest epoch yet): since that one, the latest epoch listed as
+        ``(id, EPOCH, action, [], ())`` in between (its stretch up to its DIGEST_MORE entry
+        only, if it has one: nothing after that would be complete)."""
+        tail = self._tail
+        if tail is not None:             # (contiguous: the newest DIGEST_LIMIT entries)
+            newest = list(tail)
+            return newest if len(newest) >= DIGEST_LIMIT else self._digest[len(newest) - DIGEST_LIMIT:] + newest
+        digest = self._digest            # (read before _closed: _commit writes them the other way round)
+        cur = list(digest)
+        closed = self._closed
+        if after is None or closed is None or closed[0] != after:
+            return cur
+        epoch = closed[1]
+        if digest is epoch.digest:       # (read between _commit's two writes: nothing since the epoch)
+            cur = []
+        old = epoch.digest
+        if old and old[-1][1] == DIGEST_MORE:
+            return list(old)
+        return old + [(epoch.id, EPOCH, epoch.epoch_action, [], ())] + cur
 
     @property
     def epoch_for_new_tasks(self) -> Task | None:

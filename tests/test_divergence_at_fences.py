@@ -11,7 +11,6 @@ than the divergence timeout) is no divergence.
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
 import subprocess
@@ -27,7 +26,7 @@ from jobs import explain, job_or_none
 import celeritas as cl
 from celeritas.testing import run_cluster
 from executor.mpi.divergence import EpochCheck
-from scheduler.task_graph import BUFFER_CREATED, DIGEST_MORE
+from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -106,13 +105,17 @@ def _checks(pending: list[list], timeout: float = 2.0) -> tuple[_Wire, list[Epoc
     for r in range(n):
         chk = EpochCheck(wire.endpoint(r), r, n, timeout)
         chk.PENDING_RECHECK = 0.0
-        chk.pending_tasks = functools.partial(list, pending[r])
+        chk.pending_tasks = lambda after=None, _mine=pending[r]: list(_mine)
         checks.append(chk)
     return wire, checks
 
 
-def _k(tid: int, name: str = "step", rng=(16,)) -> tuple:
-    return (tid, "device_compute", name, list(rng))
+def _k(tid: int, name: str = "step", rng=(16,), acc=((0, "read_write"),)) -> tuple:
+    """A kernel's digest entry; ``acc``: its accesses as (buffer id, mode name)."""
+    return (tid, "device_compute", name, list(rng), tuple((b, ACCESS_MODE_IDS[m]) for b, m in acc))
+
+
+RW0 = ((0, ACCESS_MODE_IDS["read_write"]),)     # _k's accesses, as the wire carries them
 
 
 FENCE = "fence"
@@ -128,16 +131,16 @@ def test_a_stalled_rank_sends_its_pending_tasks_once_past_the_stall_time_and_the
     c0.poll(stalled=0.4)                # (below timeout / 4)
     assert wire.sent == []
     c0.poll(stalled=0.5)
-    assert wire.sent == [(0, 1, ("pending", 0, [(1, "device_compute", "step", (16,)),
-                                                (2, "device_compute", "step", (16,))]))]
+    assert wire.sent == [(0, 1, ("pending", 0, [(1, "device_compute", "step", (16,), RW0),
+                                                (2, "device_compute", "step", (16,), RW0)]))]
     c0.poll(stalled=3.0)                # unchanged: nothing more
     assert len(wire.sent) == 1
     mine.append(_fence(3))
     c0.poll(stalled=4.0)
-    assert wire.sent[1] == (0, 1, ("pending", 2, [(3, FENCE, "fence", ())]))
+    assert wire.sent[1] == (0, 1, ("pending", 2, [(3, FENCE, "fence", (), ())]))
     c1.poll()
-    assert c1._left_pending == [(1, "device_compute", "step", (16,)), (2, "device_compute", "step", (16,)),
-                                (3, FENCE, "fence", ())]
+    assert c1._left_pending == [(1, "device_compute", "step", (16,), RW0), (2, "device_compute", "step", (16,), RW0),
+                                (3, FENCE, "fence", (), ())]
 
 
 def test_a_shorter_stream_is_no_divergence_however_it_grows():
@@ -195,12 +198,62 @@ def test_tasks_past_the_digest_limit_are_not_compared():
     right = [_k(1), _k(2), _k(3, "other"), _fence(4)]
     wire, (c0, c1) = _checks([left, right])
     c0.poll(stalled=10.0)
-    assert wire.sent[0][2] == ("pending", 0, [(1, "device_compute", "step", (16,)),
-                                              (2, "device_compute", "step", (16,))])
+    assert wire.sent[0][2] == ("pending", 0, [(1, "device_compute", "step", (16,), RW0),
+                                              (2, "device_compute", "step", (16,), RW0)])
     c1.poll()
     c1.poll(stalled=10.0)
     c0.poll()
     assert not c0._failed and not c1._failed
+
+
+@pytest.mark.parametrize("other, said", [
+    (((1, "read_write"),), "accesses B1 read_write"),
+    (((0, "read"),), "accesses B0 read"),
+    (((0, "read_write"), (1, "discard_write")), "accesses B0 read_write, B1 discard_write"),
+    ((), "no buffer accesses")])
+def test_a_task_accessing_other_buffers_or_modes_is_a_divergence_naming_its_accesses(other, said):
+    """The same name and range, but other buffers or modes on rank 1: the entries differ
+    in their accesses, and the message names them (only there: elsewhere it does not)."""
+    left = [_k(1), _k(2), _fence(3)]
+    right = [_k(1), _k(2, acc=other), _fence(3)]
+    _wire, (c0, c1) = _checks([left, right])
+    c0.poll(stalled=10.0)
+    with pytest.raises(cl.DivergenceError) as ei:
+        c1.poll()
+    assert str(ei.value) == (
+        "ranks 0 and 1 submitted different task streams; the first differing task (among T1..T3, which both "
+        "submitted since their last epoch, compared while a rank waited at a fence or for data): "
+        f"rank 0 submitted T2 (device_compute 'step', range [16], accesses B0 read_write); "
+        f"rank 1 submitted T2 (device_compute 'step', range [16], {said})")
+
+
+def test_fences_of_different_buffers_name_their_accesses():
+    read = ACCESS_MODE_IDS["read"]
+    left = [_k(1), (2, FENCE, "fence", [], ((0, read),))]
+    right = [_k(1), (2, FENCE, "fence", [], ((1, read),))]
+    _wire, (c0, c1) = _checks([left, right])
+    c0.poll(stalled=10.0)
+    with pytest.raises(cl.DivergenceError, match=re.escape(
+            "rank 0 submitted T2 (a fence, accesses B0 read); rank 1 submitted T2 (a fence, accesses B1 read)")):
+        c1.poll()
+
+
+def test_a_pending_list_past_an_epoch_not_yet_announced_is_compared_up_to_what_both_cover():
+    """Rank 0's application is past its epoch T3 (listed in its pending tasks, its executor
+    not there yet); rank 1 submitted T3 as a kernel instead: found at T3.  Where both list
+    the epoch, the tasks after it on one rank only are no divergence."""
+    epoch = (3, "epoch", "none", [], ())
+    left = [_k(1), _k(2), epoch, _k(4)]
+    _wire, (c0, c1) = _checks([left, [_k(1), _k(2), epoch]])
+    c0.poll(stalled=10.0)
+    c1.poll(stalled=10.0)
+    c0.poll()
+    assert not c0._failed and not c1._failed
+    _wire, (c0, c1) = _checks([left, [_k(1), _k(2), _k(3), _fence(4)]])
+    c0.poll(stalled=10.0)
+    with pytest.raises(cl.DivergenceError, match=re.escape(
+            "rank 0 submitted T3 (epoch of q.wait()); rank 1 submitted T3 (device_compute 'step', range [16])")):
+        c1.poll()
 
 
 def test_a_buffer_made_on_one_rank_only_names_the_task_the_other_submitted_there():
@@ -323,6 +376,36 @@ def test_a_kernel_renamed_on_one_rank_before_a_fence_is_found_while_the_fence_wa
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
+def test_a_kernel_writing_another_buffer_on_one_rank_before_a_fence_is_a_divergence(nodes):
+    """Input (2 or 4 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=2): every rank makes b and
+    c and submits the kernel 'step' over [16], which writes b on every rank but the last,
+    where it writes c; all fence b.  The names and ranges agree: only the accesses differ.
+    (Before the accesses were in the digest, the ranks waiting for the last one's part of b
+    waited forever, the last rank's shutdown epoch timing out.)  Expected: a DivergenceError
+    naming T1's accesses on both ranks of the pair, B0 read_write against B1 read_write."""
+    odd = nodes - 1
+
+    def program(rank, stages):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        c = cl.Buffer(np.arange(16.0), name="c")
+        q.submit(_touch(c if rank == odd else b))
+        stages[rank] = "fence"
+        return q.fence(b).result(timeout=30)
+
+    err, stages = _run_recording_stage(program, nodes, CELERITAS_DIVERGENCE_TIMEOUT="2")
+    assert type(err) is cl.DivergenceError, err
+    msg = str(err)
+    m = re.match(r"ranks (\d) and (\d) submitted different task streams; the first differing task " + FOUND, msg)
+    assert m, msg
+    left, me = int(m.group(1)), int(m.group(2))
+    assert me == (left + 1) % nodes and odd in (left, me), msg
+    said = {r: f"T1 (device_compute 'step', range [16], accesses B{1 if r == odd else 0} read_write)"
+            for r in (left, me)}
+    assert f"rank {left} submitted {said[left]}; rank {me} submitted {said[me]}" in msg, msg
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
 @pytest.mark.parametrize("late", ["before_submitting", "between_kernels", "in_a_host_task"])
 def test_a_rank_late_longer_than_the_divergence_timeout_is_no_divergence(nodes, late):
     """Input (2 or 4 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=1): the same three
@@ -411,3 +494,24 @@ def test_ranks_submitting_different_task_counts_before_a_fence_under_mpiexec(tmp
     assert re.search(r"rank 0 submitted T3 \(device_compute 'step', range \[16\]\); rank 1 submitted T3 \(a fence\)"
                      r"|rank 1 submitted T3 \(a fence\); rank 0 submitted T3 \(device_compute 'step', range \[16\]\)",
                      r.stderr), _explain(r)
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_a_rank_waiting_in_a_collective_groups_clone_past_its_epoch_is_found_under_mpiexec():
+    """Input: mpiexec -n 2 mpi_scripts/diverge_in_collective_clone.py
+    (CELERITAS_DIVERGENCE_TIMEOUT=5): rank 0's executor waits in the Idup of a collective
+    group rank 1 never clones, its application thread already at q.wait(); rank 1 waits at
+    a fence for rank 0's part of b.  (Before, the job hung: rank 0's pending tasks were
+    those after its q.wait() epoch, which its executor never reached, and it sent none from
+    inside the wait.)  Expected: both ranks end with the DivergenceError naming T1, the
+    collective task on rank 0 and the kernel on rank 1."""
+    r = _job([MPIEXEC, "-n", "2", sys.executable, ROOT / "tests" / "mpi_scripts" / "diverge_in_collective_clone.py"],
+             _env({"CELERITAS_DEVICES": "host:1", "CELERITAS_DIVERGENCE_TIMEOUT": "5"}), timeout=90)
+    assert r is not None, _explain(r)
+    assert r.returncode != 0 and "waited" not in r.stdout and "fence" not in r.stdout, _explain(r)
+    assert re.search(r"DivergenceError: ranks [01] and [01] submitted different task streams; the first differing "
+                     r"task \(among T1\.\.T2, which both submitted since their last epoch", r.stderr), _explain(r)
+    assert re.search(r"rank 1 submitted T1 \(device_compute 'step', range \[16\]\); rank 0 submitted T1 "
+                     r"\(collective 'step', range \[2\]\)|rank 0 submitted T1 \(collective 'step', range \[2\]\); "
+                     r"rank 1 submitted T1 \(device_compute 'step', range \[16\]\)", r.stderr), _explain(r)

@@ -176,7 +176,8 @@ def _stream(names):
 def test_divergence_digest_is_bounded_and_the_rest_still_hashed():
     """A program that never waits must not grow the epoch digest without bound (it is kept
     in memory and sent to the neighbour rank); tasks past the limit are still compared by
-    the stream hash, and the digest says where its listing stops."""
+    the stream hash, and the digest says where its listing stops; the pending tasks are the
+    newest DIGEST_LIMIT."""
     from executor.mpi.divergence import _describe, _first_difference
     n = tg.DIGEST_LIMIT + 50
     names = [f"k{i % 7}" for i in range(n)]
@@ -184,13 +185,18 @@ def test_divergence_digest_is_bounded_and_the_rest_still_hashed():
     changed = list(names)
     changed[tg.DIGEST_LIMIT + 20] = "other"
     b = _stream(changed)
-    pend = a.pending_digest()
+    pend, pend_b = a.pending_digest(), b.pending_digest(after=0)
     horizons = sum(1 for t in a.tasks.values() if t.kind == tg.HORIZON)
-    assert len(pend) == tg.DIGEST_LIMIT + 1
-    more = pend[-1]
-    assert more[1] == tg.DIGEST_MORE and more[0] == pend[-2][0] + 1
-    assert "compared by hash only" in _describe(tuple(more))
+    # the pending tasks past the limit: the newest DIGEST_LIMIT, without a gap, so the
+    # difference past the first DIGEST_LIMIT is found at a fence too
+    assert len(pend) == tg.DIGEST_LIMIT and [e[0] for e in pend] == list(range(pend[0][0], pend[0][0] + len(pend)))
+    assert pend[-1][0] == a.next_task_id - 1
+    ea_, eb_ = _first_difference([tuple(e) for e in pend], [tuple(e) for e in pend_b])
+    assert (ea_[2], eb_[2]) == (names[tg.DIGEST_LIMIT + 20], "other")
     ea, eb = a.epoch(), b.epoch()
+    more = ea.digest[-1]
+    assert more[1] == tg.DIGEST_MORE and more[0] == ea.digest[-2][0] + 1
+    assert "compared by hash only" in _describe(tuple(more))
     assert len(ea.digest) == tg.DIGEST_LIMIT + 1 and ea.digest[-1][1] == tg.DIGEST_MORE
     assert ea.digest == eb.digest            # the listed part agrees ...
     assert _first_difference([tuple(e) for e in ea.digest], [tuple(e) for e in eb.digest]) is None
@@ -223,3 +229,18 @@ def test_a_buffer_destroyed_while_horizons_collapse_the_access_maps(monkeypatch)
         ctx.task((8,), [(bufs[0], rm.one_to_one(), R), (bufs[1], rm.one_to_one(), R)])
     assert victim not in tm._access and bufs[0] in tm._access and bufs[1] in tm._access
     assert len([t for t in tm.tasks.values() if t.kind == tg.HORIZON]) >= 1
+
+
+def test_pending_digest_after_the_epoch_before_the_latest_lists_the_latest_epoch_in_between():
+    """The divergence check asks for the tasks after the last epoch its executor saw; an
+    epoch submitted since (the application at q.wait(), the executor blocked before it) is
+    listed in between, followed by what came after it; asked after any other epoch (or
+    none), only what came after the latest."""
+    tm = tg.TaskManager()
+    k = tm.submit(tg.HOST_COMPUTE, name="k", geometry=tg.TaskGeometry(1, (4,), (0,), (1,)))
+    e = tm.epoch()
+    f = tm.fence()
+    assert tm.pending_digest() == [(f.id, tg.FENCE, "fence", [], ())]
+    assert tm.pending_digest(after=0) == [(k.id, tg.HOST_COMPUTE, "k", [4], ()), (e.id, tg.EPOCH, tg.EPOCH_NONE, [], ()),
+                                          (f.id, tg.FENCE, "fence", [], ())]
+    assert tm.pending_digest(after=e.id) == tm.pending_digest()

@@ -173,11 +173,11 @@ class MpiCommunicator(Communicator):
         return PAYLOAD_TAG_BASE + msg_id % self._tag_span
 
     # ---- waiting (never holds the GIL)
-    def _divergence_poll(self) -> None:
+    def _divergence_poll(self, stalled: float = 0.0) -> None:
         root = self._root if self._root is not None else self
         chk = root.epoch_check
         if chk is not None:
-            chk.poll()
+            chk.poll(stalled)
 
     def _wait(self, test: Callable[[], bool], what: str) -> None:
         """Poll ``test`` with short sleeps; keep checking for divergence meanwhile.  (A long
@@ -185,8 +185,11 @@ class MpiCommunicator(Communicator):
         delay = 2e-5
         t0 = time.monotonic()
         next_note = t0 + 30.0
+        now = t0
         while not test():
-            self._divergence_poll()
+            # (stalled for as long as it waits here: a rank blocked in a barrier or a clone's
+            # Idup shows its neighbour its pending tasks, as a rank waiting for data does)
+            self._divergence_poll(now - t0)
             time.sleep(delay)
             delay = min(delay * 1.5, 1e-3)
             now = time.monotonic()

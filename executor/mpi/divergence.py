@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
-from scheduler.task_graph import BUFFER_CREATED, DIGEST_MORE
+from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
 
 from ..communicator import DEFAULT_DIVERGENCE_TIMEOUT  # noqa: F401 - (re-exported: executor.mpi)
 from .wire import EPOCH_TAG
@@ -47,32 +47,53 @@ class _EpochInfo:
 
 
 def _norm_entry(e: Any) -> tuple:
-    tid, kind, name, rng = e
-    return int(tid), str(kind), str(name), tuple(int(x) for x in rng)
+    """A digest entry (task_graph's DIGEST entries) as ``(id, kind, name, range, accesses)``
+    of ints, strings and tuples (an entry without accesses gets ())."""
+    tid, kind, name, rng = e[:4]
+    acc = tuple([(int(b), int(m)) for b, m in e[4]]) if len(e) > 4 else ()
+    return int(tid), str(kind), str(name), tuple([int(x) for x in rng]), acc
+
+
+_MODE_NAMES = {v: k for k, v in ACCESS_MODE_IDS.items()}
 
 
 _EPOCH_WORDS = {"none": "epoch of q.wait()", "barrier": "barrier epoch of q.wait(barrier=True)",
                 "shutdown": "shutdown epoch of q.shutdown() or the program's end", "init": "initial epoch"}
 
 
-def _describe(e: tuple | None) -> str:
+def _describe(e: tuple | None, accesses: bool = False) -> str:
+    """An entry in words; ``accesses``: with its buffer accesses (where two entries differ
+    in nothing else)."""
     if e is None:
         return "no further task"
-    tid, kind, name, rng = e
+    tid, kind, name, rng, acc = e
     if kind == DIGEST_MORE:
         return f"T{tid} and the tasks after it (compared by hash only: the digest lists the first tasks after an epoch)"
     if kind == "epoch":
         return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
-    if kind == "fence" and not rng:
-        return f"T{tid} (a fence)" if name in ("", "fence") else f"T{tid} (fence {name!r})"
     if kind == BUFFER_CREATED:
         return f"buffer {name} of shape {tuple(rng)} (made before T{tid})"
-    return f"T{tid} ({kind} {name!r}, range {list(rng)})"
+    more = f", {_describe_accesses(acc)}" if accesses else ""
+    if kind == "fence" and not rng:
+        return f"T{tid} (a fence{more})" if name in ("", "fence") else f"T{tid} (fence {name!r}{more})"
+    return f"T{tid} ({kind} {name!r}, range {list(rng)}{more})"
+
+
+def _describe_accesses(acc: tuple) -> str:
+    if not acc:
+        return "no buffer accesses"
+    return "accesses " + ", ".join(f"B{b} {_MODE_NAMES.get(m, f'mode #{m}')}" for b, m in acc)
+
+
+def _describe_pair(ea: tuple | None, eb: tuple | None) -> tuple[str, str]:
+    """Two differing entries in words, their accesses named where nothing else differs."""
+    acc = ea is not None and eb is not None and ea[:4] == eb[:4]
+    return _describe(ea, acc), _describe(eb, acc)
 
 
 def _stretch(info: _EpochInfo) -> list[tuple]:
     """The tasks of the stretch that ``info``'s epoch closes, the epoch itself last."""
-    return info.digest + [(info.task, "epoch", info.action, ())]
+    return info.digest + [(info.task, "epoch", info.action, (), ())]
 
 
 def _order(e: tuple) -> tuple:
@@ -108,8 +129,10 @@ class EpochCheck:
     Errors are raised once as ``DivergenceError``; after that the check is quiet
     (the runtime aborts the job).
 
-    ``pending_tasks`` (set by the runtime) returns the tasks this rank submitted
-    since its last epoch, as ``(id, kind, name, range)``.  While the neighbour is
+    ``pending_tasks(after)`` (set by the runtime) returns the digest entries of the tasks
+    this rank submitted since its epoch ``after`` (the last one announced here: an epoch
+    the application submitted since, which this thread has not seen yet, is listed in
+    between), or since its last epoch where it cannot say.  While the neighbour is
     an epoch ahead, they are compared with the neighbour's stretch: a rank that
     submitted a task the neighbour did not, and then blocks (at a fence, on data
     that never comes) before its own epoch, is reported at once and by the task,
@@ -144,7 +167,7 @@ class EpochCheck:
         self._failed = False
         self._wait_started: dict[int, float] = {}
         self._next_pending_check = 0.0
-        self.pending_tasks: Callable[[], list] | None = None
+        self.pending_tasks: Callable[[int | None], list] | None = None
         # the pending-task exchange (see the module docstring): what this rank last sent its
         # right neighbour (the stretch's first entry, how many entries), and what the left
         # neighbour sent (extended by later sends of the same stretch)
@@ -284,24 +307,25 @@ class EpochCheck:
         theirs = self._theirs.get(seq)
         if self._failed or theirs is None or seq in self._mine or self._seq != seq:
             return                     # (self._seq != seq: an epoch of mine is announced but not compared)
+        last = self._last_announced_task
         try:
-            pending = [_norm_entry(e) for e in self.pending_tasks()]
+            pending = [_norm_entry(e) for e in self.pending_tasks(last)]
         except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
             log.debug("reading the pending tasks failed", exc_info=True)
             return
-        last = self._last_announced_task
         if not pending or last is None or pending[0][0] != last + 1:
-            return                     # an epoch of this rank sits in between, not yet announced
-        end = _order(pending[-1])
-        stretch = [e for e in _stretch(theirs) if _order(e) <= end]
-        diff = _first_difference(pending, stretch)
+            return                     # not the stretch after this rank's last announced epoch
+        stretch = _stretch(theirs)
+        end = min(_order(pending[-1]), _order(stretch[-1]))    # (over what both lists cover)
+        diff = _first_difference([e for e in pending if _order(e) <= end],
+                                 [e for e in stretch if _order(e) <= end])
         if diff is not None:
             self._failed = True
-            ea, eb = diff
+            da, db = _describe_pair(*diff)
             raise DivergenceError(
                 f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
-                f"({self._since()}, epoch #{seq}): rank {self._left} submitted {_describe(eb)}; rank {self.rank} "
-                f"submitted {_describe(ea)}")
+                f"({self._since()}, epoch #{seq}): rank {self._left} submitted {db}; rank {self.rank} "
+                f"submitted {da}")
 
     # ---- the pending-task exchange (stalled ranks; see the module docstring)
     def _my_pending(self) -> list[tuple] | None:
@@ -311,7 +335,7 @@ class EpochCheck:
         entries new since the last call are normalized: the list only grows until the next
         epoch starts another."""
         try:
-            raw = self.pending_tasks()
+            raw = self.pending_tasks(self._last_announced_task)
         except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
             log.debug("reading the pending tasks failed", exc_info=True)
             return None
@@ -384,11 +408,11 @@ class EpochCheck:
         if eb is None:
             eb = next((e for e in theirs if _order(e) > at), None)
         self._failed = True
+        da, db = _describe_pair(ea, eb)
         raise DivergenceError(
             f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
             f"(among T{lo[0]}..T{hi[0]}, which both submitted since their last epoch, compared while a rank "
-            f"waited at a fence or for data): rank {self._left} submitted "
-            f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
+            f"waited at a fence or for data): rank {self._left} submitted {db}; rank {self.rank} submitted {da}")
 
     def _since(self) -> str:
         return (f"after epoch T{self._last_verified_task}" if self._last_verified_task is not None
@@ -398,19 +422,19 @@ class EpochCheck:
         a, b = _stretch(mine), _stretch(theirs)
         diff = _first_difference(a, b)
         if diff is not None:
-            ea, eb = diff
+            da, db = _describe_pair(*diff)
             return (f"ranks {self._left} and {self.rank} submitted different task streams; the first "
                     f"differing task ({self._since()}, epoch #{mine.seq}): rank {self._left} submitted "
-                    f"{_describe(eb)}; rank {self.rank} submitted {_describe(ea)}")
+                    f"{db}; rank {self.rank} submitted {da}")
         more = [e for e in a if e[1] == DIGEST_MORE]
         if more:
             return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
                     f"#{mine.seq}, T{mine.task}): the tasks listed agree; the difference lies in "
                     f"{_describe(more[0])}")
         return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
-                f"#{mine.seq}, T{mine.task}): the same task names and ranges, but different buffer accesses or "
-                f"collective groups; "
-                f"the first task of that stretch is {_describe(a[0])}")
+                f"#{mine.seq}, T{mine.task}): the same tasks (names, ranges and buffer accesses) and buffers "
+                f"(shapes and dtypes), but different collective groups or buffers initialized on one rank and "
+                f"not on the other; the first task of that stretch is {_describe(a[0])}")
 
     @staticmethod
     def _digest_summary(info: _EpochInfo | None) -> str:

@@ -237,7 +237,7 @@ world.Barrier()
 chk = EpochCheck(world.Dup(), rank, size, timeout=2.0)
 chk.PENDING_RECHECK = 0.0
 stream = [(i, "device_compute", "other" if rank == 1 and i == 3000 else "k", [64]) for i in range(1, 4001)]
-chk.pending_tasks = lambda: stream
+chk.pending_tasks = lambda after=None: stream
 err = None
 t0 = time.monotonic()
 while time.monotonic() - t0 < 3.0:
