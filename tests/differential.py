@@ -315,7 +315,7 @@ CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 # the last three raise a cl.CeleritasError (cl.AccessError: no_init_read) at the submit on every rank
 # (``cg_misuse_error``); the submit makes no task, and the program goes on (ordinary steps after it):
 # the run must then match the model exactly, as ``main`` does (``check_cg_misuse``).
-DIVERGE_FORMS = ("name", "range", "extra", "buffer_shape", "buffer_dtype")
+DIVERGE_FORMS = ("name", "range", "extra", "buffer_shape", "buffer_dtype")   # (and "mode": half the "name")
 DIVERGE_RENAMED = "misuse_v2"       # diverge name: the kernel's name on the rank at fault
 DIVERGE_EXTRA = "misuse_extra"      # diverge extra: the extra task's name
 DIVERGENCE_TIMEOUT = "10"           # CELERITAS_DIVERGENCE_TIMEOUT of diverge programs (s)
@@ -1122,6 +1122,14 @@ def _draw_misuse_more(g: _Gen, p: Program) -> None:
             # the extra task, so the ranks wait there, where no epoch compares their streams)
             p.sync = "fence_shutdown"
             p.features.add("misuse:diverge:at_fence")
+        if sub == "name" and rng.random() < 0.5:
+            # (drawn last, so the other forms' programs are what their seeds gave before: the
+            # same name and range, the write declared write (consuming) instead of discard_write,
+            # then a fence of it: the streams differ in the accesses alone)
+            t = p.tasks[-1]
+            t.misuse_form = "mode"
+            p.sync = "fence_shutdown"
+            p.features = (p.features - {"misuse:diverge:name"}) | {"misuse:diverge:mode", "misuse:diverge:at_fence"}
         return
     if form == "cg_handler":
         sub = f"{rng.choice(CG_HANDLER_TARGETS)}:{rng.choice(['none', 'stale'])}"
@@ -3302,7 +3310,7 @@ class _Run:
             self.misuse_acc[Box(t.misuse_elem, tuple(e + 1 for e in t.misuse_elem), len(t.misuse_elem))]
 
     # -- misuse diverge / cg_*
-    def _poison_cgf(self, t: Task, name, rng, host: bool, before=None, fn=None, on=None):
+    def _poison_cgf(self, t: Task, name, rng, host: bool, before=None, fn=None, on=None, mode=cl.discard_write):
         """A command group writing POISON over ``rng`` of the buffer ``misuse_arg["w"]`` (discard_write,
         declared first); ``before(cgh)`` runs after that declaration; ``fn`` replaces the kernel."""
         run = self
@@ -3310,7 +3318,7 @@ class _Run:
         dtype = self.p.dtypes[t.misuse_arg["w"]]
 
         def cgf(cgh):
-            wacc = wbuf.access(cgh, cl.one_to_one(), cl.discard_write)
+            wacc = wbuf.access(cgh, cl.one_to_one(), mode)
             if before is not None:
                 before(cgh)
 
@@ -3337,7 +3345,8 @@ class _Run:
             self.q.submit(self._poison_cgf(t, DIVERGE_EXTRA, shape, a["host"]))
         name = DIVERGE_RENAMED if t.misuse_form == "name" and me else MISUSE_TASK
         rng = tuple(a["other"]) if t.misuse_form == "range" and me else shape
-        self.q.submit(self._poison_cgf(t, name, rng, a["host"]))
+        mode = cl.write if t.misuse_form == "mode" and me else cl.discard_write
+        self.q.submit(self._poison_cgf(t, name, rng, a["host"], mode=mode))
 
     def _release(self, objs: list, t: Task) -> None:
         """A destroy step: ``destroy()``, or the last reference dropped (``_draw_releases``; the
@@ -4988,6 +4997,8 @@ def divergence_pattern(p: Program, left: int, rank: int, at_fault: int) -> str:
             name = DIVERGE_EXTRA
         elif fault and t.misuse_form == "range":
             rng = a["other"]
+        if t.misuse_form == "mode":    # (the accesses are named where nothing else differs)
+            return f"T\x00 ({kind} {name!r}, range {list(rng)}, accesses B{a['w']} {'write' if fault else 'discard_write'})"
         return f"T\x00 ({kind} {name!r}, range {list(rng)})"
     text = (f"ranks {left} and {rank} submitted different task streams; the first differing task (\x02): "
             f"rank {left} submitted {entry(left == at_fault)}; rank {rank} submitted {entry(rank == at_fault)}")
