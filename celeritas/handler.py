@@ -294,11 +294,12 @@ def constrain_split(cgh, granularity) -> None:
 
 
 class _Placement:
-    __slots__ = ("kind", "group")
+    __slots__ = ("kind", "group", "group_handle")
 
-    def __init__(self, kind: str, group: int | None = None):
+    def __init__(self, kind: str, group: int | None = None, group_handle: CollectiveGroup | None = None):
         self.kind = kind
         self.group = group
+        self.group_handle = group_handle    # the cl.CollectiveGroup of cl.collective(group)
 
     def __repr__(self):
         return f"cl.{self.kind}"
@@ -313,14 +314,25 @@ class CollectiveGroup:
 
     def __init__(self):
         # ids come from the runtime so that every rank numbers its groups identically
-        self.id = current_runtime(create=True).new_collective_group_id()
+        self._runtime = current_runtime(create=True)
+        self.id = self._runtime.new_collective_group_id()
+
+    def __copy__(self):
+        # a handle (as cl.Buffer and cl.HostObject): a copy names the same group
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __repr__(self) -> str:
+        return f"<cl.CollectiveGroup {self.id}>"
 
 
 class _Collective(_Placement):
     def __call__(self, group: CollectiveGroup | None = None) -> _Placement:
         if group is not None and not isinstance(group, CollectiveGroup):
             raise CeleritasError(f"cl.collective(group) takes a cl.CollectiveGroup(), got {type(group).__name__}")
-        return _Placement("collective", group.id if group is not None else 1)
+        return _Placement("collective", group.id if group is not None else 1, group)
 
 
 on_master_node = _Placement("on_master_node")
@@ -561,9 +573,18 @@ class CommandGroupHandler:
             elif isinstance(on, _Placement) and on.kind == "once":
                 kind, geom = tg.HOST_COMPUTE, self._geometry_of((1,), None)
             elif isinstance(on, _Placement) and on.kind == "collective":
+                g = on.group_handle
+                if g is not None and g._runtime is not self._runtime:
+                    # (its id would name another group of this runtime, or none, silently)
+                    raise CeleritasError(f"cl.collective({g!r}): the group was made for a runtime that was shut "
+                                         f"down (q.shutdown() or an error); make a new cl.CollectiveGroup() after "
+                                         f"the new Queue")
                 kind = tg.COLLECTIVE
                 geom = self._geometry_of((self._runtime.num_ranks,), None)
                 self._collective_group = on.group
+            elif isinstance(on, CollectiveGroup):
+                raise CeleritasError(f"host_task(on=...) takes a placement: write on=cl.collective({on!r}) to run "
+                                     f"in that collective group")
             else:
                 raise CeleritasError(f"host_task(on=...) takes cl.on_master_node, cl.collective or cl.once, "
                                      f"got {on!r}")

@@ -13,9 +13,22 @@ class HostObject(Handle):
 
     def __init__(self, obj: Any = None):
         self._runtime = current_runtime(create=True)
-        self.obj = obj
+        self._obj = obj
         self.id: int = self._runtime.create_host_object(self)
         self._alive = True
+
+    @property
+    def obj(self) -> Any:
+        """The wrapped object (what ``cl.side_effect`` returns)."""
+        return self._obj
+
+    @obj.setter
+    def obj(self, value: Any) -> None:
+        # a host task with a side effect on this object may replace it (an int or a tuple
+        # cannot change in place): later fences copy the new object, as they run after it
+        self._obj = value
+        if getattr(self, "_alive", False):
+            self._runtime.retrack_host_object(self.id, value)
 
     def _require_alive(self) -> None:
         if not self._alive:

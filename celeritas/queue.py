@@ -55,6 +55,14 @@ class Queue:
     def shutdown(self) -> None:
         self._rt.shutdown()
 
+    def __copy__(self) -> Queue:
+        # a handle on the runtime (as cl.Buffer): a host object holding the queue can be
+        # fenced (its snapshot keeps the same queue), and copy.copy gives the same queue
+        return self
+
+    def __deepcopy__(self, memo) -> Queue:
+        return self
+
     def __enter__(self) -> "Queue":
         return self
 

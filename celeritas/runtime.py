@@ -6,6 +6,7 @@ mutable state; the only process-level state is which runtime is current.
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import gc
 import logging
 import os
@@ -289,14 +290,15 @@ class Runtime:
                                   memory_capacities(self.backend, config.device_memory_limit))
         if self.dry_run:
             from executor.dry_run import DryRunExecutor
-            self.executor = DryRunExecutor(self._on_horizon, self._on_epoch)
+            self.executor = DryRunExecutor(self._on_horizon, self._on_epoch, host_object_copy=self._copy_host_object)
         else:
             from executor.executor import Executor
             self.executor = Executor(self.backend, communicator, on_horizon=self._on_horizon,
                                      on_epoch=self._on_epoch, on_error=self._on_executor_error,
                                      inline_threshold=config.inline_us * 1e-6,
                                      trace=bool(config.trace) or self._summary,
-                                     name=f"celeritas-executor-{self.rank}")
+                                     name=f"celeritas-executor-{self.rank}",
+                                     host_object_copy=self._copy_host_object)
         # graph records (Queue.graphs(), dumps): recorders injected into the generators
         self.recorders: Recorders | None = (Recorders(self.rank) if config.record or config.print_graphs
                                             else None)
@@ -507,7 +509,25 @@ class Runtime:
             self.scheduler.notify_host_object_created(hid)
             return hid
 
+    def retrack_host_object(self, hid: int, obj: Any) -> None:
+        """``HostObject.obj`` was replaced (by a host task, in order): fences copy the new one."""
+        if not self.is_shut_down:
+            self.executor.track_host_object(hid, obj)
+
+    def _copy_host_object(self, obj: Any) -> Any:
+        """A fence's snapshot of a host object, on the executor thread: a ``__deepcopy__`` is
+        user code, and a queue call from it would wait for this thread (a hang): refused as
+        from a host task."""
+        inside = self.inside_task
+        outer = inside.where
+        inside.where = f"the {type(obj).__name__}'s __deepcopy__ (a fence's snapshot of a host object)"
+        try:
+            return copy.deepcopy(obj)
+        finally:
+            inside.where = outer
+
     def new_collective_group_id(self) -> int:
+        self._refuse_inside_task("cl.CollectiveGroup()")
         with self._lock:
             g = self._next_group
             self._next_group += 1

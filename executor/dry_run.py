@@ -12,15 +12,19 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.errors import CeleritasError
 from scheduler.instruction_graph import (AllocInstruction, DestroyHostObjectInstruction, EpochInstruction,
                                          FenceInstruction, HorizonInstruction, InstructionBatch)
+
+from .instruction_handlers import snapshot_host_object
 
 
 class DryRunExecutor:
     """Stands in for the executor under ``CELERITAS_DRY_RUN_NODES``: no kernels, no transfers."""
 
-    def __init__(self, on_horizon, on_epoch):
+    def __init__(self, on_horizon, on_epoch, host_object_copy=None):
         self._on_horizon = on_horizon
+        self._copy_host_object = host_object_copy or copy.deepcopy
         self._on_epoch = on_epoch
         self._allocs: dict[int, AllocInstruction] = {}
         self._host_objects: dict[int, Any] = {}
@@ -47,8 +51,14 @@ class DryRunExecutor:
                 if ins.allocation is not None:
                     a = self._allocs.pop(ins.allocation)
                     ins.promise.set_result(np.zeros(a.shape, a.dtype))
-                else:
-                    ins.promise.set_result(copy.deepcopy(self._host_objects.get(ins.host_object)))
+                else:   # (as the executor copies it; an error is the fence's, not the scheduler's)
+                    try:
+                        obj = snapshot_host_object(self._host_objects.get(ins.host_object), ins.host_object,
+                                                   ins.task, self._copy_host_object)
+                    except CeleritasError as exc:
+                        ins.promise.set_exception(exc)
+                    else:
+                        ins.promise.set_result(obj)
 
     def track_user_buffer(self, bid, array) -> None:
         pass

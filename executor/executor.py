@@ -26,6 +26,7 @@ fences are failed.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import sys
@@ -191,7 +192,8 @@ class Executor(InstructionHandlers):
                  trace: bool = False, idle_timeout: float = 0.1,
                  poll_interval: float = 20e-6, inline_threshold: float = 100e-6,
                  inline_copy_bytes: int = 128 * 1024, inline_alone_threshold: float = 2e-3,
-                 inline_alone_copy_bytes: int = 8 << 20, name: str = "celeritas-executor"):
+                 inline_alone_copy_bytes: int = 8 << 20, name: str = "celeritas-executor",
+                 host_object_copy: Callable[[Any], Any] | None = None):
         self._backend = backend
         self._comm = communicator
         self._on_horizon = on_horizon
@@ -223,6 +225,9 @@ class Executor(InstructionHandlers):
         self._user_buffers: dict[int, Any] = {}     # buffer id -> host array, until its allocation id is known
         self._backend_allocs: dict[int, int] = {}   # allocation id -> memory (made by backend.allocate)
         self._host_objects: dict[int, Any] = {}
+        # what a fence of a host object returns: a deep copy (the runtime's copier also
+        # refuses queue calls from a __deepcopy__, which would wait for this thread)
+        self._copy_host_object = host_object_copy or copy.deepcopy
         self._groups: dict[int, Communicator] = {}
         self._group_handles: dict[int, Any] = {}
         # Inline execution (see _dispatch): whether lanes' work may run on this thread
@@ -308,6 +313,8 @@ class Executor(InstructionHandlers):
         self._user_buffers[bid] = array
 
     def track_host_object(self, hoid: int, obj: Any) -> None:
+        """Register (or, once a host task replaced it, re-register) host object ``hoid``'s
+        object, which later fences of it copy."""
         self._host_objects[hoid] = obj
 
     def shutdown(self, timeout: float | None = None, *, drain: bool = True) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.errors import CeleritasError
+from scheduler.errors import CeleritasError, exception_text
 from scheduler.instruction_graph import (AllocInstruction, AwaitReceiveInstruction, CloneCollectiveGroupInstruction,
                                          CopyInstruction, DestroyHostObjectInstruction, DeviceKernelInstruction,
                                          EpochInstruction, FenceInstruction, FillIdentityInstruction,
@@ -266,8 +266,9 @@ class InstructionHandlers:
                 memory = self._backend_allocs.pop(instr.allocation, None)
                 result = self._backend.hand_over(memory, arr) if memory is not None else arr
             elif instr.host_object is not None:
-                result = _snapshot(self._host_objects[instr.host_object], instr)
-        except Exception as exc:
+                result = snapshot_host_object(self._host_objects[instr.host_object], instr.host_object,
+                                              instr.task, self._copy_host_object)
+        except BaseException as exc:
             if instr.promise is not None:   # never leave the user waiting on it
                 _set_promise(instr.promise, error=exc)
             raise
@@ -388,15 +389,19 @@ def _reduce(src: Any, dst: Any, count: int, op: Any, include_dest: bool) -> None
     d[0] = r
 
 
-def _snapshot(obj: Any, instr: FenceInstruction) -> Any:
-    """A fence's view of a host object: a deep copy taken now, so host tasks that run
-    after the fence do not change what the fence's result shows."""
+def snapshot_host_object(obj: Any, hoid: int, task: int, copier: Any = copy.deepcopy) -> Any:
+    """A fence's view of host object ``hoid``: a deep copy taken now (``copier(obj)``), so
+    host tasks that run after the fence do not change what the fence's result shows.
+    Whatever the copy raises, BaseExceptions too (a ``__deepcopy__`` is user code), becomes
+    the fence's CeleritasError naming the host object."""
     try:
-        return copy.deepcopy(obj)
-    except Exception as exc:  # noqa: BLE001 - e.g. an object holding a lock or an open file
-        raise CeleritasError(f"fence of host object H{instr.host_object} (task T{instr.task}): its "
+        return copier(obj)
+    except CeleritasError as exc:   # (the runtime's copier refuses queue calls: its message says why)
+        raise CeleritasError(f"fence of host object H{hoid} (task T{task}): {exc}") from exc
+    except BaseException as exc:  # noqa: BLE001 - e.g. an object holding a lock or an open file
+        raise CeleritasError(f"fence of host object H{hoid} (task T{task}): its "
                              f"{type(obj).__name__} cannot be copied for the fence's snapshot "
-                             f"(copy.deepcopy: {type(exc).__name__}: {exc}); give the class a "
+                             f"(copy.deepcopy: {type(exc).__name__}: {exception_text(exc)}); give the class a "
                              f"__deepcopy__ that copies what the fence should show") from exc
 
 
