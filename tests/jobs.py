@@ -9,10 +9,41 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# the launcher beside this interpreter (the mpich wheel's): another MPI's mpiexec cannot start
+# an MPICH-linked Python
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+
+needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
+
+
+@pytest.fixture
+def clean_environment(monkeypatch):
+    """No CELERITAS_* setting of the caller's shell: the documented defaults (a test module
+    makes it autouse by ``pytestmark = pytest.mark.usefixtures("clean_environment")``)."""
+    for var in [k for k in os.environ if k.startswith("CELERITAS_")]:
+        monkeypatch.delenv(var)
+
+
+def clean_env(extra: dict | None = None) -> dict:
+    """A job's environment: this one without CELERITAS_* settings, the repository first on
+    PYTHONPATH, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra or {})
+    return env
 
 
 def run_job(argv: list, env: dict, timeout: float, cwd: Path | str | None = None) -> subprocess.CompletedProcess:

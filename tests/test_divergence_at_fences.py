@@ -11,17 +11,23 @@ than the divergence timeout) is no divergence.
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 import time
 from collections import defaultdict, deque
-from pathlib import Path
 
 import numpy as np
 import pytest
-from jobs import explain, job_or_none
+from jobs import (  # noqa: F401
+    MPIEXEC,
+    ROOT,
+    clean_env,
+    clean_environment,
+    explain,
+    job_or_none,
+    needs_mpi,
+)
 
 import celeritas as cl
 from celeritas.testing import run_cluster
@@ -30,16 +36,8 @@ from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
 
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
 
-needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
 
 # the parenthesis of a difference found from the pending tasks, or at the next epoch (a
 # rank whose left neighbour is found out first may reach that epoch)
@@ -48,9 +46,8 @@ FOUND = (r"\((among T\d+\.\.T\d+, which both submitted since their last epoch, c
 
 
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch):
-    for var in [k for k in os.environ if k.startswith("CELERITAS_")]:
-        monkeypatch.delenv(var)
+def _clean_environment(clean_environment):  # noqa: F811 - (the fixture imported from jobs)
+    """Every test starts from the documented defaults."""
 
 
 # ---------------------------------------------------------------- EpochCheck over a wire
@@ -441,11 +438,7 @@ def test_a_rank_late_longer_than_the_divergence_timeout_is_no_divergence(nodes, 
 # ---------------------------------------------------------------- a real mpiexec -n 2
 
 
-def _env(extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(extra)
-    return env
+_env = clean_env
 
 
 def _job(argv: list, env: dict, timeout: float) -> subprocess.CompletedProcess | None:

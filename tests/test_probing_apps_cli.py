@@ -33,15 +33,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jobs import explain, job_or_none
+from jobs import (  # noqa: F401
+    HAVE_MPI4PY,
+    MPIEXEC,
+    ROOT,
+    clean_env,
+    clean_environment,
+    explain,
+    job_or_none,
+    needs_mpi,
+)
 
 import celeritas as cl
 from celeritas.__main__ import main as celeritas_main
 
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 APPS = ["hello", "wave_sim", "matmul", "convolution", "reduction", "nbody", "jacobi3d", "rsim"]
 TIMED = ["convolution", "reduction", "nbody", "jacobi3d", "rsim"]      # the apps with --json/--no-progress
 # a small run of each app, for the probes that start one
@@ -49,27 +56,15 @@ SMALL = {"hello": [], "wave_sim": ["-N", "24", "-T", "3"], "matmul": ["-N", "16"
          "convolution": ["-N", "20", "--output", ""], "reduction": ["-N", "20"], "nbody": ["-N", "16", "-T", "2"],
          "jacobi3d": ["-N", "8", "-T", "6"], "rsim": ["-N", "12", "-T", "5"]}
 
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
 
-needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
 
 
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch):
+def _clean_environment(clean_environment):  # noqa: F811 - (the fixture imported from jobs)
     """Every probe starts from the documented defaults."""
-    for var in [k for k in os.environ if k.startswith("CELERITAS_")]:
-        monkeypatch.delenv(var)
 
 
-def _env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(extra or {})
-    return env
+_env = clean_env
 
 
 def _job(argv: list, env: dict | None = None, timeout: float = 60, cwd=None):

@@ -26,11 +26,18 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from jobs import explain, job_or_none
+from jobs import (  # noqa: F401
+    MPIEXEC,
+    ROOT,
+    clean_env,
+    clean_environment,
+    explain,
+    job_or_none,
+    needs_mpi,
+)
 
 import celeritas as cl
 from celeritas.__main__ import main
@@ -38,16 +45,8 @@ from celeritas.testing import run_cluster
 
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
 
-needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
 
 
 def _is_mpich() -> bool:
@@ -58,17 +57,11 @@ def _is_mpich() -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch):
+def _clean_environment(clean_environment):  # noqa: F811 - (the fixture imported from jobs)
     """Every probe starts from the documented defaults."""
-    for var in [k for k in os.environ if k.startswith("CELERITAS_")]:
-        monkeypatch.delenv(var)
 
 
-def _env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(extra or {})
-    return env
+_env = clean_env
 
 
 def _job(argv: list, env: dict, timeout: float, cwd=None) -> subprocess.CompletedProcess | None:

@@ -38,19 +38,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from jobs import HAVE_MPI4PY, MPIEXEC, ROOT, clean_env, needs_mpi, run_job
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.mpi]
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
 
-needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
 
 
 def _is_mpich() -> bool:
@@ -78,11 +71,7 @@ def save(tag, value):
 
 
 def _env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
-    env["CELERITAS_DEVICES"] = "host:1"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(extra or {})
-    return env
+    return clean_env({"CELERITAS_DEVICES": "host:1", **(extra or {})})
 
 
 def _script(tmp_path: Path, body: str, name: str = "prog.py") -> Path:
@@ -97,19 +86,8 @@ def _explain(r) -> str:
 
 def _run(argv: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
     """Run ``argv`` in its own session; past ``timeout`` the whole job (mpiexec and every
-    rank) is killed and the test fails with what it printed."""
-    t0 = time.monotonic()
-    proc = subprocess.Popen([str(a) for a in argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the job did not end within {timeout} s (a hang)\nstdout:\n{out[-3000:]}\nstderr:\n{err[-5000:]}")
-    r = subprocess.CompletedProcess(argv, proc.returncode, out, err)
-    r.seconds = time.monotonic() - t0  # type: ignore[attr-defined]
-    return r
+    rank) is killed and the test fails with what it printed (``jobs.run_job``)."""
+    return run_job(argv, env, timeout, cwd=ROOT)
 
 
 def mpirun(n: int, script: Path, *, env: dict | None = None, timeout: float = 60, args=()) -> subprocess.CompletedProcess:
