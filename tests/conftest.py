@@ -4,3 +4,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def queue():
+    """A queue on two simulated devices (``host:2``), shut down afterwards (quietly after a
+    failure that was already raised, as documented).  A module may define its own."""
+    import celeritas as cl
+    q = cl.Queue(devices="host:2")
+    yield q
+    try:
+        q.shutdown()
+    except cl.CeleritasError:
+        pass

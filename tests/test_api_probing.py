@@ -27,18 +27,6 @@ from celeritas.testing import run_cluster
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def queue():
-    """A queue on two simulated devices, shut down afterwards (quietly after a failure that
-    was already raised, as documented)."""
-    q = cl.Queue(devices="host:2")
-    yield q
-    try:
-        q.shutdown()
-    except cl.CeleritasError:
-        pass
-
-
 def _run_kernel(q, body, *, shape=(8,), rng=(8,), mapper=None, mode=cl.read_write, name="probe"):
     """Submit a kernel over ``rng`` whose chunks call ``body(acc, chunk)`` on a buffer named
     "b" holding ``arange``; return (what the chunks returned, the buffer afterwards)."""

@@ -32,18 +32,6 @@ pytestmark = pytest.mark.timeout(120)
 T = 30     # seconds a fence result may take before the test calls it a hang
 
 
-@pytest.fixture
-def queue():
-    """A queue on two simulated devices, shut down afterwards (quietly after a failure that
-    was already raised, as documented)."""
-    q = cl.Queue(devices="host:2")
-    yield q
-    try:
-        q.shutdown()
-    except cl.CeleritasError:
-        pass
-
-
 def _append(h, value, *, name=None, **where):
     """A command group whose host task appends ``value`` (or ``value(partition)``) to the
     list in host object ``h``."""
