@@ -215,6 +215,13 @@ def _flag(env: Mapping[str, str], var: str) -> bool:
     raise ConfigError(f"{var}={raw!r}; use 1 or 0")
 
 
+def _at_least_one(v: str) -> bool:
+    try:
+        return float(v) >= 1
+    except ValueError:
+        return True     # (not a number: the parse below says so)
+
+
 def _memory_limit(env: Mapping[str, str], var: str, fractions: bool = True) -> int | float | None:
     """Bytes (an integer, optionally with a K/M/G suffix) or, with ``fractions``, a fraction
     in (0, 1].  (Every byte count of device memory takes the same spellings: a user who
@@ -223,14 +230,26 @@ def _memory_limit(env: Mapping[str, str], var: str, fractions: bool = True) -> i
     if raw is None or raw.strip() == "":
         return None
     v = raw.strip().upper().removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
-    if scale != 1:
+    if v[-2:] in ("KI", "MI", "GI", "TI"):      # (2GiB, 512MiB: the same binary units)
         v = v[:-1]
-    fraction = "." in v and scale == 1
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(v[-1:], 1)
+    if scale != 1:
+        v = v[:-1].strip()
+    # a plain number with a point is a fraction; with a unit (1.5G) bytes; with an exponent
+    # bytes from 1 up (1e9), a fraction below (2.4e-07, as repr() writes a small one)
+    fraction = scale == 1 and ("." in v or "E" in v) and not ("E" in v and _at_least_one(v))
     if fraction and not fractions:
         raise ConfigError(f"{var}={raw!r} is not a number of bytes (e.g. 65536 or 64K)")
     try:
-        n = float(v) if fraction else int(v) * scale
+        if fraction:
+            n = float(v)
+        elif scale != 1 or "E" in v:
+            x = float(v) * scale
+            if x != x or x in (float("inf"), float("-inf")):
+                raise ValueError(v)
+            n = int(x)     # (whole bytes: 1.5K is 1536, 0.3K 307)
+        else:
+            n = int(v)
     except ValueError:
         if not fractions:
             raise ConfigError(f"{var}={raw!r} is not a number of bytes (e.g. 65536 or 64K)") from None
