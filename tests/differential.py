@@ -206,6 +206,7 @@ DISJOINT_READ_DRAWS = True  # main: reads of a buffer's first and last rows in o
 DISJOINT_READ_SHARE = 0.2   # of main programs
 RELEASE_DRAWS = True        # main: buffers and host objects released by dropping them (``_draw_releases``)
 FANCY_DRAWS = True          # main: some kernels and host tasks index with integer arrays / lists (``_draw_fancy``)
+REPLACE_DRAWS = True        # main: extra host objects replaced by the host tasks that record there (``_draw_replacements``)
 RELEASE_FORMS = ("drop", "thread")   # the last reference dropped on the application thread / another thread
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
@@ -413,6 +414,7 @@ class Task:
                                 # master: "" (on_master_node) | "once" (on=cl.once) | "default" (no range, no on)
     comm: bool = False          # collective: also allreduce the recorded value through partition.comm
     hobj: int | None = None     # collective / master: side effect on the extra host object hobj (records there)
+    hobj_replace: bool = False  # master: records by replacing hobj's list (h.obj = h.obj + [rec]) instead of appending
     mode: str = ""              # lookahead: the mode set
     index: str = "box"          # kernels / host tasks: how they index their accessors (INDEX_STYLES)
     offset: tuple | None = None  # kernels: parallel_for(range_shape, offset=offset); index space task_box(t)
@@ -1026,7 +1028,7 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
                          ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many),
                          ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order),
                          ("DISJOINT_READ_DRAWS", _draw_disjoint_reads), ("RELEASE_DRAWS", _draw_releases),
-                         ("FANCY_DRAWS", _draw_fancy)):
+                         ("FANCY_DRAWS", _draw_fancy), ("REPLACE_DRAWS", _draw_replacements)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1463,6 +1465,24 @@ def _draw_fancy(g: _Gen, p: Program) -> None:
         if t.kind in ("kernel", "host") and g.rng.random() < 0.1:
             t.index = "fancy"
             p.features.add("index:fancy")
+
+
+def _draw_replacements(g: _Gen, p: Program) -> None:
+    """Half of the extra host objects that live through the whole program (drawn after the whole
+    program, so that every seed keeps its program) are replaced by the master-node host tasks that
+    record on them (``h.obj = h.obj + [record]``, ``hobj:replace``) instead of appended to: the
+    collective tasks that record there append to ``h.obj`` as it is when they run (what
+    ``cl.side_effect`` returned at the submit may be an older object), and fences must show the
+    newest.  (Not objects destroyed or released: a task's command group holds the handle.)"""
+    gone = {u.fence_index for u in p.tasks if u.kind in ("hdestroy", "hcreate")}
+    for k in range(p.hobjs):
+        if k in gone or g.rng.random() >= 0.5:
+            continue
+        users = [t for t in p.tasks if t.kind in ("master", "collective") and t.hobj == k]
+        for t in users:
+            t.hobj_replace = True
+        if any(t.kind == "master" for t in users):
+            p.features.add("hobj:replace")
 
 
 def _draw_disjoint_reads(g: _Gen, p: Program) -> None:
@@ -3524,6 +3544,7 @@ class _Run:
             getters = run._reads(cgh, t)
             lst = cl.side_effect(run.log, cgh)
             extra = cl.side_effect(run.hobjs[t.hobj], cgh) if t.hobj is not None else None
+            holder = run.hobjs[t.hobj] if t.hobj_replace else None
 
             def fn(part):
                 if t.delay:
@@ -3538,7 +3559,9 @@ class _Run:
                     lst.append(("m", idx, int(getters[(rd.space, rd.buffer)](Box.full(run._shape_of(rd))).sum())))
                 else:
                     lst.append(("m", idx, 0))
-                if extra is not None:
+                if holder is not None:      # (hobj:replace: the object itself changes; fences copy the new one)
+                    holder.obj = run.hlists[t.hobj] = holder.obj + [lst[-1]]
+                elif extra is not None:
                     extra.append(lst[-1])
             on = {"": cl.on_master_node, "once": cl.once, "default": None}[t.form]
             cgh.host_task(fn, on=on, name=f"master_T{idx}")
@@ -3550,6 +3573,7 @@ class _Run:
         def cgf(cgh):
             getters = run._reads(cgh, t)
             extra = cl.side_effect(run.hobjs[t.hobj], cgh) if t.hobj is not None else None
+            holder = run.hobjs[t.hobj] if t.hobj_replace else None
             on = cl.collective(run.groups[t.group - 1]) if t.group else \
                 cl.collective() if t.form == "call" else cl.collective
 
@@ -3565,7 +3589,9 @@ class _Run:
                 rec = ("c", idx, t.group, part.rank, tuple(part.box.min), tuple(part.box.max),
                        tuple(part.global_range), v, tot, cr)
                 run.coll.append(rec)
-                if extra is not None:
+                if holder is not None:
+                    holder.obj.append(rec)      # (hobj:replace: the object as it is now)
+                elif extra is not None:
                     extra.append(rec)
             cgh.host_task(fn, on=on, name=t.name or f"coll_T{idx}")
         return cgf
