@@ -62,19 +62,26 @@ def current_runtime(create: bool = False, **overrides) -> Any:
         return rt
 
 
-class Handle:
-    """What ``cl.Buffer`` and ``cl.HostObject`` share: a handle to an object the runtime owns
-    (``_runtime``, ``id``, ``_alive``), destroyed by the runtime as ``_handle_kind``."""
+class CopiesAsItself:
+    """A handle, as Celerity's are (``cl.Buffer``, ``cl.HostObject``, ``cl.Queue``,
+    ``cl.CollectiveGroup``): a copy, deep or not, names the same object.  A second handle
+    to a buffer would destroy it when collected; and a host object holding a queue or a
+    group can be fenced (its snapshot keeps the same queue or group)."""
 
-    _handle_kind = ""
+    __slots__ = ()
 
     def __copy__(self):
-        # a handle, as Celerity's are: a copy names the same object, which lives until the
-        # last reference goes (a second handle would destroy it when collected)
         return self
 
     def __deepcopy__(self, memo):
         return self
+
+
+class Handle(CopiesAsItself):
+    """What ``cl.Buffer`` and ``cl.HostObject`` share: a handle to an object the runtime owns
+    (``_runtime``, ``id``, ``_alive``), destroyed by the runtime as ``_handle_kind``."""
+
+    _handle_kind = ""
 
     def __del__(self) -> None:
         # (not ``destroy()``: the garbage collector may run this on any thread, inside any

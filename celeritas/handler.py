@@ -19,7 +19,7 @@ from scheduler.geometry.box import as_ints
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
 from .accessor import Accessor, Hydration
-from .context import cluster, current_runtime
+from .context import CopiesAsItself, cluster, current_runtime
 
 
 def handler_of(cgh: Any, what: str) -> "CommandGroupHandler":
@@ -309,20 +309,13 @@ class _Placement:
                              f"parentheses)")
 
 
-class CollectiveGroup:
+class CollectiveGroup(CopiesAsItself):
     """Host tasks of one collective group run in order and share one communicator."""
 
     def __init__(self):
         # ids come from the runtime so that every rank numbers its groups identically
         self._runtime = current_runtime(create=True)
         self.id = self._runtime.new_collective_group_id()
-
-    def __copy__(self):
-        # a handle (as cl.Buffer and cl.HostObject): a copy names the same group
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
 
     def __repr__(self) -> str:
         return f"<cl.CollectiveGroup {self.id}>"

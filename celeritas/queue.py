@@ -4,10 +4,11 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any, Callable
 
+from .context import CopiesAsItself
 from .runtime import Runtime
 
 
-class Queue:
+class Queue(CopiesAsItself):
     """Submits command groups to the runtime of this process (or simulated rank)."""
 
     def __init__(self, *, devices: str | None = None, lookahead: str | None = None, record: bool = False):
@@ -54,14 +55,6 @@ class Queue:
 
     def shutdown(self) -> None:
         self._rt.shutdown()
-
-    def __copy__(self) -> Queue:
-        # a handle on the runtime (as cl.Buffer): a host object holding the queue can be
-        # fenced (its snapshot keeps the same queue), and copy.copy gives the same queue
-        return self
-
-    def __deepcopy__(self, memo) -> Queue:
-        return self
 
     def __enter__(self) -> "Queue":
         return self
