@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -215,13 +216,6 @@ def _flag(env: Mapping[str, str], var: str) -> bool:
     raise ConfigError(f"{var}={raw!r}; use 1 or 0")
 
 
-def _at_least_one(v: str) -> bool:
-    try:
-        return float(v) >= 1
-    except ValueError:
-        return True     # (not a number: the parse below says so)
-
-
 def _memory_limit(env: Mapping[str, str], var: str, fractions: bool = True) -> int | float | None:
     """Bytes (an integer, optionally with a K/M/G suffix) or, with ``fractions``, a fraction
     in (0, 1].  (Every byte count of device memory takes the same spellings: a user who
@@ -235,26 +229,22 @@ def _memory_limit(env: Mapping[str, str], var: str, fractions: bool = True) -> i
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(v[-1:], 1)
     if scale != 1:
         v = v[:-1].strip()
-    # a plain number with a point is a fraction; with a unit (1.5G) bytes; with an exponent
-    # bytes from 1 up (1e9), a fraction below (2.4e-07, as repr() writes a small one)
-    fraction = scale == 1 and ("." in v or "E" in v) and not ("E" in v and _at_least_one(v))
-    if fraction and not fractions:
-        raise ConfigError(f"{var}={raw!r} is not a number of bytes (e.g. 65536 or 64K)")
+    real = scale != 1 or "." in v or "E" in v      # (a unit, a point or an exponent)
     try:
-        if fraction:
-            n = float(v)
-        elif scale != 1 or "E" in v:
-            x = float(v) * scale
-            if x != x or x in (float("inf"), float("-inf")):
-                raise ValueError(v)
-            n = int(x)     # (whole bytes: 1.5K is 1536, 0.3K 307)
-        else:
-            n = int(v)
+        x = float(v) if real else int(v)
+        if real and not math.isfinite(x):
+            raise ValueError(v)
     except ValueError:
         if not fractions:
             raise ConfigError(f"{var}={raw!r} is not a number of bytes (e.g. 65536 or 64K)") from None
         raise ConfigError(f"{var}={raw!r} is neither a number of bytes (e.g. 2G) nor a fraction "
                           f"such as 0.8") from None
+    # a plain number with a point is a fraction; with a unit (1.5G) bytes; with an exponent
+    # bytes from 1 up (1e9), a fraction below (2.4e-07, as repr() writes a small one)
+    fraction = scale == 1 and real and ("E" not in v or x < 1)
+    if fraction and not fractions:
+        raise ConfigError(f"{var}={raw!r} is not a number of bytes (e.g. 65536 or 64K)")
+    n = x if fraction or not real else int(x * scale)     # (whole bytes: 1.5K is 1536, 0.3K 307)
     if fraction:
         if not 0 < n <= 1:
             raise ConfigError(f"{var}={raw!r}: a fraction of the device memory must be in (0, 1]")

@@ -609,10 +609,11 @@ class TaskManager:
         else:
             if len(stream) >= 1024:
                 self._fold_stream()
+            entry = (t.id, t.kind, t.name, list(rng), accessed)
             if len(digest) < DIGEST_LIMIT:
-                digest.append((t.id, t.kind, t.name, list(rng), accessed))
+                digest.append(entry)
             else:
-                self._overflow((t.id, t.kind, t.name, list(rng), accessed))
+                self._overflow(entry)
         if self.recorder is not None:
             self.recorder.record_task(t, self.buffers)
         if self.on_task is not None:
