@@ -19,3 +19,12 @@ def queue():
         q.shutdown()
     except cl.CeleritasError:
         pass
+
+
+@pytest.fixture
+def clean_environment(monkeypatch):
+    """No CELERITAS_* setting of the caller's shell: the documented defaults (a module makes
+    it autouse with ``pytest.mark.usefixtures("clean_environment")`` in its ``pytestmark``)."""
+    import os
+    for var in [k for k in os.environ if k.startswith("CELERITAS_")]:
+        monkeypatch.delenv(var)

@@ -29,14 +29,6 @@ except ImportError:
 needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
 
 
-@pytest.fixture
-def clean_environment(monkeypatch):
-    """No CELERITAS_* setting of the caller's shell: the documented defaults (a test module
-    makes it autouse by ``pytestmark = pytest.mark.usefixtures("clean_environment")``)."""
-    for var in [k for k in os.environ if k.startswith("CELERITAS_")]:
-        monkeypatch.delenv(var)
-
-
 def clean_env(extra: dict | None = None) -> dict:
     """A job's environment: this one without CELERITAS_* settings, the repository first on
     PYTHONPATH, then ``extra``."""
@@ -46,34 +38,38 @@ def clean_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_job(argv: list, env: dict, timeout: float, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` (in ``cwd``); the result also carries ``seconds``, the wall time."""
+def _spawn(argv: list, env: dict, timeout: float, cwd) -> tuple[subprocess.CompletedProcess, bool]:
+    """Run ``argv`` in its own session: (the result, whether it outlived ``timeout``, then
+    killed with its whole process group); the result also carries ``seconds``, the wall time."""
     t0 = time.monotonic()
     proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    killed = False
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{' '.join(map(str, argv))} did not finish within {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+        killed = True
     res = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     res.seconds = time.monotonic() - t0  # type: ignore[attr-defined]
+    return res, killed
+
+
+def run_job(argv: list, env: dict, timeout: float, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` (in ``cwd``); the result also carries ``seconds``, the wall time."""
+    res, killed = _spawn(argv, env, timeout, cwd)
+    if killed:
+        pytest.fail(f"{' '.join(map(str, argv))} did not finish within {timeout} s\nstdout:\n{res.stdout}\n"
+                    f"stderr:\n{res.stderr}")
     return res
 
 
 def job_or_none(argv: list, env: dict, timeout: float, cwd: Path | str | None = None) -> subprocess.CompletedProcess | None:
     """``run_job`` for tests whose question is whether the job ends at all: None if it outlived
     ``timeout`` (the whole process group, mpiexec and its ranks, is killed then)."""
-    proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    res, killed = _spawn(argv, env, timeout, cwd)
+    return None if killed else res
 
 
 def explain(r: subprocess.CompletedProcess | None) -> str:

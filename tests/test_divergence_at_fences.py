@@ -19,11 +19,10 @@ from collections import defaultdict, deque
 
 import numpy as np
 import pytest
-from jobs import (  # noqa: F401
+from jobs import (
     MPIEXEC,
     ROOT,
     clean_env,
-    clean_environment,
     explain,
     job_or_none,
     needs_mpi,
@@ -34,7 +33,7 @@ from celeritas.testing import run_cluster
 from executor.mpi.divergence import EpochCheck
 from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environment")]
 
 
 
@@ -43,11 +42,6 @@ pytestmark = pytest.mark.timeout(180)
 # rank whose left neighbour is found out first may reach that epoch)
 FOUND = (r"\((among T\d+\.\.T\d+, which both submitted since their last epoch, compared while a rank waited "
          r"at a fence or for data|after epoch T0, epoch #1)\)")
-
-
-@pytest.fixture(autouse=True)
-def _clean_environment(clean_environment):  # noqa: F811 - (the fixture imported from jobs)
-    """Every test starts from the documented defaults."""
 
 
 # ---------------------------------------------------------------- EpochCheck over a wire

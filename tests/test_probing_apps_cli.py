@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from jobs import (  # noqa: F401
+from jobs import (
     HAVE_MPI4PY,
     MPIEXEC,
     ROOT,
     clean_env,
-    clean_environment,
     explain,
     job_or_none,
     needs_mpi,
@@ -47,7 +46,7 @@ from jobs import (  # noqa: F401
 import celeritas as cl
 from celeritas.__main__ import main as celeritas_main
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environment")]
 
 APPS = ["hello", "wave_sim", "matmul", "convolution", "reduction", "nbody", "jacobi3d", "rsim"]
 TIMED = ["convolution", "reduction", "nbody", "jacobi3d", "rsim"]      # the apps with --json/--no-progress
@@ -57,11 +56,6 @@ SMALL = {"hello": [], "wave_sim": ["-N", "24", "-T", "3"], "matmul": ["-N", "16"
          "jacobi3d": ["-N", "8", "-T", "6"], "rsim": ["-N", "12", "-T", "5"]}
 
 
-
-
-@pytest.fixture(autouse=True)
-def _clean_environment(clean_environment):  # noqa: F811 - (the fixture imported from jobs)
-    """Every probe starts from the documented defaults."""
 
 
 _env = clean_env

@@ -29,11 +29,10 @@ import time
 
 import numpy as np
 import pytest
-from jobs import (  # noqa: F401
+from jobs import (
     MPIEXEC,
     ROOT,
     clean_env,
-    clean_environment,
     explain,
     job_or_none,
     needs_mpi,
@@ -43,7 +42,7 @@ import celeritas as cl
 from celeritas.__main__ import main
 from celeritas.testing import run_cluster
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environment")]
 
 
 
@@ -54,11 +53,6 @@ def _is_mpich() -> bool:
         return False
     from celeritas import launcher
     return launcher.detect(str(MPIEXEC)).flavor == launcher.MPICH
-
-
-@pytest.fixture(autouse=True)
-def _clean_environment(clean_environment):  # noqa: F811 - (the fixture imported from jobs)
-    """Every probe starts from the documented defaults."""
 
 
 _env = clean_env
