@@ -89,9 +89,11 @@ class QuickProbe(_FlagCall):
     """``MPI_Iprobe`` on one communicator through ``ctypes.PyDLL``: whether a message from
     ``source`` with ``tag`` waits, without releasing the GIL.  For channels that are looked
     at often and rarely carry anything (the divergence check's, once a millisecond): an
-    mpi4py probe releases the GIL, and taking it back cost the executor up to a switch
-    interval behind the busy application or scheduler thread (0.3 ms per look measured
-    on 2 ranks of wave_sim 256² on a loaded machine, a tenth of the executor's time)."""
+    mpi4py probe releases the GIL, and taking it back can cost the executor a turn behind
+    the busy application or scheduler thread.  (Measured only on a loaded machine: 0.3 ms
+    per look on 2 ranks of wave_sim 256²; the sends and receives made GIL-keeping the same
+    way gained nothing on a quiet one, see docs/benchmarks.md, so this is a cheap look,
+    not a measured speed-up.)"""
 
     def __init__(self, fn: Any, comm_handle: Any):
         super().__init__(fn)
