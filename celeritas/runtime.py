@@ -38,6 +38,21 @@ from .range_mappers import MapperWrappers
 log = logging.getLogger("celeritas.runtime")
 
 
+class _InterruptSafeCondition(threading.Condition):
+    """The application thread's condition: a ``wait`` interrupted (SIGINT's KeyboardInterrupt)
+    just as it gave the lock up takes the lock back before the exception leaves, so the
+    caller's ``with`` exit does not fail with "cannot release un-acquired lock" and hide the
+    interrupt (seen under mpiexec: the rank then reported a RuntimeError)."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        try:
+            return super().wait(timeout)
+        except BaseException:
+            if not self._is_owned():
+                self.acquire()
+            raise
+
+
 def make_backend(spec: cfg.DeviceSpec, host_device_memory: int | None = None,
                  huge_pages: int | None = cfg.HUGE_PAGES_DEFAULT, setting_name: str = "CELERITAS_DEVICES",
                  rank: int | None = None):
@@ -241,7 +256,7 @@ class Runtime:
         logging.getLogger("celeritas").setLevel(cfg.LOG_LEVELS[config.log_level])
         self._lock = threading.RLock()
         self.inside_task = _InsideTask()   # set by a launcher while its kernel or host task runs
-        self._cond = threading.Condition()
+        self._cond = _InterruptSafeCondition()
         self._error: BaseException | None = None
         self._error_shown = False     # raised to the user once already: not printed again at exit
         self._epoch_reached = -1

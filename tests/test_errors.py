@@ -1182,3 +1182,30 @@ def test_a_simulated_cluster_times_out_a_rank_that_never_reaches_the_epoch():
 def test_a_simulated_cluster_whose_ranks_agree_passes_the_check(nodes):
     from celeritas.testing import run_cluster
     assert run_cluster(_divergent("none", threading.Event()), nodes=nodes, timeout=60) == list(range(nodes))
+
+
+def test_an_interrupt_while_a_wait_gives_its_lock_up_stays_a_keyboard_interrupt():
+    """SIGINT can land inside Condition.wait just after it released the lock; the caller's
+    ``with cond:`` exit then failed with 'cannot release un-acquired lock', so a rank under
+    mpiexec reported a RuntimeError instead of the KeyboardInterrupt (a flaky
+    test_probing_mpi case).  The runtime's condition takes the lock back first."""
+    import threading
+    from celeritas.runtime import _InterruptSafeCondition
+
+    def interrupted(cls) -> type:
+        c = cls()
+        release = c._release_save
+
+        def release_then_interrupt():
+            release()
+            raise KeyboardInterrupt
+        c._release_save = release_then_interrupt
+        try:
+            with c:
+                c.wait(0.01)
+        except BaseException as exc:  # noqa: BLE001
+            return type(exc)
+        return type(None)
+
+    assert interrupted(threading.Condition) is RuntimeError     # (the failure, provoked)
+    assert interrupted(_InterruptSafeCondition) is KeyboardInterrupt
