@@ -138,6 +138,89 @@ elif rank == 2:
     except CommunicatorError as exc:
         expect("receive of message 9 from rank 1" in str(exc) and "trunc" in str(exc).lower(),
                f"long message error: {exc}")
+
+# ---- pilots that carry their payload (hold_pilot): one message, complete on both sides at once
+def pilots_from(src, n, timeout=20.0):
+    got = []
+    t0 = time.monotonic()
+    while len(got) < n and time.monotonic() - t0 < timeout:
+        got += [p for fr, p in comm.poll_pilots() if fr == src]
+        time.sleep(1e-4)
+    return got
+
+
+expect(comm.eager_bytes > 0, "no eager payloads by default")
+small = np.arange(40 * 30, dtype=np.float64).reshape(40, 30)
+eager_cases = [(3001, np.s_[5:9, :]), (3002, np.s_[:, 7:8]), (3003, np.s_[0:0, :])]
+big = np.arange((comm.eager_bytes // 8) + 16, dtype=np.float64)          # over the limit: two messages
+comm.barrier()
+if rank == 0:
+    for msg_id, sl in eager_cases:
+        comm.hold_pilot(1, Pilot(msg_id, 1, (7, 1, 0), Box((0, 0), small[sl].shape) if small[sl].size
+                                 else Box.empty_box(2)))
+    comm.hold_pilot(1, Pilot(3004, 1, (7, 2, 0), Box((0,), big.shape)))
+    comm.hold_pilot(1, Pilot(3005, 1, (7, 3, 0), Box((0,), (4,))))
+    comm.barrier()                      # the held pilots have not gone yet (checked on rank 1)
+    for msg_id, sl in reversed(eager_cases[:2]):           # (payloads in another order than the pilots)
+        r = comm.send_payload(1, msg_id, small[sl])
+        expect(r.test(), "a send with its pilot is not complete at once")
+    r = comm.send_payload(1, 3004, big)
+    comm.send_payload(1, 3005, np.arange(4, dtype=np.int32))
+    wait_all([r])
+elif rank == 1:
+    pilots = pilots_from(0, 1, timeout=0.5)
+    expect([p.msg_id for p in pilots] == [3003], f"pilots arrived before their payloads: {pilots}")
+    comm.barrier()
+    pilots += pilots_from(0, 4)
+    expect(sorted(p.msg_id for p in pilots) == [3001, 3002, 3003, 3004, 3005], f"pilots {pilots}")
+    for msg_id, sl in eager_cases[:2]:
+        dst_full = np.zeros_like(small)
+        r = comm.receive_payload(0, msg_id, dst_full[sl])
+        expect(r.test(), f"message {msg_id}: a payload that came with its pilot is not there at once")
+        expect(np.array_equal(dst_full[sl], small[sl]), f"message {msg_id}: wrong data")
+        rest = dst_full.copy()
+        rest[sl] = 0
+        expect(not rest.any(), f"message {msg_id}: wrote outside the box")
+    out = np.zeros_like(big)
+    wait_all([comm.receive_payload(0, 3004, out)])
+    expect(np.array_equal(out, big), "a held pilot over the limit: wrong data")
+    r = comm.receive_payload(0, 3005, np.zeros(3, np.int32))
+    try:
+        r.test()
+        expect(False, "a payload of the wrong size accepted")
+    except CommunicatorError as exc:
+        expect("received 16 bytes, expected 12" in str(exc) and "message 3005 from rank 0" in str(exc),
+               f"wrong size error: {exc}")
+    expect(not comm._eager, f"payloads left behind: {list(comm._eager)}")
+else:
+    comm.barrier()
+comm.barrier()
+try:
+    MpiCommunicator(install_hooks=False, eager_bytes=-1)
+    expect(False, "a negative eager limit accepted")
+except Exception as exc:  # noqa: BLE001
+    expect(type(exc).__name__ == "ConfigError" and "eager payload limit -1" in str(exc), f"eager limit: {exc}")
+plain = MpiCommunicator(install_hooks=False, eager_bytes=0)         # (a collective Dup on every rank)
+if rank == 0:
+    plain.hold_pilot(1, Pilot(1, 1, (8, 1, 0), Box((0,), (2,))))      # sent at once: nothing travels along
+    plain.barrier()
+    wait_all([plain.send_payload(1, 1, np.array([4.0, 5.0]))])
+elif rank == 1:
+    t0 = time.monotonic()
+    got = []
+    while not got and time.monotonic() - t0 < 20:
+        got = plain.poll_pilots()
+        time.sleep(1e-4)
+    expect([p.msg_id for _fr, p in got] == [1] and not plain._eager, f"eager_bytes=0: {got}")
+    plain.barrier()
+    out = np.zeros(2)
+    wait_all([plain.receive_payload(0, 1, out)])
+    expect(out.tolist() == [4.0, 5.0], "eager_bytes=0: wrong data")
+else:
+    plain.barrier()
+plain.barrier()
+plain.close()
+
 try:
     comm.send_pilot(rank, Pilot(0, rank, (0, 0, 0), Box((0,), (1,))))
     expect(False, "pilot to self accepted")
