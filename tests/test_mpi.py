@@ -127,10 +127,15 @@ def test_every_app_verifies_through_its_cli_under_mpiexec(app, ranks, tmp_path):
 
 @needs_mpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks,devices,first,count", [(2, "host:2", 0, 80), (4, "host:1", 1000, 80)])
-def test_random_programs_match_numpy(ranks, devices, first, count):
+@pytest.mark.parametrize("ranks,devices,first,count,eager", [(2, "host:2", 0, 80, "64"),
+                                                              (4, "host:1", 1000, 80, "32K")])
+def test_random_programs_match_numpy(ranks, devices, first, count, eager):
+    """``eager``: payloads up to 64 bytes travel with their pilots, larger ones as two
+    messages (both in one run), or nearly every payload of these small programs with its
+    pilot (the default limit)."""
     r = mpirun(ranks, "fuzz_programs.py", str(first), str(count), devices=devices,
-               env={"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"})
+               env={"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off",
+                    "CELERITAS_MPI_EAGER_BYTES": eager})
     assert r.returncode == 0, _explain(r)
     for k in range(ranks):
         assert f"rank {k}: {count}/{count} programs match numpy" in r.stdout, _explain(r)
