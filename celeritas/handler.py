@@ -758,30 +758,32 @@ class _Launcher:
                  "where", "rank_context")
 
     def __init__(self, cgh: CommandGroupHandler, rt, fn, kind: str, name: str, source: bool):
+        # (locals rather than attributes read back: this runs at every submit)
         self.fn = fn
-        self.device = kind == tg.DEVICE_COMPUTE
-        self.what = "kernel" if self.device else "host task"
+        self.device = device = kind == tg.DEVICE_COMPUTE
+        self.what = what = "kernel" if device else "host task"
         # accessors read their arrays from the hydration; without accessors it stays unused
         self.hydration = cgh._hydration if cgh._accessors else None
         self.task_name = name
-        self.geom = cgh._geometry
+        self.geom = geom = cgh._geometry
         self.rank = rt.rank
         reductions = cgh._reductions
-        self.red_ops = [(d.op, d.identity, d.buffer.dtype, d.buffer.label) for d in reductions] if reductions else []
-        self.args = cgh._args
-        self.source = source and self.device
-        self.backend = rt.backend if self.source else None
+        self.red_ops = red_ops = ([(d.op, d.identity, d.buffer.dtype, d.buffer.label) for d in reductions]
+                                  if reductions else [])
+        self.args = args = cgh._args
+        self.source = source = source and device
+        self.backend = rt.backend if source else None
         self.local_range = cgh._local_range
         # accessors become AccessorArg(index): the backends may not import celeritas types
         self.device_args = (tuple(AccessorArg(a.index, a.buffer_name) if isinstance(a, Accessor) else a
-                                  for a in self.args)
-                            if self.source else ())
+                                  for a in args)
+                            if source else ())
         # the common launch: a Python kernel without reductions (see __call__)
-        self.plain = self.device and not self.red_ops and not self.source
-        self.global_range = self.geom.global_range if self.geom is not None else None
-        self.global_offset = self.geom.offset if self.geom is not None else None
+        self.plain = device and not red_ops and not source
+        self.global_range = geom.global_range if geom is not None else None
+        self.global_offset = geom.offset if geom is not None else None
         self.inside = rt.inside_task       # (what Runtime._refuse_inside_task reads)
-        self.where = f"{self.what} {name!r}"
+        self.where = f"{what} {name!r}"
         # under run_cluster: the rank's context, which the executor and lane threads running
         # this task lack; without it cl.Buffer() there reached (and started) a process runtime
         # instead of the rank's, which refuses it

@@ -400,8 +400,9 @@ class TaskManager:
                 for bid in t.buffer_ids:
                     self._shapes.pop(bid, None)   # (changed outside replay: shape it anew when needed)
                 return
-            eft = self.epoch_for_new_tasks
-            epoch_rel = None if eft is None else eft.id - t.id
+            e = self._horizons.epoch   # (epoch_for_new_tasks, without the property's call)
+            eft = None if e is None else self.tasks[e]
+            epoch_rel = None if e is None else e - t.id
             tpl = replay.find(key, epoch_rel)
             if tpl is not None:
                 replay.hits += 1
@@ -615,11 +616,13 @@ class TaskManager:
         self.tasks[t.id] = t
         if t.critical_path_length > self._max_cpl:
             self._max_cpl = t.critical_path_length
-        rng = t.geometry.global_range if t.geometry else ()
+        geom = t.geometry
+        rng = geom.global_range if geom else ()
         stream = self._stream
         sid = self._str_ids
         group = t.collective_group   # (ints only: hash(None) differs between processes)
-        accessed = tuple([(a.buffer, sid[a.mode]) for a in t.accesses])
+        accesses = t.accesses
+        accessed = tuple([(a.buffer, sid[a.mode]) for a in accesses]) if accesses else ()
         stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed, -1 if group is None else group))
         digest = self._digest
         if t.kind == EPOCH:
