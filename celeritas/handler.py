@@ -18,7 +18,7 @@ from scheduler.geometry import Box
 from scheduler.geometry.box import as_ints
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
-from .accessor import Accessor, Hydration
+from .accessor import Accessor, Hydration, _binding
 from .context import CopiesAsItself, cluster, current_runtime
 
 
@@ -795,9 +795,9 @@ class _Launcher:
         # first use (Accessor._local): building a per-launch table cost every launch
         # ~0.3 us per accessor, whether the kernel used them or not
         hydration = self.hydration
-        if hydration is not None:
-            prev = hydration.ctx
-            hydration.ctx = ctx
+        if hydration is not None:   # (this thread's accessor binding: see Hydration)
+            prev = _binding.cur
+            _binding.cur = (hydration, ctx)
         inside = self.inside
         outer = inside.where
         inside.where = self.where
@@ -844,7 +844,7 @@ class _Launcher:
         finally:
             inside.where = outer
             if hydration is not None:
-                hydration.ctx = prev
+                _binding.cur = prev
 
 
 def _refuse(launcher, result: Any) -> None:
