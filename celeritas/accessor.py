@@ -20,13 +20,35 @@ from scheduler.task_graph import (DISCARD_READ_WRITE, DISCARD_WRITE, READ, READ_
                                   ACCESS_MODES as MODES)
 
 
-class Hydration(threading.local):
-    """Per-thread binding of a command group's accessors to the chunk being run: its
-    ``LaunchContext`` (accessor ``index`` indexes ``ctx.arrays`` and ``ctx.accesses``)."""
+class _Binding(threading.local):
+    """Per thread: ``(hydration, ctx)``, the command group whose chunk runs on this thread
+    and that chunk's ``LaunchContext`` (``(None, None)`` outside a kernel or host task)."""
 
-    def __init__(self) -> None:
-        self.ctx: Any = None
-        self.label: str = ""
+    cur: tuple = (None, None)
+
+
+_binding = _Binding()
+
+
+class Hydration:
+    """A command group's binding of its accessors to the chunk being run, per thread: its
+    ``LaunchContext`` (accessor ``index`` indexes ``ctx.arrays`` and ``ctx.accesses``).
+
+    A token, not a ``threading.local`` of its own: the launcher binds ``(hydration, ctx)``
+    in one thread-local slot shared by all command groups (``_binding``), and an accessor
+    reads the ctx there when the slot names its hydration.  A ``threading.local`` per
+    command group cost 0.9 us to make at every submit with accessors, a per-thread dict
+    on each lane that ran a chunk, and 4.6 us to destroy once four live threads had
+    touched it (CPython clears it from every thread's state), mostly on the application
+    thread (``TaskManager.prune_before`` dropping the last task reference)."""
+
+    __slots__ = ()
+
+    @property
+    def ctx(self) -> Any:
+        """The ``LaunchContext`` this thread runs for this command group, or None."""
+        cur = _binding.cur
+        return cur[1] if cur[0] is self else None
 
 
 class Accessor:
@@ -37,16 +59,16 @@ class Accessor:
 
     def __init__(self, buffer, mode: str, mapper, index: int, hydration: Hydration, checks: bool):
         self.buffer_id = buffer.id
-        self.buffer_name = buffer.label
+        self.buffer_name = buffer._label   # (Buffer.label's value, without the property's call)
         self.dtype = buffer.dtype
-        self.shape = buffer.shape
+        self.shape = shape = buffer.shape
         self.mode = mode
         self.mapper = mapper
-        self.dims = len(buffer.shape)
+        self.dims = dims = len(shape)
         self.index = index
         self._hydration = hydration
         self._checks = checks
-        self._plain2 = self.dims == 2 and not checks      # (see _plain)
+        self._plain2 = dims == 2 and not checks      # (see _plain)
 
     def __repr__(self) -> str:
         return f"<Accessor {self.buffer_name} {self.mode} {self.mapper!r}>"
@@ -81,7 +103,8 @@ class Accessor:
 
     # ---- indexing ---------------------------------------------------------------------
     def _local(self, key) -> tuple[Any, Any]:
-        ctx = self._hydration.ctx
+        cur = _binding.cur   # (Hydration.ctx inline)
+        ctx = cur[1] if cur[0] is self._hydration else None
         if ctx is None:
             raise AccessError(f"accessor of buffer {self.buffer_name} used outside its kernel or host task")
         i = self.index
@@ -345,7 +368,8 @@ class Accessor:
         slices (``acc[y0:y1, x0:x1]``) or a chunk or box (``acc[chunk]``), with no loop and no
         list: there ``_local``'s general handling was most of an index's cost (0.8 us against
         numpy's 0.14).  None: take ``_local``."""
-        ctx = self._hydration.ctx
+        cur = _binding.cur   # (Hydration.ctx inline)
+        ctx = cur[1] if cur[0] is self._hydration else None
         if ctx is None:
             return None
         if type(key) is tuple:
@@ -375,7 +399,8 @@ class Accessor:
                     k0, k1 = key
                     if type(k0) is slice and type(k1) is slice and k0.step is None and k1.step is None:
                         a0, b0, a1, b1 = k0.start, k0.stop, k1.start, k1.stop
-                        ctx = self._hydration.ctx
+                        cur = _binding.cur   # (Hydration.ctx inline)
+                        ctx = cur[1] if cur[0] is self._hydration else None
                         if (ctx is not None and a0 is not None and b0 is not None and a1 is not None
                                 and b1 is not None):
                             i = self.index

@@ -100,7 +100,8 @@ class Buffer(Handle):
         return f"<cl.Buffer {self.label} shape={self.shape} dtype={self.dtype}>"
 
     def access(self, cgh, range_mapper, mode: str, *, no_init: bool = False) -> Accessor:
-        self._require_alive()
+        if not self._alive:
+            self._require_alive()
         if mode not in MODES:
             raise AccessError(f"unknown access mode {mode!r} for buffer {self.label}; use one of "
                               f"{', '.join('cl.' + m for m in MODES)}")

@@ -18,7 +18,7 @@ from scheduler.geometry import Box
 from scheduler.geometry.box import as_ints
 from scheduler.instruction_graph import AccessorArg, LaunchContext
 
-from .accessor import Accessor, Hydration
+from .accessor import Accessor, Hydration, _binding
 from .context import CopiesAsItself, cluster, current_runtime
 
 
@@ -425,14 +425,16 @@ class CommandGroupHandler:
         self._closed = False    # set once submit built the task from it
 
     def _add_access(self, buffer, mapper, mode: str) -> Accessor:
-        if buffer._runtime is not self._runtime:
+        rt = self._runtime
+        if buffer._runtime is not rt:
             raise AccessError(f"buffer {buffer.label} belongs to another runtime")
-        if self._hydration is None:
-            self._hydration = Hydration()
-        acc = Accessor(buffer, mode, mapper, len(self._accessors), self._hydration,
-                       self._runtime.config.accessor_checks)
+        hydration = self._hydration
+        if hydration is None:
+            hydration = self._hydration = Hydration()
+        accessors = self._accessors
+        acc = Accessor(buffer, mode, mapper, len(accessors), hydration, rt.config.accessor_checks)
         self._accesses.append((buffer, mapper, mode))
-        self._accessors.append(acc)
+        accessors.append(acc)
         return acc
 
     def _set_kernel(self, kind, kernel, geometry, name):
@@ -442,7 +444,9 @@ class CommandGroupHandler:
             raise CeleritasError("one command group submits exactly one parallel_for or host_task")
         if name is not None and not isinstance(name, str):
             raise CeleritasError(f"a kernel's or host task's name= is a str, got {type(name).__name__} {name!r}")
-        code = _code_of(kernel)
+        code = getattr(kernel, "__code__", None)   # (a plain function's, without _code_of's call)
+        if code is None:
+            code = _code_of(kernel)
         if code is not None and code.co_flags & _SUSPENDING:
             # (calling one only makes a generator or coroutine object: its body, the writes
             # included, would never run, silently)
@@ -495,7 +499,7 @@ class CommandGroupHandler:
             raise CeleritasError(f"{_parallel_for(name)}: args= takes a tuple or list of the kernel's extra "
                                  f"arguments, got {type(args).__name__}")
         self._args = tuple(args)
-        self._local_range = self._check_local_range(local_range, geom, name)
+        self._local_range = None if local_range is None else self._check_local_range(local_range, geom, name)
         if not isinstance(reductions, (tuple, list)):
             raise CeleritasError(f"{_parallel_for(name)}: reductions= takes a list of cl.reduction(...) results"
                                  f"{' (write reductions=[r])' if isinstance(reductions, ReductionDescriptor) else ''}"
@@ -505,15 +509,18 @@ class CommandGroupHandler:
                 raise CeleritasError(f"reductions= takes the results of cl.reduction(...), got {r!r}")
         self._kernel_reductions = list(reductions)
 
-        def register(fn):
-            if not callable(fn) and not hasattr(fn, "source"):
-                raise CeleritasError(f"parallel_for needs a callable kernel, got {fn!r}")
-            self._set_kernel(tg.DEVICE_COMPUTE, fn, geom, name)
-            return fn
+        if kernel is not None:   # (no closure made for the common form)
+            return self._register_kernel(kernel, geom, name)
 
-        if kernel is not None:
-            return register(kernel)
+        def register(fn):        # (the decorator form)
+            return self._register_kernel(fn, geom, name)
         return register
+
+    def _register_kernel(self, fn, geom: tg.TaskGeometry, name):
+        if not callable(fn) and not hasattr(fn, "source"):
+            raise CeleritasError(f"parallel_for needs a callable kernel, got {fn!r}")
+        self._set_kernel(tg.DEVICE_COMPUTE, fn, geom, name)
+        return fn
 
     @staticmethod
     def _check_local_range(local_range, geom: tg.TaskGeometry, name) -> tuple[int, ...] | None:
@@ -589,25 +596,50 @@ class CommandGroupHandler:
         return register
 
     # ---- building the task --------------------------------------------------------
-    def _build(self):
-        """Arguments for TaskManager.submit, with mappers wrapped and the launcher built."""
-        if self._kind is None:
+    def _build(self) -> tuple:
+        """Arguments for TaskManager.submit, with mappers wrapped and the launcher built:
+        ``(name, geometry, accesses, side_effects, collective_group, reductions, split,
+        oversubscribe, launcher)``, a tuple that ``Runtime.submit`` passes on by keyword (a
+        dict unpacked with ``**`` cost ~1 us more)."""
+        kind = self._kind
+        if kind is None:
             raise CeleritasError("the command group function declared no parallel_for or host_task")
         rt = self._runtime
         geom = self._geometry
-        gran = self._split_granularity(geom)
-        if gran is not geom.granularity and gran != geom.granularity:
-            geom = tg.TaskGeometry(geom.dims, geom.global_range, geom.offset, gran)
-        full = geom.box
+        if self._granularity is not None or self._local_range is not None or not geom.granularity:
+            gran = self._split_granularity(geom)
+            if gran is not geom.granularity and gran != geom.granularity:
+                geom = tg.TaskGeometry(geom.dims, geom.global_range, geom.offset, gran)
         accesses = []
-        wrap = rt.mappers.wrap
-        task_label = f"{'kernel' if self._kind == tg.DEVICE_COMPUTE else 'host task'} {self._name!r}"
-        for buf, mapper, mode in self._accesses:
-            sm, pure = wrap(mapper, buffer_label=buf.label, buffer_dims=buf.ndim, kernel_dims=geom.dims,
-                            global_box=full, task_label=task_label)
-            accesses.append(tg.BufferAccess(buf.id, mode, sm, pure))
+        if self._accesses:
+            full = geom.box
+            wrap = rt.mappers.wrap_positional
+            task_label = _task_label(self)
+            kdims = geom.dims
+            for buf, mapper, mode in self._accesses:
+                sm, pure = wrap(mapper, buf._label, len(buf.shape), kdims, full, task_label)
+                accesses.append(tg.BufferAccess(buf.id, mode, sm, pure))
+        else:
+            task_label = None   # (made below only where an error names it)
         reductions = []
         passed = getattr(self, "_kernel_reductions", None)
+        if passed or self._reductions:   # (neither for most tasks: nothing to check)
+            self._check_reductions(passed, task_label or _task_label(self), reductions)
+        elif kind == tg.DEVICE_COMPUTE and self._side_effects:   # (_check_reductions' own check, in its order)
+            raise CeleritasError(f"{task_label or _task_label(self)}: cl.side_effect orders host tasks only; a "
+                                 f"parallel_for's chunks run on devices, concurrently (use a host_task for host "
+                                 f"object {self._side_effects[0]!r})")
+        launcher = _make_launcher(self, rt)
+        side_effects = self._side_effects
+        return (self._name, geom, accesses, [h.id for h in side_effects] if side_effects else [],
+                self._collective_group, reductions, self._split, self._oversubscribe, launcher)
+
+    def _check_reductions(self, passed, task_label: str, reductions: list) -> None:
+        """``_build`` for the command groups with reductions: checks them against what was
+        passed to ``parallel_for(reductions=...)`` (and a kernel's side effects, in the order
+        the checks always ran), numbers them and appends them to ``reductions`` as the
+        scheduler's Reduction records."""
+        rt = self._runtime
         if passed is not None:
             for d in passed:
                 if d not in self._reductions:
@@ -638,11 +670,11 @@ class CommandGroupHandler:
                     raise AccessError(f"{task_label}: buffer {b.label} is both accessed through an accessor and the "
                                       f"target of a reduction")
                 seen.add(b.id)
-        launcher = _make_launcher(self, rt)
-        return dict(name=self._name, geometry=geom, accesses=accesses,
-                    side_effects=[h.id for h in self._side_effects], collective_group=self._collective_group,
-                    reductions=reductions, split=self._split, oversubscribe=self._oversubscribe,
-                    launcher=launcher)
+
+
+def _task_label(cgh: CommandGroupHandler) -> str:
+    """``kernel 'name'`` or ``host task 'name'``, as errors and mapper wrappers name a task."""
+    return f"{'kernel' if cgh._kind == tg.DEVICE_COMPUTE else 'host task'} {cgh._name!r}"
 
 
 def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], None]:
@@ -726,29 +758,32 @@ class _Launcher:
                  "where", "rank_context")
 
     def __init__(self, cgh: CommandGroupHandler, rt, fn, kind: str, name: str, source: bool):
+        # (locals rather than attributes read back: this runs at every submit)
         self.fn = fn
-        self.device = kind == tg.DEVICE_COMPUTE
-        self.what = "kernel" if self.device else "host task"
+        self.device = device = kind == tg.DEVICE_COMPUTE
+        self.what = what = "kernel" if device else "host task"
         # accessors read their arrays from the hydration; without accessors it stays unused
         self.hydration = cgh._hydration if cgh._accessors else None
         self.task_name = name
-        self.geom = cgh._geometry
+        self.geom = geom = cgh._geometry
         self.rank = rt.rank
-        self.red_ops = [(d.op, d.identity, d.buffer.dtype, d.buffer.label) for d in cgh._reductions]
-        self.args = cgh._args
-        self.source = source and self.device
-        self.backend = rt.backend if self.source else None
+        reductions = cgh._reductions
+        self.red_ops = red_ops = ([(d.op, d.identity, d.buffer.dtype, d.buffer.label) for d in reductions]
+                                  if reductions else [])
+        self.args = args = cgh._args
+        self.source = source = source and device
+        self.backend = rt.backend if source else None
         self.local_range = cgh._local_range
         # accessors become AccessorArg(index): the backends may not import celeritas types
         self.device_args = (tuple(AccessorArg(a.index, a.buffer_name) if isinstance(a, Accessor) else a
-                                  for a in self.args)
-                            if self.source else ())
+                                  for a in args)
+                            if source else ())
         # the common launch: a Python kernel without reductions (see __call__)
-        self.plain = self.device and not self.red_ops and not self.source
-        self.global_range = self.geom.global_range if self.geom is not None else None
-        self.global_offset = self.geom.offset if self.geom is not None else None
+        self.plain = device and not red_ops and not source
+        self.global_range = geom.global_range if geom is not None else None
+        self.global_offset = geom.offset if geom is not None else None
         self.inside = rt.inside_task       # (what Runtime._refuse_inside_task reads)
-        self.where = f"{self.what} {name!r}"
+        self.where = f"{what} {name!r}"
         # under run_cluster: the rank's context, which the executor and lane threads running
         # this task lack; without it cl.Buffer() there reached (and started) a process runtime
         # instead of the rank's, which refuses it
@@ -760,9 +795,9 @@ class _Launcher:
         # first use (Accessor._local): building a per-launch table cost every launch
         # ~0.3 us per accessor, whether the kernel used them or not
         hydration = self.hydration
-        if hydration is not None:
-            prev = hydration.ctx
-            hydration.ctx = ctx
+        if hydration is not None:   # (this thread's accessor binding: see Hydration)
+            prev = _binding.cur
+            _binding.cur = (hydration, ctx)
         inside = self.inside
         outer = inside.where
         inside.where = self.where
@@ -809,7 +844,7 @@ class _Launcher:
         finally:
             inside.where = outer
             if hydration is not None:
-                hydration.ctx = prev
+                _binding.cur = prev
 
 
 def _refuse(launcher, result: Any) -> None:

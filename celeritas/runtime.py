@@ -565,21 +565,26 @@ class Runtime:
     def submit(self, cgf) -> None:
         if self.inside_task.where is not None:
             self._refuse_inside_task("q.submit()")
-        self._check_alive()
+        if self._error is not None or self.is_shut_down:   # (_check_alive's tests, without its call)
+            self._check_alive()
         if not callable(cgf):
             raise CeleritasError(f"q.submit takes a command group function cgf(cgh), got {type(cgf).__name__}")
         cgh = CommandGroupHandler(self)
         try:
             cgf(cgh)
-            spec = cgh._build()
+            name, geometry, accesses, side_effects, group, reductions, split, oversubscribe, launcher = cgh._build()
         finally:
             cgh._closed = True
         with self._lock:
-            self._check_alive()
+            if self._error is not None or self.is_shut_down:
+                self._check_alive()
             if self._doomed:
                 self._reap()
-            self._prune()
-            tid = self.task_manager.submit(cgh._kind, **spec).id
+            if self._horizon_reached > self._pruned_before:   # (_prune's test)
+                self._prune()
+            tid = self.task_manager.submit(cgh._kind, name=name, geometry=geometry, accesses=accesses,
+                                           side_effects=side_effects, collective_group=group, reductions=reductions,
+                                           split=split, oversubscribe=oversubscribe, launcher=launcher).id
         ahead = tid - max(self._horizon_reached, self._epoch_reached)
         if ahead > self._max_ahead:
             self._throttle(tid)
