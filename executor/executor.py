@@ -245,6 +245,7 @@ class Executor(InstructionHandlers):
         # direct issue (see _accept): device -> an inline lane's info; (source, dest) memories
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
+        self._cost_keys: dict[int, tuple] = {}      # id(box) -> (box, name, cost key): see _cost_key
 
         self._by_completion: dict[Completion, _Active] = {}   # notifying backend completions
         self._polled: list[_Active] = []                      # backend completions to poll
@@ -639,7 +640,9 @@ class Executor(InstructionHandlers):
         lane = self._direct_kernel_lanes.get(instr.device)
         if lane is None:
             return False
-        key = cost_key(instr)
+        box = instr.box
+        hit = self._cost_keys.get(id(box))     # (_cost_key's cache hit, inline: 0.1 us less per kernel)
+        key = hit[2] if hit is not None and hit[0] is box and hit[1] is instr.name else self._cost_key(instr)
         est = self._costs.get(key)
         if est is None or est > self._inline_ns:
             return False
