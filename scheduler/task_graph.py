@@ -205,7 +205,8 @@ _EMPTY_BOX0 = Box((), ())
 # one DIGEST_MORE entry says from which task on the tasks are hashed only.
 # An entry is (id, kind, name, range, accesses): accesses as the stream hashes them,
 # ((buffer id, ACCESS_MODE_IDS[mode]), ...) in the task's order (the tuple the stream entry
-# already builds, so the digest costs no more per task); a buffer's entry has ().
+# already builds, so the digest costs no more per task), then its pseudo accesses (see
+# EFFECT_IDS); a buffer's entry has () or, made with data, ((id, HOST_DATA),).
 # Past DIGEST_LIMIT, the newest DIGEST_LIMIT entries are also kept (a ring): what a rank
 # stalled at a fence shows its neighbour (``pending_digest``), so a difference in a long
 # stretch between epochs (a loop with fences, no q.wait()) is still found where the
@@ -220,6 +221,26 @@ def _stable_str_id(s: str) -> int:
 
 
 ACCESS_MODE_IDS = {m: _stable_str_id(m) for m in ACCESS_MODES}   # a mode's id in the stream and digest
+# What else a task or buffer does to the graph, as pseudo accesses (id, EFFECT) after the
+# buffer accesses of its entry (and so in the stream hash too): its collective group, its
+# side effects on host objects (a host-object fence's too), its reductions into buffers
+# (REDUCE_INTO where the buffer's value takes part); a buffer entry's (buffer id,
+# HOST_DATA) where it was made with data.  Most tasks have none, and pay for one test.
+COLLECTIVE_GROUP = _stable_str_id("collective_group")
+SIDE_EFFECT = _stable_str_id("side_effect")
+REDUCE = _stable_str_id("reduce")
+REDUCE_INTO = _stable_str_id("reduce_into")
+HOST_DATA = _stable_str_id("host_data")
+EFFECT_IDS = {"collective_group": COLLECTIVE_GROUP, "side_effect": SIDE_EFFECT, "reduce": REDUCE,
+              "reduce_into": REDUCE_INTO, "host_data": HOST_DATA}
+
+
+def _effects(t: Task) -> tuple:
+    """A task's pseudo accesses (see COLLECTIVE_GROUP), for its digest entry and stream."""
+    out = [] if t.collective_group is None else [(t.collective_group, COLLECTIVE_GROUP)]
+    out += [(h, SIDE_EFFECT) for h in t.side_effects]
+    out += [(r.buffer, REDUCE_INTO if r.include_current else REDUCE) for r in t.reductions]
+    return tuple(out)
 
 
 class _StableStrIds(dict):
@@ -292,7 +313,8 @@ class TaskManager:
         # as a task would: in the stream hash, and in the digest before the next task)
         dt = str(dtype)
         self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt], host_initialized))
-        entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape), ())
+        entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape),
+                 ((bid, HOST_DATA),) if host_initialized else ())
         if len(self._digest) < DIGEST_LIMIT:
             self._digest.append(entry)
         else:
@@ -591,9 +613,10 @@ class TaskManager:
         rng = t.geometry.global_range if t.geometry else ()
         stream = self._stream
         sid = self._str_ids
-        group = t.collective_group   # (ints only: hash(None) differs between processes)
         accessed = tuple([(a.buffer, sid[a.mode]) for a in t.accesses])
-        stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed, -1 if group is None else group))
+        if t.collective_group is not None or t.side_effects or t.reductions:
+            accessed += _effects(t)      # (the group among them: ints only, hash(None) differs between processes)
+        stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed))
         digest = self._digest
         if t.kind == EPOCH:
             self._fold_stream()

@@ -429,6 +429,109 @@ def test_a_rank_late_longer_than_the_divergence_timeout_is_no_divergence(nodes, 
     assert results == [(np.arange(16.0) + 3).tolist()] * nodes
 
 
+# ---------------------------------------------------------------- groups, host objects, reductions, host data
+
+
+def _collective_reading(b, group):
+    """A collective host task in ``group`` reading all of b, its partition joining the
+    group's barrier (which never completes where the ranks chose different groups)."""
+    def cgf(cgh):
+        b.access(cgh, cl.all(), cl.read)
+        cgh.host_task(lambda p: p.comm.barrier(), on=cl.collective(group), name="coll")
+    return cgf
+
+
+def test_ranks_in_different_collective_groups_before_a_fence_are_found_while_the_fence_waits():
+    """Input (2 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=2): both make groups g1 and
+    g2; rank 0 runs a collective host task reading b in g1, rank 1 the same task in g2
+    (both then wait in their group's barrier forever); both then touch and fence b.  The
+    tasks agree in kind, name, range and accesses.  (Before, the stalled ranks' pending
+    tasks agreed and the fence waited until its own timeout: only an epoch, never reached,
+    compared the groups.)  Expected: the fence raises DivergenceError naming T1 in
+    collective group 2 on rank 0 and 3 on rank 1 (group 1 is cl.collective's own)."""
+    def program(rank, stages):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        groups = cl.CollectiveGroup(), cl.CollectiveGroup()
+        q.submit(_collective_reading(b, groups[rank]))
+        q.submit(_touch(b))
+        stages[rank] = "fence"
+        return q.fence(b).result(timeout=30)
+
+    err, stages = _run_recording_stage(program, 2, CELERITAS_DIVERGENCE_TIMEOUT="2")
+    assert type(err) is cl.DivergenceError, err
+    msg = str(err)
+    assert re.search(r"submitted different task streams; the first differing task " + FOUND, msg), msg
+    for r in (0, 1):
+        assert (f"rank {r} submitted T1 (collective 'coll', range [2], accesses B0 read, in collective group "
+                f"{2 + r})") in msg, msg
+    assert "fence (raised)" in stages.values(), stages
+
+
+def test_a_reduction_on_one_rank_only_before_a_fence_is_found_while_the_fence_waits():
+    """Input (2 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=30): the kernel 'sum' over b
+    reduces into c on rank 0 and reduces nothing on rank 1; both fence c (rank 0 waits for
+    rank 1's partial sum).  (Before, the entries agreed, and rank 1's shutdown epoch timed
+    out after 30 s naming no task.)  Expected: a DivergenceError within the timeout naming
+    T1's reduction into B1 on rank 0 and none on rank 1."""
+    def program(rank, stages):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        c = cl.Buffer(np.zeros(1), name="c")
+
+        def cgf(cgh):
+            r = b.access(cgh, cl.one_to_one(), cl.read)
+            if rank == 0:
+                red = cl.reduction(c, cgh, cl.plus)
+                cgh.parallel_for((16,), lambda ch, s: s.combine(r[ch]), name="sum", reductions=[red])
+            else:
+                cgh.parallel_for((16,), lambda ch: None, name="sum")
+        q.submit(cgf)
+        stages[rank] = "fence"
+        return q.fence(c).result(timeout=60)
+
+    t0 = time.monotonic()
+    err, _stages = _run_recording_stage(program, 2, CELERITAS_DIVERGENCE_TIMEOUT="30")
+    assert type(err) is cl.DivergenceError, err
+    assert time.monotonic() - t0 < 25, err
+    msg = str(err)
+    assert "rank 0 submitted T1 (device_compute 'sum', range [16], accesses B0 read, reduction into B1 " \
+           "(its value included))" in msg, msg
+    assert "rank 1 submitted T1 (device_compute 'sum', range [16], accesses B0 read)" in msg, msg
+
+
+@pytest.mark.parametrize("differ", ["side_effect", "host_data"])
+def test_a_side_effect_or_a_buffers_host_data_on_one_rank_only_is_a_divergence_naming_it(differ):
+    """Input (2 simulated ranks): ``side_effect``: a host task on the master node with a
+    side effect on host object H0 on rank 0 only (before, the stream hash left side effects
+    out: the ranks finished without an error); ``host_data``: buffer c made from an array on
+    rank 0, from a shape and dtype on rank 1 (before, named only as 'different collective
+    groups or buffers initialized on one rank'); then q.wait().  Expected: a DivergenceError
+    naming the task's side effect, or c with and without data, on both ranks."""
+    def program(rank):
+        q = cl.Queue()
+        ho = cl.HostObject([])
+        if differ == "host_data":
+            c = cl.Buffer(np.zeros(4)) if rank == 0 else cl.Buffer(shape=(4,), dtype=np.float64)
+            q.submit(_touch(c, n=4))
+        else:
+            def cgf(cgh):
+                if rank == 0:
+                    cl.side_effect(ho, cgh)
+                cgh.host_task(lambda p: None, on=cl.on_master_node, name="note")
+            q.submit(cgf)
+        q.wait()
+
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=2, timeout=60, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="10")
+    msg = str(ei.value)
+    said = ({0: "T1 (master_node 'note', range [], no buffer accesses, side effect on host object H0)",
+             1: "T1 (master_node 'note', range [], no buffer accesses)"} if differ == "side_effect" else
+            {0: "buffer B0 float64 of shape (4,), with data (made before T1)",
+             1: "buffer B0 float64 of shape (4,), without data (made before T1)"})
+    assert f"rank 0 submitted {said[0]}" in msg and f"rank 1 submitted {said[1]}" in msg, msg
+
+
 # ---------------------------------------------------------------- a real mpiexec -n 2
 
 

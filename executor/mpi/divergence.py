@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
-from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
+from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE, EFFECT_IDS, HOST_DATA
 
 from ..communicator import DEFAULT_DIVERGENCE_TIMEOUT  # noqa: F401 - (re-exported: executor.mpi)
 from .wire import EPOCH_TAG
@@ -55,6 +55,10 @@ def _norm_entry(e: Any) -> tuple:
 
 
 _MODE_NAMES = {v: k for k, v in ACCESS_MODE_IDS.items()}
+_EFFECT_WORDS = {EFFECT_IDS["collective_group"]: "in collective group {}",
+                 EFFECT_IDS["side_effect"]: "side effect on host object H{}",
+                 EFFECT_IDS["reduce"]: "reduction into B{}",
+                 EFFECT_IDS["reduce_into"]: "reduction into B{} (its value included)"}
 
 
 _EPOCH_WORDS = {"none": "epoch of q.wait()", "barrier": "barrier epoch of q.wait(barrier=True)",
@@ -72,7 +76,10 @@ def _describe(e: tuple | None, accesses: bool = False) -> str:
     if kind == "epoch":
         return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
     if kind == BUFFER_CREATED:
-        return f"buffer {name} of shape {tuple(rng)} (made before T{tid})"
+        data = ""
+        if accesses:        # (the same buffer, made with data on one rank only)
+            data = ", with data" if any(m == HOST_DATA for _b, m in acc) else ", without data"
+        return f"buffer {name} of shape {tuple(rng)}{data} (made before T{tid})"
     more = f", {_describe_accesses(acc)}" if accesses else ""
     if kind == "fence" and not rng:
         return f"T{tid} (a fence{more})" if name in ("", "fence") else f"T{tid} (fence {name!r}{more})"
@@ -80,9 +87,11 @@ def _describe(e: tuple | None, accesses: bool = False) -> str:
 
 
 def _describe_accesses(acc: tuple) -> str:
-    if not acc:
-        return "no buffer accesses"
-    return "accesses " + ", ".join(f"B{b} {_MODE_NAMES.get(m, f'mode #{m}')}" for b, m in acc)
+    """A task's buffer accesses, then its collective group, side effects and reductions
+    (task_graph's EFFECT_IDS)."""
+    buffers = [f"B{b} {_MODE_NAMES.get(m, f'mode #{m}')}" for b, m in acc if m not in _EFFECT_WORDS]
+    effects = [_EFFECT_WORDS[m].format(i) for i, m in acc if m in _EFFECT_WORDS]
+    return ", ".join([("accesses " + ", ".join(buffers)) if buffers else "no buffer accesses"] + effects)
 
 
 def _describe_pair(ea: tuple | None, eb: tuple | None) -> tuple[str, str]:
@@ -431,10 +440,10 @@ class EpochCheck:
             return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
                     f"#{mine.seq}, T{mine.task}): the tasks listed agree; the difference lies in "
                     f"{_describe(more[0])}")
+        # (the digest lists all the stream hashes: its entries agreeing, the hashes should too)
         return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
-                f"#{mine.seq}, T{mine.task}): the same tasks (names, ranges and buffer accesses) and buffers "
-                f"(shapes and dtypes), but different collective groups or buffers initialized on one rank and "
-                f"not on the other; the first task of that stretch is {_describe(a[0])}")
+                f"#{mine.seq}, T{mine.task}): their hashes differ, though the tasks and buffers listed agree; "
+                f"the first task of that stretch is {_describe(a[0])}")
 
     @staticmethod
     def _digest_summary(info: _EpochInfo | None) -> str:
