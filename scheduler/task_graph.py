@@ -297,6 +297,10 @@ class TaskManager:
         # for a reader that has not seen the latest epoch yet (see pending_digest)
         self._closed: tuple[int | None, Task] | None = None
         self._stream: list = []   # tasks not yet folded into stream_hash, as tuples of ints
+        # (id of the task a fold ended with, stream_hash after it) of the recent folds: see
+        # stream_checkpoints (one per epoch or 1024 stream entries; the oldest dropped in halves)
+        self._folds: list[tuple[int, int]] = []
+        self._folds_from = 0      # _folds lists every fold that ended with a task from this id on
         self._str_ids = _StableStrIds()   # kind, name, mode -> their stream-hash ids
         init = self._new_task(EPOCH, name="init")
         init.epoch_action = EPOCH_INIT
@@ -620,6 +624,7 @@ class TaskManager:
         digest = self._digest
         if t.kind == EPOCH:
             self._fold_stream()
+            self._checkpoint(t.id)
             t.stream_hash = self.stream_hash
             if self._digest_more is not None:
                 digest.append(self._digest_more)
@@ -632,6 +637,7 @@ class TaskManager:
         else:
             if len(stream) >= 1024:
                 self._fold_stream()
+                self._checkpoint(t.id)
             entry = (t.id, t.kind, t.name, list(rng), accessed)
             if len(digest) < DIGEST_LIMIT:
                 digest.append(entry)
@@ -649,6 +655,30 @@ class TaskManager:
             self._digest_more = (entry[0], DIGEST_MORE, "", [], ())
             tail = self._tail = deque(maxlen=DIGEST_LIMIT)
         tail.append(entry)
+
+    FOLDS_KEPT = 64           # checkpoints kept (past 2x, the older half goes): 64K tasks back at least
+
+    def _checkpoint(self, tid: int) -> None:
+        folds = self._folds
+        folds.append((tid, self.stream_hash))
+        if len(folds) > 2 * self.FOLDS_KEPT:
+            self._folds_from = folds[-self.FOLDS_KEPT - 1][0] + 1
+            del folds[:-self.FOLDS_KEPT]
+
+    def stream_checkpoints(self) -> tuple[int, int, list[tuple[int, int]]]:
+        """``(lo, hi, [(task id, stream hash), ...])``: where the stream hash was folded, at
+        which task, over the task ids lo..hi, every fold there listed (the application thread
+        may be committing task hi + 1; a copy: the divergence check reads it from another
+        thread).  Folds fall at every epoch and after every 1024 stream entries, so ranks
+        whose streams agree up to task N list the same folds up to N with the same hashes:
+        where two ranks' lists differ over the ids both cover, their streams differ at or
+        before the first such id, however far it lies behind the newest DIGEST_LIMIT
+        entries that ``pending_digest`` lists.  Nothing per task: a tuple per fold."""
+        n = self._next_id               # (read first: task n - 2's commit, fold included, is over)
+        folds = self._folds[:]
+        lo = self._folds_from           # (read last: a trim since the copy only raises it)
+        hi = n - 1 if folds and folds[-1][0] == n - 1 else n - 2   # (task n - 1 folded: its commit is past that)
+        return lo, hi, [f for f in folds if lo <= f[0] <= hi]
 
     def _fold_stream(self) -> None:
         """Fold the tasks committed since the last fold into ``stream_hash`` (in batches: a

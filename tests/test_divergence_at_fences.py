@@ -31,7 +31,7 @@ from jobs import (
 import celeritas as cl
 from celeritas.testing import run_cluster
 from executor.mpi.divergence import EpochCheck
-from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
+from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_LIMIT, DIGEST_MORE
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environment")]
 
@@ -275,6 +275,30 @@ def test_in_a_ring_of_four_the_ranks_beside_the_odd_one_find_it():
            "(device_compute 'other', range [16])" in found[3]
     assert "rank 3 submitted T2 (device_compute 'other', range [16]); rank 0 submitted T2 " \
            "(device_compute 'step', range [16])" in found[0]
+
+
+def test_checkpoints_that_differ_behind_the_listed_tasks_are_a_divergence_naming_where():
+    """The pending tasks agree over T5..T7, but the stream hashes were folded to different
+    values at T3 (past what the lists reach): the ranks differ at or before T3.  Where the
+    checkpoints agree, or cover no common ids, that is no divergence."""
+    left, right = [_k(5), _k(6), _k(7)], [_k(5), _k(6), _k(7), _fence(8)]
+
+    def run(marks_left, marks_right):
+        _wire, (c0, c1) = _checks([left, right])
+        c0.stream_checkpoints = lambda: marks_left
+        c1.stream_checkpoints = lambda: marks_right
+        c0.poll(stalled=10.0)
+        c1.poll()
+        return c1
+
+    assert not run((0, 7, [(0, 11), (3, 12)]), (0, 8, [(0, 11), (3, 12)]))._failed
+    assert not run((4, 7, [(6, 13)]), (0, 3, [(0, 11), (3, 99)]))._failed     # (nothing both cover)
+    for theirs in ([(0, 11), (3, 99)], [(0, 11), (2, 12)], [(0, 11)]):
+        with pytest.raises(cl.DivergenceError, match=re.escape(
+                "ranks 0 and 1 submitted different task streams; they differ at or before T" +
+                ("2" if theirs[-1][0] == 2 else "3") + ", earlier than the tasks they still list")) as ei:
+            run((0, 7, [(0, 11), (3, 12)]), (0, 8, theirs))
+        assert str(ei.value).endswith("; the tasks both list, T5..T7, agree"), ei.value
 
 
 # ---------------------------------------------------------------- simulated clusters
@@ -530,6 +554,74 @@ def test_a_side_effect_or_a_buffers_host_data_on_one_rank_only_is_a_divergence_n
             {0: "buffer B0 float64 of shape (4,), with data (made before T1)",
              1: "buffer B0 float64 of shape (4,), without data (made before T1)"})
     assert f"rank 0 submitted {said[0]}" in msg and f"rank 1 submitted {said[1]}" in msg, msg
+
+
+def _quick_touch(b, name="step"):
+    def cgf(cgh):
+        b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for((16,), lambda c: None, name=name)
+    return cgf
+
+
+# ---------------------------------------------------------------- past the newest DIGEST_LIMIT tasks
+
+
+LONG = DIGEST_LIMIT + 100       # tasks between epochs: more than the pending tasks list
+
+
+def test_a_difference_behind_the_newest_listed_tasks_is_found_at_a_fence_by_hash():
+    """Input (2 simulated ranks, no divergence timeout): rank 1 submits a kernel 'extra' on b
+    first; then both submit DIGEST_LIMIT + 100 kernels 'step' on b and fence b (waiting for
+    each other's part, their fences being different tasks).  The newest DIGEST_LIMIT tasks both
+    list agree up to the fence.  (Before, the error named a task at the end as 'the first
+    differing task'.)  Expected: a DivergenceError saying the ranks differ at or before the
+    first stream-hash checkpoint (T1023, within the first 1024 tasks), before what they list."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        if rank == 1:
+            q.submit(_quick_touch(b, "extra"))
+        for _ in range(LONG):
+            q.submit(_quick_touch(b))
+        return q.fence(b).result(timeout=60)
+
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=2, timeout=120, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="off")
+    msg = str(ei.value)
+    m = re.search(r"submitted different task streams; they differ at or before T(\d+), earlier than the tasks they "
+                  r"still list", msg)
+    assert m and int(m.group(1)) < 1024, msg
+
+
+def test_a_rank_past_the_newest_listed_tasks_is_found_where_its_neighbours_barrier_epoch_lies():
+    """Input (2 simulated ranks, no divergence timeout): both submit DIGEST_LIMIT + 100 kernels
+    on b; rank 0 then waits at q.wait(barrier=True), rank 1 submits a kernel 'extra' and a
+    master-node task reading all of b and fences b (waiting for rank 0's part).  Rank 1's
+    pending tasks no longer start at the last epoch, so its stretch cannot be compared with
+    rank 0's epoch by the tasks.  (Before, the job hung: rank 0 waited for rank 1's epoch, rank
+    1 for rank 0's data.)  Expected: a DivergenceError saying the streams differ at or before
+    rank 0's barrier epoch."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        for _ in range(LONG):
+            q.submit(_quick_touch(b))
+        if rank == 0:
+            q.wait(barrier=True)
+            return None
+
+        def read_all(cgh):
+            b.access(cgh, cl.all(), cl.read)
+            cgh.host_task(lambda p: None, on=cl.on_master_node, name="read_all")
+        q.submit(_quick_touch(b, "extra"))
+        q.submit(read_all)
+        return q.fence(b).result(timeout=60)
+
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=2, timeout=120, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="off")
+    msg = str(ei.value)
+    assert re.search(r"ranks 0 and 1 submitted different task streams; they differ at or before T(\d+), rank 0's "
+                     r"barrier epoch of q.wait\(barrier=True\) \(epoch #1; compared by stream hash", msg), msg
 
 
 # ---------------------------------------------------------------- a real mpiexec -n 2

@@ -302,3 +302,27 @@ def test_digest_entries_name_groups_side_effects_reductions_and_host_data_in_wor
     assert words(dict(host_initialized=True), dict(host_initialized=False)) == (
         "buffer B0 float64 of shape (4,), with data (made before T1)",
         "buffer B0 float64 of shape (4,), without data (made before T1)")
+
+
+def test_stream_checkpoints_agree_where_streams_agree_and_stay_complete_when_trimmed():
+    """Folds fall at every epoch and after every 1024 stream entries: two task managers fed
+    the same tasks list the same (task id, hash) checkpoints; one fed a renamed first task
+    lists other hashes at the same ids; with the oldest ones dropped (FOLDS_KEPT), the list
+    says from which id on it is complete."""
+    def fed(first: str, n: int = 5000, kept: int | None = None):
+        tm = tg.TaskManager()
+        if kept is not None:
+            tm.FOLDS_KEPT = kept
+        geom = tg.TaskGeometry(1, (4,), (0,), (1,))
+        for i in range(n):
+            tm.submit(tg.HOST_COMPUTE, name=first if i == 0 else "k", geometry=geom)
+        return tm, tm.stream_checkpoints()
+    tm, (lo, hi, folds) = fed("k")
+    assert (lo, hi) == (0, tm.next_task_id - 2) and folds[0] == (0, folds[0][1]) and len(folds) >= 5
+    assert fed("k")[1] == (lo, hi, folds)
+    _tm, (_lo, _hi, other) = fed("renamed")
+    assert [t for t, _h in other] == [t for t, _h in folds] and other[0] == folds[0]
+    assert all(h != h2 for (_t, h), (_t2, h2) in zip(other[1:], folds[1:], strict=True))
+    tm, (lo2, hi2, trimmed) = fed("k", kept=1)
+    assert lo2 > 0 and hi2 == hi and trimmed and trimmed == [f for f in folds if f[0] >= lo2]
+    assert [f for f in folds if lo2 <= f[0] < trimmed[0][0]] == []
