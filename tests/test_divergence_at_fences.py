@@ -563,6 +563,40 @@ def _quick_touch(b, name="step"):
     return cgf
 
 
+@pytest.mark.parametrize("odd", [0, 1, 2])
+def test_ranks_blocked_in_the_in_process_barrier_leave_the_divergence_to_be_found(odd):
+    """Input (3 simulated ranks, no divergence timeout): every rank touches b; rank ``odd``
+    then submits a kernel 'extra' and a master-node task reading all of b and fences b; the
+    others wait at q.wait(barrier=True), and the one whose left neighbour matches blocks in
+    the in-process barrier (a threading.Barrier, which does not poll the divergence check as
+    MPI's barrier wait does).  That costs nothing: a rank enters the barrier only once its
+    left neighbour's matching epoch arrived, its own announcement went out before, and its
+    application, waiting in q.wait(), submits nothing the neighbours could need to see.
+    Expected: a DivergenceError naming T2, the extra kernel against the barrier epoch, at once
+    (before, the same: this pins it)."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        q.submit(_quick_touch(b))
+        if rank != odd:
+            q.wait(barrier=True)
+            return None
+
+        def read_all(cgh):
+            b.access(cgh, cl.all(), cl.read)
+            cgh.host_task(lambda p: None, on=cl.on_master_node, name="read_all")
+        q.submit(_quick_touch(b, "extra"))
+        q.submit(read_all)
+        return q.fence(b).result(timeout=30)
+
+    t0 = time.monotonic()
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=3, timeout=60, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="off")
+    assert time.monotonic() - t0 < 20, ei.value
+    assert re.search(r"rank \d submitted T2 \((barrier epoch of q.wait\(barrier=True\)|device_compute 'extra', "
+                     r"range \[16\])\); rank \d submitted T2", str(ei.value)), ei.value
+
+
 # ---------------------------------------------------------------- past the newest DIGEST_LIMIT tasks
 
 
