@@ -343,6 +343,7 @@ class Runtime:
         check = getattr(self.communicator, "epoch_check", None)
         if check is not None:       # lets the divergence check name a task before this rank's next epoch
             check.pending_tasks = self._pending_tasks
+            check.stream_checkpoints = self.task_manager.stream_checkpoints
         log.info("celeritas rank %d/%d: %s backend with %d device(s), lookahead %s%s", self.rank,
                  self.num_ranks, self.backend_name, self.num_devices, config.lookahead,
                  " (dry run)" if self.dry_run else "")

@@ -208,7 +208,8 @@ _EMPTY_BOX0 = Box((), ())
 # one DIGEST_MORE entry says from which task on the tasks are hashed only.
 # An entry is (id, kind, name, range, accesses): accesses as the stream hashes them,
 # ((buffer id, ACCESS_MODE_IDS[mode]), ...) in the task's order (the tuple the stream entry
-# already builds, so the digest costs no more per task); a buffer's entry has ().
+# already builds, so the digest costs no more per task), then its pseudo accesses (see
+# EFFECT_IDS); a buffer's entry has () or, made with data, ((id, HOST_DATA),).
 # Past DIGEST_LIMIT, the newest DIGEST_LIMIT entries are also kept (a ring): what a rank
 # stalled at a fence shows its neighbour (``pending_digest``), so a difference in a long
 # stretch between epochs (a loop with fences, no q.wait()) is still found where the
@@ -223,6 +224,26 @@ def _stable_str_id(s: str) -> int:
 
 
 ACCESS_MODE_IDS = {m: _stable_str_id(m) for m in ACCESS_MODES}   # a mode's id in the stream and digest
+# What else a task or buffer does to the graph, as pseudo accesses (id, EFFECT) after the
+# buffer accesses of its entry (and so in the stream hash too): its collective group, its
+# side effects on host objects (a host-object fence's too), its reductions into buffers
+# (REDUCE_INTO where the buffer's value takes part); a buffer entry's (buffer id,
+# HOST_DATA) where it was made with data.  Most tasks have none, and pay for one test.
+COLLECTIVE_GROUP = _stable_str_id("collective_group")
+SIDE_EFFECT = _stable_str_id("side_effect")
+REDUCE = _stable_str_id("reduce")
+REDUCE_INTO = _stable_str_id("reduce_into")
+HOST_DATA = _stable_str_id("host_data")
+EFFECT_IDS = {"collective_group": COLLECTIVE_GROUP, "side_effect": SIDE_EFFECT, "reduce": REDUCE,
+              "reduce_into": REDUCE_INTO, "host_data": HOST_DATA}
+
+
+def _effects(t: Task) -> tuple:
+    """A task's pseudo accesses (see COLLECTIVE_GROUP), for its digest entry and stream."""
+    out = [] if t.collective_group is None else [(t.collective_group, COLLECTIVE_GROUP)]
+    out += [(h, SIDE_EFFECT) for h in t.side_effects]
+    out += [(r.buffer, REDUCE_INTO if r.include_current else REDUCE) for r in t.reductions]
+    return tuple(out)
 
 
 class _StableStrIds(dict):
@@ -279,6 +300,10 @@ class TaskManager:
         # for a reader that has not seen the latest epoch yet (see pending_digest)
         self._closed: tuple[int | None, Task] | None = None
         self._stream: list = []   # tasks not yet folded into stream_hash, as tuples of ints
+        # (id of the task a fold ended with, stream_hash after it) of the recent folds: see
+        # stream_checkpoints (one per epoch or 1024 stream entries; the oldest dropped in halves)
+        self._folds: list[tuple[int, int]] = []
+        self._folds_from = 0      # _folds lists every fold that ended with a task from this id on
         self._str_ids = _StableStrIds()   # kind, name, mode -> their stream-hash ids
         init = self._new_task(EPOCH, name="init")
         init.epoch_action = EPOCH_INIT
@@ -295,7 +320,8 @@ class TaskManager:
         # as a task would: in the stream hash, and in the digest before the next task)
         dt = str(dtype)
         self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt], host_initialized))
-        entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape), ())
+        entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", list(info.shape),
+                 ((bid, HOST_DATA),) if host_initialized else ())
         if len(self._digest) < DIGEST_LIMIT:
             self._digest.append(entry)
         else:
@@ -617,13 +643,15 @@ class TaskManager:
         rng = geom.global_range if geom else ()
         stream = self._stream
         sid = self._str_ids
-        group = t.collective_group   # (ints only: hash(None) differs between processes)
         accesses = t.accesses
         accessed = tuple([(a.buffer, sid[a.mode]) for a in accesses]) if accesses else ()
-        stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed, -1 if group is None else group))
+        if t.collective_group is not None or t.side_effects or t.reductions:
+            accessed += _effects(t)      # (the group among them: ints only, hash(None) differs between processes)
+        stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed))
         digest = self._digest
         if t.kind == EPOCH:
             self._fold_stream()
+            self._checkpoint(t.id)
             t.stream_hash = self.stream_hash
             if self._digest_more is not None:
                 digest.append(self._digest_more)
@@ -636,6 +664,7 @@ class TaskManager:
         else:
             if len(stream) >= 1024:
                 self._fold_stream()
+                self._checkpoint(t.id)
             entry = (t.id, t.kind, t.name, list(rng), accessed)
             if len(digest) < DIGEST_LIMIT:
                 digest.append(entry)
@@ -653,6 +682,30 @@ class TaskManager:
             self._digest_more = (entry[0], DIGEST_MORE, "", [], ())
             tail = self._tail = deque(maxlen=DIGEST_LIMIT)
         tail.append(entry)
+
+    FOLDS_KEPT = 64           # checkpoints kept (past 2x, the older half goes): 64K tasks back at least
+
+    def _checkpoint(self, tid: int) -> None:
+        folds = self._folds
+        folds.append((tid, self.stream_hash))
+        if len(folds) > 2 * self.FOLDS_KEPT:
+            self._folds_from = folds[-self.FOLDS_KEPT - 1][0] + 1
+            del folds[:-self.FOLDS_KEPT]
+
+    def stream_checkpoints(self) -> tuple[int, int, list[tuple[int, int]]]:
+        """``(lo, hi, [(task id, stream hash), ...])``: where the stream hash was folded, at
+        which task, over the task ids lo..hi, every fold there listed (the application thread
+        may be committing task hi + 1; a copy: the divergence check reads it from another
+        thread).  Folds fall at every epoch and after every 1024 stream entries, so ranks
+        whose streams agree up to task N list the same folds up to N with the same hashes:
+        where two ranks' lists differ over the ids both cover, their streams differ at or
+        before the first such id, however far it lies behind the newest DIGEST_LIMIT
+        entries that ``pending_digest`` lists.  Nothing per task: a tuple per fold."""
+        n = self._next_id               # (read first: task n - 2's commit, fold included, is over)
+        folds = self._folds[:]
+        lo = self._folds_from           # (read last: a trim since the copy only raises it)
+        hi = n - 1 if folds and folds[-1][0] == n - 1 else n - 2   # (task n - 1 folded: its commit is past that)
+        return lo, hi, [f for f in folds if lo <= f[0] <= hi]
 
     def _fold_stream(self) -> None:
         """Fold the tasks committed since the last fold into ``stream_hash`` (in batches: a

@@ -305,7 +305,9 @@ CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 # mapper_dims programs (so that every other program is what its seed gave before):
 #   diverge        ranks >= 2 (``program_config``): one rank's task stream differs (DIVERGE_FORMS): its misuse
 #                  kernel (or host task) under another name or over another range, an extra task before it, or
-#                  a buffer of another shape or dtype made before it (``fence_index`` % ranks: that rank); then
+#                  a buffer of another shape or dtype made before it (``fence_index`` % ranks: that rank), or
+#                  (drawn from half the range / buffer_dtype ones) a side effect on the log host object in its
+#                  misuse host task, or that buffer made with data, there only (side_effect, host_data); then
 #                  q.shutdown() (``extra``: half of them fence the misuse task's buffer first, sync
 #                  ``fence_shutdown``).  A cl.DivergenceError naming the first differing task or buffer on both
 #                  ranks (``divergence_pattern``), from the rank at fault and its right neighbour in the ring
@@ -316,7 +318,8 @@ CONFIG_DEVICE_CASES = ("opencl:99", "opencl:0:99", "opencl:99:0", "cuda:99")
 # the last three raise a cl.CeleritasError (cl.AccessError: no_init_read) at the submit on every rank
 # (``cg_misuse_error``); the submit makes no task, and the program goes on (ordinary steps after it):
 # the run must then match the model exactly, as ``main`` does (``check_cg_misuse``).
-DIVERGE_FORMS = ("name", "range", "extra", "buffer_shape", "buffer_dtype")   # (and "mode": half the "name")
+DIVERGE_FORMS = ("name", "range", "extra", "buffer_shape", "buffer_dtype")   # (and "mode": half the "name";
+#                                         "side_effect": half the host "range"; "host_data": half the "buffer_dtype")
 DIVERGE_RENAMED = "misuse_v2"       # diverge name: the kernel's name on the rank at fault
 DIVERGE_EXTRA = "misuse_extra"      # diverge extra: the extra task's name
 DIVERGENCE_TIMEOUT = "10"           # CELERITAS_DIVERGENCE_TIMEOUT of diverge programs (s)
@@ -517,8 +520,10 @@ def _describe_task(t: Task) -> str:
         a = t.misuse_arg
         return (f"{'host task' if a['host'] else 'kernel'} range={tuple(a['range'])} discard_write b{a['w']} "
                 f"MISUSE diverge({t.misuse_form}) on rank {t.fence_index} % ranks"
-                + (f": range {a['other']}" if "other" in a else "")
-                + (f": cl.Buffer {a['buffer'][:2]}, there {a['buffer'][2:]}" if "buffer" in a else ""))
+                + (f": range {a['other']}" if "other" in a and t.misuse_form == "range" else "")
+                + (": a side effect on the log there" if t.misuse_form == "side_effect" else "")
+                + (f": cl.Buffer {a['buffer'][:2]}, there {a['buffer'][2:]}" if "buffer" in a else "")
+                + (" made from an array" if t.misuse_form == "host_data" else ""))
     parts = [t.kind] + ([f"range={t.range_shape}" + (f" offset={t.offset}" if t.offset is not None else "")]
                         if t.kind != "collective" else
                         [f"group {t.group}" + (f" ({t.form})" if t.form else "")]) + [f"c0={t.c0}"]
@@ -1132,6 +1137,17 @@ def _draw_misuse_more(g: _Gen, p: Program) -> None:
             t.misuse_form = "mode"
             p.sync = "fence_shutdown"
             p.features = (p.features - {"misuse:diverge:name"}) | {"misuse:diverge:mode", "misuse:diverge:at_fence"}
+        elif sub == "range" and arg["host"] and rng.random() < 0.5:
+            # (drawn last, as "mode": the same host task, with a side effect on the log host object
+            # on the rank at fault only; the streams differ in that side effect alone)
+            p.tasks[-1].misuse_form = "side_effect"
+            p.features = (p.features - {"misuse:diverge:range"}) | {"misuse:diverge:side_effect"}
+        elif sub == "buffer_dtype" and rng.random() < 0.5:
+            # (drawn last, as "mode": the same buffer, made from an array on the rank at fault and
+            # from its shape and dtype elsewhere)
+            arg["buffer"] = (bshape, dt, bshape, dt)
+            p.tasks[-1].misuse_form = "host_data"
+            p.features = (p.features - {"misuse:diverge:buffer_dtype"}) | {"misuse:diverge:host_data"}
         return
     if form == "cg_handler":
         sub = f"{rng.choice(CG_HANDLER_TARGETS)}:{rng.choice(['none', 'stale'])}"
@@ -3360,13 +3376,18 @@ class _Run:
         shape = tuple(a["range"])
         if "buffer" in a:
             bshape, dt, other, odt = a["buffer"]
-            self.keep.append(cl.Buffer(shape=other if me else bshape, dtype=odt if me else dt, name="misuse"))
+            if t.misuse_form == "host_data" and me:
+                self.keep.append(cl.Buffer(np.zeros(bshape, dtype=dt), name="misuse"))
+            else:
+                self.keep.append(cl.Buffer(shape=other if me else bshape, dtype=odt if me else dt, name="misuse"))
         if t.misuse_form == "extra" and me:
             self.q.submit(self._poison_cgf(t, DIVERGE_EXTRA, shape, a["host"]))
         name = DIVERGE_RENAMED if t.misuse_form == "name" and me else MISUSE_TASK
         rng = tuple(a["other"]) if t.misuse_form == "range" and me else shape
         mode = cl.write if t.misuse_form == "mode" and me else cl.discard_write
-        self.q.submit(self._poison_cgf(t, name, rng, a["host"], mode=mode))
+        log = self.log
+        before = (lambda cgh: cl.side_effect(log, cgh)) if t.misuse_form == "side_effect" and me else None
+        self.q.submit(self._poison_cgf(t, name, rng, a["host"], before=before, mode=mode))
 
     def _release(self, objs: list, t: Task) -> None:
         """A destroy step: ``destroy()``, or the last reference dropped (``_draw_releases``; the
@@ -5015,7 +5036,11 @@ def divergence_pattern(p: Program, left: int, rank: int, at_fault: int) -> str:
         if "buffer" in a:
             bshape, dt, other, odt = a["buffer"]
             shape, dtype = (other, odt) if fault else (bshape, dt)
-            return f"buffer B{len(p.shapes) + len(p.targets)} {dtype} of shape {tuple(shape)} (made before T\x00)"
+            data = (", with data" if fault else ", without data") if t.misuse_form == "host_data" else ""
+            return f"buffer B{len(p.shapes) + len(p.targets)} {dtype} of shape {tuple(shape)}{data} (made before T\x00)"
+        if t.misuse_form == "side_effect":  # (the log, H0: the first host object every rank makes)
+            return (f"T\x00 ({kind} {MISUSE_TASK!r}, range {list(a['range'])}, accesses B{a['w']} discard_write"
+                    + (", side effect on host object H0)" if fault else ")"))
         name, rng = MISUSE_TASK, a["range"]
         if fault and t.misuse_form == "name":
             name = DIVERGE_RENAMED

@@ -1995,7 +1995,9 @@ DIVERGE_CASES = [
                                                                                     # at a fence
     (724, Config(ranks=2, devices=1), "extra", 1, "'misuse_extra'", "'misuse'"),   # at q.shutdown()
     (270, Config(ranks=1, devices=1), "buffer_shape", 0, "buffer B", "buffer B"),          # 1 rank: run on 2
-    (65, Config(ranks=4, devices=2, lookahead="none"), "buffer_dtype", 3, "buffer B", "buffer B"),
+    (132, Config(ranks=4, devices=2, lookahead="none"), "buffer_dtype", 3, "buffer B", "buffer B"),
+    (65, Config(ranks=4, devices=2, lookahead="none"), "host_data", 3, ", with data", ", without data"),
+    (85, Config(ranks=2, devices=1), "side_effect", 0, ", side effect on host object H0)", " discard_write)"),
 ]
 
 
@@ -2029,8 +2031,8 @@ def test_divergence_fixed_seeds(seed, cfg, form, fault, says, other):
         assert text.startswith(f"ranks {left} and {r} submitted different task streams; the first differing task")
         theirs, mine = text.split(f"rank {left} submitted ", 1)[1].split(f"; rank {r} submitted ")
         assert says in (mine if r == fault else theirs) and other in (theirs if r == fault else mine)
-        assert re.match(r"(buffer B\d+ \w+ of shape \(.*\) \(made before )?T(\d+)", mine).group(2) == \
-            re.match(r"(buffer B\d+ \w+ of shape \(.*\) \(made before )?T(\d+)", theirs).group(2)
+        made = r"(buffer B\d+ \w+ of shape \(.*\)(?:, with(?:out)? data)? \(made before )?T(\d+)"
+        assert re.match(made, mine).group(2) == re.match(made, theirs).group(2)
         if "(among T" not in text:   # (else found from a stalled rank's pending tasks, before any epoch)
             assert f"epoch #{1 + sum(x.kind == 'wait' for x in p.tasks[:idx])})" in text
     assert (p.sync == "fence_shutdown") == (seed in (36, 669, 71, 275)) == ("misuse:diverge:at_fence" in p.features)

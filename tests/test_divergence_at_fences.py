@@ -31,7 +31,7 @@ from jobs import (
 import celeritas as cl
 from celeritas.testing import run_cluster
 from executor.mpi.divergence import EpochCheck
-from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
+from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_LIMIT, DIGEST_MORE
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environment")]
 
@@ -277,6 +277,30 @@ def test_in_a_ring_of_four_the_ranks_beside_the_odd_one_find_it():
            "(device_compute 'step', range [16])" in found[0]
 
 
+def test_checkpoints_that_differ_behind_the_listed_tasks_are_a_divergence_naming_where():
+    """The pending tasks agree over T5..T7, but the stream hashes were folded to different
+    values at T3 (past what the lists reach): the ranks differ at or before T3.  Where the
+    checkpoints agree, or cover no common ids, that is no divergence."""
+    left, right = [_k(5), _k(6), _k(7)], [_k(5), _k(6), _k(7), _fence(8)]
+
+    def run(marks_left, marks_right):
+        _wire, (c0, c1) = _checks([left, right])
+        c0.stream_checkpoints = lambda: marks_left
+        c1.stream_checkpoints = lambda: marks_right
+        c0.poll(stalled=10.0)
+        c1.poll()
+        return c1
+
+    assert not run((0, 7, [(0, 11), (3, 12)]), (0, 8, [(0, 11), (3, 12)]))._failed
+    assert not run((4, 7, [(6, 13)]), (0, 3, [(0, 11), (3, 99)]))._failed     # (nothing both cover)
+    for theirs in ([(0, 11), (3, 99)], [(0, 11), (2, 12)], [(0, 11)]):
+        with pytest.raises(cl.DivergenceError, match=re.escape(
+                "ranks 0 and 1 submitted different task streams; they differ at or before T" +
+                ("2" if theirs[-1][0] == 2 else "3") + ", earlier than the tasks they still list")) as ei:
+            run((0, 7, [(0, 11), (3, 12)]), (0, 8, theirs))
+        assert str(ei.value).endswith("; the tasks both list, T5..T7, agree"), ei.value
+
+
 # ---------------------------------------------------------------- simulated clusters
 
 
@@ -427,6 +451,211 @@ def test_a_rank_late_longer_than_the_divergence_timeout_is_no_divergence(nodes, 
     results = run_cluster(program, nodes=nodes, timeout=90, CELERITAS_DEVICES="host:1",
                           CELERITAS_DIVERGENCE_TIMEOUT="1")
     assert results == [(np.arange(16.0) + 3).tolist()] * nodes
+
+
+# ---------------------------------------------------------------- groups, host objects, reductions, host data
+
+
+def _collective_reading(b, group):
+    """A collective host task in ``group`` reading all of b, its partition joining the
+    group's barrier (which never completes where the ranks chose different groups)."""
+    def cgf(cgh):
+        b.access(cgh, cl.all(), cl.read)
+        cgh.host_task(lambda p: p.comm.barrier(), on=cl.collective(group), name="coll")
+    return cgf
+
+
+def test_ranks_in_different_collective_groups_before_a_fence_are_found_while_the_fence_waits():
+    """Input (2 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=2): both make groups g1 and
+    g2; rank 0 runs a collective host task reading b in g1, rank 1 the same task in g2
+    (both then wait in their group's barrier forever); both then touch and fence b.  The
+    tasks agree in kind, name, range and accesses.  (Before, the stalled ranks' pending
+    tasks agreed and the fence waited until its own timeout: only an epoch, never reached,
+    compared the groups.)  Expected: the fence raises DivergenceError naming T1 in
+    collective group 2 on rank 0 and 3 on rank 1 (group 1 is cl.collective's own)."""
+    def program(rank, stages):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        groups = cl.CollectiveGroup(), cl.CollectiveGroup()
+        q.submit(_collective_reading(b, groups[rank]))
+        q.submit(_touch(b))
+        stages[rank] = "fence"
+        return q.fence(b).result(timeout=30)
+
+    err, stages = _run_recording_stage(program, 2, CELERITAS_DIVERGENCE_TIMEOUT="2")
+    assert type(err) is cl.DivergenceError, err
+    msg = str(err)
+    assert re.search(r"submitted different task streams; the first differing task " + FOUND, msg), msg
+    for r in (0, 1):
+        assert (f"rank {r} submitted T1 (collective 'coll', range [2], accesses B0 read, in collective group "
+                f"{2 + r})") in msg, msg
+    assert "fence (raised)" in stages.values(), stages
+
+
+def test_a_reduction_on_one_rank_only_before_a_fence_is_found_while_the_fence_waits():
+    """Input (2 simulated ranks, CELERITAS_DIVERGENCE_TIMEOUT=30): the kernel 'sum' over b
+    reduces into c on rank 0 and reduces nothing on rank 1; both fence c (rank 0 waits for
+    rank 1's partial sum).  (Before, the entries agreed, and rank 1's shutdown epoch timed
+    out after 30 s naming no task.)  Expected: a DivergenceError within the timeout naming
+    T1's reduction into B1 on rank 0 and none on rank 1."""
+    def program(rank, stages):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        c = cl.Buffer(np.zeros(1), name="c")
+
+        def cgf(cgh):
+            r = b.access(cgh, cl.one_to_one(), cl.read)
+            if rank == 0:
+                red = cl.reduction(c, cgh, cl.plus)
+                cgh.parallel_for((16,), lambda ch, s: s.combine(r[ch]), name="sum", reductions=[red])
+            else:
+                cgh.parallel_for((16,), lambda ch: None, name="sum")
+        q.submit(cgf)
+        stages[rank] = "fence"
+        return q.fence(c).result(timeout=60)
+
+    t0 = time.monotonic()
+    err, _stages = _run_recording_stage(program, 2, CELERITAS_DIVERGENCE_TIMEOUT="30")
+    assert type(err) is cl.DivergenceError, err
+    assert time.monotonic() - t0 < 25, err
+    msg = str(err)
+    assert "rank 0 submitted T1 (device_compute 'sum', range [16], accesses B0 read, reduction into B1 " \
+           "(its value included))" in msg, msg
+    assert "rank 1 submitted T1 (device_compute 'sum', range [16], accesses B0 read)" in msg, msg
+
+
+@pytest.mark.parametrize("differ", ["side_effect", "host_data"])
+def test_a_side_effect_or_a_buffers_host_data_on_one_rank_only_is_a_divergence_naming_it(differ):
+    """Input (2 simulated ranks): ``side_effect``: a host task on the master node with a
+    side effect on host object H0 on rank 0 only (before, the stream hash left side effects
+    out: the ranks finished without an error); ``host_data``: buffer c made from an array on
+    rank 0, from a shape and dtype on rank 1 (before, named only as 'different collective
+    groups or buffers initialized on one rank'); then q.wait().  Expected: a DivergenceError
+    naming the task's side effect, or c with and without data, on both ranks."""
+    def program(rank):
+        q = cl.Queue()
+        ho = cl.HostObject([])
+        if differ == "host_data":
+            c = cl.Buffer(np.zeros(4)) if rank == 0 else cl.Buffer(shape=(4,), dtype=np.float64)
+            q.submit(_touch(c, n=4))
+        else:
+            def cgf(cgh):
+                if rank == 0:
+                    cl.side_effect(ho, cgh)
+                cgh.host_task(lambda p: None, on=cl.on_master_node, name="note")
+            q.submit(cgf)
+        q.wait()
+
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=2, timeout=60, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="10")
+    msg = str(ei.value)
+    said = ({0: "T1 (master_node 'note', range [], no buffer accesses, side effect on host object H0)",
+             1: "T1 (master_node 'note', range [], no buffer accesses)"} if differ == "side_effect" else
+            {0: "buffer B0 float64 of shape (4,), with data (made before T1)",
+             1: "buffer B0 float64 of shape (4,), without data (made before T1)"})
+    assert f"rank 0 submitted {said[0]}" in msg and f"rank 1 submitted {said[1]}" in msg, msg
+
+
+def _quick_touch(b, name="step"):
+    def cgf(cgh):
+        b.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for((16,), lambda c: None, name=name)
+    return cgf
+
+
+@pytest.mark.parametrize("odd", [0, 1, 2])
+def test_ranks_blocked_in_the_in_process_barrier_leave_the_divergence_to_be_found(odd):
+    """Input (3 simulated ranks, no divergence timeout): every rank touches b; rank ``odd``
+    then submits a kernel 'extra' and a master-node task reading all of b and fences b; the
+    others wait at q.wait(barrier=True), and the one whose left neighbour matches blocks in
+    the in-process barrier (a threading.Barrier, which does not poll the divergence check as
+    MPI's barrier wait does).  That costs nothing: a rank enters the barrier only once its
+    left neighbour's matching epoch arrived, its own announcement went out before, and its
+    application, waiting in q.wait(), submits nothing the neighbours could need to see.
+    Expected: a DivergenceError naming T2, the extra kernel against the barrier epoch, at once
+    (before, the same: this pins it)."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        q.submit(_quick_touch(b))
+        if rank != odd:
+            q.wait(barrier=True)
+            return None
+
+        def read_all(cgh):
+            b.access(cgh, cl.all(), cl.read)
+            cgh.host_task(lambda p: None, on=cl.on_master_node, name="read_all")
+        q.submit(_quick_touch(b, "extra"))
+        q.submit(read_all)
+        return q.fence(b).result(timeout=30)
+
+    t0 = time.monotonic()
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=3, timeout=60, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="off")
+    assert time.monotonic() - t0 < 20, ei.value
+    assert re.search(r"rank \d submitted T2 \((barrier epoch of q.wait\(barrier=True\)|device_compute 'extra', "
+                     r"range \[16\])\); rank \d submitted T2", str(ei.value)), ei.value
+
+
+# ---------------------------------------------------------------- past the newest DIGEST_LIMIT tasks
+
+
+LONG = DIGEST_LIMIT + 100       # tasks between epochs: more than the pending tasks list
+
+
+def test_a_difference_behind_the_newest_listed_tasks_is_found_at_a_fence_by_hash():
+    """Input (2 simulated ranks, no divergence timeout): rank 1 submits a kernel 'extra' on b
+    first; then both submit DIGEST_LIMIT + 100 kernels 'step' on b and fence b (waiting for
+    each other's part, their fences being different tasks).  The newest DIGEST_LIMIT tasks both
+    list agree up to the fence.  (Before, the error named a task at the end as 'the first
+    differing task'.)  Expected: a DivergenceError saying the ranks differ at or before the
+    first stream-hash checkpoint (T1023, within the first 1024 tasks), before what they list."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        if rank == 1:
+            q.submit(_quick_touch(b, "extra"))
+        for _ in range(LONG):
+            q.submit(_quick_touch(b))
+        return q.fence(b).result(timeout=60)
+
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=2, timeout=120, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="off")
+    msg = str(ei.value)
+    m = re.search(r"submitted different task streams; they differ at or before T(\d+), earlier than the tasks they "
+                  r"still list", msg)
+    assert m and int(m.group(1)) < 1024, msg
+
+
+def test_a_rank_past_the_newest_listed_tasks_is_found_where_its_neighbours_barrier_epoch_lies():
+    """Input (2 simulated ranks, no divergence timeout): both submit DIGEST_LIMIT + 100 kernels
+    on b; rank 0 then waits at q.wait(barrier=True), rank 1 submits a kernel 'extra' and a
+    master-node task reading all of b and fences b (waiting for rank 0's part).  Rank 1's
+    pending tasks no longer start at the last epoch, so its stretch cannot be compared with
+    rank 0's epoch by the tasks.  (Before, the job hung: rank 0 waited for rank 1's epoch, rank
+    1 for rank 0's data.)  Expected: a DivergenceError saying the streams differ at or before
+    rank 0's barrier epoch."""
+    def program(rank):
+        q = cl.Queue()
+        b = cl.Buffer(np.arange(16.0), name="b")
+        for _ in range(LONG):
+            q.submit(_quick_touch(b))
+        if rank == 0:
+            q.wait(barrier=True)
+            return None
+
+        def read_all(cgh):
+            b.access(cgh, cl.all(), cl.read)
+            cgh.host_task(lambda p: None, on=cl.on_master_node, name="read_all")
+        q.submit(_quick_touch(b, "extra"))
+        q.submit(read_all)
+        return q.fence(b).result(timeout=60)
+
+    with pytest.raises(cl.DivergenceError) as ei:
+        run_cluster(program, nodes=2, timeout=120, CELERITAS_DEVICES="host:1", CELERITAS_DIVERGENCE_TIMEOUT="off")
+    msg = str(ei.value)
+    assert re.search(r"ranks 0 and 1 submitted different task streams; they differ at or before T(\d+), rank 0's "
+                     r"barrier epoch of q.wait\(barrier=True\) \(epoch #1; compared by stream hash", msg), msg
 
 
 # ---------------------------------------------------------------- a real mpiexec -n 2

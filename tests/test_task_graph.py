@@ -244,3 +244,85 @@ def test_pending_digest_after_the_epoch_before_the_latest_lists_the_latest_epoch
     assert tm.pending_digest(after=0) == [(k.id, tg.HOST_COMPUTE, "k", [4], ()), (e.id, tg.EPOCH, tg.EPOCH_NONE, [], ()),
                                           (f.id, tg.FENCE, "fence", [], ())]
     assert tm.pending_digest(after=e.id) == tm.pending_digest()
+
+
+def _digest_and_hash(**kw):
+    """The digest entries and stream hash of: a buffer (``host_initialized`` from kw), a
+    collective/host task over it with kw's collective group, side effects and reductions,
+    and an epoch."""
+    tm = tg.TaskManager()
+    tm.create_buffer(0, (4,), "float64", "b", kw.pop("host_initialized", True))
+    tm.create_buffer(1, (1,), "float64", "c", True)
+    kind = tg.COLLECTIVE if kw.get("collective_group") is not None else tg.HOST_COMPUTE
+    tm.submit(kind, name="t", geometry=tg.TaskGeometry(1, (2,), (0,), (1,)), **kw)
+    e = tm.epoch()
+    return [tuple(x) for x in e.digest], e.stream_hash
+
+
+@pytest.mark.parametrize("a, b", [
+    (dict(collective_group=1), dict(collective_group=2)),
+    (dict(side_effects=[0]), dict()),
+    (dict(side_effects=[0]), dict(side_effects=[1])),
+    (dict(reductions=[tg.Reduction(1, 1, None, 0, True)]), dict()),
+    (dict(reductions=[tg.Reduction(1, 1, None, 0, True)]), dict(reductions=[tg.Reduction(1, 1, None, 0, False)])),
+    (dict(host_initialized=True), dict(host_initialized=False)),
+], ids=["group", "side_effect", "other_host_object", "reduction", "reduction_init", "host_data"])
+def test_digest_entries_and_stream_hash_cover_groups_side_effects_reductions_and_host_data(a, b):
+    """Tasks (or buffers) that differ only in their collective group, side effects on host
+    objects, reductions or a buffer's initial host data change the graph; their digest
+    entries differ (so a stalled fence finds them, naming the task), and so do the stream
+    hashes (the epoch comparison).  Before, the entries left all of them out, and the hash
+    side effects and reductions."""
+    from executor.mpi.divergence import _describe_pair, _first_difference, _norm_entry
+    da, ha = _digest_and_hash(**a)
+    db, hb = _digest_and_hash(**b)
+    assert ha != hb
+    diff = _first_difference([_norm_entry(e) for e in da], [_norm_entry(e) for e in db])
+    assert diff is not None
+    wa, wb = _describe_pair(*diff)
+    assert wa != wb
+    assert _digest_and_hash(**dict(a)) == _digest_and_hash(**dict(a))
+
+
+def test_digest_entries_name_groups_side_effects_reductions_and_host_data_in_words():
+    """Where two entries differ only there, the divergence message names them."""
+    from executor.mpi.divergence import _describe_pair, _first_difference, _norm_entry
+
+    def words(a, b):
+        da, _ = _digest_and_hash(**a)
+        db, _ = _digest_and_hash(**b)
+        return _describe_pair(*_first_difference([_norm_entry(e) for e in da], [_norm_entry(e) for e in db]))
+    assert words(dict(collective_group=1, side_effects=[3]), dict(collective_group=2)) == (
+        "T1 (collective 't', range [2], no buffer accesses, in collective group 1, side effect on host object H3)",
+        "T1 (collective 't', range [2], no buffer accesses, in collective group 2)")
+    into, fresh = tg.Reduction(1, 1, None, 0, True), tg.Reduction(1, 1, None, 0, False)
+    assert words(dict(reductions=[into]), dict(reductions=[fresh])) == (
+        "T1 (host_compute 't', range [2], no buffer accesses, reduction into B1 (its value included))",
+        "T1 (host_compute 't', range [2], no buffer accesses, reduction into B1)")
+    assert words(dict(host_initialized=True), dict(host_initialized=False)) == (
+        "buffer B0 float64 of shape (4,), with data (made before T1)",
+        "buffer B0 float64 of shape (4,), without data (made before T1)")
+
+
+def test_stream_checkpoints_agree_where_streams_agree_and_stay_complete_when_trimmed():
+    """Folds fall at every epoch and after every 1024 stream entries: two task managers fed
+    the same tasks list the same (task id, hash) checkpoints; one fed a renamed first task
+    lists other hashes at the same ids; with the oldest ones dropped (FOLDS_KEPT), the list
+    says from which id on it is complete."""
+    def fed(first: str, n: int = 5000, kept: int | None = None):
+        tm = tg.TaskManager()
+        if kept is not None:
+            tm.FOLDS_KEPT = kept
+        geom = tg.TaskGeometry(1, (4,), (0,), (1,))
+        for i in range(n):
+            tm.submit(tg.HOST_COMPUTE, name=first if i == 0 else "k", geometry=geom)
+        return tm, tm.stream_checkpoints()
+    tm, (lo, hi, folds) = fed("k")
+    assert (lo, hi) == (0, tm.next_task_id - 2) and folds[0] == (0, folds[0][1]) and len(folds) >= 5
+    assert fed("k")[1] == (lo, hi, folds)
+    _tm, (_lo, _hi, other) = fed("renamed")
+    assert [t for t, _h in other] == [t for t, _h in folds] and other[0] == folds[0]
+    assert all(h != h2 for (_t, h), (_t2, h2) in zip(other[1:], folds[1:], strict=True))
+    tm, (lo2, hi2, trimmed) = fed("k", kept=1)
+    assert lo2 > 0 and hi2 == hi and trimmed and trimmed == [f for f in folds if f[0] >= lo2]
+    assert [f for f in folds if lo2 <= f[0] < trimmed[0][0]] == []

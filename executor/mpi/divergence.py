@@ -16,6 +16,14 @@ over the task ids both lists cover.  Streams grow by appending only, so two
 snapshots taken at any times must agree wherever both reach: a rank that is
 merely slower holds a prefix of the other's stream, which is no error, and no
 timeout is involved (a rank may be slow for as long as it likes).
+
+A stretch longer than DIGEST_LIMIT tasks lists only its newest entries; a
+difference behind them is found by the stream hash's checkpoints, sent with the
+pending tasks (TaskManager.stream_checkpoints: where the hash was folded, and to
+what; equal streams fold at the same tasks to the same values), and reported as
+lying at or before the first checkpoint that differs.  (Not an order-independent
+sum over per-entry hashes: that costs a hash per task on the application thread,
+where the folds cost nothing per task, and tells no more.)
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ from typing import Any, Callable
 
 from scheduler.errors import DivergenceError
 from scheduler.instruction_graph import EpochInstruction
-from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_MORE
+from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_LIMIT, DIGEST_MORE, EFFECT_IDS, HOST_DATA
 
 from ..communicator import DEFAULT_DIVERGENCE_TIMEOUT  # noqa: F401 - (re-exported: executor.mpi)
 from .wire import EPOCH_TAG
@@ -55,6 +63,10 @@ def _norm_entry(e: Any) -> tuple:
 
 
 _MODE_NAMES = {v: k for k, v in ACCESS_MODE_IDS.items()}
+_EFFECT_WORDS = {EFFECT_IDS["collective_group"]: "in collective group {}",
+                 EFFECT_IDS["side_effect"]: "side effect on host object H{}",
+                 EFFECT_IDS["reduce"]: "reduction into B{}",
+                 EFFECT_IDS["reduce_into"]: "reduction into B{} (its value included)"}
 
 
 _EPOCH_WORDS = {"none": "epoch of q.wait()", "barrier": "barrier epoch of q.wait(barrier=True)",
@@ -72,7 +84,10 @@ def _describe(e: tuple | None, accesses: bool = False) -> str:
     if kind == "epoch":
         return f"T{tid} ({_EPOCH_WORDS.get(name, f'epoch {name!r}')})"
     if kind == BUFFER_CREATED:
-        return f"buffer {name} of shape {tuple(rng)} (made before T{tid})"
+        data = ""
+        if accesses:        # (the same buffer, made with data on one rank only)
+            data = ", with data" if any(m == HOST_DATA for _b, m in acc) else ", without data"
+        return f"buffer {name} of shape {tuple(rng)}{data} (made before T{tid})"
     more = f", {_describe_accesses(acc)}" if accesses else ""
     if kind == "fence" and not rng:
         return f"T{tid} (a fence{more})" if name in ("", "fence") else f"T{tid} (fence {name!r}{more})"
@@ -80,9 +95,11 @@ def _describe(e: tuple | None, accesses: bool = False) -> str:
 
 
 def _describe_accesses(acc: tuple) -> str:
-    if not acc:
-        return "no buffer accesses"
-    return "accesses " + ", ".join(f"B{b} {_MODE_NAMES.get(m, f'mode #{m}')}" for b, m in acc)
+    """A task's buffer accesses, then its collective group, side effects and reductions
+    (task_graph's EFFECT_IDS)."""
+    buffers = [f"B{b} {_MODE_NAMES.get(m, f'mode #{m}')}" for b, m in acc if m not in _EFFECT_WORDS]
+    effects = [_EFFECT_WORDS[m].format(i) for i, m in acc if m in _EFFECT_WORDS]
+    return ", ".join([("accesses " + ", ".join(buffers)) if buffers else "no buffer accesses"] + effects)
 
 
 def _describe_pair(ea: tuple | None, eb: tuple | None) -> tuple[str, str]:
@@ -117,6 +134,21 @@ def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | N
         ea, eb = a.get(tid), b.get(tid)
         if ea != eb:
             return ea, eb
+    return None
+
+
+def _first_fold_difference(mine: tuple | None, theirs: tuple | None) -> int | None:
+    """The first task id, over those both checkpoint lists cover, where one rank folded its
+    stream hash and the other did not, or both did to different hashes (the streams differ
+    at or before it: TaskManager.stream_checkpoints), or None."""
+    if mine is None or theirs is None:
+        return None
+    lo, hi = max(mine[0], theirs[0]), min(mine[1], theirs[1])
+    a = {t: h for t, h in mine[2] if lo <= t <= hi}
+    b = {t: h for t, h in theirs[2] if lo <= t <= hi}
+    for t in sorted(a.keys() | b.keys()):
+        if a.get(t) != b.get(t):
+            return t
     return None
 
 
@@ -168,6 +200,11 @@ class EpochCheck:
         self._wait_started: dict[int, float] = {}
         self._next_pending_check = 0.0
         self.pending_tasks: Callable[[int | None], list] | None = None
+        # (set by the runtime) TaskManager.stream_checkpoints: where the stream hash was folded,
+        # sent with the pending tasks, so a difference behind the newest DIGEST_LIMIT entries
+        # (a long stretch between epochs) is still found at a fence, if only by where it lies
+        self.stream_checkpoints: Callable[[], tuple] | None = None
+        self._left_marks: tuple | None = None     # the left neighbour's checkpoints, as sent
         # the pending-task exchange (see the module docstring): what this rank last sent its
         # right neighbour (the stretch's first entry, how many entries), and what the left
         # neighbour sent (extended by later sends of the same stretch)
@@ -221,7 +258,7 @@ class EpochCheck:
                 break
             self._recv = None
             if payload[0] == _PENDING:
-                self._take_left_pending(payload[1], payload[2])
+                self._take_left_pending(payload[1], payload[2], payload[3] if len(payload) > 3 else None)
                 got = True
                 continue
             seq, task, action, h, digest = payload
@@ -314,18 +351,37 @@ class EpochCheck:
             log.debug("reading the pending tasks failed", exc_info=True)
             return
         if not pending or last is None or pending[0][0] != last + 1:
-            return                     # not the stretch after this rank's last announced epoch
+            # not the stretch after this rank's last announced epoch (or past DIGEST_LIMIT
+            # entries, its newest only): this rank's stream hash where the neighbour's epoch lies
+            self._compare_epoch_hash(theirs)
+            return
         stretch = _stretch(theirs)
         end = min(_order(pending[-1]), _order(stretch[-1]))    # (over what both lists cover)
         diff = _first_difference([e for e in pending if _order(e) <= end],
                                  [e for e in stretch if _order(e) <= end])
-        if diff is not None:
+        if diff is None:
+            self._compare_epoch_hash(theirs)
+        else:
             self._failed = True
             da, db = _describe_pair(*diff)
             raise DivergenceError(
                 f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
                 f"({self._since()}, epoch #{seq}): rank {self._left} submitted {db}; rank {self.rank} "
                 f"submitted {da}")
+
+    def _compare_epoch_hash(self, theirs: _EpochInfo) -> None:
+        """Where this rank's application has submitted past the task id of the neighbour's
+        epoch, its stream hash must have been folded there, to the epoch's hash."""
+        marks = self._my_marks()
+        if self._failed or marks is None or not marks[0] <= theirs.task <= marks[1]:
+            return
+        if dict(marks[2]).get(theirs.task) != theirs.stream_hash:
+            self._failed = True
+            raise DivergenceError(
+                f"ranks {self._left} and {self.rank} submitted different task streams; they differ at or before "
+                f"T{theirs.task}, rank {self._left}'s {_EPOCH_WORDS.get(theirs.action, 'epoch')} (epoch #{theirs.seq}; "
+                f"compared by stream hash, {self._since()}, past the first {DIGEST_LIMIT} tasks that are listed, "
+                f"while rank {self.rank} waited at a fence or for data)")
 
     # ---- the pending-task exchange (stalled ranks; see the module docstring)
     def _my_pending(self) -> list[tuple] | None:
@@ -361,10 +417,27 @@ class EpochCheck:
             index = 0
         log.debug("rank %d stalled: sending rank %d its pending tasks T%d.. (%d entries from %d)", self.rank,
                   self._right, mine[0][0], len(mine) - index, index)
-        self._sends.append(self._comm.isend((_PENDING, index, mine[index:]), dest=self._right, tag=EPOCH_TAG))
+        payload = (_PENDING, index, mine[index:])
+        marks = self._my_marks()
+        if marks is not None:
+            payload += (marks,)
+        self._sends.append(self._comm.isend(payload, dest=self._right, tag=EPOCH_TAG))
         self._sent_first, self._sent_count = mine[0], len(mine)
 
-    def _take_left_pending(self, index: int, entries: list) -> None:
+    def _my_marks(self) -> tuple | None:
+        """This rank's stream checkpoints ``(lo, hi, [(task id, hash), ...])`` (see
+        TaskManager.stream_checkpoints), or None where there are none to read."""
+        if self.stream_checkpoints is None:
+            return None
+        try:
+            lo, hi, folds = self.stream_checkpoints()
+        except Exception:  # noqa: BLE001 - a diagnostic aid; the epoch comparison still runs
+            log.debug("reading the stream checkpoints failed", exc_info=True)
+            return None
+        return int(lo), int(hi), [(int(t), int(h)) for t, h in folds]
+
+    def _take_left_pending(self, index: int, entries: list, marks: tuple | None = None) -> None:
+        self._left_marks = marks
         entries = [_norm_entry(e) for e in entries]
         if index == 0:
             self._left_pending = entries
@@ -387,6 +460,16 @@ class EpochCheck:
             return
         mine = self._my_pending()
         if not mine:
+            # (this rank past an epoch, submitting nothing since: its checkpoints still compare,
+            # behind the tasks the neighbour lists; a difference among those is found from them)
+            behind = _first_fold_difference(self._my_marks(), self._left_marks)
+            if behind is not None and behind < theirs[0][0]:
+                self._failed = True
+                raise DivergenceError(
+                    f"ranks {self._left} and {self.rank} submitted different task streams; they differ at or "
+                    f"before T{behind}, earlier than the tasks rank {self._left} still lists (more than "
+                    f"{DIGEST_LIMIT} since its last epoch: compared by hash, while a rank waited at a fence or "
+                    f"for data)")
             return
         key = (mine[0], len(mine), len(theirs))
         if key == self._left_compared:
@@ -394,25 +477,40 @@ class EpochCheck:
         self._left_compared = key
         lo = (max(mine[0][0], theirs[0][0]), 0, 0)
         hi = min(_order(mine[-1]), _order(theirs[-1]))
-        if lo > hi:
-            return
-        a = [e for e in mine if lo <= _order(e) <= hi]
-        b = [e for e in theirs if lo <= _order(e) <= hi]
-        diff = _first_difference(a, b)
+        diff = None
+        if lo <= hi:
+            a = [e for e in mine if lo <= _order(e) <= hi]
+            b = [e for e in theirs if lo <= _order(e) <= hi]
+            diff = _first_difference(a, b)
+        behind = _first_fold_difference(self._my_marks(), self._left_marks)
+        if behind is not None and behind < lo[0]:
+            # (a difference before the entries both list: a long stretch since the last epoch)
+            self._failed = True
+            listed = ("the tasks they list do not overlap" if lo > hi else
+                      f"the tasks both list, T{lo[0]}..T{hi[0]}, agree" if diff is None else
+                      f"among the tasks both list, T{lo[0]}..T{hi[0]}, {self._pair_words(diff, mine, theirs)}")
+            raise DivergenceError(
+                f"ranks {self._left} and {self.rank} submitted different task streams; they differ at or before "
+                f"T{behind}, earlier than the tasks they still list (more than {DIGEST_LIMIT} since their last "
+                f"epoch: compared by hash, while a rank waited at a fence or for data); {listed}")
         if diff is None:
             return
+        self._failed = True
+        raise DivergenceError(
+            f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
+            f"(among T{lo[0]}..T{hi[0]}, which both submitted since their last epoch, compared while a rank "
+            f"waited at a fence or for data): {self._pair_words(diff, mine, theirs)}")
+
+    def _pair_words(self, diff: tuple, mine: list, theirs: list) -> str:
+        """A difference among the pending tasks in words, the left neighbour's first."""
         ea, eb = diff
         at = _order(ea if ea is not None else eb)
         if ea is None:      # (name what this rank has there instead: its next entry)
             ea = next((e for e in mine if _order(e) > at), None)
         if eb is None:
             eb = next((e for e in theirs if _order(e) > at), None)
-        self._failed = True
         da, db = _describe_pair(ea, eb)
-        raise DivergenceError(
-            f"ranks {self._left} and {self.rank} submitted different task streams; the first differing task "
-            f"(among T{lo[0]}..T{hi[0]}, which both submitted since their last epoch, compared while a rank "
-            f"waited at a fence or for data): rank {self._left} submitted {db}; rank {self.rank} submitted {da}")
+        return f"rank {self._left} submitted {db}; rank {self.rank} submitted {da}"
 
     def _since(self) -> str:
         return (f"after epoch T{self._last_verified_task}" if self._last_verified_task is not None
@@ -431,10 +529,10 @@ class EpochCheck:
             return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
                     f"#{mine.seq}, T{mine.task}): the tasks listed agree; the difference lies in "
                     f"{_describe(more[0])}")
+        # (the digest lists all the stream hashes: its entries agreeing, the hashes should too)
         return (f"ranks {self._left} and {self.rank} submitted different task streams {self._since()} (epoch "
-                f"#{mine.seq}, T{mine.task}): the same tasks (names, ranges and buffer accesses) and buffers "
-                f"(shapes and dtypes), but different collective groups or buffers initialized on one rank and "
-                f"not on the other; the first task of that stretch is {_describe(a[0])}")
+                f"#{mine.seq}, T{mine.task}): their hashes differ, though the tasks and buffers listed agree; "
+                f"the first task of that stretch is {_describe(a[0])}")
 
     @staticmethod
     def _digest_summary(info: _EpochInfo | None) -> str:
