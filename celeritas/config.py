@@ -37,7 +37,7 @@ VARIABLES = (
     "CELERITAS_DEVICE_MEMORY_LIMIT", "CELERITAS_OUT_OF_CORE_OVERLAP", "CELERITAS_REPLAY",
     "CELERITAS_WAIT_WARNING", "CELERITAS_GC", "CELERITAS_MPI_DEVICE_MEMORY", "CELERITAS_MPI_CUDA_AWARE",
     "CELERITAS_MPI_STRIDED", "CELERITAS_MPI_POLL_MAX_US", "CELERITAS_MPI_SPIN_US", "CELERITAS_INLINE_US",
-    "CELERITAS_SWITCH_INTERVAL_US", "CELERITAS_DIVERGENCE_TIMEOUT", "CELERITAS_MPI_EAGER_BYTES",
+    "CELERITAS_SWITCH_INTERVAL_US", "CELERITAS_DIVERGENCE_TIMEOUT",
 )
 # read by the test suite, not by the runtime (hypothesis example counts, the fuzzer): not reported
 TEST_VARIABLES = re.compile(r"CELERITAS_[A-Z0-9_]*_EXAMPLES|CELERITAS_FUZZ_[A-Z0-9_]+")
@@ -154,9 +154,6 @@ class Config:
     # (None: forever), and whether MPI takes CUDA pointers (None: ask the library)
     mpi_strided: str = "auto"
     mpi_poll_max_us: float = 2000.0
-    # payloads up to this many bytes travel inside their pilot message (one message per
-    # small transfer; executor.mpi.wire.EAGER_BYTES); 0: never
-    mpi_eager_bytes: int = 32 << 10
     # how long the executor polls MPI without pause once nothing but the network is
     # left to wait for, before it sleeps between polls (0: never)
     mpi_spin_us: float = 100.0
@@ -257,23 +254,6 @@ def _memory_limit(env: Mapping[str, str], var: str, fractions: bool = True) -> i
     return n
 
 
-MAX_EAGER_BYTES = 1 << 20
-
-
-def _eager_bytes(env: Mapping[str, str], var: str) -> int:
-    """A byte count from 0 (payloads never travel with their pilot) up to 1 MiB: every rank
-    keeps 16 standing pilot receives of this size."""
-    raw = env.get(var)
-    if raw is None or raw.strip() == "":
-        return 32 << 10
-    if raw.strip() == "0":
-        return 0
-    n = _memory_limit(env, var, fractions=False)
-    if n > MAX_EAGER_BYTES:
-        raise ConfigError(f"{var}={raw!r} is over 1M: each rank keeps 16 standing receives of this size")
-    return n
-
-
 def _positive_float(env: Mapping[str, str], var: str, default: float | None, unit: str,
                     off: bool = False) -> float | None:
     """A number > 0 (``unit`` names it in errors); with ``off``, 0/none/off/inf mean None."""
@@ -362,12 +342,11 @@ def collective_settings(config: Config, summary: bool) -> dict:
     this rank asks for the shutdown summary).  The horizon settings decide where horizon
     tasks go, so ranks that differ number their later tasks differently and no transfer
     matches; graph dumps, trace and summary are gathered at shutdown, a collective every
-    rank must join; a payload sent inside its pilot must fit the receiver's pilot receives.  The rest of the configuration may differ between ranks."""
+    rank must join.  The rest of the configuration may differ between ranks."""
     return {"CELERITAS_HORIZON_STEP": config.horizon_step,
             "CELERITAS_HORIZON_MAX_PARALLELISM": config.horizon_max_parallelism,
             "CELERITAS_PRINT_GRAPHS": config.print_graphs is not None,
             "CELERITAS_TRACE": config.trace is not None,
-            "CELERITAS_MPI_EAGER_BYTES": config.mpi_eager_bytes,
             "summary": bool(summary)}
 
 
@@ -473,7 +452,6 @@ def from_env(env: Mapping[str, str] | None = None, warn: bool = True) -> Config:
         switch_interval_us=_switch_interval(env, "CELERITAS_SWITCH_INTERVAL_US"),
         mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
         mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),
-        mpi_eager_bytes=_eager_bytes(env, "CELERITAS_MPI_EAGER_BYTES"),
         mpi_spin_us=_nonnegative_float(env, "CELERITAS_MPI_SPIN_US", 100.0, "microseconds"),
         inline_us=_nonnegative_float(env, "CELERITAS_INLINE_US", 100.0, "microseconds"),
         divergence_timeout=_positive_float(env, "CELERITAS_DIVERGENCE_TIMEOUT", DEFAULT_DIVERGENCE_TIMEOUT,

@@ -1027,7 +1027,7 @@ def _default_communicator(config: cfg.Config):
                                        poll_spin=config.mpi_spin_us * 1e-6,
                                        divergence_timeout=config.divergence_timeout,
                                        divergence_timeout_hint="CELERITAS_DIVERGENCE_TIMEOUT",
-                                       cuda_aware=config.mpi_cuda_aware, eager_bytes=config.mpi_eager_bytes)
+                                       cuda_aware=config.mpi_cuda_aware)
     return SingleRankCommunicator()
 
 

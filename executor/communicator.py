@@ -73,7 +73,6 @@ class Communicator(abc.ABC):
     notifies: bool = False
     accepts_strided: bool = False
     settings_may_differ: bool = False
-    eager_bytes: int = 0          # payloads up to this size may travel with their pilot (hold_pilot)
     cuda_aware: bool | None = False
     poll_spin: float = 0.0
     poll_min: float = 20e-6
@@ -90,12 +89,6 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def send_pilot(self, to: int, pilot: Pilot) -> None:
         """Non-blocking; pilots from one sender to one receiver arrive in order."""
-
-    def hold_pilot(self, to: int, pilot: Pilot) -> None:
-        """Like ``send_pilot``, for a pilot whose payload (at most ``eager_bytes``) follows
-        soon: a communicator that can sends the two as one message when ``send_payload``
-        comes (the default sends the pilot now)."""
-        self.send_pilot(to, pilot)
 
     @abc.abstractmethod
     def poll_pilots(self) -> list[tuple[int, Pilot]]:
@@ -153,16 +146,6 @@ class FlagRequest(Request):
         if self._error is not None:
             raise self._error
         return True
-
-
-class DoneRequest(FlagRequest):
-    """A request that completed (or failed) while it was started."""
-
-    __slots__ = ()
-
-    def __init__(self, error: BaseException | None = None) -> None:
-        self._done = True
-        self._error = error
 
 
 class _LocalRequest(FlagRequest):

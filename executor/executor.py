@@ -545,8 +545,12 @@ class Executor(InstructionHandlers):
         for aid, bid in batch.user_allocations:
             self._allocs[aid] = self._user_buffers.pop(bid)
             self._forget_views()
-        if batch.pilots and not self._failed:
-            self._send_pilots(batch)
+        comm = self._comm
+        for p in batch.pilots if not self._failed else ():
+            try:
+                comm.send_pilot(p.to, p)
+            except Exception as exc:  # noqa: BLE001
+                self._report(exc, None)
         engine = self._engine
         instrs = batch.instructions
         # direct issue (below) must not run work ahead of a later, more urgent instruction
@@ -600,24 +604,6 @@ class Executor(InstructionHandlers):
                 self._announce_epoch(instr)
             submit(instr, deps)
             idle = False
-
-    def _send_pilots(self, batch: InstructionBatch) -> None:
-        """Send the batch's pilots; a pilot whose payload is small and sent by this batch
-        is held, to travel with its payload (``Communicator.hold_pilot``)."""
-        comm = self._comm
-        eager = comm.eager_bytes
-        small = None
-        if eager:
-            small = {ins.msg_id for ins in batch.instructions
-                     if type(ins) is SendInstruction and ins.size_bytes <= eager}
-        for p in batch.pilots:
-            try:
-                if small and p.msg_id in small:
-                    comm.hold_pilot(p.to, p)
-                else:
-                    comm.send_pilot(p.to, p)
-            except Exception as exc:  # noqa: BLE001
-                self._report(exc, None)
 
     # Direct issue.  An instruction that arrives with every predecessor complete, while
     # nothing else is ready, would be assigned at once, and if it is cheap work on an

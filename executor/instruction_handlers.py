@@ -28,7 +28,6 @@ from scheduler.instruction_graph import (AllocInstruction, AwaitReceiveInstructi
                                          SendInstruction)
 
 from .backends.backend import box_view
-from .communicator import DoneRequest
 from .out_of_order_engine import Assignment
 
 log = logging.getLogger("celeritas.executor")
@@ -268,11 +267,6 @@ class InstructionHandlers:
         if not comm.accepts_strided and not view.flags.c_contiguous:
             view = np.ascontiguousarray(view)
         req = comm.send_payload(instr.to, instr.msg_id, view)
-        if type(req) is DoneRequest:       # (it went with its pilot: the bytes are copied)
-            t0 = _perf_ns()
-            req.test()                     # (raises the failure, if any)
-            self._complete_sync(instr, "comm", t0)
-            return
         self._sends.append(self._start_async(instr, "comm", req))
 
     def _issue_receive(self, a: Assignment) -> None:

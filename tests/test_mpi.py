@@ -127,15 +127,10 @@ def test_every_app_verifies_through_its_cli_under_mpiexec(app, ranks, tmp_path):
 
 @needs_mpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks,devices,first,count,eager", [(2, "host:2", 0, 80, "64"),
-                                                              (4, "host:1", 1000, 80, "32K")])
-def test_random_programs_match_numpy(ranks, devices, first, count, eager):
-    """``eager``: payloads up to 64 bytes travel with their pilots, larger ones as two
-    messages (both in one run), or nearly every payload of these small programs with its
-    pilot (the default limit)."""
+@pytest.mark.parametrize("ranks,devices,first,count", [(2, "host:2", 0, 80), (4, "host:1", 1000, 80)])
+def test_random_programs_match_numpy(ranks, devices, first, count):
     r = mpirun(ranks, "fuzz_programs.py", str(first), str(count), devices=devices,
-               env={"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off",
-                    "CELERITAS_MPI_EAGER_BYTES": eager})
+               env={"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"})
     assert r.returncode == 0, _explain(r)
     for k in range(ranks):
         assert f"rank {k}: {count}/{count} programs match numpy" in r.stdout, _explain(r)
@@ -395,9 +390,6 @@ def test_less_than_thread_multiple_is_a_clear_config_error():
     ("CELERITAS_DIVERGENCE_TIMEOUT", "soon", "not a number of seconds"),
     ("CELERITAS_DIVERGENCE_TIMEOUT", "-1", "must be > 0"),
     ("CELERITAS_MPI_CUDA_AWARE", "perhaps", "use 1 or 0"),
-    ("CELERITAS_MPI_EAGER_BYTES", "lots", "not a number of bytes"),
-    ("CELERITAS_MPI_EAGER_BYTES", "-4K", "not a number of bytes|must be >= 1"),
-    ("CELERITAS_MPI_EAGER_BYTES", "2M", "over 1M"),
 ])
 def test_bad_mpi_settings_fail_before_any_mpi_call(monkeypatch, var, value, words):
     """The runtime parses the configuration before it creates the MPI communicator, so a
@@ -434,22 +426,6 @@ def test_mpi_settings_are_parsed_once_by_the_configuration():
     assert from_env({}).mpi_spin_us == 100.0
     assert from_env({"CELERITAS_MPI_SPIN_US": "0"}).mpi_spin_us == 0.0
     assert from_env({"CELERITAS_MPI_SPIN_US": " 250 "}).mpi_spin_us == 250.0
-    assert from_env({}).mpi_eager_bytes == 32 << 10
-    assert [from_env({"CELERITAS_MPI_EAGER_BYTES": v}).mpi_eager_bytes for v in ("0", "4K", "1M", "100")] == \
-        [0, 4096, 1 << 20, 100]
-
-
-def test_ranks_must_agree_on_the_eager_payload_limit():
-    """A payload that travels inside its pilot must fit the receiver's standing pilot
-    receives, so a limit set differently on one rank is a ConfigError at start-up."""
-    import celeritas as cl
-    from celeritas.config import agree_across_ranks, collective_settings, from_env
-    base = collective_settings(from_env({}), False)
-    assert agree_across_ranks([base, collective_settings(from_env({"CELERITAS_MPI_EAGER_BYTES": "32K"}), False)]) \
-        is False
-    with pytest.raises(cl.ConfigError, match=r"CELERITAS_MPI_EAGER_BYTES differs between ranks "
-                                             r"\(rank 0: 32768, rank 1: 65536\)"):
-        agree_across_ranks([base, collective_settings(from_env({"CELERITAS_MPI_EAGER_BYTES": "64K"}), False)])
 
 
 def test_mpi_code_reads_no_celeritas_variables():

@@ -3,17 +3,10 @@
 Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does on
 ``COMM_WORLD`` can match celeritas' messages:
 
-* **pilots** travel as 12 int64 words on ``PILOT_TAG``; a ring of standing
-  ``Irecv(ANY_SOURCE)`` receives is always posted, so a pilot never waits for
-  the receiver to ask for it.  The ring is tested head first, which keeps MPI's
-  per-sender order (receives match in posting order).
-* **small payloads travel inside their pilot** (up to ``eager_bytes``): the
-  executor hands such a pilot over with ``hold_pilot``, and ``send_payload``
-  sends pilot and bytes as one message on ``PILOT_TAG``; the receiver's ring slot
-  keeps the bytes until the receive arbiter asks for the payload, which then
-  completes at once.  A hop of a halo row is one message instead of two, with no
-  payload request for either side to post and test, and the send completes as it
-  is issued (the bytes were copied into the message).
+* **pilots** travel as fixed 12 x int64 messages on ``PILOT_TAG``; a ring of
+  standing ``Irecv(ANY_SOURCE)`` receives is always posted, so a pilot never
+  waits for the receiver to ask for it.  The ring is tested head first, which
+  keeps MPI's per-sender order (receives match in posting order).
 * **payloads** use ``Isend``/``Irecv`` on a per-message tag derived from the
   sender's ``msg_id`` (unique per sender), straight from / into the allocation
   (see ``wire``).
@@ -44,15 +37,15 @@ import numpy as np
 from scheduler.errors import ConfigError
 from scheduler.instruction_graph import Pilot
 
-from ..communicator import Communicator, CommunicatorError, DoneRequest, Request
+from ..communicator import Communicator, CommunicatorError, Request
 from .abort import abort_world, failure_origin, install_excepthook
 from .collective import collective_comm
 from .cuda_aware import mpi_cuda_support
 from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
 from .launch import import_mpi, library_version, thread_level_name
 from .progress import MpiRequest, PilotRing, SendList, handle_of, quick_probe, quick_test, set_mpi_byte
-from .wire import (EAGER_BYTES, PAYLOAD_TAG_BASE, PILOT_BYTES, PILOT_TAG, STRIDED_POLICIES, DatatypeCache,
-                   Spec, buffer_spec, encode_pilot)
+from .wire import (PAYLOAD_TAG_BASE, PILOT_TAG, PILOT_WORDS, STRIDED_POLICIES, DatatypeCache, Spec,
+                   buffer_spec, encode_pilot)
 
 log = logging.getLogger("celeritas.mpi")
 
@@ -84,7 +77,7 @@ class MpiCommunicator(Communicator):
                  poll_spin: float | None = None,
                  divergence_timeout: float | None = DEFAULT_DIVERGENCE_TIMEOUT,
                  divergence_timeout_hint: str | None = None, cuda_aware: bool | None = None,
-                 install_hooks: bool | None = None, eager_bytes: int | None = None):
+                 install_hooks: bool | None = None):
         """``strided``: how strided boxes travel (see ``wire.use_datatype``);
         ``poll_max``: the executor's longest sleep (s) between polls while sends or
         receives are outstanding; ``poll_spin``: how long (s) it polls without
@@ -93,9 +86,7 @@ class MpiCommunicator(Communicator):
         barrier epoch waits for the neighbour's matching epoch, and
         ``divergence_timeout_hint`` where users set it (named in the error);
         ``cuda_aware``: the answer to "can MPI take CUDA pointers" when the user
-        knows it (None: ask the library); ``eager_bytes``: the largest payload that
-        travels inside its pilot (default ``EAGER_BYTES``; 0: none).  Bad values fail
-        before any MPI call."""
+        knows it (None: ask the library).  Bad values fail before any MPI call."""
         policy = strided.lower()
         if policy not in STRIDED_POLICIES:
             raise ConfigError(f"strided payload policy {strided!r}; use auto, datatype or staging")
@@ -105,9 +96,6 @@ class MpiCommunicator(Communicator):
             raise ConfigError(f"MPI spin time {poll_spin!r} s must be >= 0")
         if divergence_timeout is not None and not divergence_timeout > 0:
             raise ConfigError(f"divergence timeout {divergence_timeout!r} s must be > 0 (or None)")
-        if eager_bytes is not None and (type(eager_bytes) is not int or eager_bytes < 0):
-            raise ConfigError(f"eager payload limit {eager_bytes!r} bytes must be an int >= 0")
-        self.eager_bytes = EAGER_BYTES if eager_bytes is None else eager_bytes
         MPI = import_mpi()
         set_mpi_byte(MPI.BYTE)
         quick_test(MPI)
@@ -151,10 +139,6 @@ class MpiCommunicator(Communicator):
             self._rank, self._size, self._tag_span = root._rank, root._size, root._tag_span
         self._ring: PilotRing | None = None
         self._pilot_inbox: deque = deque()
-        if root is not None:
-            self.eager_bytes = root.eager_bytes
-        self._held: dict[tuple[int, int], Pilot] = {}      # (to, msg_id) -> pilot sent with its payload
-        self._eager: dict[tuple[int, int], np.ndarray] = {}   # (from, msg_id) -> payload that came with its pilot
         self._pilot_sends = SendList()
         self._payload_sends = SendList()       # for close(): let them finish before MPI_Finalize
         self._handle: Any = None
@@ -222,34 +206,20 @@ class MpiCommunicator(Communicator):
 
     # ---- pilots
     def _start_ring(self) -> None:
-        self._ring = PilotRing(self._mpi, self._comm, self._pilot_inbox, self._eager, self.eager_bytes)
+        self._ring = PilotRing(self._mpi, self._comm, self._pilot_inbox)
 
     def send_pilot(self, to: int, pilot: Pilot) -> None:
         self._check_rank(to)
         if self._closed:
             raise CommunicatorError(f"rank {self._rank}: communicator closed")
         self._ensure_ready()
-        buf = np.empty(PILOT_BYTES, dtype=np.uint8)
+        buf = np.empty(PILOT_WORDS, dtype=np.int64)
         encode_pilot(pilot, buf)
-        self._send_pilot_message(to, buf, "pilot")
-
-    def _send_pilot_message(self, to: int, buf: np.ndarray, what: str) -> None:
         try:
-            req = self._comm.Isend([buf, self._mpi.BYTE], to, PILOT_TAG)
+            req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
         except Exception as exc:  # noqa: BLE001
-            raise CommunicatorError(f"rank {self._rank}: {what} to rank {to} failed: {exc}") from exc
-        self._pilot_sends.add(MpiRequest(req, buf, what=f"{what} to rank {to}", handle=handle_of(self._mpi, req)))
-
-    def hold_pilot(self, to: int, pilot: Pilot) -> None:
-        """Keep ``pilot`` until its payload is sent (``send_payload``), then send both as
-        one message: what a small transfer costs is then one message on each side."""
-        self._check_rank(to)
-        if self._closed:
-            raise CommunicatorError(f"rank {self._rank}: communicator closed")
-        if not self.eager_bytes or pilot.box.empty:
-            self.send_pilot(to, pilot)
-            return
-        self._held[(to, pilot.msg_id)] = pilot
+            raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
+        self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}", handle=handle_of(self._mpi, req)))
 
     def poll_pilots(self) -> list[tuple[int, Pilot]]:
         if self._closed:
@@ -279,11 +249,6 @@ class MpiCommunicator(Communicator):
     def send_payload(self, to: int, msg_id: int, array: Any) -> Request:
         self._check_rank(to)
         self._ensure_ready()
-        held = self._held.pop((to, msg_id), None) if self._held else None
-        if held is not None:
-            if type(array) is np.ndarray and array.nbytes <= self.eager_bytes:
-                return self._send_with_pilot(to, held, array)
-            self.send_pilot(to, held)         # (too large, or device memory: the usual two messages)
         spec, keep, _finish, _n = self._spec(array, receive=False)
         try:
             req = self._comm.Isend(spec, to, self._payload_tag(msg_id))
@@ -296,23 +261,9 @@ class MpiCommunicator(Communicator):
         self._payload_sends.add(r)
         return r
 
-    def _send_with_pilot(self, to: int, pilot: Pilot, array: np.ndarray) -> Request:
-        """One message: the pilot's words, then ``array``'s bytes (copied, so the send is
-        complete as far as the caller is concerned: the allocation may change at once)."""
-        n = array.nbytes
-        buf = np.empty(PILOT_BYTES + n, dtype=np.uint8)
-        encode_pilot(pilot, buf)
-        if n:
-            buf[PILOT_BYTES:].view(array.dtype).reshape(array.shape)[...] = array
-        self._send_pilot_message(to, buf, f"message {pilot.msg_id} (pilot and payload)")
-        return DoneRequest()
-
     def receive_payload(self, from_rank: int, msg_id: int, out_array: Any) -> Request:
         self._check_rank(from_rank)
         self._ensure_ready()
-        data = self._eager.pop((from_rank, msg_id), None) if self._eager else None
-        if data is not None:
-            return self._land_eager(from_rank, msg_id, data, out_array)
         spec, keep, finish, nbytes = self._spec(out_array, receive=True)
         try:
             req = self._comm.Irecv(spec, from_rank, self._payload_tag(msg_id))
@@ -321,29 +272,6 @@ class MpiCommunicator(Communicator):
                                     f"failed: {exc}") from exc
         return MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
                           what=f"receive of message {msg_id} from rank {from_rank}", handle=handle_of(self._mpi, req))
-
-    def _land_eager(self, from_rank: int, msg_id: int, data: np.ndarray, out: Any) -> Request:
-        """Copy a payload that came with its pilot into ``out``: a request complete at once."""
-        what = f"receive of message {msg_id} from rank {from_rank}"
-        nbytes = int(out.nbytes)
-        if data.size != nbytes:
-            return DoneRequest(CommunicatorError(f"{what}: received {data.size} bytes, expected {nbytes}"))
-        try:
-            if nbytes:
-                if isinstance(out, np.ndarray):
-                    if not out.flags.writeable:
-                        raise CommunicatorError("receive buffer is read-only")
-                    out[...] = data.view(out.dtype).reshape(out.shape)
-                elif hasattr(out, "__cuda_array_interface__"):
-                    import cupy  # only the CUDA backend makes device arrays
-                    out[...] = cupy.asarray(data.view(out.dtype).reshape(out.shape))
-                    cupy.cuda.get_current_stream().synchronize()
-                else:
-                    np.asarray(out)[...] = data.view(out.dtype).reshape(out.shape)
-        except BaseException as exc:  # noqa: BLE001 - surfaces through the request, as MPI failures do
-            return DoneRequest(exc if isinstance(exc, CommunicatorError)
-                               else CommunicatorError(f"{what}: {type(exc).__name__}: {exc}"))
-        return DoneRequest()
 
     # ---- groups, barrier, collectives
     def clone(self, key: Hashable | None = None) -> "MpiCommunicator":

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..communicator import CommunicatorError, FlagRequest
-from .wire import PILOT_BYTES, PILOT_RING, PILOT_TAG, decode_pilot
+from .wire import PILOT_RING, PILOT_TAG, PILOT_WORDS, decode_pilot
 
 log = logging.getLogger("celeritas.mpi")
 
@@ -244,26 +244,21 @@ class PilotRing:
 
     Tested head first, which keeps MPI's per-sender order (receives match in
     posting order); decoded pilots go to ``inbox``, which ``poll_pilots`` drains.
-    Each slot holds a pilot and up to ``eager_bytes`` of payload: a pilot that
-    came with its payload leaves ``eager[(sender, msg_id)]`` holding the bytes
-    (the slot's buffer itself, handed over; the slot is reposted on a new one).
     """
 
-    def __init__(self, mpi: Any, comm: Any, inbox: deque, eager: dict | None = None, eager_bytes: int = 0):
+    def __init__(self, mpi: Any, comm: Any, inbox: deque):
         self._mpi = mpi
         self._comm = comm
         self.inbox = inbox
-        self.eager = {} if eager is None else eager
-        self._size = PILOT_BYTES + max(0, int(eager_bytes))
         self._status = mpi.Status()
         self._quick = quick_test(mpi)
         self.slots: deque = deque()
         for _ in range(PILOT_RING):
-            self.slots.append(self._post(np.zeros(self._size, dtype=np.uint8)))
+            self.slots.append(self._post(np.zeros(PILOT_WORDS, dtype=np.int64)))
 
     def _post(self, buf: np.ndarray) -> tuple:
         mpi = self._mpi
-        req = self._comm.Irecv([buf, mpi.BYTE], mpi.ANY_SOURCE, PILOT_TAG)
+        req = self._comm.Irecv([buf, mpi.INT64_T], mpi.ANY_SOURCE, PILOT_TAG)
         return req, buf, handle_of(mpi, req)
 
     def poll(self) -> bool:
@@ -275,14 +270,8 @@ class PilotRing:
                 break
             if not req.Test(status):
                 break
-            source = status.Get_source()
-            pilot = decode_pilot(buf)
+            self.inbox.append((status.Get_source(), decode_pilot(buf)))
             slots.popleft()
-            n = status.Get_count(_MPI_BYTE[0])
-            if n > PILOT_BYTES:                   # the payload came along
-                self.eager[(source, pilot.msg_id)] = buf[PILOT_BYTES:n]
-                buf = np.empty(self._size, dtype=np.uint8)
-            self.inbox.append((source, pilot))
             slots.append(self._post(buf))
             got = True
         return got

@@ -1,9 +1,6 @@
 """What celeritas puts on the MPI wire: pilot messages, payload buffer specs, datatypes.
 
-* **pilots** travel as 12 int64 words (96 bytes) on ``PILOT_TAG``; a pilot whose
-  payload is small (up to ``EAGER_BYTES``) carries the payload's bytes right after
-  its words, sent when the payload is ready (one message per small transfer
-  instead of two; see ``MpiCommunicator.hold_pilot``).
+* **pilots** travel as fixed 12 x int64 messages on ``PILOT_TAG``.
 * **payloads** go straight from / into the allocation: contiguous boxes as raw
   bytes, strided boxes through a cached ``hvector`` datatype over the view's
   memory or through a contiguous staging copy, whichever the size says is
@@ -29,11 +26,6 @@ EPOCH_TAG = 2
 PAYLOAD_TAG_BASE = 16
 PILOT_RING = 16                  # standing pilot receives
 PILOT_WORDS = 12                 # msg_id, to, t0, t1, t2, dims, lo0..2, hi0..2
-PILOT_BYTES = 8 * PILOT_WORDS
-# Payloads up to this size travel inside their pilot message.  wave_sim's halo rows are
-# 1-16 KiB from 256² to 4096²; MPICH's shared-memory eager limit lies above this, so
-# such a send completes without the receiver taking part.
-EAGER_BYTES = 32 << 10
 
 # Strided boxes: "datatype" (hvector over the allocation), "staging" (contiguous
 # copy), or "auto".  Measured with MPICH 5 (shared memory, 2 ranks, ping-pong,
@@ -59,8 +51,7 @@ _PILOT = struct.Struct("=12q")     # native int64 words, as numpy writes them
 
 
 def encode_pilot(p: Pilot, out: np.ndarray) -> None:
-    """Write ``p`` into ``out``: PILOT_WORDS int64 words (or the first PILOT_BYTES of a byte
-    buffer, as for a pilot that carries its payload).  Through ``struct``: 0.2 us, against
+    """Write ``p`` into ``out`` (PILOT_WORDS int64 words).  Through ``struct``: 0.2 us, against
     1.1 us for numpy item assignments."""
     b = p.box
     t = p.transfer
@@ -69,8 +60,8 @@ def encode_pilot(p: Pilot, out: np.ndarray) -> None:
 
 
 def decode_pilot(w: np.ndarray) -> Pilot:
-    """The pilot in ``w``'s first PILOT_WORDS words (int64, or bytes as received).  Through
-    ``struct``: 0.7 us, against 2.1 us for a numpy view and ``tolist``."""
+    """The pilot in ``w`` (PILOT_WORDS int64 words).  Through ``struct``: 0.7 us, against 2.1 us
+    for ``tolist``."""
     v = _PILOT.unpack_from(w)
     dims = v[5]
     lo, hi = v[6:9], v[9:12]
