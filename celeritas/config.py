@@ -156,7 +156,7 @@ class Config:
     mpi_poll_max_us: float = 2000.0
     # how long the executor polls MPI without pause once nothing but the network is
     # left to wait for, before it sleeps between polls (0: never)
-    mpi_spin_us: float = 100.0
+    mpi_spin_us: float = 500.0
     # kernels measured to run in under this many µs (and copies up to 128 KiB) run on the
     # executor thread itself, not handed to their lane, where the backend's lanes are
     # plain threads (host backend); 0: never
@@ -452,7 +452,7 @@ def from_env(env: Mapping[str, str] | None = None, warn: bool = True) -> Config:
         switch_interval_us=_switch_interval(env, "CELERITAS_SWITCH_INTERVAL_US"),
         mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
         mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),
-        mpi_spin_us=_nonnegative_float(env, "CELERITAS_MPI_SPIN_US", 100.0, "microseconds"),
+        mpi_spin_us=_nonnegative_float(env, "CELERITAS_MPI_SPIN_US", 500.0, "microseconds"),
         inline_us=_nonnegative_float(env, "CELERITAS_INLINE_US", 100.0, "microseconds"),
         divergence_timeout=_positive_float(env, "CELERITAS_DIVERGENCE_TIMEOUT", DEFAULT_DIVERGENCE_TIMEOUT,
                                            "seconds", off=True),

@@ -423,7 +423,7 @@ def test_mpi_settings_are_parsed_once_by_the_configuration():
         ("staging", 50.0, None, True)
     assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5", "CELERITAS_MPI_CUDA_AWARE": "0"}).mpi_cuda_aware is False
     assert from_env({"CELERITAS_DIVERGENCE_TIMEOUT": "2.5"}).divergence_timeout == 2.5
-    assert from_env({}).mpi_spin_us == 100.0
+    assert from_env({}).mpi_spin_us == 500.0
     assert from_env({"CELERITAS_MPI_SPIN_US": "0"}).mpi_spin_us == 0.0
     assert from_env({"CELERITAS_MPI_SPIN_US": " 250 "}).mpi_spin_us == 250.0
 

@@ -63,7 +63,7 @@ class MpiCommunicator(Communicator):
     notifies = False
     accepts_strided = True
     settings_may_differ = True
-    POLL_SPIN = 100e-6          # defaults of the executor's polling (see Communicator)
+    POLL_SPIN = 500e-6          # defaults of the executor's polling (see Communicator)
     POLL_MIN = 20e-6
     POLL_MAX = 2e-3
 
