@@ -31,7 +31,12 @@ from jobs import (
 import celeritas as cl
 from celeritas.testing import run_cluster
 from executor.mpi.divergence import EpochCheck
-from scheduler.task_graph import ACCESS_MODE_IDS, BUFFER_CREATED, DIGEST_LIMIT, DIGEST_MORE
+from scheduler.task_graph import (
+    ACCESS_MODE_IDS,
+    BUFFER_CREATED,
+    DIGEST_LIMIT,
+    DIGEST_MORE,
+)
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environment")]
 
@@ -563,6 +568,14 @@ def _quick_touch(b, name="step"):
     return cgf
 
 
+def _read_all_on_master(b):
+    """A master-node host task reading all of ``b``: it waits for every rank's part."""
+    def cgf(cgh):
+        b.access(cgh, cl.all(), cl.read)
+        cgh.host_task(lambda p: None, on=cl.on_master_node, name="read_all")
+    return cgf
+
+
 @pytest.mark.parametrize("odd", [0, 1, 2])
 def test_ranks_blocked_in_the_in_process_barrier_leave_the_divergence_to_be_found(odd):
     """Input (3 simulated ranks, no divergence timeout): every rank touches b; rank ``odd``
@@ -581,12 +594,8 @@ def test_ranks_blocked_in_the_in_process_barrier_leave_the_divergence_to_be_foun
         if rank != odd:
             q.wait(barrier=True)
             return None
-
-        def read_all(cgh):
-            b.access(cgh, cl.all(), cl.read)
-            cgh.host_task(lambda p: None, on=cl.on_master_node, name="read_all")
         q.submit(_quick_touch(b, "extra"))
-        q.submit(read_all)
+        q.submit(_read_all_on_master(b))
         return q.fence(b).result(timeout=30)
 
     t0 = time.monotonic()
@@ -643,12 +652,8 @@ def test_a_rank_past_the_newest_listed_tasks_is_found_where_its_neighbours_barri
         if rank == 0:
             q.wait(barrier=True)
             return None
-
-        def read_all(cgh):
-            b.access(cgh, cl.all(), cl.read)
-            cgh.host_task(lambda p: None, on=cl.on_master_node, name="read_all")
         q.submit(_quick_touch(b, "extra"))
-        q.submit(read_all)
+        q.submit(_read_all_on_master(b))
         return q.fence(b).result(timeout=60)
 
     with pytest.raises(cl.DivergenceError) as ei:

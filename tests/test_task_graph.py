@@ -260,12 +260,12 @@ def _digest_and_hash(**kw):
 
 
 @pytest.mark.parametrize("a, b", [
-    (dict(collective_group=1), dict(collective_group=2)),
-    (dict(side_effects=[0]), dict()),
-    (dict(side_effects=[0]), dict(side_effects=[1])),
-    (dict(reductions=[tg.Reduction(1, 1, None, 0, True)]), dict()),
-    (dict(reductions=[tg.Reduction(1, 1, None, 0, True)]), dict(reductions=[tg.Reduction(1, 1, None, 0, False)])),
-    (dict(host_initialized=True), dict(host_initialized=False)),
+    ({"collective_group": 1}, {"collective_group": 2}),
+    ({"side_effects": [0]}, {}),
+    ({"side_effects": [0]}, {"side_effects": [1]}),
+    ({"reductions": [tg.Reduction(1, 1, None, 0, True)]}, {}),
+    ({"reductions": [tg.Reduction(1, 1, None, 0, True)]}, {"reductions": [tg.Reduction(1, 1, None, 0, False)]}),
+    ({"host_initialized": True}, {"host_initialized": False}),
 ], ids=["group", "side_effect", "other_host_object", "reduction", "reduction_init", "host_data"])
 def test_digest_entries_and_stream_hash_cover_groups_side_effects_reductions_and_host_data(a, b):
     """Tasks (or buffers) that differ only in their collective group, side effects on host
@@ -292,14 +292,14 @@ def test_digest_entries_name_groups_side_effects_reductions_and_host_data_in_wor
         da, _ = _digest_and_hash(**a)
         db, _ = _digest_and_hash(**b)
         return _describe_pair(*_first_difference([_norm_entry(e) for e in da], [_norm_entry(e) for e in db]))
-    assert words(dict(collective_group=1, side_effects=[3]), dict(collective_group=2)) == (
+    assert words({"collective_group": 1, "side_effects": [3]}, {"collective_group": 2}) == (
         "T1 (collective 't', range [2], no buffer accesses, in collective group 1, side effect on host object H3)",
         "T1 (collective 't', range [2], no buffer accesses, in collective group 2)")
     into, fresh = tg.Reduction(1, 1, None, 0, True), tg.Reduction(1, 1, None, 0, False)
-    assert words(dict(reductions=[into]), dict(reductions=[fresh])) == (
+    assert words({"reductions": [into]}, {"reductions": [fresh]}) == (
         "T1 (host_compute 't', range [2], no buffer accesses, reduction into B1 (its value included))",
         "T1 (host_compute 't', range [2], no buffer accesses, reduction into B1)")
-    assert words(dict(host_initialized=True), dict(host_initialized=False)) == (
+    assert words({"host_initialized": True}, {"host_initialized": False}) == (
         "buffer B0 float64 of shape (4,), with data (made before T1)",
         "buffer B0 float64 of shape (4,), without data (made before T1)")
 
