@@ -4363,6 +4363,65 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     return out
 
 
+def check_dry_run(p: Program, cfg: Config, timeout: float = 120.0) -> None:
+    """A dry run (``CELERITAS_DRY_RUN_NODES`` = the configuration's ranks, in one process)
+    builds exactly rank 0's graphs of the real run (every task, command, instruction and
+    pilot, compared as recorded) and runs no kernel or host task; after it, a fence of a host
+    object that cannot be copied fails that fence alone, and the queue goes on (raises
+    ``Mismatch`` tagged ``dry_run``).  For ``main`` programs on the host backend, without
+    ``CELERITAS_MAX_TASKS_AHEAD`` (see ``fuzz.dry_run_checked``: a throttled application's
+    lookahead flushes depend on timing)."""
+    import json
+    env = cfg.env()
+    if cfg.batch is not None:
+        env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_batched(p, cfg.batch))
+    elif cfg.memory is not None:
+        env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_for(p, cfg.memory))
+    env.update(config_env(p))
+
+    def program(rank: int, dry: bool):
+        q = cl.Queue(record=True)
+        ran: list = []
+        # (the run's buffers stay alive until the graphs are taken: frees issued when the
+        # garbage collector drops them would land before or after the last epoch by chance)
+        run = _Run(p, q, cfg.oversubscribe, ran, cfg.backend)
+        for idx, t in enumerate(p.tasks):
+            run.submit(idx, t)
+        run.observe()
+        q.wait()
+        g = q.graphs()
+        del run
+        graphs = {k: json.dumps(g[k], sort_keys=True, default=str) for k in ("tasks", "commands", "instructions",
+                                                                            "pilots")}
+        problems = []
+        if dry:
+            try:
+                q.fence(cl.HostObject(threading.Lock())).result(timeout=30)
+                problems.append("a dry-run fence of a host object holding a lock returned")
+            except cl.CeleritasError as exc:
+                if "cannot be copied" not in str(exc):
+                    problems.append(f"a dry-run fence of a host object holding a lock: {exc}")
+            got = q.fence(cl.HostObject([7])).result(timeout=30)
+            if got != [7]:
+                problems.append(f"after it, a dry-run fence of HostObject([7]) returned {got!r}")
+        return graphs, ran, problems
+
+    real = run_cluster(lambda r: program(r, False), nodes=cfg.ranks, timeout=timeout, **env)[0]
+    try:
+        dry = run_cluster(lambda r: program(r, True), nodes=1, timeout=timeout,
+                          **{**env, "CELERITAS_DRY_RUN_NODES": str(cfg.ranks)})[0]
+    except Exception as exc:  # noqa: BLE001 - the real run succeeded: the dry run's failure is the finding
+        raise Mismatch([("dry_run", f"the dry run failed: {type(exc).__name__}: {exc}")]) from exc
+    probs = [("dry_run", m) for m in dry[2]]
+    if dry[1]:
+        probs.append(("dry_run", f"the dry run ran tasks: {dry[1][:5]}"))
+    for k in real[0]:
+        if real[0][k] != dry[0][k]:
+            probs.append(("dry_run", f"the dry run's {k} differ from rank 0's of a real run on {cfg.ranks} ranks"))
+    if probs:
+        raise Mismatch(probs)
+
+
 # ---- checking ---------------------------------------------------------------------------------
 class Mismatch(AssertionError):
     """A program disagreed with the model; ``tag`` classifies the first disagreement."""

@@ -36,7 +36,7 @@ for _p in (_TESTS.parent, _TESTS):
         sys.path.insert(0, str(_p))
 
 from differential import (BAD_TASK, GROUPS, KINDS, Config, Mismatch, Program, bad_mapper_outcome,  # noqa: E402
-                          chunks_possible, device_memory_batched, device_memory_for, generate, lifecycle,
+                          check_dry_run, chunks_possible, device_memory_batched, device_memory_for, generate, lifecycle,
                           overlap_expects_error, partial_raise_outcome, program_config, random_config,
                           run_and_check, split_caches_overflow, target_problem)
 
@@ -116,8 +116,11 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
     cfg = program_config(p, config_for(seed, pinned))
     t0 = time.perf_counter()
     tag, msg = None, ""
+    dry = dry_run_checked(seed, p, cfg)
     try:
         run_and_check(p, cfg, timeout=timeout)
+        if dry:
+            check_dry_run(p, cfg, timeout=timeout)
     except Mismatch as exc:
         tag, msg = exc.tag, str(exc)
     except Exception as exc:  # noqa: BLE001 - a crash of the harness itself is a result too
@@ -138,9 +141,22 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
     if cfg.backend == "opencl" and any(t.source for t in p.tasks):
         dims.append("config:backend:opencl:source_kernels")
     dims += expected_outcome(p, cfg)
+    if dry:
+        dims.append("config:dry_run")
     if p.kind == "main" and split_caches_overflow(p):
         dims.append("expect:cache_eviction")     # (check_main required every rank's split caches cleared)
     return Result(seed, p.kind, cfg, sorted(p.features) + dims, tag, msg, time.perf_counter() - t0)
+
+
+def dry_run_checked(seed: int, p: Program, cfg: Config) -> bool:
+    """Whether program ``seed`` is also run as a dry run against a real one (``check_dry_run``):
+    a quarter of the ``main`` programs of two or more ranks on the host backend without a
+    ``CELERITAS_MAX_TASKS_AHEAD`` (``ahead``).  An application throttled by it flushes the
+    commands held for lookahead when the executor is that far behind, which depends on
+    timing (a dry run is never behind), so its instruction graph may allocate differently:
+    seen in 5 of 159 such programs on a loaded machine, never without ``ahead``."""
+    return (p.kind == "main" and cfg.ranks >= 2 and cfg.backend == "host" and cfg.ahead is None
+            and seed % 4 == 3)
 
 
 def expected_outcome(p: Program, cfg: Config) -> list[str]:
@@ -242,8 +258,11 @@ def _markers_depend_on_failure(p: Program) -> bool:
 def _fails(p: Program, cfg: Config, tag: str, timeout: float) -> bool:
     if not valid(p):
         return False
+    dry = tag == "dry_run" and p.kind == "main"      # (check_dry_run's failure, kept while minimising)
     try:
         run_and_check(p, cfg, timeout=timeout)
+        if dry:
+            check_dry_run(p, cfg, timeout=timeout)
     except Mismatch as exc:
         return exc.tag == tag
     except Exception:  # noqa: BLE001 - a different failure is not the one being minimised

@@ -2275,3 +2275,32 @@ def test_byte_order_check_fails(monkeypatch):
     with pytest.raises(Mismatch) as info:
         run_and_check(p, Config(ranks=1, devices=1))
     assert "dtype" in str(info.value), str(info.value)
+
+
+# ---- dry runs against real runs (the fuzzer's check_dry_run) -------------------------------------
+@pytest.mark.parametrize("seed", [3, 11, 19])
+def test_a_dry_run_builds_rank_0s_graphs_of_the_real_run(seed):
+    """A main program on 2 or 3 ranks, run for real and as a dry run of as many nodes: the
+    dry run records exactly rank 0's tasks, commands, instructions and pilots, runs nothing,
+    and a fence of a host object holding a lock fails that fence alone."""
+    from differential import check_dry_run, random_config
+    p = generate(random.Random(seed), kind="main")
+    cfg = program_config(p, replace(random_config(random.Random(seed)), ranks=2 + seed % 2, backend="host",
+                                    ahead=None))
+    check_dry_run(p, cfg, timeout=120)
+
+
+def test_the_dry_run_check_fails_where_a_dry_run_fence_of_an_uncopyable_host_object_stops_the_runtime(
+        monkeypatch):
+    """The check against the defect it was written for: the dry run's stand-in executor
+    copying a fenced host object unguarded (as before the fix), so that the lock's TypeError
+    stopped the runtime.  Expected: the check fails, naming the dry run and the error."""
+    import copy as _copy
+
+    import executor.dry_run as dr
+    from differential import check_dry_run, random_config
+    monkeypatch.setattr(dr, "snapshot_host_object", lambda obj, hoid, task, copier: _copy.deepcopy(obj))
+    p = generate(random.Random(3), kind="main")
+    cfg = program_config(p, replace(random_config(random.Random(3)), ranks=2, backend="host", ahead=None))
+    with pytest.raises(Mismatch, match=r"\[dry_run\] the dry run failed: .*cannot pickle '_thread.lock'"):
+        check_dry_run(p, cfg, timeout=120)
