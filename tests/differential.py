@@ -4363,6 +4363,23 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     return out
 
 
+def recorded_graphs(p: Program, q: cl.Queue, oversubscribe: int = 1, ran: list | None = None,
+                    backend: str = "host") -> dict:
+    """Run main program ``p`` on ``q`` (made with ``record=True``) and return what it recorded,
+    as JSON text per graph: tasks, commands, instructions, pilots.  The run's buffers stay
+    alive until the graphs are taken: frees issued when the garbage collector drops them would
+    land before or after the last epoch by chance."""
+    import json
+    run = _Run(p, q, oversubscribe, ran, backend)
+    for idx, t in enumerate(p.tasks):
+        run.submit(idx, t)
+    run.observe()
+    q.wait()
+    g = q.graphs()
+    del run
+    return {k: json.dumps(g[k], sort_keys=True, default=str) for k in ("tasks", "commands", "instructions", "pilots")}
+
+
 def check_dry_run(p: Program, cfg: Config, timeout: float = 120.0) -> None:
     """A dry run (``CELERITAS_DRY_RUN_NODES`` = the configuration's ranks, in one process)
     builds exactly rank 0's graphs of the real run (every task, command, instruction and
@@ -4371,7 +4388,6 @@ def check_dry_run(p: Program, cfg: Config, timeout: float = 120.0) -> None:
     ``Mismatch`` tagged ``dry_run``).  For ``main`` programs on the host backend, without
     ``CELERITAS_MAX_TASKS_AHEAD`` (see ``fuzz.dry_run_checked``: a throttled application's
     lookahead flushes depend on timing)."""
-    import json
     env = cfg.env()
     if cfg.batch is not None:
         env["CELERITAS_HOST_DEVICE_MEMORY"] = str(device_memory_batched(p, cfg.batch))
@@ -4382,17 +4398,7 @@ def check_dry_run(p: Program, cfg: Config, timeout: float = 120.0) -> None:
     def program(rank: int, dry: bool):
         q = cl.Queue(record=True)
         ran: list = []
-        # (the run's buffers stay alive until the graphs are taken: frees issued when the
-        # garbage collector drops them would land before or after the last epoch by chance)
-        run = _Run(p, q, cfg.oversubscribe, ran, cfg.backend)
-        for idx, t in enumerate(p.tasks):
-            run.submit(idx, t)
-        run.observe()
-        q.wait()
-        g = q.graphs()
-        del run
-        graphs = {k: json.dumps(g[k], sort_keys=True, default=str) for k in ("tasks", "commands", "instructions",
-                                                                            "pilots")}
+        graphs = recorded_graphs(p, q, cfg.oversubscribe, ran, cfg.backend)
         problems = []
         if dry:
             try:

@@ -200,26 +200,12 @@ def test_bounded_device_memory_is_exact_with_replay(capacity, ranks, devices):
 # ---- the differential fuzzer's programs, end to end through the public API ------------------
 def _differential_graphs(p, ranks: int, devices: int, lookahead: str, replay: str, oversubscribe: int,
                          memory) -> list:
-    import json
-
     import celeritas as cl
     from celeritas.testing import run_cluster
-    from differential import _Run, device_memory_for
+    from differential import device_memory_for, recorded_graphs
 
     def program(rank):
-        q = cl.Queue(record=True)
-        # (the program's buffers stay alive until its graphs are taken: their frees, issued
-        # whenever the last reference goes, would otherwise land before or after the last
-        # epoch as the garbage collector's timing has it)
-        run = _Run(p, q, oversubscribe, None)
-        for idx, t in enumerate(p.tasks):
-            run.submit(idx, t)
-        run.observe()
-        q.wait()
-        g = q.graphs()
-        del run
-        return json.dumps({"tasks": g["tasks"], "commands": g["commands"], "instructions": g["instructions"],
-                           "pilots": g["pilots"]}, sort_keys=True, default=str)
+        return recorded_graphs(p, cl.Queue(record=True), oversubscribe)
 
     env = dict(CELERITAS_DEVICES=f"host:{devices}", CELERITAS_LOOKAHEAD=lookahead, CELERITAS_REPLAY=replay,
                CELERITAS_HORIZON_STEP="2", CELERITAS_DIAGNOSTICS="off")
