@@ -643,10 +643,7 @@ class Executor(InstructionHandlers):
             pair = self._copy_views(instr)
             if pair is None:
                 return
-        try:
-            pair[0][...] = pair[1]
-        except BaseException as exc:  # noqa: BLE001 - same policy as a lane worker
-            self._report(exc, instr)
+        self._copy_inline(instr, pair)
 
     def _await_deps(self, instr: AwaitReceiveInstruction) -> list[int]:
         """Drop an await's edge to its split_receive: the arbiter buffers awaits that

@@ -221,13 +221,9 @@ class InstructionHandlers:
         if cpu0 >= 0:
             self._note_run(key, cpu0, ns)
         elif ns <= est:
-            self._costs[key] = ns       # (the common cases of _note_run: 0.15 us less per kernel)
-        else:                           # (_note_cost's rule for a slower wall-time run; est is the estimate)
-            new = est + (ns - est) // 4
-            if est <= self._inline_ns < new:
-                self._suspect.add(key)
-            else:
-                self._costs[key] = new
+            self._costs[key] = ns       # (the common case of _note_run)
+        else:                           # (a slower wall-time run: _note_run's call, without its own)
+            self._note_cost(key, ns, True)
 
     def _issue_host_task(self, a: Assignment) -> None:
         instr: HostTaskInstruction = a.instruction
