@@ -625,10 +625,8 @@ class CommandGroupHandler:
         passed = getattr(self, "_kernel_reductions", None)
         if passed or self._reductions:   # (neither for most tasks: nothing to check)
             self._check_reductions(passed, task_label or _task_label(self), reductions)
-        elif kind == tg.DEVICE_COMPUTE and self._side_effects:   # (_check_reductions' own check, in its order)
-            raise CeleritasError(f"{task_label or _task_label(self)}: cl.side_effect orders host tasks only; a "
-                                 f"parallel_for's chunks run on devices, concurrently (use a host_task for host "
-                                 f"object {self._side_effects[0]!r})")
+        elif self._side_effects:         # (_check_reductions checks this too, in its order)
+            self._check_kernel_side_effects(task_label or _task_label(self))
         launcher = _make_launcher(self, rt)
         side_effects = self._side_effects
         return (self._name, geom, accesses, [h.id for h in side_effects] if side_effects else [],
@@ -655,10 +653,7 @@ class CommandGroupHandler:
             reductions.append(tg.Reduction(d.id, d.buffer.id, d.op, d.identity, not d.initialize_to_identity))
         if self._kind != tg.DEVICE_COMPUTE and reductions:
             raise CeleritasError("reductions are only supported in parallel_for")
-        if self._kind == tg.DEVICE_COMPUTE and self._side_effects:
-            raise CeleritasError(f"{task_label}: cl.side_effect orders host tasks only; a parallel_for's chunks run "
-                                 f"on devices, concurrently (use a host_task for host object "
-                                 f"{self._side_effects[0]!r})")
+        self._check_kernel_side_effects(task_label)
         if self._reductions:
             accessed = {buf.id for buf, _m, _mode in self._accesses}
             seen: set = set()
@@ -670,6 +665,13 @@ class CommandGroupHandler:
                     raise AccessError(f"{task_label}: buffer {b.label} is both accessed through an accessor and the "
                                       f"target of a reduction")
                 seen.add(b.id)
+
+
+    def _check_kernel_side_effects(self, task_label: str) -> None:
+        if self._kind == tg.DEVICE_COMPUTE and self._side_effects:
+            raise CeleritasError(f"{task_label}: cl.side_effect orders host tasks only; a parallel_for's chunks run "
+                                 f"on devices, concurrently (use a host_task for host object "
+                                 f"{self._side_effects[0]!r})")
 
 
 def _task_label(cgh: CommandGroupHandler) -> str:
