@@ -91,8 +91,6 @@ class DeviceSpec:
         m = re.fullmatch(r"cuda(?::(\d+(?:,\d+)*))?", v)
         if m:
             ids = tuple(int(x) for x in m.group(1).split(",")) if m.group(1) else ()
-            if len(set(ids)) != len(ids):
-                raise ConfigError(f"{var}={value!r}: a CUDA device is listed twice")
             return DeviceSpec("cuda", None, ids)
         m = re.fullmatch(r"opencl(?::(\d+:\d+(?:,\d+:\d+)*))?", v)
         if m:

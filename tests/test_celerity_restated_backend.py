@@ -1662,3 +1662,30 @@ def test_the_runtime_reports_its_backend_and_device_count(caplog):
     heads = [f"celeritas rank {rank}/{n}: host backend with 3 device(s)" for rank, n in ((0, 2), (1, 2), (0, 1))]
     for head in heads:
         assert sum(line.startswith(head) for line in lines) == 1, (head, lines)
+
+
+@pytest.mark.parametrize("dims, rng, local_range, order, grid, block", [
+    # the last (contiguous) index dimension along x, so that a warp reads one row segment
+    (1, (1000, 1, 1), None, (0, 3, 4), (4, 1, 1), (256, 1, 1)),
+    (2, (64, 100, 1), None, (1, 0, 3), (4, 8, 1), (32, 8, 1)),
+    (3, (10, 20, 30), None, (2, 1, 0), (1, 5, 5), (32, 4, 2)),
+    (3, (10, 20, 30), (2, 2, 4), (2, 1, 0), (8, 10, 5), (4, 2, 2)),    # local_range is in index order too
+    # 10^6 rows in blocks of 8 are 125000 blocks, more than grid axis y holds: rows go along x
+    (2, (10 ** 6, 4, 1), None, (0, 1, 3), (125000, 1, 1), (8, 32, 1)),
+])
+def test_cuda_launches_run_the_last_index_dimension_along_thread_axis_x(dims, rng, local_range, order, grid, block):
+    """SYCL linearises an nd_range id with the last dimension fastest, and CUDA packs a warp
+    along x: a 2-D stencil whose rows ran along x read 32 rows per warp load.  The prelude's
+    GID(d) reads the axis the launch assigned to d (``order``; 3 and above name no dimension,
+    whose GID is its offset)."""
+    from executor.backends.cuda import thread_axes
+    axes = thread_axes("k", dims, rng, local_range)
+    assert (axes.order, axes.grid, axes.block) == (order, grid, block)
+
+
+def test_a_cuda_launch_larger_than_any_grid_is_a_backend_error_naming_the_kernel():
+    from executor.backends.backend import BackendError
+    from executor.backends.cuda import thread_axes
+    with pytest.raises(BackendError, match=r"^kernel 'wide': a chunk of \(30000000000, 10000000\) items in blocks "
+                                           r"of \(8, 32\) needs \(3750000000, 312500\) blocks, more than a CUDA grid"):
+        thread_axes("wide", 2, (3 * 10 ** 10, 10 ** 7, 1), None)

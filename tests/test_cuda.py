@@ -101,3 +101,102 @@ def test_cuda_device_memories_go_to_mpi_only_if_it_is_cuda_aware():
             scheduler_system(backend, "direct", SimpleNamespace(cuda_aware=False))
     finally:
         backend.close()
+
+
+IDS = cl.Kernel(source={"cuda": """
+extern "C" __global__ void ids(CHUNK_PARAMS, ACCESSOR(long long, dst), long long dims) {
+    if (!IN_CHUNK()) return;
+    long long i = GID(0), j = GID(1), k = GID(2);
+    long long v = i * 1000000 + j * 1000 + k;
+    if (dims == 1) AT1(dst, i) = v; else if (dims == 2) AT2(dst, i, j) = v; else AT3(dst, i, j, k) = v;
+}"""}, name="ids")
+
+
+@pytest.mark.parametrize("devices", ["cuda", "cuda:0,0"])
+@pytest.mark.parametrize("shape, offset, local_range", [
+    ((1000,), None, None), ((37, 70), None, None), ((37, 70), (3, 5), None), ((6, 7, 9), None, None),
+    ((6, 8, 8), None, (2, 2, 4)), ((4, 64), None, (2, 32)),
+    ((600_000, 2), None, None),     # 75000 blocks of 8 rows: more than grid axis y holds, rows go along x
+])
+def test_every_item_of_a_cuda_source_kernel_sees_its_own_global_index(devices, shape, offset, local_range):
+    """The launch runs the last index dimension along thread axis x (coalesced); GID(d) must
+    still be index d of the item, with the chunk's and the kernel's offsets, in every chunk."""
+    q = cl.Queue(devices=devices)
+    dims = len(shape)
+    full = tuple(s + (offset[d] if offset else 0) for d, s in enumerate(shape))
+    y = cl.Buffer(np.full(full, -1, np.int64))
+    kw = {"offset": offset} if offset else {}
+
+    def cgf(cgh):
+        w = y.access(cgh, cl.one_to_one(), cl.write)
+        cgh.parallel_for(shape, IDS, args=(w, dims), local_range=local_range, **kw)
+
+    q.submit(cgf)
+    got = q.fence(y).result()
+    idx = np.indices(full, dtype=np.int64)
+    want = sum(idx[d] * (1000000, 1000, 1)[d] for d in range(dims))
+    if offset:
+        inside = tuple(slice(o, None) for o in offset)
+        want = np.full(full, -1, np.int64)
+        want[inside] = sum(idx[d][inside] * (1000000, 1000, 1)[d] for d in range(dims))
+    np.testing.assert_array_equal(got, want)
+    q.shutdown()
+
+
+APP_CLI = {"wave_sim": ["-N", "40", "-T", "6"], "matmul": ["-N", "36"],
+           "reduction": ["-N", "33", "-T", "2", "--no-progress"], "nbody": ["-N", "48", "-T", "3", "--no-progress"],
+           "jacobi3d": ["-N", "14", "-T", "20", "--no-progress"], "rsim": ["-N", "21", "-T", "9", "--no-progress"],
+           "convolution": ["-N", "37", "-T", "2", "--no-progress"]}
+
+
+def _env(devices: str, extra: dict | None = None) -> dict:
+    import os
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
+    env["CELERITAS_DEVICES"] = devices
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.update(extra or {})
+    return env
+
+
+@pytest.mark.parametrize("app", sorted(APP_CLI))
+def test_every_app_verifies_against_numpy_on_two_cuda_devices(app, tmp_path):
+    """Each app's Python kernels run on CuPy arrays of their chunk (``chunk.xp``)."""
+    import sys
+
+    import jobs
+    argv = [sys.executable, "-m", f"apps.{app}", "--verify", *APP_CLI[app]]
+    if app == "convolution":
+        argv += ["--output", str(tmp_path / "out.png")]
+    r = jobs.run_job(argv, _env("cuda:0,0"), 180)
+    assert r.returncode == 0 and "verified" in r.stdout + r.stderr, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("devices, transfers", [("cuda:0,0", "auto"), ("cuda", "staged")])
+def test_apps_on_cuda_under_mpiexec_match_the_single_rank_host_result(devices, transfers, tmp_path):
+    """Two ranks sharing the GPU: halos leave device memory through MPI (staged through pinned
+    host memory unless the MPI is CUDA-aware)."""
+    import sys
+    from pathlib import Path
+
+    import jobs
+    from celeritas import launcher
+    mpiexec = launcher.find_mpiexec()
+    pytest.importorskip("mpi4py")
+    if mpiexec is None:
+        pytest.skip("no mpiexec next to the interpreter or on PATH")
+    script = Path(__file__).resolve().parent / "mpi_scripts" / "apps_check.py"
+    ref, out = tmp_path / "host.npz", tmp_path / "cuda.npz"
+    r = jobs.run_job([sys.executable, str(script), str(ref)], _env("host:1"), 180)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = jobs.run_job([mpiexec, "-n", "2", sys.executable, str(script), str(out)],
+                     _env(devices, {"CELERITAS_MPI_DEVICE_MEMORY": transfers}), 240)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-6000:]}"
+    assert "rank 0/2 MpiCommunicator ok" in r.stdout and "rank 1/2 MpiCommunicator ok" in r.stdout
+    want, got = dict(np.load(ref)), dict(np.load(out))
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -203,6 +203,16 @@ class Backend(abc.ABC):
         queued before it on the lane writes, so once any work on the lane failed it must
         not run (its completion carries ``LaneSkipped``)."""
 
+    def enqueue_now(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion | None:
+        """``launch`` without the hand-off to the lane's worker thread, where the lane is an
+        asynchronous device queue with nothing queued on it: ``fn`` (known to the caller
+        as brief on the calling thread) only enqueues work, so it runs right here and the
+        completion tracks the device.  None where that is not possible (the default): the
+        caller then launches.  A hand-off costs a wake-up and a GIL switch, several times
+        a kernel launch (measured on an H100: 300 us per one-thread kernel through the
+        worker against 14 us bare)."""
+        return None
+
     def runs_inline(self, lane: Lane) -> bool:
         """True when ``launch(lane, fn)`` / ``copy(...)`` on this lane would only run ``fn``
         (or the plain numpy ``copy_box``) on a worker thread of this process.

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
+from queue import SimpleQueue
 from typing import Any, Callable
 
 import numpy as np
@@ -19,8 +21,8 @@ import numpy as np
 from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import BackendError, Completion, Lane, BackendInfo, box_view, source_kernel_arguments
-from .host import HostBackend, HostCompletion
+from .backend import BackendError, BackendInfo, Completion, Lane, LaneSkipped, box_view, source_kernel_arguments
+from .host import HostBackend, HostCompletion, _perf_ns, _thread_ns
 
 log = logging.getLogger("celeritas.executor")
 
@@ -35,20 +37,60 @@ else:
 
 PRELUDE = r"""
 /* celeritas prelude: accessors arrive as pointer + allocation offset + extents,
-   chunk parameters give the global coordinates of this launch. */
+   chunk parameters give the global coordinates of this launch.  CELERITAS_AXIS_X/Y/Z
+   (set per launch) name the index dimension each thread axis runs along: the last,
+   contiguous dimension along x, so that a warp touches neighbouring elements. */
 #define ACCESSOR(T, name) T* __restrict__ name, long long name##_o0, long long name##_o1, long long name##_o2, \
                           long long name##_e0, long long name##_e1, long long name##_e2
 #define AT1(a, i) a[(i) - a##_o0]
 #define AT2(a, i, j) a[((i) - a##_o0) * a##_e1 + ((j) - a##_o1)]
 #define AT3(a, i, j, k) a[(((i) - a##_o0) * a##_e1 + ((j) - a##_o1)) * a##_e2 + ((k) - a##_o2)]
+#ifndef CELERITAS_AXIS_X
+#define CELERITAS_AXIS_X 0
+#define CELERITAS_AXIS_Y 1
+#define CELERITAS_AXIS_Z 2
+#endif
 #define CHUNK_PARAMS long long __cl_o0, long long __cl_o1, long long __cl_o2, \
                      long long __cl_r0, long long __cl_r1, long long __cl_r2
-#define __CL_LOCAL(d) ((long long)(d == 0 ? blockIdx.x * blockDim.x + threadIdx.x : \
-                                   d == 1 ? blockIdx.y * blockDim.y + threadIdx.y : \
-                                            blockIdx.z * blockDim.z + threadIdx.z))
+#define __CL_LOCAL(d) ((long long)((d) == CELERITAS_AXIS_X ? blockIdx.x * blockDim.x + threadIdx.x : \
+                                   (d) == CELERITAS_AXIS_Y ? blockIdx.y * blockDim.y + threadIdx.y : \
+                                   (d) == CELERITAS_AXIS_Z ? blockIdx.z * blockDim.z + threadIdx.z : 0))
 #define GID(d) (__CL_LOCAL(d) + (d == 0 ? __cl_o0 : d == 1 ? __cl_o1 : __cl_o2))
 #define IN_CHUNK() (__CL_LOCAL(0) < __cl_r0 && __CL_LOCAL(1) < __cl_r1 && __CL_LOCAL(2) < __cl_r2)
 """
+
+
+GRID_LIMITS = (2 ** 31 - 1, 65535, 65535)       # blocks along x, y, z
+DEFAULT_BLOCK = {1: (256,), 2: (8, 32), 3: (2, 4, 32)}   # threads per index dimension, in index order
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadAxes:
+    """How one chunk's launch lays index dimensions onto CUDA's thread axes."""
+    order: tuple[int, int, int]     # the index dimension x, y, z run along (3 and above: none)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
+def thread_axes(name: str, dims: int, rng: tuple[int, ...], local_range) -> ThreadAxes:
+    """The last index dimension runs along x, as SYCL linearises ids: a warp is 32
+    consecutive x threads, which then read one 128-byte line of a row instead of 32
+    lines of 32 rows (uncoalesced: several times slower for a 2-D stencil).  Grid axes
+    y and z hold at most 65535 blocks, so a dimension too long for them moves to x."""
+    dims = max(1, dims)
+    blk = tuple(local_range) if local_range else DEFAULT_BLOCK[dims]
+    blocks = [-(-rng[d] // blk[d]) for d in range(dims)]
+    order = list(range(dims - 1, -1, -1))
+    if any(blocks[order[a]] > GRID_LIMITS[a] for a in range(dims)):
+        order.sort(key=lambda d: -blocks[d])
+        if any(blocks[order[a]] > GRID_LIMITS[a] for a in range(dims)):
+            raise BackendError(f"kernel {name!r}: a chunk of {tuple(rng[:dims])} items in blocks of "
+                               f"{tuple(blk)} needs {tuple(blocks)} blocks, more than a CUDA grid holds "
+                               f"({GRID_LIMITS[0]} along one dimension, {GRID_LIMITS[1]} along the others)")
+    pad = 3 - dims
+    return ThreadAxes(tuple(order) + tuple(range(3, 3 + pad)),             # type: ignore[arg-type]
+                      tuple(blocks[d] for d in order) + (1,) * pad,        # type: ignore[arg-type]
+                      tuple(blk[d] for d in order) + (1,) * pad)           # type: ignore[arg-type]
 
 
 def cuda_device_count() -> int:
@@ -61,14 +103,17 @@ def cuda_device_count() -> int:
 
 
 class CudaCompletion(Completion):
-    """Done once the worker enqueued the work and the recorded event has completed."""
+    """Done once the work was enqueued (by the lane's worker, or by the caller: ``enqueue_now``)
+    and the event recorded behind it completed.  The lane's waiter thread notifies it: it
+    blocks in ``cudaEventSynchronize`` with the GIL released, so nobody polls."""
 
-    __slots__ = ("_host", "_event")
-    notifying = False   # CUDA events are polled
+    __slots__ = ("_host", "_event", "_device_error")
+    notifying = True
 
     def __init__(self, host: HostCompletion):
         self._host = host
         self._event = None
+        self._device_error: BaseException | None = None
 
     def is_done(self) -> bool:
         if not self._host._done:
@@ -78,7 +123,7 @@ class CudaCompletion(Completion):
         return self._event.done
 
     def error(self) -> BaseException | None:
-        return self._host._error
+        return self._host._error or self._device_error
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._host.wait(timeout):
@@ -95,6 +140,56 @@ class CudaCompletion(Completion):
     def end_ns(self):
         return self._host.end_ns
 
+    @property
+    def cpu_ns(self):
+        """The enqueueing thread's CPU time: the cost the executor plans with (wall time would
+        count waits for the GIL)."""
+        return self._host.cpu_ns
+
+
+class _QuietCompletion(HostCompletion):
+    """The host part of a CUDA completion: the lane worker does not notify it (the waiter
+    notifies the CUDA completion once the device is done)."""
+
+    __slots__ = ()
+    notifying = False
+
+
+class _Waiter:
+    """One thread per lane: takes the lane's completions in launch order (a stream completes
+    in order), waits for each with the GIL released, and notifies the executor."""
+
+    __slots__ = ("queue", "thread", "backend")
+
+    def __init__(self, backend: "CudaBackend", lane: Lane):
+        self.backend = backend
+        self.queue: SimpleQueue = SimpleQueue()
+        suffix = "" if backend.rank is None else f"-{backend.rank}"
+        self.thread = threading.Thread(target=self._run, name=f"celeritas-{lane.name}-waiter{suffix}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        get = self.queue.get
+        while True:
+            c = get()
+            if c is None:
+                return
+            host = c._host
+            if not host._done:
+                host.wait()
+            ev = c._event
+            if ev is not None and host._error is None:
+                try:
+                    ev.synchronize()
+                except Exception as exc:  # noqa: BLE001 - a device fault: the work's error
+                    c._device_error = exc
+            notifier = self.backend._notifier
+            if notifier is not None:
+                try:
+                    notifier(c)
+                except Exception:  # noqa: BLE001 - a broken notifier must not kill the waiter
+                    log.exception("completion notifier failed")
+
 
 class CudaBackend(HostBackend):
     """Logical device d = CUDA device ``device_ids[d]`` (several may share one GPU)."""
@@ -109,12 +204,14 @@ class CudaBackend(HostBackend):
         self._free_at_start: dict[int, int] = {}
         for d, dev in enumerate(self.device_ids):
             if 0 <= dev < n:
-                with cupy.cuda.Device(dev):
-                    self._free_at_start[device_memory(d)] = int(cupy.cuda.runtime.memGetInfo()[0])
+                with cupy.cuda.Device(dev):   # a GPU listed k times: each logical device plans with 1/k
+                    free = int(cupy.cuda.runtime.memGetInfo()[0])
+                    self._free_at_start[device_memory(d)] = free // self.device_ids.count(dev)
         for d in self.device_ids:
             if not 0 <= d < n:
                 raise BackendError(f"CUDA device {d} does not exist ({n} visible)")
         self._streams: dict[Lane, Any] = {}
+        self._waiters: dict[Lane, _Waiter] = {}
         self._kernels: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self._peer = {}
@@ -181,24 +278,81 @@ class CudaBackend(HostBackend):
                         s = self._streams[lane] = cupy.cuda.Stream(non_blocking=True)
         return s
 
+    def _waiter(self, lane: Lane) -> _Waiter:
+        w = self._waiters.get(lane)
+        if w is None:
+            with self._lock:
+                w = self._waiters.get(lane)
+                if w is None:
+                    w = self._waiters[lane] = _Waiter(self, lane)
+        return w
+
     def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion:
         if lane.kind != "device":
             return super().launch(lane, fn, dependent=dependent)
         stream = self.lane_handle(lane)
         dev = self.device_ids[lane.device]
-        holder: list[CudaCompletion] = []
+        w = self._worker(lane)
+        host = _QuietCompletion(w)
+        c = CudaCompletion(host)
 
         def run() -> None:
             with cupy.cuda.Device(dev), stream:
                 fn()
                 ev = cupy.cuda.Event(disable_timing=True)
                 ev.record(stream)
-            holder[0]._event = ev
+            c._event = ev
 
-        host = super().launch(lane, run, dependent=dependent)
-        c = CudaCompletion(host)
-        holder.append(c)
+        w.queued += 1
+        w.queue.put((run, host, dependent))
+        self._waiter(lane).queue.put(c)
         return c
+
+    def enqueue_now(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion | None:
+        """Enqueue on the lane's stream from the calling thread once the lane's worker has
+        nothing queued or running (what it enqueued is then ahead on the stream, so the
+        stream keeps the lane's order)."""
+        if lane.kind != "device":
+            return None
+        w = self._worker(lane)
+        if w.queued != w.finished and not self._drained(w):
+            return None
+        stream = self.lane_handle(lane)
+        host = _QuietCompletion(w)
+        c = CudaCompletion(host)
+        host._start_ns = _perf_ns()
+        cpu0 = _thread_ns()
+        if dependent and w.failed is not None:
+            host._error = LaneSkipped(f"not run: earlier work on {lane.name} failed ({type(w.failed).__name__})")
+        else:
+            try:
+                with cupy.cuda.Device(self.device_ids[lane.device]), stream:
+                    fn()
+                    ev = cupy.cuda.Event(disable_timing=True)
+                    ev.record(stream)
+                c._event = ev
+            except BaseException as exc:  # noqa: BLE001 - reported through the completion, as a worker does
+                host._error = w.failed = exc
+        host._cpu_ns = _thread_ns() - cpu0
+        host._end_ns = _perf_ns()
+        host._done = True
+        self._waiter(lane).queue.put(c)
+        return c
+
+    DRAIN_WAIT_S = 1e-3
+
+    @classmethod
+    def _drained(cls, w) -> bool:
+        """Wait up to ``DRAIN_WAIT_S`` (GIL released) for the lane's worker to finish what it
+        holds.  Work the executor issues eagerly behind a kernel still on the worker would
+        otherwise go to the worker too, and the next behind that, so that one kernel sent
+        there (the first of a kind, measured there) kept a whole loop on it."""
+        with w.cond:
+            w.waiters += 1      # the worker notifies after each item while someone waits
+            try:
+                return w.cond.wait_for(lambda: w.queued == w.finished, cls.DRAIN_WAIT_S)
+            finally:
+                w.waiters -= 1
 
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
              lane: Lane, *, dependent: bool = False) -> Completion:
@@ -222,6 +376,10 @@ class CudaBackend(HostBackend):
 
         if lane.kind != "device":
             raise BackendError("copies touching device memory run on a device lane")
+        if src_dev and dst_dev:        # device to device never blocks the host: enqueue it here if the lane allows
+            c = self.enqueue_now(lane, run, dependent=dependent)
+            if c is not None:
+                return c
         return self.launch(lane, run, dependent=dependent)
 
     # ---- source kernels ---------------------------------------------------------------
@@ -231,23 +389,27 @@ class CudaBackend(HostBackend):
         if src is None:
             raise BackendError(f"kernel {kernel.name!r} has no CUDA source (source={{'cuda': ...}})")
         dev = self.device_ids[ctx.device]
-        key = (dev, kernel.name, src, kernel.options)
-        k = self._kernels.get(key)
-        if k is None:
-            k = self._kernels[key] = cupy.RawKernel(PRELUDE + src, kernel.name, options=tuple(kernel.options))
         box = ctx.box
         rng = tuple(h - l for l, h in zip(box.lo, box.hi))
+        axes = thread_axes(kernel.name, box.dims, rng, local_range)
+        key = (dev, kernel.name, src, kernel.options, axes.order)
+        k = self._kernels.get(key)
+        if k is None:
+            defines = tuple(f"-DCELERITAS_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
+            k = self._kernels[key] = cupy.RawKernel(PRELUDE + src, kernel.name,
+                                                    options=tuple(kernel.options) + defines)
         kargs = source_kernel_arguments(kernel.name, ctx, args, lambda _i, arr: arr)
-        dims = max(1, box.dims)
-        if local_range:
-            block = tuple(local_range) + (1,) * (3 - len(local_range))
-        else:
-            block = {1: (256, 1, 1), 2: (16, 16, 1), 3: (8, 8, 4)}[dims]
-        grid = tuple(-(-r // b) for r, b in zip(rng, block))
-        k(grid, block, tuple(kargs))
+        k(axes.grid, axes.block, tuple(kargs))
 
     def close(self) -> None:
         super().close()
+        with self._lock:
+            waiters = list(self._waiters.values())
+            self._waiters.clear()
+        for w in waiters:
+            w.queue.put(None)
+        for w in waiters:
+            w.thread.join(timeout=5)
         for s in self._streams.values():
             try:
                 s.synchronize()

@@ -200,7 +200,7 @@ class _LaneWorker:
     written.  Independent work still runs, so the lane survives a failure.
     """
 
-    __slots__ = ("queue", "cond", "waiters", "thread", "backend", "failed", "lane")
+    __slots__ = ("queue", "cond", "waiters", "thread", "backend", "failed", "lane", "queued", "finished")
 
     def __init__(self, backend: "HostBackend", lane: Lane):
         self.lane = lane
@@ -208,6 +208,10 @@ class _LaneWorker:
         self.queue: SimpleQueue = SimpleQueue()
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0     # threads blocked in HostCompletion.wait (rare: tests, teardown)
+        # items put / items run to the end: equal when nothing is queued or running (each is
+        # written by one thread only, the launching thread and this worker, so no lock)
+        self.queued = 0
+        self.finished = 0
         self.backend = backend
         suffix = "" if backend.rank is None else f"-{backend.rank}"
         self.thread = threading.Thread(target=self._run, name=f"celeritas-{lane.name}{suffix}", daemon=True)
@@ -234,11 +238,12 @@ class _LaneWorker:
             c._cpu_ns = _thread_ns() + blocked_ns() - cpu0
             c._end_ns = _perf_ns()
             c._done = True
+            self.finished += 1
             if self.waiters:
                 with cond:
                     cond.notify_all()
             notifier = self.backend._notifier
-            if notifier is not None:
+            if notifier is not None and c.notifying:
                 try:
                     notifier(c)
                 except Exception:  # noqa: BLE001 - a broken notifier must not kill the lane
@@ -375,6 +380,7 @@ class HostBackend(Backend):
     def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> HostCompletion:
         w = self._worker(lane)
         c = HostCompletion(w)
+        w.queued += 1
         w.queue.put((fn, c, dependent))
         return c
 

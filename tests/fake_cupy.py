@@ -1,0 +1,139 @@
+"""A stand-in for CuPy, so that the CUDA backend's control flow runs without a GPU.
+
+"Device" arrays are numpy arrays of a subclass (``ndarray``), so every kernel and copy
+computes real values.  What is asynchronous on a GPU is simulated where the backend
+relies on it: a stream is in order, an event recorded on it completes ``delay_ns``
+after the work before it (one item after the other, as a GPU runs a stream), and
+``Event.synchronize`` sleeps (it releases the GIL, as ``cudaEventSynchronize`` does).
+``install(monkeypatch)`` puts it in place of ``executor.backends.cuda``'s CuPy.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import numpy as np
+
+
+class ndarray(np.ndarray):
+    """A "device" array."""
+
+
+class FakeCupy:
+    def __init__(self, delay_ns: int = 50_000):
+        self.delay_ns = delay_ns
+        self.queries = 0            # Event.done reads (each a cudaEventQuery on a GPU)
+        self.kernels: list = []     # (name, grid, block, options) of every RawKernel launch
+        self._local = threading.local()
+        fake = self
+
+        class Device:
+            def __init__(self, i: int = 0):
+                self.id = i
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def synchronize(self):
+                pass
+
+        class Stream:
+            def __init__(self, non_blocking: bool = False):
+                self.busy_until = 0
+
+            def __enter__(self):
+                stack = fake._stack()
+                stack.append(self)
+                return self
+
+            def __exit__(self, *exc):
+                fake._stack().pop()
+                return False
+
+            def synchronize(self):
+                d = self.busy_until - time.perf_counter_ns()
+                if d > 0:
+                    time.sleep(d / 1e9)
+
+        class Event:
+            def __init__(self, disable_timing: bool = False):
+                self.at = 0
+
+            def record(self, stream=None):
+                s = stream or fake.current_stream()
+                now = time.perf_counter_ns()
+                self.at = s.busy_until = max(now, s.busy_until) + fake.delay_ns
+
+            @property
+            def done(self):
+                fake.queries += 1
+                return time.perf_counter_ns() >= self.at
+
+            def synchronize(self):
+                d = self.at - time.perf_counter_ns()
+                if d > 0:
+                    time.sleep(d / 1e9)
+
+        def raw_kernel(src: str, name: str, options=()):
+            def launch(grid, block, args):
+                fake.kernels.append((name, grid, block, tuple(options)))
+            return launch
+
+        runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, memGetInfo=lambda: (8 << 30, 8 << 30),
+                                        deviceCanAccessPeer=lambda a, b: 1, deviceEnablePeerAccess=lambda d: None,
+                                        CUDARuntimeError=RuntimeError,
+                                        getDeviceProperties=lambda i: {"name": b"FakeGPU"})
+        self.cuda = types.SimpleNamespace(Device=Device, Stream=Stream, Event=Event, runtime=runtime,
+                                          get_current_stream=self.current_stream,
+                                          memory=types.SimpleNamespace(OutOfMemoryError=MemoryError))
+        self.ndarray = ndarray
+        self.RawKernel = raw_kernel
+        self._null = Stream()
+
+    def _stack(self) -> list:
+        s = getattr(self._local, "stack", None)
+        if s is None:
+            s = self._local.stack = []
+        return s
+
+    def current_stream(self):
+        s = self._stack()
+        return s[-1] if s else self._null
+
+    # the array functions the backend and the apps' kernels use
+    @staticmethod
+    def empty(shape, dtype=np.float64):
+        return np.empty(shape, dtype).view(ndarray)
+
+    @staticmethod
+    def zeros(shape, dtype=np.float64):
+        return np.zeros(shape, dtype).view(ndarray)
+
+    @staticmethod
+    def asarray(a):
+        return np.array(a).view(ndarray)
+
+    @staticmethod
+    def asnumpy(a, stream=None):
+        return np.array(a).view(np.ndarray)
+
+    @staticmethod
+    def ascontiguousarray(a):
+        return np.ascontiguousarray(a).view(ndarray)
+
+    @staticmethod
+    def concatenate(arrays, axis=0):
+        return np.concatenate(arrays, axis=axis).view(ndarray)
+
+
+def install(monkeypatch, delay_ns: int = 50_000) -> FakeCupy:
+    import executor.backends.cuda as cuda_backend
+    fake = FakeCupy(delay_ns)
+    cupyx = types.SimpleNamespace(empty_pinned=lambda shape, dtype=np.float64: np.empty(shape, dtype))
+    monkeypatch.setattr(cuda_backend, "cupy", fake, raising=False)
+    monkeypatch.setattr(cuda_backend, "cupyx", cupyx, raising=False)
+    return fake

@@ -1,0 +1,149 @@
+"""The CUDA backend's control flow on a stand-in for CuPy (``fake_cupy``): no GPU needed.
+
+What only a GPU shows (kernels compiled and run, coalescing, CUDA-aware MPI) is in
+``test_cuda.py``.  Here: work is enqueued from the executor's thread when the lane
+allows it, in the lane's order, completions arrive as notifications from the lane's
+waiter once the "device" finished (nobody polls events), failures reach the work's
+completion and skip dependent work, and whole programs compute the right values.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import celeritas as cl
+from executor.backends.backend import Lane, LaneSkipped
+
+import fake_cupy
+
+LANE = Lane("device", 0, 0)
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    return fake_cupy.install(monkeypatch, delay_ns=20_000_000)     # 20 ms per item: clearly asynchronous
+
+
+@pytest.fixture
+def backend(fake):
+    from executor.backends.cuda import CudaBackend
+    b = CudaBackend([0])
+    notified: list = []
+    arrived = threading.Event()
+
+    def note(c):
+        notified.append(c)
+        arrived.set()
+
+    b.set_notifier(note)
+    b.notified, b.arrived = notified, arrived
+    yield b
+    b.close()
+
+
+def _wait_notified(backend, c) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while c not in backend.notified:
+        assert time.monotonic() < deadline, "the waiter never notified the completion"
+        backend.arrived.wait(0.01)
+        backend.arrived.clear()
+
+
+def test_an_idle_lane_enqueues_on_the_calling_thread_and_its_waiter_notifies_once_the_device_is_done(backend):
+    ran_on = []
+    c = backend.enqueue_now(LANE, lambda: ran_on.append(threading.current_thread()))
+    assert c is not None and c.notifying
+    assert ran_on == [threading.current_thread()]          # no hand-off to the lane's worker
+    assert not c.is_done()                                 # the "device" still runs it (20 ms)
+    assert c not in backend.notified
+    _wait_notified(backend, c)
+    assert c.is_done() and c.error() is None
+    assert c.cpu_ns is not None and c.start_ns <= c.end_ns
+
+
+def test_a_lane_busy_on_its_worker_keeps_its_order(backend):
+    """Work enqueued from the caller must not overtake work the worker still holds: after a
+    bounded wait for the worker, ``enqueue_now`` declines (the caller then launches behind it)."""
+    order = []
+    gate = threading.Event()
+    first = backend.launch(LANE, lambda: (gate.wait(TIMEOUT), order.append("worker")))
+    assert backend.enqueue_now(LANE, lambda: order.append("direct")) is None
+    assert order == []
+    gate.set()
+    _wait_notified(backend, first)
+    second = backend.enqueue_now(LANE, lambda: order.append("direct"))
+    assert second is not None and order == ["worker", "direct"]
+    assert second._event.at > first._event.at              # behind it on the stream
+    _wait_notified(backend, second)
+
+
+def test_a_failed_enqueue_fails_its_completion_and_dependent_work_on_the_lane_is_skipped(backend):
+    def broken():
+        raise ValueError("bad launch")
+
+    c = backend.enqueue_now(LANE, broken)
+    _wait_notified(backend, c)
+    assert isinstance(c.error(), ValueError)
+    ran = []
+    d = backend.launch(LANE, lambda: ran.append(1), dependent=True)
+    _wait_notified(backend, d)
+    assert ran == [] and isinstance(d.error(), LaneSkipped)
+    e = backend.enqueue_now(LANE, lambda: ran.append(2), dependent=True)
+    _wait_notified(backend, e)
+    assert ran == [] and isinstance(e.error(), LaneSkipped)
+    f = backend.enqueue_now(LANE, lambda: ran.append(3))       # independent work still runs
+    _wait_notified(backend, f)
+    assert ran == [3] and f.error() is None
+
+
+@pytest.mark.parametrize("devices", ["cuda", "cuda:0,0"])
+def test_wave_sim_on_the_cuda_backend_matches_numpy_without_polling_events(monkeypatch, devices):
+    fake = fake_cupy.install(monkeypatch, delay_ns=30_000)
+    from apps import wave_sim
+    q = cl.Queue(devices=devices)
+    assert q.runtime.backend_name == "cuda"
+    np.testing.assert_allclose(wave_sim.run(q, 40, 8), wave_sim.reference(40, 8), rtol=1e-6, atol=1e-6)
+    q.shutdown()
+    # completions came from the waiters: the executor never queried an event (a GPU
+    # query costs 1-2 us, and a burst of eagerly queued kernels polled one per kernel)
+    assert fake.queries == 0
+
+
+def test_source_kernels_launch_with_the_last_index_dimension_along_x(monkeypatch):
+    fake = fake_cupy.install(monkeypatch, delay_ns=10_000)
+    k = cl.Kernel(source={"cuda": "extern \"C\" __global__ void fill(CHUNK_PARAMS, ACCESSOR(float, y)) {}"},
+                  name="fill")
+    q = cl.Queue(devices="cuda")
+    y = cl.Buffer(shape=(64, 100), dtype=np.float32)
+
+    def cgf(cgh):
+        cgh.parallel_for((64, 100), k, args=(y.access(cgh, cl.one_to_one(), cl.discard_write),))
+
+    for _ in range(3):
+        q.submit(cgf)
+    q.wait()
+    q.shutdown()
+    launches = [x for x in fake.kernels if x[0] == "fill"]
+    assert len(launches) == 3
+    assert all(x[1:] == ((4, 8, 1), (32, 8, 1), ("-DCELERITAS_AXIS_X=1", "-DCELERITAS_AXIS_Y=0",
+                                                  "-DCELERITAS_AXIS_Z=3")) for x in launches)
+
+
+def test_a_gpu_listed_twice_gives_two_logical_devices_that_share_its_memory(fake):
+    """``cuda:0,0`` (as ``opencl:0:0,0:0``): two device lanes and memories on one GPU, which is
+    how one GPU runs a multi-device decomposition; out-of-core planning gives each half."""
+    from celeritas.config import DeviceSpec
+    from executor.backends.cuda import CudaBackend
+    assert DeviceSpec.parse("cuda:0,0").ids == (0, 0)
+    b = CudaBackend([0, 0])
+    try:
+        info = b.backend_info()
+        assert info.num_devices == 2
+        assert info.capacities == {2: (8 << 30) // 2, 3: (8 << 30) // 2}
+        assert (2, 3) in info.copy_pairs and (3, 2) in info.copy_pairs      # same GPU: direct copies
+    finally:
+        b.close()
