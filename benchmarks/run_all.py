@@ -114,15 +114,8 @@ def machine() -> dict:
 
 
 def _gpu_name() -> str | None:
-    try:
-        import cupy
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return None
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        name = props["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # noqa: BLE001 - no CuPy, no driver or no device
-        return None
+    from benchmarks.bench_cuda import gpu_name
+    return gpu_name()
 
 
 # ---- scheduler (bench_graphs) ----------------------------------------------------------------------
@@ -456,34 +449,48 @@ def device_rows(quick: bool) -> tuple[list[Row], str | None]:
                 _ratio(r["launch_bare_us"], r["launch_celeritas_us"]), "", r)], None
 
 
-# ---- raw CuPy ------------------------------------------------------------------------------------------
-def cupy_rows(quick: bool) -> list[Row]:
+# ---- hand-written CuPy on a GPU -----------------------------------------------------------------------------
+def cupy_rows(quick: bool) -> tuple[list[Row], str | None]:
+    """bench_cuda in a process of its own (one runtime per process: it runs ``cuda`` and then
+    ``cuda:0,0``)."""
+    import tempfile
     if _gpu_name() is None:
-        return [Row("gpu", "wave_sim vs raw CuPy", "skipped", "no CuPy or no CUDA GPU")]
-    import cupy as cp
-    from apps import wave_sim
-    n, steps = (2048, 20) if quick else (8192, 100)
-
-    def raw():
-        u = cp.asarray(wave_sim.initial_condition(n))
-        up = u.copy()
-        cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        for s in range(steps):
-            a, b, c = (np.float32(x) for x in wave_sim.coefficients(s, 0.25, 1.0))
-            p = cp.pad(u, 1, mode="edge")
-            lap = p[:-2, 1:-1] + p[2:, 1:-1] + p[1:-1, :-2] + p[1:-1, 2:] - 4 * u
-            up, u = u, a * 2 * u - b * up + c * lap
-        out = cp.asnumpy(u)
-        return time.perf_counter() - t0, out
-
-    base, _ = raw()
-    try:
-        ours, _ = celeritas_wave(n, steps, "cuda")
-    except cl.CeleritasError as exc:
-        return [Row("gpu", f"wave_sim {n}² × {steps}, cuda", f"failed: {exc}", _secs(base) + " (raw CuPy)")]
-    return [Row("gpu", f"wave_sim {n}² × {steps}, 1 GPU", _secs(ours), _secs(base) + " (raw CuPy)",
-                _ratio(base, ours), "≥ 0.9×", {"celeritas_s": ours, "cupy_s": base})]
+        return [Row("gpu", "wave_sim on cuda vs hand-written CuPy", "skipped", "no CuPy or no CUDA GPU")], None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench_cuda.json"
+        argv = [sys.executable, "-m", "benchmarks.bench_cuda", "--json", str(out)]
+        argv += ["--size", "2048", "--small", "512", "--steps", "20", "--reps", "1", "--launches", "200"] if quick \
+            else ["--reps", str(REPS["full"])]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        try:
+            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return [Row("gpu", "wave_sim on cuda", "skipped", "bench_cuda took too long")], None
+        if proc.returncode != 0 or not out.exists():
+            return [Row("gpu", "wave_sim on cuda", f"bench_cuda exited {proc.returncode}", "see its output below")], \
+                (proc.stdout + "\n" + proc.stderr).strip()
+        r = json.loads(out.read_text())
+    rows = []
+    for w, w2 in zip(r["wave"], r["wave_two_devices"]):
+        s = w["steps"]
+        rows.append(Row("gpu", f"wave_sim {w['size']}² × {s}, CUDA C kernel, 1 GPU, µs/step",
+                        f"{w['celeritas_s'] / s * 1e6:.1f} µs (compiled ahead: {w['compiled_s'] / s * 1e6:.1f}, "
+                        f"{w['compiled_ratio']:.2f}×; cuda:0,0: {w2['celeritas_s'] / s * 1e6:.1f}, {w2['ratio']:.2f}×)",
+                        f"{w['cupy_s'] / s * 1e6:.1f} µs (the same kernel as a RawKernel loop)",
+                        _ratio(w["cupy_s"], w["celeritas_s"]),
+                        "≥ 0.9×" + ("" if w["close"] and w2["close"] else " (RESULTS DIFFER)"), w))
+    for w in r["array_wave"]:
+        s = w["steps"]
+        rows.append(Row("gpu", f"wave_sim {w['size']}² × {s}, CuPy array kernel, 1 GPU, µs/step",
+                        f"{w['celeritas_s'] / s * 1e6:.1f} µs", f"{w['cupy_s'] / s * 1e6:.1f} µs (CuPy array loop)",
+                        _ratio(w["cupy_s"], w["celeritas_s"]),
+                        "≥ 0.9×" + ("" if w["close"] else " (RESULTS DIFFER)"), w))
+    rows.append(Row("gpu", "one-thread CUDA source kernel, µs per launch",
+                    f"{r['launch_celeritas_us']:.1f} µs (compiled ahead: {r['launch_compiled_us']:.1f})",
+                    f"{r['launch_bare_us']:.1f} µs (bare RawKernel launch + sync)",
+                    _ratio(r["launch_bare_us"], r["launch_celeritas_us"]), "", r))
+    return rows, None
 
 
 # ---- output ------------------------------------------------------------------------------------------------
@@ -546,6 +553,12 @@ def main(argv=None) -> int:
             mpi_output.append(text)
         return got
 
+    def gpu() -> list[Row]:
+        got, text = cupy_rows(args.quick)
+        if text:
+            mpi_output.append(text)
+        return got
+
     sections: dict[str, Callable[[], list[Row]]] = {
         "scheduler": lambda: scheduler_rows(args.quick),
         "executor": lambda: executor_rows(args.quick),
@@ -555,7 +568,7 @@ def main(argv=None) -> int:
         "lookahead": lambda: resize_rows(args.quick),
         "mpi": mpi,
         "device": device,
-        "gpu": lambda: cupy_rows(args.quick),
+        "gpu": gpu,
     }
     for name in SECTIONS:
         if name in only:
