@@ -134,7 +134,7 @@ class HandWritten:
         from executor.backends.cuda import PRELUDE, thread_axes
         self.cupy, self.n = cupy, n
         self.axes = thread_axes("wave", 2, (n, n, 1), None)
-        defines = tuple(f"-DCELERITAS_AXIS_{a}={d}" for a, d in zip("XYZ", self.axes.order))
+        defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", self.axes.order))
         self.kernel = cupy.RawKernel(PRELUDE + WAVE_SOURCE, "wave", options=defines)
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
@@ -213,7 +213,7 @@ def launches_bare(count: int) -> float:
 
     from executor.backends.cuda import PRELUDE, thread_axes
     axes = thread_axes("tiny", 1, (1, 1, 1), None)
-    defines = tuple(f"-DCELERITAS_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
+    defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
     k = cupy.RawKernel(PRELUDE + TINY_SOURCE, "tiny", options=defines)
     x = cupy.zeros(1, np.float32)
     zero, one = np.int64(0), np.int64(1)

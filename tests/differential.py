@@ -129,6 +129,7 @@ a host object returns the object as it was when the fence ran.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import functools
@@ -148,6 +149,7 @@ from typing import Any, Callable
 import numpy as np
 
 import celeritas as cl
+import fake_cupy
 from celeritas.testing import run_cluster
 from scheduler.geometry import Box, Region
 from scheduler.split import split_1d
@@ -211,6 +213,7 @@ RELEASE_FORMS = ("drop", "thread")   # the last reference dropped on the applica
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
+CUDA_SHARE = 0.04           # of the others: the cuda backend on the CuPy stand-in (cuda_stand_in)
 LONG_STENCIL_SHARE = 0.004  # of main programs: 100-200 ping-pong stencil steps
 WIDE_SHARE = 0.01           # of main programs: 65-96 independent row kernels (a front wider than 64)
 MISUSE_TASK = "misuse"      # the name of a misuse program's task that misuses the API
@@ -4054,7 +4057,8 @@ class Config:
     lookahead: str = "auto"
     oversubscribe: int = 1
     transfers: str = "staged"
-    backend: str = "host"           # host | opencl
+    backend: str = "host"           # host | opencl | cuda (the CUDA backend on tests/fake_cupy's CuPy
+                                    # stand-in: the fuzzer's kernels compute with numpy)
     accessor_checks: bool = True
     replay: str = "on"              # CELERITAS_REPLAY
     memory: float | None = None     # host devices' capacity: this fraction of the program's bytes (see
@@ -4090,15 +4094,21 @@ class Config:
             env["CELERITAS_PAUSE_AHEAD"] = self.pause
         if self.ooc_overlap is not None:
             env["CELERITAS_OUT_OF_CORE_OVERLAP"] = self.ooc_overlap
-        if self.backend == "opencl":
-            env["CELERITAS_DEVICES"] = "opencl:" + ",".join(["0:0"] * self.devices)
-        else:
-            env["CELERITAS_DEVICES"] = f"host:{self.devices}"
+        env["CELERITAS_DEVICES"] = self.devices_setting()
         return env
 
+    def devices_setting(self) -> str:
+        """``CELERITAS_DEVICES``: on opencl and cuda, the first device listed ``devices`` times."""
+        if self.backend == "opencl":
+            return "opencl:" + ",".join(["0:0"] * self.devices)
+        if self.backend == "cuda":
+            return "cuda:" + ",".join(["0"] * self.devices)
+        return f"host:{self.devices}"
+
     def _with_backend(self, backend: str) -> Config:
-        """On ``opencl``: staged transfers (OpenCL memory cannot be handed to MPI) and no host
-        device capacity (``memory``, ``batch``: the host backend's)."""
+        """On ``opencl`` and ``cuda``: staged transfers (OpenCL memory cannot be handed to MPI,
+        nor CUDA memory to an MPI that is not CUDA-aware) and no host device capacity
+        (``memory``, ``batch``: the host backend's)."""
         if backend == "host":
             return self
         return replace(self, backend=backend, transfers="staged", memory=None, batch=None)
@@ -4153,7 +4163,25 @@ def random_config(rng: random.Random) -> Config:
                   # (and these after those)
                   batch=rng.choice(BATCH_CHOICES), ooc_overlap=rng.choice(OOC_OVERLAP_CHOICES))._with_backend(
         # (and this after those): OpenCL where PoCL (or another platform) is there
-        "opencl" if rng.random() < OPENCL_SHARE and opencl_available() else "host")
+        "opencl" if rng.random() < OPENCL_SHARE and opencl_available() else
+        # (and this after that): the CUDA backend on the CuPy stand-in
+        "cuda" if rng.random() < CUDA_SHARE else "host")
+
+
+@contextlib.contextmanager
+def cuda_stand_in():
+    """``tests/fake_cupy`` in place of CuPy for the CUDA backend while a program runs (then
+    the real one, or none, again: the tests after it must not see a GPU): the fuzzer's
+    kernels compute with numpy, which its "device" arrays are.  Each "device" item completes
+    20 us after the one before it on its stream, so completions arrive asynchronously, from
+    the lanes' waiter threads."""
+    import executor.backends.cuda as cuda_backend
+    saved = cuda_backend.cupy, getattr(cuda_backend, "cupyx", None)   # (no cupyx without CuPy)
+    cuda_backend.cupy, cuda_backend.cupyx = fake_cupy.FakeCupy(delay_ns=20_000), fake_cupy.pinned_stand_in()
+    try:
+        yield
+    finally:
+        cuda_backend.cupy, cuda_backend.cupyx = saved
 
 
 _OPENCL: list = []
@@ -4350,11 +4378,12 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     env.update(config_env(p))   # (last: the invalid value the program is about wins over the configuration's)
     watch = count_cache_clears() if p.kind == "main" and split_caches_overflow(p) else None
     try:
-        if watch is not None:
-            with watch:
+        with cuda_stand_in() if cfg.backend == "cuda" else contextlib.nullcontext():
+            if watch is not None:
+                with watch:
+                    run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
+            else:
                 run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
-        else:
-            run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()
         cluster_error = exc
     out = {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}
@@ -5226,7 +5255,7 @@ def config_error_pattern(t: Task, cfg: Config) -> str:
     if t.misuse_form == "device":
         return device_error_pattern(value)
     if t.misuse_form == "second_queue" and value is None:
-        now = f"host:{cfg.devices}" if cfg.backend == "host" else "opencl:" + ",".join(["0:0"] * cfg.devices)
+        now = cfg.devices_setting()
         return re.escape(f"the runtime already runs on {now}; create the Queue with devices='host:{cfg.devices + 1}' "
                          f"before any Buffer")
     return re.escape(f"lookahead {value!r}; use one of none, auto, infinite")

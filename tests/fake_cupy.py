@@ -60,7 +60,7 @@ class FakeCupy:
                     time.sleep(d / 1e9)
 
         class Event:
-            def __init__(self, disable_timing: bool = False):
+            def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
                 self.at = 0
 
             def record(self, stream=None):
@@ -130,10 +130,14 @@ class FakeCupy:
         return np.concatenate(arrays, axis=axis).view(ndarray)
 
 
+def pinned_stand_in() -> types.SimpleNamespace:
+    """cupyx's pinned host arrays: plain numpy ones."""
+    return types.SimpleNamespace(empty_pinned=lambda shape, dtype=np.float64: np.empty(shape, dtype))
+
+
 def install(monkeypatch, delay_ns: int = 50_000) -> FakeCupy:
     import executor.backends.cuda as cuda_backend
     fake = FakeCupy(delay_ns)
-    cupyx = types.SimpleNamespace(empty_pinned=lambda shape, dtype=np.float64: np.empty(shape, dtype))
     monkeypatch.setattr(cuda_backend, "cupy", fake, raising=False)
-    monkeypatch.setattr(cuda_backend, "cupyx", cupyx, raising=False)
+    monkeypatch.setattr(cuda_backend, "cupyx", pinned_stand_in(), raising=False)
     return fake

@@ -57,8 +57,8 @@ def config_for(seed: int, pinned: dict | None = None) -> Config:
     if not pinned:
         return cfg
     cfg = replace(cfg, **pinned)
-    if cfg.backend == "opencl" and "transfers" not in pinned:
-        cfg = replace(cfg, transfers="staged")   # OpenCL memory cannot be handed to MPI: direct is refused
+    if cfg.backend in ("opencl", "cuda") and "transfers" not in pinned:
+        cfg = replace(cfg, transfers="staged")   # device memory without a CUDA-aware MPI: direct is refused
     return cfg
 
 

@@ -129,8 +129,8 @@ def test_source_kernels_launch_with_the_last_index_dimension_along_x(monkeypatch
     q.shutdown()
     launches = [x for x in fake.kernels if x[0] == "fill"]
     assert len(launches) == 3
-    assert all(x[1:] == ((4, 8, 1), (32, 8, 1), ("-DCELERITAS_AXIS_X=1", "-DCELERITAS_AXIS_Y=0",
-                                                  "-DCELERITAS_AXIS_Z=3")) for x in launches)
+    assert all(x[1:] == ((4, 8, 1), (32, 8, 1), ("-D__CL_AXIS_X=1", "-D__CL_AXIS_Y=0",
+                                                  "-D__CL_AXIS_Z=3")) for x in launches)
 
 
 def test_a_gpu_listed_twice_gives_two_logical_devices_that_share_its_memory(fake):

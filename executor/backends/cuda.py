@@ -37,7 +37,7 @@ else:
 
 PRELUDE = r"""
 /* celeritas prelude: accessors arrive as pointer + allocation offset + extents,
-   chunk parameters give the global coordinates of this launch.  CELERITAS_AXIS_X/Y/Z
+   chunk parameters give the global coordinates of this launch.  __CL_AXIS_X/Y/Z
    (set per launch) name the index dimension each thread axis runs along: the last,
    contiguous dimension along x, so that a warp touches neighbouring elements. */
 #define ACCESSOR(T, name) T* __restrict__ name, long long name##_o0, long long name##_o1, long long name##_o2, \
@@ -45,16 +45,16 @@ PRELUDE = r"""
 #define AT1(a, i) a[(i) - a##_o0]
 #define AT2(a, i, j) a[((i) - a##_o0) * a##_e1 + ((j) - a##_o1)]
 #define AT3(a, i, j, k) a[(((i) - a##_o0) * a##_e1 + ((j) - a##_o1)) * a##_e2 + ((k) - a##_o2)]
-#ifndef CELERITAS_AXIS_X
-#define CELERITAS_AXIS_X 0
-#define CELERITAS_AXIS_Y 1
-#define CELERITAS_AXIS_Z 2
+#ifndef __CL_AXIS_X
+#define __CL_AXIS_X 0
+#define __CL_AXIS_Y 1
+#define __CL_AXIS_Z 2
 #endif
 #define CHUNK_PARAMS long long __cl_o0, long long __cl_o1, long long __cl_o2, \
                      long long __cl_r0, long long __cl_r1, long long __cl_r2
-#define __CL_LOCAL(d) ((long long)((d) == CELERITAS_AXIS_X ? blockIdx.x * blockDim.x + threadIdx.x : \
-                                   (d) == CELERITAS_AXIS_Y ? blockIdx.y * blockDim.y + threadIdx.y : \
-                                   (d) == CELERITAS_AXIS_Z ? blockIdx.z * blockDim.z + threadIdx.z : 0))
+#define __CL_LOCAL(d) ((long long)((d) == __CL_AXIS_X ? blockIdx.x * blockDim.x + threadIdx.x : \
+                                   (d) == __CL_AXIS_Y ? blockIdx.y * blockDim.y + threadIdx.y : \
+                                   (d) == __CL_AXIS_Z ? blockIdx.z * blockDim.z + threadIdx.z : 0))
 #define GID(d) (__CL_LOCAL(d) + (d == 0 ? __cl_o0 : d == 1 ? __cl_o1 : __cl_o2))
 #define IN_CHUNK() (__CL_LOCAL(0) < __cl_r0 && __CL_LOCAL(1) < __cl_r1 && __CL_LOCAL(2) < __cl_r2)
 """
@@ -157,7 +157,10 @@ class _QuietCompletion(HostCompletion):
 
 class _Waiter:
     """One thread per lane: takes the lane's completions in launch order (a stream completes
-    in order), waits for each with the GIL released, and notifies the executor."""
+    in order), waits for each with the GIL released, and notifies the executor.  The events
+    are blocking-sync ones, so a waiter sleeps in the driver rather than spinning a core
+    (the driver's default on a machine with more cores than GPUs), which a rank waiting at
+    a fence, or several ranks per node, would pay for."""
 
     __slots__ = ("queue", "thread", "backend")
 
@@ -213,6 +216,7 @@ class CudaBackend(HostBackend):
         self._streams: dict[Lane, Any] = {}
         self._waiters: dict[Lane, _Waiter] = {}
         self._kernels: dict[tuple, Any] = {}
+        self._axes: dict[tuple, ThreadAxes] = {}     # per kernel and chunk box (replayed steps repeat them)
         self._lock = threading.Lock()
         self._peer = {}
         for a in range(len(device_ids)):
@@ -299,7 +303,7 @@ class CudaBackend(HostBackend):
         def run() -> None:
             with cupy.cuda.Device(dev), stream:
                 fn()
-                ev = cupy.cuda.Event(disable_timing=True)
+                ev = cupy.cuda.Event(block=True, disable_timing=True)
                 ev.record(stream)
             c._event = ev
 
@@ -315,7 +319,8 @@ class CudaBackend(HostBackend):
         if lane.kind != "device":
             return None
         w = self._worker(lane)
-        if w.queued != w.finished and not self._drained(w):
+        backlog = w.queued - w.finished
+        if backlog and (backlog > 1 or not self._drained(w)):
             return None
         stream = self.lane_handle(lane)
         host = _QuietCompletion(w)
@@ -328,7 +333,7 @@ class CudaBackend(HostBackend):
             try:
                 with cupy.cuda.Device(self.device_ids[lane.device]), stream:
                     fn()
-                    ev = cupy.cuda.Event(disable_timing=True)
+                    ev = cupy.cuda.Event(block=True, disable_timing=True)
                     ev.record(stream)
                 c._event = ev
             except BaseException as exc:  # noqa: BLE001 - reported through the completion, as a worker does
@@ -343,10 +348,11 @@ class CudaBackend(HostBackend):
 
     @classmethod
     def _drained(cls, w) -> bool:
-        """Wait up to ``DRAIN_WAIT_S`` (GIL released) for the lane's worker to finish what it
-        holds.  Work the executor issues eagerly behind a kernel still on the worker would
-        otherwise go to the worker too, and the next behind that, so that one kernel sent
-        there (the first of a kind, measured there) kept a whole loop on it."""
+        """Wait up to ``DRAIN_WAIT_S`` (GIL released) for the lane's worker to finish the one
+        item it holds.  Work the executor issues eagerly behind a kernel still on the worker
+        would otherwise go to the worker too, and the next behind that, so that one kernel
+        sent there kept a whole loop on it.  (Not behind a longer backlog: each item of an
+        eager burst would wait in turn.)"""
         with w.cond:
             w.waiters += 1      # the worker notifies after each item while someone waits
             try:
@@ -390,12 +396,17 @@ class CudaBackend(HostBackend):
             raise BackendError(f"kernel {kernel.name!r} has no CUDA source (source={{'cuda': ...}})")
         dev = self.device_ids[ctx.device]
         box = ctx.box
-        rng = tuple(h - l for l, h in zip(box.lo, box.hi))
-        axes = thread_axes(kernel.name, box.dims, rng, local_range)
+        akey = (kernel.name, box.lo, box.hi, local_range)
+        axes = self._axes.get(akey)
+        if axes is None:
+            if len(self._axes) > 4096:         # (new boxes every step: start over)
+                self._axes.clear()
+            rng = tuple(h - l for l, h in zip(box.lo, box.hi))
+            axes = self._axes[akey] = thread_axes(kernel.name, box.dims, rng, local_range)
         key = (dev, kernel.name, src, kernel.options, axes.order)
         k = self._kernels.get(key)
         if k is None:
-            defines = tuple(f"-DCELERITAS_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
+            defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
             k = self._kernels[key] = cupy.RawKernel(PRELUDE + src, kernel.name,
                                                     options=tuple(kernel.options) + defines)
         kargs = source_kernel_arguments(kernel.name, ctx, args, lambda _i, arr: arr)
