@@ -34,7 +34,7 @@ import numpy as np
 
 import celeritas as cl
 from apps import wave_sim
-from benchmarks.gate import hold, release
+from benchmarks.gate import hold, release, source_launches
 
 WAVE_SOURCE = """
 extern "C" __global__ void wave(CHUNK_PARAMS, ACCESSOR(float, up), ACCESSOR(float, u), float a, float b, float c,
@@ -182,31 +182,6 @@ def array_wave_cupy(n: int, steps: int) -> tuple[float, np.ndarray]:
 
 
 # ---- launch cost ------------------------------------------------------------------------------------------
-def launches_celeritas(q: cl.Queue, count: int, compiled: bool = False) -> float:
-    """µs per launch of the one-thread kernel through celeritas (one task per launch)."""
-    x = cl.Buffer(np.zeros(1, np.float32), name="x")
-
-    def cgf(cgh):
-        w = x.access(cgh, cl.one_to_one(), cl.read_write)
-        cgh.parallel_for((1,), TINY, args=(w,), name="tiny")
-
-    for _ in range(10):                   # warm-up: allocation, kernel build, cost estimate
-        q.submit(cgf)
-    q.wait()
-    if compiled:
-        gate = hold(q, count, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
-    t0 = time.perf_counter()
-    for _ in range(count):
-        q.submit(cgf)
-    if compiled:
-        t0 = release(q, gate)
-    q.wait()
-    t = time.perf_counter() - t0
-    got = q.fence(x).result()
-    assert got[0] == count + 10, got
-    return t / count * 1e6
-
-
 def launches_bare(count: int) -> float:
     """µs per bare launch + stream synchronisation of the same kernel."""
     import cupy
@@ -299,8 +274,8 @@ def measure(size: int, small: int, steps: int, reps: int, launches: int) -> dict
         out["array_wave"] = [measure_array_wave(q, n, steps, reps) for n in (size, small)]
         lc = lg = lb = float("inf")
         for _ in range(reps):
-            lc = min(lc, launches_celeritas(q, launches))
-            lg = min(lg, launches_celeritas(q, launches, compiled=True))
+            lc = min(lc, source_launches(q, TINY, launches))
+            lg = min(lg, source_launches(q, TINY, launches, compiled=True))
             lb = min(lb, launches_bare(launches))
         out.update(launch_celeritas_us=lc, launch_compiled_us=lg, launch_bare_us=lb)
     finally:

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 import celeritas as cl  # noqa: E402
 from apps import wave_sim  # noqa: E402
-from benchmarks.gate import hold, release  # noqa: E402
+from benchmarks.gate import hold, release, source_launches  # noqa: E402
 
 WAVE_SOURCE = """
 __kernel void wave(CHUNK_PARAMS, ACCESSOR(float, up), ACCESSOR(float, u), float a, float b, float c, long n) {
@@ -158,30 +158,6 @@ class HandWritten:
         return t, out
 
 
-def launches_celeritas(q: cl.Queue, count: int, compiled: bool = False) -> float:
-    """µs per launch of the one-item kernel through celeritas (one task per launch)."""
-    x = cl.Buffer(np.zeros(1, np.float32), name="x")
-
-    def cgf(cgh):
-        w = x.access(cgh, cl.one_to_one(), cl.read_write)
-        cgh.parallel_for((1,), TINY, args=(w,), name="tiny")
-
-    for _ in range(10):                   # warm-up: allocation, program build, cost estimate
-        q.submit(cgf)
-    q.wait()
-    if compiled:
-        gate = hold(q, count, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
-    t0 = time.perf_counter()
-    for _ in range(count):
-        q.submit(cgf)
-    if compiled:
-        t0 = release(q, gate)
-    got = q.fence(x).result()
-    t = time.perf_counter() - t0
-    assert got[0] == count + 10, got
-    return t / count * 1e6
-
-
 def launches_bare(count: int) -> float:
     """µs per ``enqueue_nd_range_kernel(...).wait()`` of the same kernel on the first device."""
     import pyopencl as ocl
@@ -228,8 +204,8 @@ def measure(n: int, steps: int, reps: int, launches: int) -> dict:
                 for k in ("celeritas_s", "compiled_s"))
     lc = lg = lb = float("inf")
     for _ in range(reps):
-        lc = min(lc, launches_celeritas(q, launches))
-        lg = min(lg, launches_celeritas(q, launches, compiled=True))
+        lc = min(lc, source_launches(q, TINY, launches))
+        lg = min(lg, source_launches(q, TINY, launches, compiled=True))
         lb = min(lb, launches_bare(launches))
     q.shutdown()
     return {"size": n, "steps": steps, "devices": os.environ.get("POCL_DEVICES"), **best,

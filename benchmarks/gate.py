@@ -48,3 +48,33 @@ def release(q: cl.Queue, gate: threading.Event, comm=None) -> float:
     t0 = time.perf_counter()
     gate.set()
     return t0
+
+
+def source_launches(q: cl.Queue, kernel: cl.Kernel, count: int, compiled: bool = False) -> float:
+    """µs per launch of ``kernel``, a one-work-item source kernel that adds 1 to its one
+    accessor's element, through celeritas: one task per launch, timed until the last has
+    run (not the fence's copy home), after ten untimed ones (allocation, build, cost
+    estimate); ``compiled``: all of them compiled behind a gate first.  The device-path
+    benchmarks (``bench_opencl``, ``bench_cuda``) set it beside a bare launch loop."""
+    import numpy as np
+    x = cl.Buffer(np.zeros(1, np.float32), name="x")
+
+    def cgf(cgh):
+        w = x.access(cgh, cl.one_to_one(), cl.read_write)
+        cgh.parallel_for((1,), kernel, args=(w,), name=kernel.name)
+
+    for _ in range(10):
+        q.submit(cgf)
+    q.wait()
+    if compiled:
+        gate = hold(q, count, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
+    t0 = time.perf_counter()
+    for _ in range(count):
+        q.submit(cgf)
+    if compiled:
+        t0 = release(q, gate)
+    q.wait()
+    t = time.perf_counter() - t0
+    got = q.fence(x).result()
+    assert got[0] == count + 10, got
+    return t / count * 1e6

@@ -415,28 +415,36 @@ def mpi_rows_from(data: dict) -> list[Row]:
 
 
 # ---- the device path: OpenCL on two PoCL devices (bench_opencl) ------------------------------------------
-def device_rows(quick: bool) -> tuple[list[Row], str | None]:
-    """bench_opencl in a process of its own (it sets ``POCL_DEVICES`` before OpenCL starts)."""
+def _bench_process(section: str, module: str, label: str, args: list[str]) -> tuple[dict, tuple | None]:
+    """``benchmarks.<module> --json F <args>`` in a process of its own: (its figures, None), or
+    (None, the rows and output to report) when it timed out or failed."""
     import tempfile
-    try:
-        import pyopencl  # noqa: F401
-    except ImportError:
-        return [Row("device", "wave_sim on opencl vs hand-written pyopencl", "skipped", "pyopencl not installed")], None
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bench_opencl.json"
-        argv = [sys.executable, "-m", "benchmarks.bench_opencl", "--json", str(out)]
-        argv += ["--size", "256", "--steps", "10", "--reps", "1", "--launches", "200"] if quick else \
-            ["--reps", str(REPS["full"])]
+        out = Path(tmp) / f"{module}.json"
+        argv = [sys.executable, "-m", f"benchmarks.{module}", "--json", str(out), *args]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
         try:
             proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S,
                                   start_new_session=True)
         except subprocess.TimeoutExpired:
-            return [Row("device", "wave_sim on opencl", "skipped", "bench_opencl took too long")], None
+            return {}, ([Row(section, label, "skipped", f"{module} took too long")], None)
         if proc.returncode != 0 or not out.exists():
-            return [Row("device", "wave_sim on opencl", f"bench_opencl exited {proc.returncode}",
-                        "see its output below")], (proc.stdout + "\n" + proc.stderr).strip()
-        r = json.loads(out.read_text())
+            return {}, ([Row(section, label, f"{module} exited {proc.returncode}", "see its output below")],
+                        (proc.stdout + "\n" + proc.stderr).strip())
+        return json.loads(out.read_text()), None
+
+
+def device_rows(quick: bool) -> tuple[list[Row], str | None]:
+    """bench_opencl in a process of its own (it sets ``POCL_DEVICES`` before OpenCL starts)."""
+    try:
+        import pyopencl  # noqa: F401
+    except ImportError:
+        return [Row("device", "wave_sim on opencl vs hand-written pyopencl", "skipped", "pyopencl not installed")], None
+    r, failed = _bench_process("device", "bench_opencl", "wave_sim on opencl",
+                               ["--size", "256", "--steps", "10", "--reps", "1", "--launches", "200"] if quick else
+                               ["--reps", str(REPS["full"])])
+    if failed is not None:
+        return failed
     s = r["steps"]
     return [Row("device", f"wave_sim {r['size']}² × {s}, OpenCL C kernel, opencl on 2 PoCL devices, ms/step",
                 f"{r['celeritas_s'] / s * 1e3:.3f} ms (compiled ahead: {r['compiled_s'] / s * 1e3:.3f}, "
@@ -453,24 +461,13 @@ def device_rows(quick: bool) -> tuple[list[Row], str | None]:
 def cupy_rows(quick: bool) -> tuple[list[Row], str | None]:
     """bench_cuda in a process of its own (one runtime per process: it runs ``cuda`` and then
     ``cuda:0,0``)."""
-    import tempfile
     if _gpu_name() is None:
         return [Row("gpu", "wave_sim on cuda vs hand-written CuPy", "skipped", "no CuPy or no CUDA GPU")], None
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bench_cuda.json"
-        argv = [sys.executable, "-m", "benchmarks.bench_cuda", "--json", str(out)]
-        argv += ["--size", "2048", "--small", "512", "--steps", "20", "--reps", "1", "--launches", "200"] if quick \
-            else ["--reps", str(REPS["full"])]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        try:
-            proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=MPI_TIMEOUT_S,
-                                  start_new_session=True)
-        except subprocess.TimeoutExpired:
-            return [Row("gpu", "wave_sim on cuda", "skipped", "bench_cuda took too long")], None
-        if proc.returncode != 0 or not out.exists():
-            return [Row("gpu", "wave_sim on cuda", f"bench_cuda exited {proc.returncode}", "see its output below")], \
-                (proc.stdout + "\n" + proc.stderr).strip()
-        r = json.loads(out.read_text())
+    r, failed = _bench_process("gpu", "bench_cuda", "wave_sim on cuda",
+                               ["--size", "2048", "--small", "512", "--steps", "20", "--reps", "1", "--launches", "200"]
+                               if quick else ["--reps", str(REPS["full"])])
+    if failed is not None:
+        return failed
     rows = []
     for w, w2 in zip(r["wave"], r["wave_two_devices"]):
         s = w["steps"]
