@@ -1,11 +1,14 @@
 """CUDA backend (CuPy): the GPUs of a rank, one CUDA stream per device lane.
 
-Each device lane has a worker thread that *enqueues* work on the lane's stream
-(Python array kernels run under ``with device, stream`` so CuPy launches go to
-that stream) and records a CUDA event; completion is the event, polled by the
-executor, so kernels on a lane stay asynchronous — the host never synchronizes
-per kernel.  Host memory (memory 1) is pinned, device memories use CuPy's pool
-of each device, and device pairs with peer access copy directly (the
+Work on a device lane is *enqueued* on the lane's stream (Python array kernels run
+under ``with device, stream`` so CuPy launches go to that stream), followed by a
+CUDA event; kernels on a lane stay asynchronous — the host never synchronizes per
+kernel.  The executor enqueues cheap work itself when the lane is idle
+(``enqueue_now``); the rest goes to the lane's worker thread (copies from or to
+host memory, which block, and kernels of unknown or long enqueue time).  A waiter
+thread per lane waits for the events in order, with the GIL released, and
+notifies the executor.  Host memory (memory 1) is pinned, device memories use
+CuPy's pool of each device, and device pairs with peer access copy directly (the
 instruction graph stages the others through host memory).
 """
 from __future__ import annotations
