@@ -704,21 +704,29 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
     return _Launcher(cgh, rt, fn, kind, name, source)
 
 
+_SOURCE_SCALARS = frozenset((int, float, bool, complex, np.float16, np.float32, np.float64, np.int8, np.int16,
+                             np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
+
+
 def _check_source_args(cgh: CommandGroupHandler, name: str) -> None:
     """A source kernel's ``args`` are this command group's accessors and numbers, checked at
     submit: an accessor kept from another command group carries that group's index and
     bound whatever this group's accessor of that index was, silently; anything else failed
     only at launch, on the executor (they stay cl.BackendError, which the backends raised);
     Buffer is imported here because celeritas.buffer imports this module."""
-    from executor.backends.backend import BackendError
-
-    from .buffer import Buffer
+    hydration = cgh._hydration
     for i, a in enumerate(cgh._args):
+        if type(a) in _SOURCE_SCALARS:       # (the common case, without the checks below)
+            continue
         if isinstance(a, Accessor):
-            if a._hydration is not cgh._hydration:
+            if a._hydration is not hydration:
                 raise AccessError(f"kernel {name!r}: args[{i}] is an accessor of buffer {a.buffer_name} made in "
                                   f"another command group; make it with buffer.access(cgh, ...) in this one")
-        elif isinstance(a, Buffer):
+            continue
+        from executor.backends.backend import BackendError
+
+        from .buffer import Buffer
+        if isinstance(a, Buffer):
             raise BackendError(f"kernel {name!r}: args[{i}] is cl.Buffer {a.label}, not an accessor: pass "
                                  f"{a.name or 'buffer'}.access(cgh, ...) (a range mapper and a mode) instead")
         elif isinstance(a, np.ndarray):

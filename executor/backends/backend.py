@@ -296,8 +296,29 @@ def source_kernel_parameter_count(args: tuple) -> int:
     return 6 + sum(7 if isinstance(a, AccessorArg) else 1 for a in args)
 
 
+_NO_BOX = (np.int64(0),) * 6
+
+
+def box_parameters(box: Box, cache: dict | None = None) -> tuple:
+    """A box's offset and extents as the prelude takes them (six int64), remembered in
+    ``cache`` per box object while it lives: a replayed step hands its kernels the same box
+    objects every time, and making the twelve or more numpy scalars of a launch cost a
+    tenth of a CUDA launch's Python."""
+    if cache is not None:
+        hit = cache.get(id(box))
+        if hit is not None and hit[0] is box:
+            return hit[1]
+    lo = box.lo
+    vals = tuple(np.int64(x) for x in lo) + tuple(np.int64(h - l) for l, h in zip(lo, box.hi))
+    if cache is not None:
+        if len(cache) >= 4096:        # (new boxes every step: start over)
+            cache.clear()
+        cache[id(box)] = (box, vals)
+    return vals
+
+
 def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[[int, Any], Any],
-                            scalar: Callable[[int, int, Any], Any] | None = None) -> list:
+                            scalar: Callable[[int, int, Any], Any] | None = None, cache: dict | None = None) -> list:
     """Arguments of a device source kernel: ``CHUNK_PARAMS`` first, then ``args``.
 
     An accessor becomes ``pointer(index, array)`` followed by the allocation's
@@ -306,20 +327,15 @@ def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[
     no array: ``pointer`` gets None, the extents are 0).  Scalars pass through with
     C-friendly types, unless ``scalar(position in args, parameter index, value)``
     (a backend that knows the declared parameter types) returns the value to pass.
+    ``cache``: the backend's memo for ``box_parameters``.
     """
-    box = ctx.box
-    out: list = [np.int64(x) for x in box.lo]
-    out.extend(np.int64(h - l) for l, h in zip(box.lo, box.hi))
+    out: list = list(box_parameters(ctx.box, cache))
     for position, a in enumerate(args):
         if isinstance(a, AccessorArg):
             abox = ctx.accesses[a.index].allocation_box
             arr = ctx.arrays[a.index]
             out.append(pointer(a.index, arr))
-            if arr is None or abox is None:
-                out.extend(np.int64(0) for _ in range(6))
-            else:
-                out.extend(np.int64(x) for x in abox.lo)
-                out.extend(np.int64(h - l) for l, h in zip(abox.lo, abox.hi))
+            out.extend(_NO_BOX if arr is None or abox is None else box_parameters(abox, cache))
             continue
         if scalar is not None:
             converted = scalar(position, len(out), a)

@@ -63,6 +63,11 @@ PRELUDE = r"""
 """
 
 
+def _same(_index: int, array: Any) -> Any:
+    """A CuPy array is its own kernel argument (the pointer)."""
+    return array
+
+
 GRID_LIMITS = (2 ** 31 - 1, 65535, 65535)       # blocks along x, y, z
 DEFAULT_BLOCK = {1: (256,), 2: (8, 32), 3: (2, 4, 32)}   # threads per index dimension, in index order
 
@@ -220,6 +225,7 @@ class CudaBackend(HostBackend):
         self._waiters: dict[Lane, _Waiter] = {}
         self._kernels: dict[tuple, Any] = {}
         self._axes: dict[tuple, ThreadAxes] = {}     # per kernel and chunk box (replayed steps repeat them)
+        self._box_params: dict = {}                    # source_kernel_arguments' memo
         self._lock = threading.Lock()
         self._peer = {}
         for a in range(len(device_ids)):
@@ -412,7 +418,7 @@ class CudaBackend(HostBackend):
             defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
             k = self._kernels[key] = cupy.RawKernel(PRELUDE + src, kernel.name,
                                                     options=tuple(kernel.options) + defines)
-        kargs = source_kernel_arguments(kernel.name, ctx, args, lambda _i, arr: arr)
+        kargs = source_kernel_arguments(kernel.name, ctx, args, _same, cache=self._box_params)
         k(axes.grid, axes.block, tuple(kargs))
 
     def close(self) -> None:
