@@ -4076,6 +4076,9 @@ class Config:
                                     # largest one-row working set to the largest task footprint
                                     # (device_memory_batched), so that chunks are cut into batches
     ooc_overlap: str | None = None  # CELERITAS_OUT_OF_CORE_OVERLAP: on / off (None: the default, on)
+    device_delay_us: int | None = None  # cuda: the stand-in's time per device item after the one before
+                                        # it on its stream (None: 20 us; 0: done when enqueued; 300: the
+                                        # lanes' workers and waiters fall behind the executor)
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": str(self.horizon_step),
@@ -4127,6 +4130,7 @@ class Config:
                 + ("" if self.accessor_checks else " accessor_checks=0")
                 + (f" batch={self.batch}" if self.batch is not None else "")
                 + (f" ooc_overlap={self.ooc_overlap}" if self.ooc_overlap is not None else "")
+                + (f" device_delay_us={self.device_delay_us}" if self.device_delay_us is not None else "")
                 + (f" diagnostics={self.diagnostics}" if self.diagnostics != "error" else ""))
 
     def fields(self) -> str:
@@ -4147,7 +4151,17 @@ BATCH_CHOICES = (None, None, None, None, 0.0, 0.0, 0.0, 0.3)      # main program
 OOC_OVERLAP_CHOICES = (None, "on", "off")
 
 
+DEVICE_DELAY_CHOICES = (None, 0, 300)                # cuda only: the stand-in's µs per device item
+
+
 def random_config(rng: random.Random) -> Config:
+    cfg = _random_config(rng)
+    if cfg.backend == "cuda":   # (drawn after everything else, and only here: no other seed changes)
+        cfg = replace(cfg, device_delay_us=rng.choice(DEVICE_DELAY_CHOICES))
+    return cfg
+
+
+def _random_config(rng: random.Random) -> Config:
     return Config(ranks=rng.randint(1, 4), devices=rng.randint(1, 4),
                   lookahead=rng.choice(["none", "auto", "infinite"]), oversubscribe=rng.choice([1, 3]),
                   transfers=rng.choice(["staged", "direct"]), replay=rng.choice(REPLAY_CHOICES),
@@ -4169,15 +4183,16 @@ def random_config(rng: random.Random) -> Config:
 
 
 @contextlib.contextmanager
-def cuda_stand_in():
+def cuda_stand_in(delay_us: int | None = None):
     """``tests/fake_cupy`` in place of CuPy for the CUDA backend while a program runs (then
     the real one, or none, again: the tests after it must not see a GPU): the fuzzer's
     kernels compute with numpy, which its "device" arrays are.  Each "device" item completes
-    20 us after the one before it on its stream, so completions arrive asynchronously, from
-    the lanes' waiter threads."""
+    ``delay_us`` (default 20) after the one before it on its stream, so completions arrive
+    asynchronously, from the lanes' waiter threads."""
     import executor.backends.cuda as cuda_backend
     saved = cuda_backend.cupy, getattr(cuda_backend, "cupyx", None)   # (no cupyx without CuPy)
-    cuda_backend.cupy, cuda_backend.cupyx = fake_cupy.FakeCupy(delay_ns=20_000), fake_cupy.pinned_stand_in()
+    fake = fake_cupy.FakeCupy(delay_ns=(20 if delay_us is None else delay_us) * 1000)
+    cuda_backend.cupy, cuda_backend.cupyx = fake, fake_cupy.pinned_stand_in()
     try:
         yield
     finally:
@@ -4378,7 +4393,7 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     env.update(config_env(p))   # (last: the invalid value the program is about wins over the configuration's)
     watch = count_cache_clears() if p.kind == "main" and split_caches_overflow(p) else None
     try:
-        with cuda_stand_in() if cfg.backend == "cuda" else contextlib.nullcontext():
+        with cuda_stand_in(cfg.device_delay_us) if cfg.backend == "cuda" else contextlib.nullcontext():
             if watch is not None:
                 with watch:
                     run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)

@@ -74,7 +74,8 @@ def parse_config(text: str | None) -> dict | None:
             raise SystemExit(f"--config: unknown field {k!r}; use {', '.join(Config.__dataclass_fields__)}")
         out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe", "horizon_step")
                   else v in ("1", "True", "true", "on") if k == "accessor_checks"
-                  else (None if v in ("None", "default") else int(v)) if k in ("ahead", "horizon_parallelism")
+                  else (None if v in ("None", "default") else int(v)) if k in ("ahead", "horizon_parallelism",
+                                                                                "device_delay_us")
                   else (None if v == "None" else float(v)) if k in ("memory", "batch") else v)
     return out
 

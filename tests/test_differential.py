@@ -492,6 +492,25 @@ def test_random_config_draws_opencl():
     assert all(c.env()["CELERITAS_DEVICES"] == "opencl:" + ",".join(["0:0"] * c.devices) for c in ocl)
 
 
+def test_random_config_draws_the_cuda_backend_on_the_stand_in():
+    """About 4% of the other configurations run the CUDA backend on tests/fake_cupy (staged
+    transfers, no host device capacity), each with one of the stand-in's device delays; the
+    stand-in is in place only while a program runs."""
+    import executor.backends.cuda as cuda_backend
+    from differential import DEVICE_DELAY_CHOICES, cuda_stand_in
+    cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(2000)]
+    gpu = [c for c in cfgs if c.backend == "cuda"]
+    assert 40 <= len(gpu) <= 130
+    assert all(c.transfers == "staged" and c.memory is None and c.batch is None for c in gpu)
+    assert all(c.env()["CELERITAS_DEVICES"] == "cuda:" + ",".join(["0"] * c.devices) for c in gpu)
+    assert {c.device_delay_us for c in gpu} == set(DEVICE_DELAY_CHOICES)
+    assert all(c.device_delay_us is None for c in cfgs if c.backend != "cuda")
+    before = cuda_backend.cupy
+    with cuda_stand_in(300):
+        assert cuda_backend.cupy.delay_ns == 300_000 and cuda_backend.cuda_device_count() == 1
+    assert cuda_backend.cupy is before
+
+
 # ---- collective host tasks ------------------------------------------------------------------------
 def _run_clean(p, cfg):
     """Run ``p`` on ``cfg``; every rank's observations (no rank may have raised)."""
