@@ -1689,3 +1689,23 @@ def test_a_cuda_launch_larger_than_any_grid_is_a_backend_error_naming_the_kernel
     with pytest.raises(BackendError, match=r"^kernel 'wide': a chunk of \(30000000000, 10000000\) items in blocks "
                                            r"of \(8, 32\) needs \(3750000000, 312500\) blocks, more than a CUDA grid"):
         thread_axes("wide", 2, (3 * 10 ** 10, 10 ** 7, 1), None)
+
+
+def test_a_source_kernels_box_parameters_are_made_once_per_box_object():
+    """The prelude's offset and extents of a box (six int64) come from the backend's memo while
+    the same box object comes back (replayed steps reuse their boxes); an equal but new box,
+    or a reused id of a dead one, is computed afresh."""
+    from executor.backends.backend import box_parameters
+    cache: dict = {}
+    box = Box((2, 3), (10, 7))
+    first = box_parameters(box, cache)
+    assert first == (2, 3, 0, 8, 4, 1) and all(type(v) is np.int64 for v in first)
+    assert box_parameters(box, cache) is first
+    other = Box((2, 3), (10, 7))
+    assert box_parameters(other, cache) == first and box_parameters(other, cache) is not first
+    cache[id(box)] = (object(), ("stale",))          # an id now naming another object: not a hit
+    assert box_parameters(box, cache) == first
+    for k in range(5000):                            # a new box every step: the memo starts over
+        box_parameters(Box((k,), (k + 1,)), cache)
+    assert len(cache) <= 4096
+    assert box_parameters(Box((1,), (4,)), None) == (1, 0, 0, 3, 1, 1)
