@@ -24,8 +24,8 @@ import numpy as np
 from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
-from .backend import BackendError, BackendInfo, Completion, Lane, LaneSkipped, box_view, source_kernel_arguments
-from .host import HostBackend, HostCompletion, _perf_ns, _thread_ns
+from .backend import BackendError, BackendInfo, Completion, Lane, box_view, source_kernel_arguments
+from .host import HostBackend, HostCompletion
 
 log = logging.getLogger("celeritas.executor")
 
@@ -300,14 +300,12 @@ class CudaBackend(HostBackend):
                     w = self._waiters[lane] = _Waiter(self, lane)
         return w
 
-    def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion:
-        if lane.kind != "device":
-            return super().launch(lane, fn, dependent=dependent)
+    def _enqueuing(self, lane: Lane, fn: Callable[[], Any]) -> tuple[CudaCompletion, Callable[[], None]]:
+        """A completion for ``fn`` on ``lane`` and the function that enqueues ``fn`` on the
+        lane's stream, followed by the event it completes with."""
         stream = self.lane_handle(lane)
         dev = self.device_ids[lane.device]
-        w = self._worker(lane)
-        host = _QuietCompletion(w)
-        c = CudaCompletion(host)
+        c = CudaCompletion(_QuietCompletion(self._worker(lane)))
 
         def run() -> None:
             with cupy.cuda.Device(dev), stream:
@@ -316,8 +314,13 @@ class CudaBackend(HostBackend):
                 ev.record(stream)
             c._event = ev
 
-        w.queued += 1
-        w.queue.put((run, host, dependent))
+        return c, run
+
+    def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion:
+        if lane.kind != "device":
+            return super().launch(lane, fn, dependent=dependent)
+        c, run = self._enqueuing(lane, fn)
+        self._worker(lane).put(run, c._host, dependent)
         self._waiter(lane).queue.put(c)
         return c
 
@@ -331,25 +334,8 @@ class CudaBackend(HostBackend):
         backlog = w.queued - w.finished
         if backlog and (backlog > 1 or not self._drained(w)):
             return None
-        stream = self.lane_handle(lane)
-        host = _QuietCompletion(w)
-        c = CudaCompletion(host)
-        host._start_ns = _perf_ns()
-        cpu0 = _thread_ns()
-        if dependent and w.failed is not None:
-            host._error = LaneSkipped(f"not run: earlier work on {lane.name} failed ({type(w.failed).__name__})")
-        else:
-            try:
-                with cupy.cuda.Device(self.device_ids[lane.device]), stream:
-                    fn()
-                    ev = cupy.cuda.Event(block=True, disable_timing=True)
-                    ev.record(stream)
-                c._event = ev
-            except BaseException as exc:  # noqa: BLE001 - reported through the completion, as a worker does
-                host._error = w.failed = exc
-        host._cpu_ns = _thread_ns() - cpu0
-        host._end_ns = _perf_ns()
-        host._done = True
+        c, run = self._enqueuing(lane, fn)
+        w.run(run, c._host, dependent)        # (the lane's failure policy, as on its worker)
         self._waiter(lane).queue.put(c)
         return c
 
@@ -362,12 +348,7 @@ class CudaBackend(HostBackend):
         would otherwise go to the worker too, and the next behind that, so that one kernel
         sent there kept a whole loop on it.  (Not behind a longer backlog: each item of an
         eager burst would wait in turn.)"""
-        with w.cond:
-            w.waiters += 1      # the worker notifies after each item while someone waits
-            try:
-                return w.cond.wait_for(lambda: w.queued == w.finished, cls.DRAIN_WAIT_S)
-            finally:
-                w.waiters -= 1
+        return w.wait_for(lambda: w.queued == w.finished, cls.DRAIN_WAIT_S)
 
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
              lane: Lane, *, dependent: bool = False) -> Completion:

@@ -169,13 +169,7 @@ class HostCompletion(Completion):
     def wait(self, timeout: float | None = None) -> bool:
         if self._done:
             return True
-        w = self._worker
-        with w.cond:
-            w.waiters += 1      # before testing _done: the worker reads it after setting _done
-            try:
-                return w.cond.wait_for(lambda: self._done, timeout)
-            finally:
-                w.waiters -= 1
+        return self._worker.wait_for(lambda: self._done, timeout)
 
     @property
     def start_ns(self) -> int | None:
@@ -217,27 +211,49 @@ class _LaneWorker:
         self.thread = threading.Thread(target=self._run, name=f"celeritas-{lane.name}{suffix}", daemon=True)
         self.thread.start()
 
+    def put(self, fn: Callable[[], Any], c: "HostCompletion", dependent: bool) -> None:
+        """Queue ``fn`` for this worker, its completion ``c``."""
+        self.queued += 1
+        self.queue.put((fn, c, dependent))
+
+    def run(self, fn: Callable[[], Any], c: "HostCompletion", dependent: bool) -> None:
+        """Run one item of this lane on the calling thread (this worker's, or a caller that
+        found the lane idle: ``CudaBackend.enqueue_now``): the lane's failure policy, then
+        ``c`` timed and done."""
+        c._start_ns = _perf_ns()
+        cpu0 = _thread_ns() + blocked_ns()
+        if not dependent or self.failed is None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - reported through the completion
+                c._error = self.failed = exc
+        else:
+            c._error = LaneSkipped(f"not run: earlier work on {self.lane.name} failed "
+                                   f"({type(self.failed).__name__})")
+        c._cpu_ns = _thread_ns() + blocked_ns() - cpu0
+        c._end_ns = _perf_ns()
+        c._done = True
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        """Block (GIL released) until ``predicate()``, which this worker's progress makes
+        true, or ``timeout``; whether it holds."""
+        with self.cond:
+            self.waiters += 1      # before testing: the worker reads it after each item
+            try:
+                return self.cond.wait_for(predicate, timeout)
+            finally:
+                self.waiters -= 1
+
     def _run(self) -> None:
         get = self.queue.get
         cond = self.cond
+        run = self.run
         while True:
             item = get()
             if item is None:
                 return
-            fn, c, dependent = item
-            c._start_ns = _perf_ns()
-            cpu0 = _thread_ns() + blocked_ns()
-            if not dependent or self.failed is None:
-                try:
-                    fn()
-                except BaseException as exc:  # noqa: BLE001 - reported through the completion
-                    c._error = self.failed = exc
-            else:
-                c._error = LaneSkipped(f"not run: earlier work on {self.lane.name} failed "
-                                       f"({type(self.failed).__name__})")
-            c._cpu_ns = _thread_ns() + blocked_ns() - cpu0
-            c._end_ns = _perf_ns()
-            c._done = True
+            c = item[1]
+            run(*item)
             self.finished += 1
             if self.waiters:
                 with cond:
@@ -380,8 +396,7 @@ class HostBackend(Backend):
     def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> HostCompletion:
         w = self._worker(lane)
         c = HostCompletion(w)
-        w.queued += 1
-        w.queue.put((fn, c, dependent))
+        w.put(fn, c, dependent)
         return c
 
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
