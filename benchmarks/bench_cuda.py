@@ -131,11 +131,10 @@ class HandWritten:
     def __init__(self, n: int):
         import cupy
 
-        from executor.backends.cuda import PRELUDE, thread_axes
+        from executor.backends.cuda import source_kernel, thread_axes
         self.cupy, self.n = cupy, n
         self.axes = thread_axes("wave", 2, (n, n, 1), None)
-        defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", self.axes.order))
-        self.kernel = cupy.RawKernel(PRELUDE + WAVE_SOURCE, "wave", options=defines)
+        self.kernel = source_kernel(WAVE_SOURCE, "wave", self.axes)
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def run(self, steps: int) -> tuple[float, np.ndarray]:
@@ -186,10 +185,9 @@ def launches_bare(count: int) -> float:
     """µs per bare launch + stream synchronisation of the same kernel."""
     import cupy
 
-    from executor.backends.cuda import PRELUDE, thread_axes
+    from executor.backends.cuda import source_kernel, thread_axes
     axes = thread_axes("tiny", 1, (1, 1, 1), None)
-    defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
-    k = cupy.RawKernel(PRELUDE + TINY_SOURCE, "tiny", options=defines)
+    k = source_kernel(TINY_SOURCE, "tiny", axes)
     x = cupy.zeros(1, np.float32)
     zero, one = np.int64(0), np.int64(1)
     args = (zero, zero, zero, one, one, one, x, zero, zero, zero, one, one, one)

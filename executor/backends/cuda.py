@@ -101,6 +101,13 @@ def thread_axes(name: str, dims: int, rng: tuple[int, ...], local_range) -> Thre
                       tuple(blk[d] for d in order) + (1,) * pad)           # type: ignore[arg-type]
 
 
+def source_kernel(src: str, name: str, axes: ThreadAxes, options: tuple = ()) -> Any:
+    """``src`` behind the prelude as a ``cupy.RawKernel``, its ``GID``s mapped onto thread axes
+    as ``axes`` launches them (the prelude's ``__CL_AXIS_X/Y/Z``)."""
+    defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
+    return cupy.RawKernel(PRELUDE + src, name, options=tuple(options) + defines)
+
+
 def cuda_device_count() -> int:
     if cupy is None:
         raise ImportError(f"CuPy is not installed: {_IMPORT_ERROR}")
@@ -396,9 +403,7 @@ class CudaBackend(HostBackend):
         key = (dev, kernel.name, src, kernel.options, axes.order)
         k = self._kernels.get(key)
         if k is None:
-            defines = tuple(f"-D__CL_AXIS_{a}={d}" for a, d in zip("XYZ", axes.order))
-            k = self._kernels[key] = cupy.RawKernel(PRELUDE + src, kernel.name,
-                                                    options=tuple(kernel.options) + defines)
+            k = self._kernels[key] = source_kernel(src, kernel.name, axes, kernel.options)
         kargs = source_kernel_arguments(kernel.name, ctx, args, _same, cache=self._box_params)
         k(axes.grid, axes.block, tuple(kargs))
 
