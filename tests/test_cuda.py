@@ -149,17 +149,6 @@ APP_CLI = {"wave_sim": ["-N", "40", "-T", "6"], "matmul": ["-N", "36"],
            "convolution": ["-N", "37", "-T", "2", "--no-progress"]}
 
 
-def _env(devices: str, extra: dict | None = None) -> dict:
-    import os
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
-    env["CELERITAS_DEVICES"] = devices
-    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.update(extra or {})
-    return env
-
-
 @pytest.mark.parametrize("app", sorted(APP_CLI))
 def test_every_app_verifies_against_numpy_on_two_cuda_devices(app, tmp_path):
     """Each app's Python kernels run on CuPy arrays of their chunk (``chunk.xp``)."""
@@ -169,7 +158,7 @@ def test_every_app_verifies_against_numpy_on_two_cuda_devices(app, tmp_path):
     argv = [sys.executable, "-m", f"apps.{app}", "--verify", *APP_CLI[app]]
     if app == "convolution":
         argv += ["--output", str(tmp_path / "out.png")]
-    r = jobs.run_job(argv, _env("cuda:0,0"), 180)
+    r = jobs.run_job(argv, jobs.clean_env({"CELERITAS_DEVICES": "cuda:0,0"}), 180)
     assert r.returncode == 0 and "verified" in r.stdout + r.stderr, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-4000:]}"
 
 
@@ -189,10 +178,10 @@ def test_apps_on_cuda_under_mpiexec_match_the_single_rank_host_result(devices, t
         pytest.skip("no mpiexec next to the interpreter or on PATH")
     script = Path(__file__).resolve().parent / "mpi_scripts" / "apps_check.py"
     ref, out = tmp_path / "host.npz", tmp_path / "cuda.npz"
-    r = jobs.run_job([sys.executable, str(script), str(ref)], _env("host:1"), 180)
+    r = jobs.run_job([sys.executable, str(script), str(ref)], jobs.clean_env({"CELERITAS_DEVICES": "host:1"}), 180)
     assert r.returncode == 0, r.stderr[-4000:]
     r = jobs.run_job([mpiexec, "-n", "2", sys.executable, str(script), str(out)],
-                     _env(devices, {"CELERITAS_MPI_DEVICE_MEMORY": transfers}), 240)
+                     jobs.clean_env({"CELERITAS_DEVICES": devices, "CELERITAS_MPI_DEVICE_MEMORY": transfers}), 240)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-6000:]}"
     assert "rank 0/2 MpiCommunicator ok" in r.stdout and "rank 1/2 MpiCommunicator ok" in r.stdout
     want, got = dict(np.load(ref)), dict(np.load(out))
