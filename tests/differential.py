@@ -213,7 +213,7 @@ RELEASE_FORMS = ("drop", "thread")   # the last reference dropped on the applica
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
 OPENCL_SHARE = 0.04         # of configurations (random_config): the opencl backend (PoCL), where it is there
-CUDA_SHARE = 0.04           # of the others: the cuda backend on the CuPy stand-in (cuda_stand_in)
+CUDA_SHARE = 0.04           # of the others: the cuda backend on the CuPy stand-in (fake_cupy.stand_in)
 LONG_STENCIL_SHARE = 0.004  # of main programs: 100-200 ping-pong stencil steps
 WIDE_SHARE = 0.01           # of main programs: 65-96 independent row kernels (a front wider than 64)
 MISUSE_TASK = "misuse"      # the name of a misuse program's task that misuses the API
@@ -4182,23 +4182,6 @@ def _random_config(rng: random.Random) -> Config:
         "cuda" if rng.random() < CUDA_SHARE else "host")
 
 
-@contextlib.contextmanager
-def cuda_stand_in(delay_us: int | None = None):
-    """``tests/fake_cupy`` in place of CuPy for the CUDA backend while a program runs (then
-    the real one, or none, again: the tests after it must not see a GPU): the fuzzer's
-    kernels compute with numpy, which its "device" arrays are.  Each "device" item completes
-    ``delay_us`` (default 20) after the one before it on its stream, so completions arrive
-    asynchronously, from the lanes' waiter threads."""
-    import executor.backends.cuda as cuda_backend
-    saved = cuda_backend.cupy, getattr(cuda_backend, "cupyx", None)   # (no cupyx without CuPy)
-    fake = fake_cupy.FakeCupy(delay_ns=(20 if delay_us is None else delay_us) * 1000)
-    cuda_backend.cupy, cuda_backend.cupyx = fake, fake_cupy.pinned_stand_in()
-    try:
-        yield
-    finally:
-        cuda_backend.cupy, cuda_backend.cupyx = saved
-
-
 _OPENCL: list = []
 
 
@@ -4393,12 +4376,11 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     env.update(config_env(p))   # (last: the invalid value the program is about wins over the configuration's)
     watch = count_cache_clears() if p.kind == "main" and split_caches_overflow(p) else None
     try:
-        with cuda_stand_in(cfg.device_delay_us) if cfg.backend == "cuda" else contextlib.nullcontext():
-            if watch is not None:
-                with watch:
-                    run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
-            else:
-                run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
+        # (the CUDA backend on the CuPy stand-in, only while this program runs: the tests after
+        # it must not see a GPU; the fuzzer's kernels compute with numpy, which its arrays are)
+        with (fake_cupy.stand_in(cfg.device_delay_us) if cfg.backend == "cuda" else contextlib.nullcontext(),
+              watch if watch is not None else contextlib.nullcontext()):
+            run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()
         cluster_error = exc
     out = {"ranks": outcomes, "cluster_error": cluster_error, "ran": list(ran)}

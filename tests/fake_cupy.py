@@ -9,6 +9,7 @@ after the work before it (one item after the other, as a GPU runs a stream), and
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import types
@@ -133,6 +134,21 @@ class FakeCupy:
 def pinned_stand_in() -> types.SimpleNamespace:
     """cupyx's pinned host arrays: plain numpy ones."""
     return types.SimpleNamespace(empty_pinned=lambda shape, dtype=np.float64: np.empty(shape, dtype))
+
+
+@contextlib.contextmanager
+def stand_in(delay_us: int | None = None):
+    """The stand-in in place of CuPy for the CUDA backend inside the ``with`` (then the real
+    one, or none, again); each "device" item takes ``delay_us`` (default 20) after the one
+    before it on its stream, so completions arrive asynchronously, from the lanes' waiters."""
+    import executor.backends.cuda as cuda_backend
+    saved = cuda_backend.cupy, getattr(cuda_backend, "cupyx", None)   # (no cupyx without CuPy)
+    fake = FakeCupy(delay_ns=(20 if delay_us is None else delay_us) * 1000)
+    cuda_backend.cupy, cuda_backend.cupyx = fake, pinned_stand_in()
+    try:
+        yield fake
+    finally:
+        cuda_backend.cupy, cuda_backend.cupyx = saved
 
 
 def install(monkeypatch, delay_ns: int = 50_000) -> FakeCupy:

@@ -497,7 +497,8 @@ def test_random_config_draws_the_cuda_backend_on_the_stand_in():
     transfers, no host device capacity), each with one of the stand-in's device delays; the
     stand-in is in place only while a program runs."""
     import executor.backends.cuda as cuda_backend
-    from differential import DEVICE_DELAY_CHOICES, cuda_stand_in
+    import fake_cupy
+    from differential import DEVICE_DELAY_CHOICES
     cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(2000)]
     gpu = [c for c in cfgs if c.backend == "cuda"]
     assert 40 <= len(gpu) <= 130
@@ -506,8 +507,8 @@ def test_random_config_draws_the_cuda_backend_on_the_stand_in():
     assert {c.device_delay_us for c in gpu} == set(DEVICE_DELAY_CHOICES)
     assert all(c.device_delay_us is None for c in cfgs if c.backend != "cuda")
     before = cuda_backend.cupy
-    with cuda_stand_in(300):
-        assert cuda_backend.cupy.delay_ns == 300_000 and cuda_backend.cuda_device_count() == 1
+    with fake_cupy.stand_in(300) as fake:
+        assert cuda_backend.cupy is fake and fake.delay_ns == 300_000 and cuda_backend.cuda_device_count() == 1
     assert cuda_backend.cupy is before
 
 
