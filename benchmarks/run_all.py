@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 import celeritas as cl
+from benchmarks.bench_cuda import gpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -109,13 +110,8 @@ def machine() -> dict:
             info["mpiexec"] = launcher.detect(path).version
     except Exception:  # noqa: BLE001
         pass
-    info["gpu"] = _gpu_name() or "none"
+    info["gpu"] = gpu_name() or "none"
     return info
-
-
-def _gpu_name() -> str | None:
-    from benchmarks.bench_cuda import gpu_name
-    return gpu_name()
 
 
 # ---- scheduler (bench_graphs) ----------------------------------------------------------------------
@@ -461,7 +457,7 @@ def device_rows(quick: bool) -> tuple[list[Row], str | None]:
 def cupy_rows(quick: bool) -> tuple[list[Row], str | None]:
     """bench_cuda in a process of its own (one runtime per process: it runs ``cuda`` and then
     ``cuda:0,0``)."""
-    if _gpu_name() is None:
+    if gpu_name() is None:
         return [Row("gpu", "wave_sim on cuda vs hand-written CuPy", "skipped", "no CuPy or no CUDA GPU")], None
     r, failed = _bench_process("gpu", "bench_cuda", "wave_sim on cuda",
                                ["--size", "2048", "--small", "512", "--steps", "20", "--reps", "1", "--launches", "200"]
