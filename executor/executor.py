@@ -998,7 +998,9 @@ class Executor(InstructionHandlers):
         c = None
         if self._enqueues and type(key) is tuple:
             est = self._costs.get(key)
-            if est is None or est <= self._alone_ns:    # (the first of a kind is measured so)
+            # (the first of a kind is measured so; a source kernel's launch only enqueues,
+            # however long the device then takes)
+            if est is None or est <= self._alone_ns or getattr(instr.launcher, "source", False):
                 c = self._backend.enqueue_now(lane.lane, fn, dependent=a.eager)
         if c is None:
             c = self._backend.launch(lane.lane, fn, dependent=a.eager)

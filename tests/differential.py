@@ -4067,7 +4067,8 @@ class Config:
     huge: str | None = None         # CELERITAS_HUGE_PAGES: "0" gives every host allocation its own
                                     # 2 MiB-aligned mapping (the fuzzer's buffers are all small)
     pause: str | None = None        # CELERITAS_PAUSE_AHEAD: "2" pauses the application thread after most submits
-    inline: str | None = None       # CELERITAS_INLINE_US: "0" sends all work to the lanes, "1000000" runs
+    inline: str | None = None       # CELERITAS_INLINE_US: "0" sends all work to the lanes, "1" nearly all
+                                    # (device-queue kernels then enqueued by the executor), "1000000" runs
                                     # every kernel inline (and then directly from its batch) once measured
     horizon_step: int = 2           # CELERITAS_HORIZON_STEP (HORIZON_STEP_CHOICES)
     horizon_parallelism: int | None = None  # CELERITAS_HORIZON_MAX_PARALLELISM (None: the default, 64)
@@ -4143,7 +4144,9 @@ REPLAY_CHOICES = ("on", "on", "off")                # replay is the default: mos
 MEMORY_CHOICES = (None, None, None, 0.3, 0.6, 1.0)  # unbounded, or a fraction of the program's bytes
 AHEAD_CHOICES = (None, None, None, 2, 4, 8)        # the default bound, or one the programs reach
 HUGE_CHOICES = (None, None, None, None, "0", "off")  # the default (2 MiB up), every allocation, none
-INLINE_CHOICES = (None, None, None, "0", "1000000")  # the default (100 us), never, every measured kernel
+# the default (100 us); never; 1 us (almost nothing inline, and what runs on a device queue is enqueued by
+# the executor: the opencl backend's long-kernel path); every measured kernel
+INLINE_CHOICES = (None, None, None, "0", "1", "1000000")
 PAUSE_CHOICES = (None, None, None, "2", "0")         # the default (128 ahead), after most submits, never
 ACCESSOR_CHECKS_OFF = 0.4                           # share of configurations without accessor checks
 DIAGNOSTICS_CHOICES = ("error", "error", "error", "warn", "off")   # warn / off: main programs only

@@ -1,5 +1,8 @@
 """The OpenCL backend (PoCL on the CPU in CI): the same programs, plus device source kernels."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -246,5 +249,175 @@ def test_a_source_kernel_on_a_buffer_of_non_native_byte_order_is_an_error():
             cgh.parallel_for((4, 4), lambda c: w.__setitem__(c, w[c] * 2), name="double")
         q.submit(python)
         assert q.fence(b).result().tolist() == (np.arange(16).reshape(4, 4) * 2).tolist()
+    finally:
+        q.shutdown()
+
+
+# ---- source kernels enqueued by the executor (enqueue_now), waited for by the lane's waiter
+
+SLOW = cl.Kernel(source={"opencl": """
+__kernel void slow(CHUNK_PARAMS, ACCESSOR(float, x), int rounds) {
+    long i = GID(0);
+    float s = AT1(x, i);
+    for (int r = 0; r < rounds; r++) s = s * 0.5f + 1.0f;
+    AT1(x, i) += 1.0f + 0.0f * s;   /* (the loop's result kept alive: 0 * s is not folded for floats) */
+}"""}, name="slow")
+SLOW_ROUNDS = 200_000           # ~10-50 ms per launch of 4096 items on PoCL: far above the inline threshold
+
+
+def test_long_source_kernels_are_enqueued_by_the_executor_and_completed_by_the_lane_waiter(monkeypatch):
+    """A source kernel too long to run inline used to go to the lane's worker, which enqueued
+    it and waited: each launch then needed that thread to wake up, which on a CPU device waits
+    for a core behind the other device's kernel (bench_opencl's wave_sim lost 10-20 % that
+    way).  Now the executor enqueues it and the lane's waiter waits for its event; the
+    kernel's cost estimate still counts the device's time, so it never runs inline."""
+    from executor.backends.opencl import OpenCLBackend
+    direct = []
+    original = OpenCLBackend.enqueue_now
+
+    def counting(self, lane, fn, *, dependent=False):
+        c = original(self, lane, fn, dependent=dependent)
+        direct.append(c is not None)
+        return c
+
+    monkeypatch.setattr(OpenCLBackend, "enqueue_now", counting)
+    q = cl.Queue(devices="opencl")
+    try:
+        x = cl.Buffer(np.zeros(4096, np.float32), name="x")
+        launches = 6
+        for _ in range(launches):
+            def cgf(cgh):
+                a = x.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.parallel_for((4096,), SLOW, args=(a, np.int32(SLOW_ROUNDS)))
+            q.submit(cgf)
+        np.testing.assert_array_equal(q.fence(x).result(), np.full(4096, launches, np.float32))
+        # the first launch (cost unknown) ran inline and measured it; the others went to enqueue_now
+        assert len(direct) == launches - 1 and all(direct), direct
+        waiters = [t.name for t in threading.enumerate() if t.name.endswith("waiter") or "-waiter" in t.name]
+        assert any("lane" in n for n in waiters), waiters
+        costs = [v for k, v in q.runtime.executor._costs.items() if type(k) is tuple and k[0] == "slow"]
+        assert costs and min(costs) > q.runtime.executor._inline_ns     # the device's time, not the enqueue's
+    finally:
+        q.shutdown()
+
+
+@pytest.fixture
+def ocl_backend():
+    from executor.backends.opencl import OpenCLBackend
+    b = OpenCLBackend()
+    notified: list = []
+    arrived = threading.Event()
+
+    def note(c):
+        notified.append(c)
+        arrived.set()
+
+    b.set_notifier(note)
+    b.notified, b.arrived = notified, arrived
+    yield b
+    b.close()
+
+
+def _notified(backend, c, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while c not in backend.notified:
+        assert time.monotonic() < deadline, "the lane's waiter never notified the completion"
+        backend.arrived.wait(0.01)
+        backend.arrived.clear()
+
+
+def _enqueue_slow(backend, lane, arr, rounds: int):
+    """What a source kernel launch does under enqueue_now: enqueue, and leave the event to the waiter."""
+    prg = pyopencl.Program(backend.context_of(lane.device), """
+        __kernel void k(__global float* x, int n) {
+            float s = x[get_global_id(0)];
+            for (int r = 0; r < n; r++) s = s * 0.5f + 1.0f;
+            x[get_global_id(0)] += 1.0f + 0.0f * s;
+        }""").build()
+    buf = backend._buffer(arr, lane.device)
+    queue = backend.lane_handle(lane)
+    k = pyopencl.Kernel(prg, "k")
+    k.set_args(buf, np.int32(rounds))
+
+    def fn():
+        ev = pyopencl.enqueue_nd_range_kernel(queue, k, (arr.size,), None)
+        backend._enqueue_only.pending.append((ev, queue, []))
+    return fn
+
+
+def test_enqueue_now_returns_before_the_device_finishes_and_the_waiter_notifies_after(ocl_backend):
+    from executor.backends.backend import Lane
+    from scheduler.instruction_graph import device_memory
+    lane = Lane("device", 0, 0)
+    arr = ocl_backend.allocate(device_memory(0), (1 << 16,), np.float32)
+    arr[...] = 0
+    ran_on = []
+    enqueue = _enqueue_slow(ocl_backend, lane, arr, 400_000)
+
+    def fn():
+        ran_on.append(threading.current_thread())
+        enqueue()
+
+    c = ocl_backend.enqueue_now(lane, fn)
+    assert c is not None and c.notifying and ran_on == [threading.current_thread()]
+    assert not c.is_done() and c not in ocl_backend.notified      # the device still runs it
+    _notified(ocl_backend, c)
+    assert c.is_done() and c.error() is None
+    np.testing.assert_array_equal(arr, 1.0)
+    # its cost counts the device's time (the enqueue alone takes microseconds)
+    assert c.cpu_ns > 1_000_000
+
+
+def test_enqueue_now_declines_while_the_lanes_worker_holds_work_and_keeps_the_lanes_order(ocl_backend):
+    from executor.backends.backend import Lane
+    lane = Lane("device", 0, 0)
+    order = []
+    gate = threading.Event()
+    first = ocl_backend.launch(lane, lambda: (gate.wait(30), order.append("worker")))
+    t0 = time.monotonic()
+    assert ocl_backend.enqueue_now(lane, lambda: order.append("direct")) is None
+    assert time.monotonic() - t0 < 0.5       # no waiting for a worker that holds a kernel for its whole run
+    gate.set()
+    _notified(ocl_backend, first)
+    second = ocl_backend.enqueue_now(lane, lambda: order.append("direct"))
+    assert second is not None and order == ["worker", "direct"]
+    _notified(ocl_backend, second)           # (nothing enqueued: done at once, still notified)
+    assert second.is_done() and second.error() is None
+
+
+def test_a_failed_enqueue_now_fails_its_completion_and_skips_dependent_work(ocl_backend):
+    from executor.backends.backend import Lane, LaneSkipped
+    lane = Lane("device", 0, 0)
+
+    def broken():
+        raise ValueError("bad launch")
+
+    c = ocl_backend.enqueue_now(lane, broken)
+    _notified(ocl_backend, c)
+    assert isinstance(c.error(), ValueError)
+    ran = []
+    d = ocl_backend.enqueue_now(lane, lambda: ran.append(1), dependent=True)
+    _notified(ocl_backend, d)
+    assert ran == [] and isinstance(d.error(), LaneSkipped)
+    e = ocl_backend.enqueue_now(lane, lambda: ran.append(2))      # independent work still runs
+    _notified(ocl_backend, e)
+    assert ran == [2] and e.error() is None
+
+
+def test_copies_back_for_non_cpu_devices_run_on_the_waiter(monkeypatch):
+    """On a non-CPU device a source kernel's buffers are written to the device before it and
+    read back after it; under enqueue_now the read-back is the waiter's.  (Forced on PoCL's
+    CPU device, where it is a copy onto the same memory: the values must come out right.)"""
+    q = cl.Queue(devices="opencl")
+    try:
+        be = q.runtime.backend
+        monkeypatch.setattr(be, "_cpu", [False] * len(be._cpu))
+        x = cl.Buffer(np.zeros(4096, np.float32), name="x")
+        for _ in range(4):
+            def cgf(cgh):
+                a = x.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.parallel_for((4096,), SLOW, args=(a, np.int32(SLOW_ROUNDS)))
+            q.submit(cgf)
+        np.testing.assert_array_equal(q.fence(x).result(), np.full(4096, 4.0, np.float32))
     finally:
         q.shutdown()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from queue import SimpleQueue
 from typing import Any, Callable
 
 import numpy as np
@@ -25,7 +24,7 @@ from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
 from .backend import BackendError, BackendInfo, Completion, Lane, box_view, source_kernel_arguments
-from .host import HostBackend, HostCompletion
+from .device_queue import DeviceQueueBackend, QueueCompletion, QuietCompletion
 
 log = logging.getLogger("celeritas.executor")
 
@@ -117,99 +116,7 @@ def cuda_device_count() -> int:
         return 0
 
 
-class CudaCompletion(Completion):
-    """Done once the work was enqueued (by the lane's worker, or by the caller: ``enqueue_now``)
-    and the event recorded behind it completed.  The lane's waiter thread notifies it: it
-    blocks in ``cudaEventSynchronize`` with the GIL released, so nobody polls."""
-
-    __slots__ = ("_host", "_event", "_device_error")
-    notifying = True
-
-    def __init__(self, host: HostCompletion):
-        self._host = host
-        self._event = None
-        self._device_error: BaseException | None = None
-
-    def is_done(self) -> bool:
-        if not self._host._done:
-            return False
-        if self._host._error is not None or self._event is None:
-            return True
-        return self._event.done
-
-    def error(self) -> BaseException | None:
-        return self._host._error or self._device_error
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self._host.wait(timeout):
-            return False
-        if self._event is not None:
-            self._event.synchronize()
-        return True
-
-    @property
-    def start_ns(self):
-        return self._host.start_ns
-
-    @property
-    def end_ns(self):
-        return self._host.end_ns
-
-    @property
-    def cpu_ns(self):
-        """The enqueueing thread's CPU time: the cost the executor plans with (wall time would
-        count waits for the GIL)."""
-        return self._host.cpu_ns
-
-
-class _QuietCompletion(HostCompletion):
-    """The host part of a CUDA completion: the lane worker does not notify it (the waiter
-    notifies the CUDA completion once the device is done)."""
-
-    __slots__ = ()
-    notifying = False
-
-
-class _Waiter:
-    """One thread per lane: takes the lane's completions in launch order (a stream completes
-    in order), waits for each with the GIL released, and notifies the executor.  The events
-    are blocking-sync ones, so a waiter sleeps in the driver rather than spinning a core
-    (the driver's default on a machine with more cores than GPUs), which a rank waiting at
-    a fence, or several ranks per node, would pay for."""
-
-    __slots__ = ("queue", "thread", "backend")
-
-    def __init__(self, backend: "CudaBackend", lane: Lane):
-        self.backend = backend
-        self.queue: SimpleQueue = SimpleQueue()
-        suffix = "" if backend.rank is None else f"-{backend.rank}"
-        self.thread = threading.Thread(target=self._run, name=f"celeritas-{lane.name}-waiter{suffix}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        get = self.queue.get
-        while True:
-            c = get()
-            if c is None:
-                return
-            host = c._host
-            if not host._done:
-                host.wait()
-            ev = c._event
-            if ev is not None and host._error is None:
-                try:
-                    ev.synchronize()
-                except Exception as exc:  # noqa: BLE001 - a device fault: the work's error
-                    c._device_error = exc
-            notifier = self.backend._notifier
-            if notifier is not None:
-                try:
-                    notifier(c)
-                except Exception:  # noqa: BLE001 - a broken notifier must not kill the waiter
-                    log.exception("completion notifier failed")
-
-
-class CudaBackend(HostBackend):
+class CudaBackend(DeviceQueueBackend):
     """Logical device d = CUDA device ``device_ids[d]`` (several may share one GPU)."""
 
     def __init__(self, device_ids: list[int], *, rank: int | None = None):
@@ -229,7 +136,6 @@ class CudaBackend(HostBackend):
             if not 0 <= d < n:
                 raise BackendError(f"CUDA device {d} does not exist ({n} visible)")
         self._streams: dict[Lane, Any] = {}
-        self._waiters: dict[Lane, _Waiter] = {}
         self._kernels: dict[tuple, Any] = {}
         self._axes: dict[tuple, ThreadAxes] = {}     # per kernel and chunk box (replayed steps repeat them)
         self._box_params: dict = {}                    # source_kernel_arguments' memo
@@ -298,21 +204,12 @@ class CudaBackend(HostBackend):
                         s = self._streams[lane] = cupy.cuda.Stream(non_blocking=True)
         return s
 
-    def _waiter(self, lane: Lane) -> _Waiter:
-        w = self._waiters.get(lane)
-        if w is None:
-            with self._lock:
-                w = self._waiters.get(lane)
-                if w is None:
-                    w = self._waiters[lane] = _Waiter(self, lane)
-        return w
-
-    def _enqueuing(self, lane: Lane, fn: Callable[[], Any]) -> tuple[CudaCompletion, Callable[[], None]]:
+    def _enqueuing(self, lane: Lane, fn: Callable[[], Any]) -> tuple[QueueCompletion, Callable[[], None]]:
         """A completion for ``fn`` on ``lane`` and the function that enqueues ``fn`` on the
         lane's stream, followed by the event it completes with."""
         stream = self.lane_handle(lane)
         dev = self.device_ids[lane.device]
-        c = CudaCompletion(_QuietCompletion(self._worker(lane)))
+        c = QueueCompletion(QuietCompletion(self._worker(lane)))
 
         def run() -> None:
             with cupy.cuda.Device(dev), stream:
@@ -327,35 +224,18 @@ class CudaBackend(HostBackend):
         if lane.kind != "device":
             return super().launch(lane, fn, dependent=dependent)
         c, run = self._enqueuing(lane, fn)
-        self._worker(lane).put(run, c._host, dependent)
-        self._waiter(lane).queue.put(c)
+        self._enqueue_on_worker(lane, c, run, dependent)
         return c
 
     def enqueue_now(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion | None:
         """Enqueue on the lane's stream from the calling thread once the lane's worker has
         nothing queued or running (what it enqueued is then ahead on the stream, so the
         stream keeps the lane's order)."""
-        if lane.kind != "device":
-            return None
-        w = self._worker(lane)
-        backlog = w.queued - w.finished
-        if backlog and (backlog > 1 or not self._drained(w)):
+        if lane.kind != "device" or not self._idle_for_enqueue(self._worker(lane)):
             return None
         c, run = self._enqueuing(lane, fn)
-        w.run(run, c._host, dependent)        # (the lane's failure policy, as on its worker)
-        self._waiter(lane).queue.put(c)
+        self._enqueue_here(lane, c, run, dependent)
         return c
-
-    DRAIN_WAIT_S = 1e-3
-
-    @classmethod
-    def _drained(cls, w) -> bool:
-        """Wait up to ``DRAIN_WAIT_S`` (GIL released) for the lane's worker to finish the one
-        item it holds.  Work the executor issues eagerly behind a kernel still on the worker
-        would otherwise go to the worker too, and the next behind that, so that one kernel
-        sent there kept a whole loop on it.  (Not behind a longer backlog: each item of an
-        eager burst would wait in turn.)"""
-        return w.wait_for(lambda: w.queued == w.finished, cls.DRAIN_WAIT_S)
 
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,
              lane: Lane, *, dependent: bool = False) -> Completion:
@@ -409,13 +289,6 @@ class CudaBackend(HostBackend):
 
     def close(self) -> None:
         super().close()
-        with self._lock:
-            waiters = list(self._waiters.values())
-            self._waiters.clear()
-        for w in waiters:
-            w.queue.put(None)
-        for w in waiters:
-            w.thread.join(timeout=5)
         for s in self._streams.values():
             try:
                 s.synchronize()

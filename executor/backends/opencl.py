@@ -5,10 +5,13 @@ Device allocations are OpenCL buffers over page-aligned host arrays
 kernels and copies run on numpy views of the very memory source kernels use,
 and every program runs on this backend unchanged.  Source kernels
 (``cl.Kernel``) are compiled once per device with a generated prelude and
-enqueued on the lane's command queue; the lane's worker waits on the OpenCL
-event, so completion reaches the executor like any other lane work.  On
-non-CPU devices the buffers are synchronized with map/unmap around source
-kernels, which keeps results correct (not fast) for Python kernels there.
+enqueued on the lane's command queue.  A source kernel on an idle lane is
+enqueued by the executor itself (``enqueue_now``) and the lane's waiter thread
+waits for its OpenCL event and notifies the executor (see ``device_queue``);
+elsewhere the lane's worker enqueues it and waits, so completion reaches the
+executor like any other lane work.  On non-CPU devices the buffers are
+synchronized with map/unmap around source kernels, which keeps results correct
+(not fast) for Python kernels there.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, AccessorArg, d
 
 from .backend import (BackendError, BackendInfo, Lane, check_argument_count, default_copy_pairs, note_blocked,
                       source_kernel_arguments, source_kernel_parameter_count)
-from .host import HUGE_PAGE, HostBackend, host_empty
+from .device_queue import DeviceQueueBackend, QueueCompletion, QuietCompletion
+from .host import HUGE_PAGE, host_empty
 
 log = logging.getLogger("celeritas.executor")
 
@@ -265,8 +269,40 @@ def _arguments_key(ctx: Any, args: tuple) -> tuple | None:
     return tuple(key)
 
 
-class OpenCLBackend(HostBackend):
-    """Logical devices = the listed OpenCL devices (one physical device may appear several times)."""
+class _Enqueued:
+    """The OpenCL events of what one ``enqueue_now`` enqueued, with the copies back to host
+    arrays that non-CPU devices need after each kernel; the lane's waiter waits for them."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list):
+        self.items = items      # (event, queue, [(buffer, host array), ...])
+
+    @property
+    def done(self) -> bool:
+        complete = cl.command_execution_status.COMPLETE
+        return all(ev.command_execution_status == complete for ev, _q, _syncs in self.items)
+
+    def synchronize(self) -> None:
+        items, self.items = self.items, []
+        for ev, queue, syncs in items:
+            ev.wait()
+            for buf, arr in syncs:
+                cl.enqueue_copy(queue, arr.reshape(-1).view(np.uint8), buf).wait()
+
+
+class OpenCLBackend(DeviceQueueBackend):
+    """Logical devices = the listed OpenCL devices (one physical device may appear several times).
+
+    Lanes stay plain host lanes (``runs_inline``) for everything but ``enqueue_now``: copies
+    are numpy copies between zero-copy buffers' host arrays, and a source kernel run inline
+    or on a worker enqueues and waits, so its measured cost is the device's time, which is
+    what the executor compares with its inline threshold (``DEVICE_TIME``: completions of
+    ``enqueue_now`` count the device's time too).  A worker holds its item until the device
+    finished it, so ``enqueue_now`` never waits for a busy worker to drain."""
+
+    DEVICE_TIME = True
+    DRAIN_WAIT_S = 0.0
 
     def __init__(self, ids: list[tuple[int, int]] | tuple = (), *, devices: list | None = None,
                  huge_pages: int | None = HUGE_PAGE, rank: int | None = None):
@@ -286,6 +322,29 @@ class OpenCLBackend(HostBackend):
         self._wg_limits: dict[tuple, tuple] = {}     # (id(kernel object), device) -> work-group limits
         self._prog_lock = threading.Lock()
         self._cpu = [d.type & cl.device_type.CPU != 0 for d in devs]
+        # per thread: the list ``enqueue_now`` collects enqueued events in (None: enqueue and wait)
+        self._enqueue_only = threading.local()
+
+    def enqueue_now(self, lane: Lane, fn, *, dependent: bool = False) -> QueueCompletion | None:
+        """Run ``fn`` on the calling thread with its source kernels enqueued, not waited for,
+        once the lane's worker has nothing queued or running; the lane's waiter waits for them.
+        (Work that enqueues nothing, a Python kernel, simply runs here.)"""
+        if lane.kind != "device" or not self._idle_for_enqueue(self._worker(lane)):
+            return None
+        c = QueueCompletion(QuietCompletion(self._worker(lane)))
+        tls = self._enqueue_only
+
+        def run() -> None:
+            tls.pending = pending = []
+            try:
+                fn()
+            finally:
+                tls.pending = None
+                if pending:
+                    c._event = _Enqueued(pending)
+
+        self._enqueue_here(lane, c, run, dependent)
+        return c
 
     def context_of(self, device: int):
         return self._contexts[self.devices[device].int_ptr]
@@ -391,6 +450,10 @@ class OpenCLBackend(HostBackend):
             self._check_local_range(kernel.name, k, device, tuple(local_range))
         ev = cl.enqueue_nd_range_kernel(queue, k, gsize, tuple(local_range) if local_range else None,
                                         global_work_offset=goff)
+        pending = getattr(self._enqueue_only, "pending", None)
+        if pending is not None:     # (enqueue_now: the lane's waiter waits)
+            pending.append((ev, queue, syncs))
+            return
         t0 = time.perf_counter_ns()
         ev.wait()
         for buf, arr in syncs:   # pull the results back into the host-visible array
