@@ -244,6 +244,7 @@ class Executor(InstructionHandlers):
         # threads (measured on an H100, wave_sim 2048² with CuPy array kernels of ~500 us of
         # enqueueing: 814 -> 500 us per step, against 348 for the same CuPy operations in a loop)
         self._enqueues = bool(self._inline_ns) and type(backend).enqueue_now is not Backend.enqueue_now
+        self._enqueues_python = backend.enqueues_python_kernels
         self._has_global_range: dict[type, bool] = {}
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
@@ -887,7 +888,13 @@ class Executor(InstructionHandlers):
         may run inline when ``instr`` is cheap enough to run inline once they completed: the
         completion wakes this thread anyway, and a second thread running a few microseconds
         of Python beside the lane's next kernel only fights it for the GIL (measured, wave_sim
-        1024² on 2 ranks: a 4 KiB halo copy queued behind the kernel took 250-850 us)."""
+        1024² on 2 ranks: a 4 KiB halo copy queued behind the kernel took 250-850 us).
+        Where only source kernels are enqueued on a device lane's queue (OpenCL:
+        ``enqueues_python_kernels``), nothing else goes behind them: the lane's worker would
+        run it at once, while the kernel before it still runs on the device."""
+        if (not self._enqueues_python and self._enqueues and lane.key[0] is Target.DEVICE_LANE
+                and not (type(instr) is DeviceKernelInstruction and getattr(instr.launcher, "source", False))):
+            return False
         info = lane.handle
         if info is None or not info.inline:
             return True
@@ -997,11 +1004,12 @@ class Executor(InstructionHandlers):
             fn = functools.partial(fn, *args)
         c = None
         if self._enqueues and type(key) is tuple:
-            est = self._costs.get(key)
-            # (the first of a kind is measured so; a source kernel's launch only enqueues,
-            # however long the device then takes)
-            if est is None or est <= self._alone_ns or getattr(instr.launcher, "source", False):
+            if getattr(instr.launcher, "source", False):    # (only enqueues, however long the device takes)
                 c = self._backend.enqueue_now(lane.lane, fn, dependent=a.eager)
+            elif self._enqueues_python:
+                est = self._costs.get(key)
+                if est is None or est <= self._alone_ns:    # (the first of a kind is measured so)
+                    c = self._backend.enqueue_now(lane.lane, fn, dependent=a.eager)
         if c is None:
             c = self._backend.launch(lane.lane, fn, dependent=a.eager)
         active = self._track_backend(instr, lane.lane, c)

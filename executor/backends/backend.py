@@ -172,6 +172,12 @@ def default_copy_pairs(num_devices: int, peer_to_peer: bool) -> frozenset[tuple[
 class Backend(abc.ABC):
     """Allocation, copies and launches on lanes for one rank's devices."""
 
+    # Whether a Python (array) kernel on a device lane only enqueues device work, as CuPy
+    # kernels on a stream do, so that ``enqueue_now`` may run it behind work still on the
+    # device; False where it computes on host memory at once (the OpenCL backend's numpy
+    # views of zero-copy buffers): there only source kernels are enqueued now.
+    enqueues_python_kernels: bool = True
+
     @property
     @abc.abstractmethod
     def num_devices(self) -> int: ...

@@ -303,6 +303,7 @@ class OpenCLBackend(DeviceQueueBackend):
 
     DEVICE_TIME = True
     DRAIN_WAIT_S = 0.0
+    enqueues_python_kernels = False
 
     def __init__(self, ids: list[tuple[int, int]] | tuple = (), *, devices: list | None = None,
                  huge_pages: int | None = HUGE_PAGE, rank: int | None = None):
@@ -328,7 +329,8 @@ class OpenCLBackend(DeviceQueueBackend):
     def enqueue_now(self, lane: Lane, fn, *, dependent: bool = False) -> QueueCompletion | None:
         """Run ``fn`` on the calling thread with its source kernels enqueued, not waited for,
         once the lane's worker has nothing queued or running; the lane's waiter waits for them.
-        (Work that enqueues nothing, a Python kernel, simply runs here.)"""
+        (Only for source kernels: a Python kernel would run here at once, ahead of kernels of
+        the lane still on the device: ``enqueues_python_kernels``.)"""
         if lane.kind != "device" or not self._idle_for_enqueue(self._worker(lane)):
             return None
         c = QueueCompletion(QuietCompletion(self._worker(lane)))
