@@ -421,3 +421,30 @@ def test_copies_back_for_non_cpu_devices_run_on_the_waiter(monkeypatch):
         np.testing.assert_array_equal(q.fence(x).result(), np.full(4096, 4.0, np.float32))
     finally:
         q.shutdown()
+
+
+def test_python_kernels_after_an_enqueued_source_kernel_wait_for_the_device(monkeypatch):
+    """With almost nothing inline (CELERITAS_INLINE_US=1) every source kernel is enqueued by the
+    executor and left to the lane's waiter.  A Python kernel reading its output on the same
+    device must not be queued behind it on the lane's worker, which would run it at once,
+    while the kernel still runs on the device (the fuzzer found that: stale values)."""
+    monkeypatch.setenv("CELERITAS_INLINE_US", "1")
+    q = cl.Queue(devices="opencl")
+    try:
+        x = cl.Buffer(np.zeros(4096, np.float32), name="x")
+        y = cl.Buffer(np.zeros(4096, np.float32), name="y")
+        rounds = 6
+        for _ in range(rounds):
+            def slow(cgh):
+                a = x.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.parallel_for((4096,), SLOW, args=(a, np.int32(SLOW_ROUNDS // 4)))
+            q.submit(slow)
+
+            def accumulate(cgh):
+                r = x.access(cgh, cl.one_to_one(), cl.read)
+                w = y.access(cgh, cl.one_to_one(), cl.read_write)
+                cgh.parallel_for((4096,), lambda c: w.__setitem__(c, w[c] + r[c]), name="accumulate")
+            q.submit(accumulate)
+        np.testing.assert_array_equal(q.fence(y).result(), np.full(4096, rounds * (rounds + 1) / 2, np.float32))
+    finally:
+        q.shutdown()
