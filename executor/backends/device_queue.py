@@ -40,7 +40,7 @@ class QueueCompletion(Completion):
     saw the device finish: the executor compares one estimate per kind of work with its
     inline threshold, whichever way the work ran."""
 
-    __slots__ = ("_host", "_event", "_device_error", "_device_ns")
+    __slots__ = ("_host", "_event", "_device_error", "_device_ns", "_seen_done_ns")
     notifying = True
 
     def __init__(self, host: HostCompletion):
@@ -48,6 +48,7 @@ class QueueCompletion(Completion):
         self._event: DeviceEvent | None = None
         self._device_error: BaseException | None = None
         self._device_ns = 0
+        self._seen_done_ns: int | None = None     # when the waiter saw the device finish
 
     def is_done(self) -> bool:
         if not self._host._done:
@@ -72,7 +73,10 @@ class QueueCompletion(Completion):
 
     @property
     def end_ns(self):
-        return self._host.end_ns
+        """When the waiter saw the device finish (the enqueue's end until then): a trace shows
+        the work from its enqueue to the device's end, not the enqueue alone."""
+        seen = self._seen_done_ns
+        return self._host.end_ns if seen is None else seen
 
     @property
     def cpu_ns(self):
@@ -119,8 +123,9 @@ class Waiter:
                     ev.synchronize()        # (also after a failed enqueue: what it did enqueue finishes)
                 except Exception as exc:  # noqa: BLE001 - a device fault: the work's error
                     c._device_error = exc
+                now = c._seen_done_ns = _perf_ns()
                 if self.device_time and host._end_ns is not None:
-                    c._device_ns = max(_perf_ns() - host._end_ns, 0)
+                    c._device_ns = max(now - host._end_ns, 0)
             notifier = self.backend._notifier
             if notifier is not None:
                 try:
