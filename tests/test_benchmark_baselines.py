@@ -84,3 +84,27 @@ def test_bench_mpi_row_mappers_map_the_whole_range_to_what_their_chunk_gets():
     assert other.range[0] == 0
     r = _row_mapper(0, 7)(chunk(0, 2), shape)
     assert (r.offset, r.range) == ((7, 0), (1, 64))
+
+
+def test_thread_cpu_by_role_counts_the_runtime_threads_that_worked():
+    """benchmarks.threads: the per-role CPU the MPI benchmark reports beside each wave_sim row."""
+    from benchmarks.threads import cpu_per_step, format_cpu, role, thread_cpu
+    assert [role(n) for n in ("MainThread", "celeritas-scheduler-0", "celeritas-executor-1", "celeritas-D0.lane0-1",
+                              "celeritas-host.lane2", "celeritas-D1.lane0-waiter-0", "celeritas-rank-3", "pool-1")] \
+        == ["application", "scheduler", "executor", "lanes", "lanes", "waiters", "other", "other"]
+    q = cl.Queue(devices="host:2")
+    init = wave_sim.initial_condition(64)
+    u, up = cl.Buffer(init), cl.Buffer(init)
+    before = thread_cpu()
+    steps = 50
+    for s in range(steps):
+        a, b, c = wave_sim.coefficients(s, 0.25, 1.0)
+        wave_sim.submit_step(q, up, u, a, b, c, 64)
+        up, u = u, up
+    np.testing.assert_array_equal(q.fence(u).result(), wave_sim.reference(64, steps))
+    per = cpu_per_step(before, thread_cpu(), steps)
+    q.shutdown()
+    assert set(per) == {"application", "scheduler", "executor", "lanes", "waiters", "other"}
+    # every step was submitted, compiled and executed: each of the three threads worked
+    assert per["application"] > 0 and per["scheduler"] > 0 and per["executor"] > 0
+    assert format_cpu(per).startswith("app ") and " · sched " in format_cpu(per)
