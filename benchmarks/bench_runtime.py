@@ -25,20 +25,25 @@ from rich.table import Table
 
 import celeritas as cl
 from apps import wave_sim
+from benchmarks.threads import cpu_per_step, format_cpu, thread_cpu
 
 
-def tiny_tasks(n: int, devices: str = "host:4") -> float:
+def tiny_tasks(n: int, devices: str = "host:4", cpu: dict | None = None) -> float:
+    """µs per task; ``cpu``, where given, gets the CPU µs per task by thread role (``threads``)."""
     q = cl.Queue(devices=devices)
     q.wait()
 
     def cgf(cgh):
         cgh.parallel_for((4,), _noop, name="tiny")
 
+    c0 = thread_cpu()
     t0 = time.perf_counter()
     for _ in range(n):
         q.submit(cgf)
     q.wait()
     dt = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.update(cpu_per_step(c0, thread_cpu(), n))
     q.shutdown()
     return dt / n * 1e6
 
@@ -58,12 +63,14 @@ def dask_tiny_tasks(n: int) -> float | None:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def stencil(n: int, iterations: int, devices: str = "host:4", noop: bool = False) -> float:
-    """µs per iteration of wave_sim's step on ``devices`` (``noop``: a kernel that does nothing)."""
+def stencil(n: int, iterations: int, devices: str = "host:4", noop: bool = False, cpu: dict | None = None) -> float:
+    """µs per iteration of wave_sim's step on ``devices`` (``noop``: a kernel that does nothing);
+    ``cpu``, where given, gets the CPU µs per iteration by thread role (``threads``)."""
     q = cl.Queue(devices=devices)
     a = cl.Buffer(np.ones((n, n), np.float32))
     b = cl.Buffer(np.ones((n, n), np.float32))
     q.wait()
+    c0 = thread_cpu()
     t0 = time.perf_counter()
     for _ in range(iterations):
         if noop:
@@ -73,6 +80,8 @@ def stencil(n: int, iterations: int, devices: str = "host:4", noop: bool = False
         a, b = b, a
     q.wait()
     dt = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.update(cpu_per_step(c0, thread_cpu(), iterations))
     q.shutdown()
     return dt / iterations * 1e6
 
@@ -204,26 +213,47 @@ def main(argv=None) -> None:
         t.add_column(col, justify="right" if col != "benchmark" else "left")
 
     if "tiny" in only:
-        us, dk = _best(rep, lambda: tiny_tasks(args.tasks), lambda: dask_tiny_tasks(args.tasks))
-        t.add_row(f"{args.tasks} tiny tasks, host:4", f"{us:.1f} µs/task",
+        runs: list = []
+        us, dk = _best(rep, _with_cpu(runs, lambda cpu: tiny_tasks(args.tasks, cpu=cpu)),
+                       lambda: dask_tiny_tasks(args.tasks))
+        t.add_row(f"{args.tasks} tiny tasks, host:4", f"{us:.1f} µs/task\n(CPU {_cpu_of(runs)})",
                   f"{dk:.1f} µs/task (dask threads)" if dk else "dask not installed",
                   f"{dk / us:.2f}× faster" if dk else "-", "≤ 40 µs/task, ≥ 6× dask")
     if "stencil" in only:
-        it, base = _best(rep, lambda: stencil(128, args.iterations), lambda: numpy_stencil(128, args.iterations))
+        runs = []
+        it, base = _best(rep, _with_cpu(runs, lambda cpu: stencil(128, args.iterations, cpu=cpu)),
+                         lambda: numpy_stencil(128, args.iterations))
         _, blk = _best(rep, lambda: 0.0, lambda: numpy_blocks_stencil(128, args.iterations))
-        t.add_row(f"128² stencil × {args.iterations}, host:4", f"{it:.1f} µs/iter",
+        t.add_row(f"128² stencil × {args.iterations}, host:4", f"{it:.1f} µs/iter\n(CPU {_cpu_of(runs)})",
                   f"{base:.1f} µs/iter (numpy, whole array); {blk:.1f} (numpy, the 4 blocks of host:4)",
                   f"{blk / it:.2f} of the 4-block loop", "≤ 150 µs/iter")
     if "noop" in only:
-        it, _ = _best(rep, lambda: stencil(128, args.iterations, noop=True), lambda: None)
-        t.add_row(f"128² stencil × {args.iterations}, no-op kernels, host:4", f"{it:.1f} µs/iter", "-", "-",
-                  "≤ 60 µs/iter")
+        runs = []
+        it, _ = _best(rep, _with_cpu(runs, lambda cpu: stencil(128, args.iterations, noop=True, cpu=cpu)),
+                      lambda: None)
+        t.add_row(f"128² stencil × {args.iterations}, no-op kernels, host:4",
+                  f"{it:.1f} µs/iter\n(CPU {_cpu_of(runs)})", "-", "-", "≤ 60 µs/iter")
     if "wave" in only:
         w, nw = _best(rep, lambda: wave(args.wave_size, args.wave_steps),
                       lambda: numpy_wave(args.wave_size, args.wave_steps))
         t.add_row(f"wave_sim {args.wave_size}² × {args.wave_steps}, 1 rank", f"{w:.3f} s", f"{nw:.3f} s (numpy)",
                   f"{nw / w:.3f} of numpy", "≥ 0.97")
     console.print(t)
+
+
+def _with_cpu(runs: list, fn):
+    """``fn(cpu)`` as a run for ``_best`` that keeps (time, CPU by thread role) in ``runs``."""
+    def run() -> float:
+        cpu: dict = {}
+        t = fn(cpu)
+        runs.append((t, cpu))
+        return t
+    return run
+
+
+def _cpu_of(runs: list) -> str:
+    """The CPU by thread role of the fastest of ``runs`` (µs per task or iteration)."""
+    return format_cpu(min(runs, key=lambda r: r[0])[1])
 
 
 def _best(repeat: int, ours, baseline) -> tuple[float, float | None]:
