@@ -9,15 +9,15 @@ completion and skip dependent work, and whole programs compute the right values.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 import celeritas as cl
-from executor.backends.backend import Lane, LaneSkipped
+from executor.backends.backend import Lane
 
 import fake_cupy
+from device_queue_checks import check_failed_enqueue_skips_dependent_work, notifying, wait_notified
 
 LANE = Lane("device", 0, 0)
 TIMEOUT = 10.0
@@ -31,26 +31,13 @@ def fake(monkeypatch):
 @pytest.fixture
 def backend(fake):
     from executor.backends.cuda import CudaBackend
-    b = CudaBackend([0])
-    notified: list = []
-    arrived = threading.Event()
-
-    def note(c):
-        notified.append(c)
-        arrived.set()
-
-    b.set_notifier(note)
-    b.notified, b.arrived = notified, arrived
+    b = notifying(CudaBackend([0]))
     yield b
     b.close()
 
 
 def _wait_notified(backend, c) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while c not in backend.notified:
-        assert time.monotonic() < deadline, "the waiter never notified the completion"
-        backend.arrived.wait(0.01)
-        backend.arrived.clear()
+    wait_notified(backend, c, TIMEOUT)
 
 
 def test_an_idle_lane_enqueues_on_the_calling_thread_and_its_waiter_notifies_once_the_device_is_done(backend):
@@ -82,22 +69,7 @@ def test_a_lane_busy_on_its_worker_keeps_its_order(backend):
 
 
 def test_a_failed_enqueue_fails_its_completion_and_dependent_work_on_the_lane_is_skipped(backend):
-    def broken():
-        raise ValueError("bad launch")
-
-    c = backend.enqueue_now(LANE, broken)
-    _wait_notified(backend, c)
-    assert isinstance(c.error(), ValueError)
-    ran = []
-    d = backend.launch(LANE, lambda: ran.append(1), dependent=True)
-    _wait_notified(backend, d)
-    assert ran == [] and isinstance(d.error(), LaneSkipped)
-    e = backend.enqueue_now(LANE, lambda: ran.append(2), dependent=True)
-    _wait_notified(backend, e)
-    assert ran == [] and isinstance(e.error(), LaneSkipped)
-    f = backend.enqueue_now(LANE, lambda: ran.append(3))       # independent work still runs
-    _wait_notified(backend, f)
-    assert ran == [3] and f.error() is None
+    check_failed_enqueue_skips_dependent_work(backend, LANE)
 
 
 @pytest.mark.parametrize("devices", ["cuda", "cuda:0,0"])

@@ -12,6 +12,8 @@ from celeritas.testing import run_cluster
 pyopencl = pytest.importorskip("pyopencl")
 from executor.backends.opencl import opencl_devices  # noqa: E402
 
+from device_queue_checks import check_failed_enqueue_skips_dependent_work, notifying, wait_notified  # noqa: E402
+
 try:
     opencl_devices()
     HAVE_DEVICE = True
@@ -304,26 +306,9 @@ def test_long_source_kernels_are_enqueued_by_the_executor_and_completed_by_the_l
 @pytest.fixture
 def ocl_backend():
     from executor.backends.opencl import OpenCLBackend
-    b = OpenCLBackend()
-    notified: list = []
-    arrived = threading.Event()
-
-    def note(c):
-        notified.append(c)
-        arrived.set()
-
-    b.set_notifier(note)
-    b.notified, b.arrived = notified, arrived
+    b = notifying(OpenCLBackend())
     yield b
     b.close()
-
-
-def _notified(backend, c, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while c not in backend.notified:
-        assert time.monotonic() < deadline, "the lane's waiter never notified the completion"
-        backend.arrived.wait(0.01)
-        backend.arrived.clear()
 
 
 def _enqueue_slow(backend, lane, arr, rounds: int):
@@ -361,7 +346,7 @@ def test_enqueue_now_returns_before_the_device_finishes_and_the_waiter_notifies_
     c = ocl_backend.enqueue_now(lane, fn)
     assert c is not None and c.notifying and ran_on == [threading.current_thread()]
     assert not c.is_done() and c not in ocl_backend.notified      # the device still runs it
-    _notified(ocl_backend, c)
+    wait_notified(ocl_backend, c)
     assert c.is_done() and c.error() is None
     np.testing.assert_array_equal(arr, 1.0)
     # its cost counts the device's time (the enqueue alone takes microseconds)
@@ -378,30 +363,16 @@ def test_enqueue_now_declines_while_the_lanes_worker_holds_work_and_keeps_the_la
     assert ocl_backend.enqueue_now(lane, lambda: order.append("direct")) is None
     assert time.monotonic() - t0 < 0.5       # no waiting for a worker that holds a kernel for its whole run
     gate.set()
-    _notified(ocl_backend, first)
+    wait_notified(ocl_backend, first)
     second = ocl_backend.enqueue_now(lane, lambda: order.append("direct"))
     assert second is not None and order == ["worker", "direct"]
-    _notified(ocl_backend, second)           # (nothing enqueued: done at once, still notified)
+    wait_notified(ocl_backend, second)           # (nothing enqueued: done at once, still notified)
     assert second.is_done() and second.error() is None
 
 
 def test_a_failed_enqueue_now_fails_its_completion_and_skips_dependent_work(ocl_backend):
-    from executor.backends.backend import Lane, LaneSkipped
-    lane = Lane("device", 0, 0)
-
-    def broken():
-        raise ValueError("bad launch")
-
-    c = ocl_backend.enqueue_now(lane, broken)
-    _notified(ocl_backend, c)
-    assert isinstance(c.error(), ValueError)
-    ran = []
-    d = ocl_backend.enqueue_now(lane, lambda: ran.append(1), dependent=True)
-    _notified(ocl_backend, d)
-    assert ran == [] and isinstance(d.error(), LaneSkipped)
-    e = ocl_backend.enqueue_now(lane, lambda: ran.append(2))      # independent work still runs
-    _notified(ocl_backend, e)
-    assert ran == [2] and e.error() is None
+    from executor.backends.backend import Lane
+    check_failed_enqueue_skips_dependent_work(ocl_backend, Lane("device", 0, 0))
 
 
 def test_copies_back_for_non_cpu_devices_run_on_the_waiter(monkeypatch):

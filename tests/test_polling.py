@@ -170,6 +170,19 @@ def test_spin_gives_way_to_sleeps_once_its_time_is_up():
     assert got and got[0] == 1e-3 and max(got) == 2e-3
 
 
+def _lane_kernel(launcher, name: str):
+    """``extra`` for ``run``: a kernel on a device lane (known to be long, so not run inline)."""
+    def kernel(g, after):
+        box = Box((0,), (1,))
+        k_alloc = g.add(AllocInstruction, after, allocation=2, memory=device_memory(0), box=box, shape=(1,),
+                        dtype=np.float64)
+        k = g.add(DeviceKernelInstruction, k_alloc, device=0, task=2, box=box,
+                  accesses=[AccessAllocation(buffer=1, allocation=2, allocation_box=box, box=box)],
+                  launcher=launcher, name=name)
+        return g.add(FreeInstruction, k, allocation=2, memory=device_memory(0))
+    return kernel
+
+
 def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
     """A kernel on a device lane (known to be long, so not run inline) blocks until the
     pilot arrived: meanwhile the loop sleeps between polls from a
@@ -177,16 +190,7 @@ def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
     arrived = threading.Event()
     comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=4e-3, arrive_after=12, on_arrival=arrived)
     ran = []
-
-    def kernel(g, after):
-        box = Box((0,), (1,))
-        k_alloc = g.add(AllocInstruction, after, allocation=2, memory=device_memory(0), box=box, shape=(1,),
-                        dtype=np.float64)
-        k = g.add(DeviceKernelInstruction, k_alloc, device=0, task=2, box=box,
-                  accesses=[AccessAllocation(buffer=1, allocation=2, allocation_box=box, box=box)],
-                  launcher=lambda ctx: ran.append(arrived.wait(TIMEOUT)), name="blocks")
-        return g.add(FreeInstruction, k, allocation=2, memory=device_memory(0))
-
+    kernel = _lane_kernel(lambda ctx: ran.append(arrived.wait(TIMEOUT)), "blocks")
     _ex, waits, result = run(comm, kernel, costs={"blocks": 10 ** 9})
     np.testing.assert_array_equal(result, comm.payload)
     assert ran == [True]
@@ -210,16 +214,7 @@ def test_during_a_long_kernel_the_sleeps_grow_past_poll_max_to_an_eighth_of_the_
         return [(1, Pilot(msg_id=7, to=0, transfer=(1, 0, 0), box=BOX))] if done.is_set() else []
 
     comm.poll_pilots = poll_pilots
-
-    def kernel(g, after):
-        box = Box((0,), (1,))
-        k_alloc = g.add(AllocInstruction, after, allocation=2, memory=device_memory(0), box=box, shape=(1,),
-                        dtype=np.float64)
-        k = g.add(DeviceKernelInstruction, k_alloc, device=0, task=2, box=box,
-                  accesses=[AccessAllocation(buffer=1, allocation=2, allocation_box=box, box=box)],
-                  launcher=lambda ctx: (done.wait(0.6), done.set()), name="long")
-        return g.add(FreeInstruction, k, allocation=2, memory=device_memory(0))
-
+    kernel = _lane_kernel(lambda ctx: (done.wait(0.6), done.set()), "long")
     _ex, waits, result = run(comm, kernel, costs={"long": 10 ** 9})
     np.testing.assert_array_equal(result, comm.payload)
     got = polling_waits(waits)
