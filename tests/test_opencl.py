@@ -334,10 +334,10 @@ def test_enqueue_now_returns_before_the_device_finishes_and_the_waiter_notifies_
     from executor.backends.backend import Lane
     from scheduler.instruction_graph import device_memory
     lane = Lane("device", 0, 0)
-    arr = ocl_backend.allocate(device_memory(0), (1 << 16,), np.float32)
+    arr = ocl_backend.allocate(device_memory(0), (4096,), np.float32)
     arr[...] = 0
     ran_on = []
-    enqueue = _enqueue_slow(ocl_backend, lane, arr, 400_000)
+    enqueue = _enqueue_slow(ocl_backend, lane, arr, SLOW_ROUNDS)
 
     def fn():
         ran_on.append(threading.current_thread())
@@ -419,3 +419,38 @@ def test_python_kernels_after_an_enqueued_source_kernel_wait_for_the_device(monk
         np.testing.assert_array_equal(q.fence(y).result(), np.full(4096, rounds * (rounds + 1) / 2, np.float32))
     finally:
         q.shutdown()
+
+
+def test_enqueued_events_synchronize_once_whichever_thread_asks_first(monkeypatch):
+    """The waiter and a caller of ``QueueCompletion.wait`` may both synchronize what one
+    enqueue_now enqueued: each returns only once the events are done, the copies back to the
+    host (non-CPU devices) run once, and it is not done before they ran."""
+    from executor.backends import opencl as ocl_mod
+    release = threading.Event()
+    waits, copies = [], []
+
+    class Ev:
+        command_execution_status = 0
+
+        def wait(self):
+            waits.append(threading.current_thread().name)
+            release.wait(10)
+            Ev.command_execution_status = pyopencl.command_execution_status.COMPLETE
+
+    class Done:
+        def wait(self):
+            pass
+
+    monkeypatch.setattr(ocl_mod.cl, "enqueue_copy", lambda q, dst, src: (copies.append(src), Done())[1])
+    e = ocl_mod._Enqueued([(Ev(), None, [("buf", np.zeros(4, np.float32))])])
+    assert not e.done
+    finished = []
+    threads = [threading.Thread(target=lambda: (e.synchronize(), finished.append(1))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    assert finished == [] and not e.done           # both wait for the device
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert finished == [1, 1] and copies == ["buf"] and len(waits) == 1 and e.done

@@ -271,24 +271,35 @@ def _arguments_key(ctx: Any, args: tuple) -> tuple | None:
 
 class _Enqueued:
     """The OpenCL events of what one ``enqueue_now`` enqueued, with the copies back to host
-    arrays that non-CPU devices need after each kernel; the lane's waiter waits for them."""
+    arrays that non-CPU devices need after each kernel; the lane's waiter waits for them
+    (``synchronize`` returns once they are done, whichever thread called it first; the
+    copies back run once)."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "_lock", "_synced")
 
     def __init__(self, items: list):
         self.items = items      # (event, queue, [(buffer, host array), ...])
+        self._lock = threading.Lock()
+        self._synced = False
 
     @property
     def done(self) -> bool:
+        if self._synced:
+            return True
+        if any(syncs for _ev, _q, syncs in self.items):
+            return False        # (the copies back are the waiter's: done once it synchronized)
         complete = cl.command_execution_status.COMPLETE
         return all(ev.command_execution_status == complete for ev, _q, _syncs in self.items)
 
     def synchronize(self) -> None:
-        items, self.items = self.items, []
-        for ev, queue, syncs in items:
-            ev.wait()
-            for buf, arr in syncs:
-                cl.enqueue_copy(queue, arr.reshape(-1).view(np.uint8), buf).wait()
+        with self._lock:
+            if self._synced:
+                return
+            for ev, queue, syncs in self.items:
+                ev.wait()
+                for buf, arr in syncs:
+                    cl.enqueue_copy(queue, arr.reshape(-1).view(np.uint8), buf).wait()
+            self._synced = True
 
 
 class OpenCLBackend(DeviceQueueBackend):
