@@ -204,12 +204,11 @@ class CudaBackend(DeviceQueueBackend):
                         s = self._streams[lane] = cupy.cuda.Stream(non_blocking=True)
         return s
 
-    def _enqueuing(self, lane: Lane, fn: Callable[[], Any]) -> tuple[QueueCompletion, Callable[[], None]]:
-        """A completion for ``fn`` on ``lane`` and the function that enqueues ``fn`` on the
-        lane's stream, followed by the event it completes with."""
+    def _enqueuing(self, lane: Lane, worker, fn: Callable[[], Any]) -> tuple[QueueCompletion, Callable[[], None]]:
+        """``fn`` under the lane's device and stream, followed by the event it completes with."""
         stream = self.lane_handle(lane)
         dev = self.device_ids[lane.device]
-        c = QueueCompletion(QuietCompletion(self._worker(lane)))
+        c = QueueCompletion(QuietCompletion(worker))
 
         def run() -> None:
             with cupy.cuda.Device(dev), stream:
@@ -223,18 +222,10 @@ class CudaBackend(DeviceQueueBackend):
     def launch(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion:
         if lane.kind != "device":
             return super().launch(lane, fn, dependent=dependent)
-        c, run = self._enqueuing(lane, fn)
-        self._enqueue_on_worker(lane, c, run, dependent)
-        return c
-
-    def enqueue_now(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion | None:
-        """Enqueue on the lane's stream from the calling thread once the lane's worker has
-        nothing queued or running (what it enqueued is then ahead on the stream, so the
-        stream keeps the lane's order)."""
-        if lane.kind != "device" or not self._idle_for_enqueue(self._worker(lane)):
-            return None
-        c, run = self._enqueuing(lane, fn)
-        self._enqueue_here(lane, c, run, dependent)
+        w = self._worker(lane)
+        c, run = self._enqueuing(lane, w, fn)
+        w.put(run, c._host, dependent)
+        self._waiter(lane).queue.put(c)
         return c
 
     def copy(self, src: Any, src_box: Box | None, dst: Any, dst_box: Box | None, box: Box,

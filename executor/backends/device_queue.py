@@ -169,15 +169,26 @@ class DeviceQueueBackend(HostBackend):
         return (backlog == 1 and self.DRAIN_WAIT_S > 0
                 and w.wait_for(lambda: w.queued == w.finished, self.DRAIN_WAIT_S))
 
-    def _enqueue_here(self, lane: Lane, c: QueueCompletion, run: Callable[[], None], dependent: bool) -> None:
-        """Run ``run`` (which enqueues and sets ``c._event``) on the calling thread under the
-        lane's failure policy, as its worker would, and hand ``c`` to the lane's waiter."""
-        self._worker(lane).run(run, c._host, dependent)
-        self._waiter(lane).queue.put(c)
+    def _enqueuing(self, lane: Lane, worker: _LaneWorker,
+                   fn: Callable[[], Any]) -> tuple[QueueCompletion, Callable[[], None]]:
+        """A completion for ``fn`` on ``lane`` and the function that runs ``fn`` with its
+        device work enqueued on the lane's queue, setting the completion's ``event``."""
+        raise NotImplementedError
 
-    def _enqueue_on_worker(self, lane: Lane, c: QueueCompletion, run: Callable[[], None], dependent: bool) -> None:
-        self._worker(lane).put(run, c._host, dependent)
+    def enqueue_now(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion | None:
+        """Enqueue on the lane's queue from the calling thread once the lane's worker has
+        nothing queued or running (what it enqueued is then ahead on the queue, so the
+        queue keeps the lane's order): ``fn`` runs here under the lane's failure policy, as
+        on its worker, and the lane's waiter waits for what it enqueued."""
+        if lane.kind != "device":
+            return None
+        w = self._worker(lane)
+        if not self._idle_for_enqueue(w):
+            return None
+        c, run = self._enqueuing(lane, w, fn)
+        w.run(run, c._host, dependent)
         self._waiter(lane).queue.put(c)
+        return c
 
     def close(self) -> None:
         super().close()

@@ -218,7 +218,7 @@ class _LaneWorker:
 
     def run(self, fn: Callable[[], Any], c: "HostCompletion", dependent: bool) -> None:
         """Run one item of this lane on the calling thread (this worker's, or a caller that
-        found the lane idle: ``CudaBackend.enqueue_now``): the lane's failure policy, then
+        found the lane idle: ``DeviceQueueBackend.enqueue_now``): the lane's failure policy, then
         ``c`` timed and done."""
         c._start_ns = _perf_ns()
         cpu0 = _thread_ns() + blocked_ns()

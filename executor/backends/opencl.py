@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -337,14 +337,11 @@ class OpenCLBackend(DeviceQueueBackend):
         # per thread: the list ``enqueue_now`` collects enqueued events in (None: enqueue and wait)
         self._enqueue_only = threading.local()
 
-    def enqueue_now(self, lane: Lane, fn, *, dependent: bool = False) -> QueueCompletion | None:
-        """Run ``fn`` on the calling thread with its source kernels enqueued, not waited for,
-        once the lane's worker has nothing queued or running; the lane's waiter waits for them.
-        (Only for source kernels: a Python kernel would run here at once, ahead of kernels of
-        the lane still on the device: ``enqueues_python_kernels``.)"""
-        if lane.kind != "device" or not self._idle_for_enqueue(self._worker(lane)):
-            return None
-        c = QueueCompletion(QuietCompletion(self._worker(lane)))
+    def _enqueuing(self, lane: Lane, worker, fn) -> tuple[QueueCompletion, Callable[[], None]]:
+        """``fn`` with its source kernels enqueued, not waited for (``enqueue_now``: the lane's
+        waiter waits for them).  Only source kernels come here: a Python kernel would run at
+        once, ahead of kernels of the lane still on the device (``enqueues_python_kernels``)."""
+        c = QueueCompletion(QuietCompletion(worker))
         tls = self._enqueue_only
 
         def run() -> None:
@@ -356,8 +353,7 @@ class OpenCLBackend(DeviceQueueBackend):
                 if pending:
                     c._event = _Enqueued(pending)
 
-        self._enqueue_here(lane, c, run, dependent)
-        return c
+        return c, run
 
     def context_of(self, device: int):
         return self._contexts[self.devices[device].int_ptr]
