@@ -34,7 +34,7 @@ import numpy as np
 
 import celeritas as cl
 from apps import wave_sim
-from benchmarks.gate import hold, release, source_launches
+from benchmarks.gate import hold, launch_costs, release
 
 WAVE_SOURCE = """
 extern "C" __global__ void wave(CHUNK_PARAMS, ACCESSOR(float, up), ACCESSOR(float, u), float a, float b, float c,
@@ -270,11 +270,7 @@ def measure(size: int, small: int, steps: int, reps: int, launches: int) -> dict
     try:
         out["wave"] = [measure_wave(q, n, steps, reps, compiled=True) for n in (size, small)]
         out["array_wave"] = [measure_array_wave(q, n, steps, reps) for n in (size, small)]
-        lc = lg = lb = float("inf")
-        for _ in range(reps):
-            lc = min(lc, source_launches(q, TINY, launches))
-            lg = min(lg, source_launches(q, TINY, launches, compiled=True))
-            lb = min(lb, launches_bare(launches))
+        lc, lg, lb = launch_costs(q, TINY, launches, reps, launches_bare)
         out.update(launch_celeritas_us=lc, launch_compiled_us=lg, launch_bare_us=lb)
     finally:
         q.shutdown()

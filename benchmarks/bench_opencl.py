@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 import celeritas as cl  # noqa: E402
 from apps import wave_sim  # noqa: E402
-from benchmarks.gate import hold, release, source_launches  # noqa: E402
+from benchmarks.gate import hold, launch_costs, release  # noqa: E402
 
 WAVE_SOURCE = """
 __kernel void wave(CHUNK_PARAMS, ACCESSOR(float, up), ACCESSOR(float, u), float a, float b, float c, long n) {
@@ -202,11 +202,7 @@ def measure(n: int, steps: int, reps: int, launches: int) -> dict:
     equal = all(np.array_equal(results["pyopencl_s"], results[k]) for k in ("celeritas_s", "compiled_s"))
     close = all(np.allclose(results["pyopencl_s"], results[k], rtol=1e-5, atol=1e-6)
                 for k in ("celeritas_s", "compiled_s"))
-    lc = lg = lb = float("inf")
-    for _ in range(reps):
-        lc = min(lc, source_launches(q, TINY, launches))
-        lg = min(lg, source_launches(q, TINY, launches, compiled=True))
-        lb = min(lb, launches_bare(launches))
+    lc, lg, lb = launch_costs(q, TINY, launches, reps, launches_bare)
     q.shutdown()
     return {"size": n, "steps": steps, "devices": os.environ.get("POCL_DEVICES"), **best,
             "ratio": best["pyopencl_s"] / best["celeritas_s"], "compiled_ratio": best["pyopencl_s"] / best["compiled_s"],

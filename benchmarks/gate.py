@@ -78,3 +78,15 @@ def source_launches(q: cl.Queue, kernel: cl.Kernel, count: int, compiled: bool =
     got = q.fence(x).result()
     assert got[0] == count + 10, got
     return t / count * 1e6
+
+
+def launch_costs(q: cl.Queue, kernel: cl.Kernel, count: int, reps: int,
+                 bare: Callable[[int], float]) -> tuple[float, float, float]:
+    """The best of ``reps`` alternating rounds of ``source_launches`` end to end, compiled
+    ahead, and the backend's ``bare`` launch loop: (celeritas, compiled, bare) µs per launch."""
+    lc = lg = lb = float("inf")
+    for _ in range(reps):
+        lc = min(lc, source_launches(q, kernel, count))
+        lg = min(lg, source_launches(q, kernel, count, compiled=True))
+        lb = min(lb, bare(count))
+    return lc, lg, lb

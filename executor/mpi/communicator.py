@@ -15,9 +15,8 @@ Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does o
   thread, no hand-off between threads on the critical path of a hop.  While
   the executor has nothing but the network left to wait for, it polls for
   ``poll_spin`` seconds, then sleeps between polls from ``poll_min`` up to
-  ``poll_max`` (further while its lane work runs: see the executor's wait policy);
-  with nothing outstanding it
-  does not poll at all.  The only blocking waits (``barrier``, a clone's
+  ``poll_max`` (further while its lane work runs: see the executor's wait
+  policy); with nothing outstanding it does not poll at all.  The only blocking waits (``barrier``, a clone's
   ``Idup``) are ``Test`` loops with short sleeps on the executor thread, so the
   GIL is never held while waiting and divergence messages keep being checked.
 * collective groups are ``Idup`` clones: cloning never blocks, the first use of
@@ -82,8 +81,9 @@ class MpiCommunicator(Communicator):
         """``strided``: how strided boxes travel (see ``wire.use_datatype``);
         ``poll_max``: the executor's longest sleep (s) between polls while sends or
         receives are outstanding and nothing else is in flight (with lane work in
-        flight the sleeps grow past it, see the executor's wait policy); ``poll_spin``: how long (s) it polls without
-        pause first, once nothing but the network is left to wait for (0: never);
+        flight the sleeps grow past it, see the executor's wait policy);
+        ``poll_spin``: how long (s) it polls without pause first, once nothing but
+        the network is left to wait for (0: never);
         ``divergence_timeout``: how long (s, None: forever) a shutdown or
         barrier epoch waits for the neighbour's matching epoch, and
         ``divergence_timeout_hint`` where users set it (named in the error);
