@@ -38,6 +38,36 @@ def clean_env(extra: dict | None = None) -> dict:
     return env
 
 
+def _dump_python_stacks(root: int, grace: float = 3.0) -> None:
+    """Ask the Python processes under ``root`` (mpiexec's ranks: its proxy starts each in
+    a session of its own) that registered ``faulthandler`` on SIGUSR2 (the MPI scripts
+    do, in ``_setup``) to print every thread's stack to their stderr, so that a job
+    killed at its timeout shows where it hung; then wait ``grace`` s."""
+    if not sys.platform.startswith("linux"):
+        return
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(d.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    todo, hit = list(children.get(root, ())), False
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"python" in os.path.basename(cmd[0]) and any(b"mpi_scripts" in a for a in cmd[1:]):
+                os.kill(pid, signal.SIGUSR2)
+                hit = True
+        except OSError:
+            continue
+    if hit:
+        time.sleep(grace)
+
+
 def _spawn(argv: list, env: dict, timeout: float, cwd) -> tuple[subprocess.CompletedProcess, bool]:
     """Run ``argv`` in its own session: (the result, whether it outlived ``timeout``, then
     killed with its whole process group); the result also carries ``seconds``, the wall time."""
@@ -48,6 +78,7 @@ def _spawn(argv: list, env: dict, timeout: float, cwd) -> tuple[subprocess.Compl
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _dump_python_stacks(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         killed = True

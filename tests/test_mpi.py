@@ -153,6 +153,15 @@ def test_communicator_protocol():
     _every_rank_ok(mpirun(3, "comm_unit.py", timeout=60), 3)
 
 
+@needs_mpi
+@pytest.mark.mpi
+def test_first_reductions_of_two_collective_groups_in_opposite_orders_do_not_deadlock():
+    """mpi4py's own pickled reductions block holding the GIL on first use (a communicator
+    duplicate): two groups starting theirs in opposite orders on two ranks deadlocked
+    (the fuzzer's 4-rank batch hung so).  ``CollectiveComm``'s give mpi4py's results."""
+    _every_rank_ok(mpirun(2, "collective_first_use.py", timeout=60), 2)
+
+
 # ------------------------------------------------------------------------------- failures
 
 

@@ -297,7 +297,7 @@ class MpiCommunicator(Communicator):
 
     def collective_handle(self) -> Any:
         """The mpi4py communicator of this clone (same handle), as a ``CollectiveComm``
-        (see there why: mpi4py's first pickled reduction must not block holding the GIL)."""
+        (see there why: mpi4py's own pickled reductions block holding the GIL on first use)."""
         h = self._handle
         if h is None:
             self._ensure_ready()
