@@ -280,6 +280,16 @@ class InProcessCollective:
         r = self.allreduce(obj, op)
         return r if self._rank == root else None
 
+    def scan(self, obj: Any, op: Callable[[Any, Any], Any] | None = None) -> Any:
+        """The reduction of the objects of ranks 0 to this one, in rank order."""
+        vals = self._exchange(obj)[:self._rank + 1]
+        return functools.reduce(op or operator.add, [_copy_obj(v) for v in vals])
+
+    def exscan(self, obj: Any, op: Callable[[Any, Any], Any] | None = None) -> Any:
+        """The reduction of the objects of the ranks before this one (None on rank 0)."""
+        vals = self._exchange(obj)[:self._rank]
+        return functools.reduce(op or operator.add, [_copy_obj(v) for v in vals]) if vals else None
+
 
 # --------------------------------------------------------------------------------------
 # single rank

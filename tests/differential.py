@@ -80,8 +80,8 @@ side-effect host tasks ran in submission order.
 
 * collective host tasks (``on=cl.collective``, ``cl.collective()``, ``cl.collective(group)``
   of 2-3 ``cl.CollectiveGroup``s), alone and in loops, whose part on every rank sums what it
-  reads (``all`` / ``fixed``), adds its rank and maybe allreduces that through
-  ``partition.comm``; every rank's records per group must be the model's, in the group's
+  reads (``all`` / ``fixed``), adds its rank and maybe reduces that through
+  ``partition.comm`` (``allreduce``, ``reduce`` to the last rank, ``scan``, ``exscan``); every rank's records per group must be the model's, in the group's
   submission order (``collective_record``, ``_collective_problems``);
 * master-node tasks placed by ``cl.once`` or by nothing (partition checked);
 * data buffers made without data, or made by a task later (after tasks, after a wait), and
@@ -418,7 +418,7 @@ class Task:
     group: int = 0              # collective: 0 the default group, k >= 1 the program's k-th CollectiveGroup
     form: str = ""              # collective group 0: "attr" (on=cl.collective) | "call" (cl.collective());
                                 # master: "" (on_master_node) | "once" (on=cl.once) | "default" (no range, no on)
-    comm: bool = False          # collective: also allreduce the recorded value through partition.comm
+    comm: bool = False          # collective: also reduce the recorded value through partition.comm (comm_op)
     hobj: int | None = None     # collective / master: side effect on the extra host object hobj (records there)
     hobj_replace: bool = False  # master: records by replacing hobj's list (h.obj = h.obj + [rec]) instead of appending
     mode: str = ""              # lookahead: the mode set
@@ -577,7 +577,7 @@ def _describe_task(t: Task) -> str:
     if t.marker:
         parts.append("marker")
     if t.comm:
-        parts.append("allreduce")
+        parts.append(comm_op(t))
     if t.hobj is not None:
         parts.append(f"side_effect h{t.hobj}")
     if t.misuse:
@@ -2402,7 +2402,7 @@ def _gen_collective(g: _Gen, st: _State) -> Task:
         g.feat("timing:slow_chunk", "collective:slow")
     g.feat("collective")
     if t.comm:
-        g.feat("collective:comm")
+        g.feat("collective:comm", f"collective:comm:{comm_op(t)}")
     if t.reads:
         g.feat("collective:reads")
     return t
@@ -2892,12 +2892,43 @@ def collective_value(t: Task, getters: dict, shape_of) -> int:
                        for rd in t.reads)) % MOD
 
 
-def collective_record(idx: int, group: int, s: int, comm: bool, rank: int, ranks: int) -> tuple:
+COMM_OPS = ("allreduce", "reduce", "scan", "exscan")
+
+
+def comm_op(t: Task) -> str:
+    """Which reduction a collective task with ``comm`` makes through ``partition.comm``
+    (from its drawn ``c0``: no draw of its own, so programs drawn before it are unchanged)."""
+    return COMM_OPS[t.c0 % len(COMM_OPS)]
+
+
+def comm_reduce(comm, op: str, v):
+    """``op`` (``comm_op``) of every rank's ``v``, summed: ``reduce`` to the last rank."""
+    if op == "allreduce":
+        return comm.allreduce(v)
+    if op == "reduce":
+        return comm.reduce(v, root=comm.size - 1)
+    return comm.scan(v) if op == "scan" else comm.exscan(v)
+
+
+def _sum_of_ranks(s: int, n: int):
+    """The sum of ``s + r`` over ranks ``r < n``."""
+    return n * s + n * (n - 1) // 2
+
+
+def collective_record(idx: int, group: int, s: int, comm: str | None, rank: int, ranks: int) -> tuple:
     """What rank ``rank`` of ``ranks`` records for collective task ``idx`` whose value is ``s``:
-    its partition (box ``[rank, rank + 1)`` of ``(ranks,)``), ``s + rank``, and with ``comm`` the
-    allreduce (sum) of every rank's ``s + rank`` and the communicator's (rank, size)."""
-    return ("c", idx, group, rank, (rank,), (rank + 1,), (ranks,), s + rank,
-            ranks * s + ranks * (ranks - 1) // 2 if comm else None, (rank, ranks) if comm else None)
+    its partition (box ``[rank, rank + 1)`` of ``(ranks,)``), ``s + rank``, and with ``comm``
+    (``comm_op``) that reduction (sum) of the ranks' ``s + rank`` and the communicator's
+    (rank, size)."""
+    tot = None
+    if comm == "allreduce" or (comm == "reduce" and rank == ranks - 1):
+        tot = _sum_of_ranks(s, ranks)
+    elif comm == "scan":
+        tot = _sum_of_ranks(s, rank + 1)
+    elif comm == "exscan" and rank > 0:
+        tot = _sum_of_ranks(s, rank)
+    return ("c", idx, group, rank, (rank,), (rank + 1,), (ranks,), s + rank, tot,
+            (rank, ranks) if comm else None)
 
 
 def host_object_records(entries: list, rank: int, ranks: int) -> list:
@@ -2962,9 +2993,10 @@ def run_model(p: Program) -> dict:
             hfences.append(list(hlog[t.fence_index]))
         elif t.kind == "collective":
             v = collective_value(t, getters, shape_of)
-            coll.append((idx, t.group, v, t.comm))
+            op = comm_op(t) if t.comm else None
+            coll.append((idx, t.group, v, op))
             if t.hobj is not None:
-                hlog[t.hobj].append(("c", idx, t.group, v, t.comm))
+                hlog[t.hobj].append(("c", idx, t.group, v, op))
         elif t.kind == "master":
             if t.reads:
                 rd = t.reads[0]
@@ -3608,7 +3640,7 @@ class _Run:
                 v = collective_value(t, getters, run._shape_of) + part.rank
                 tot = cr = None
                 if t.comm:
-                    tot = part.comm.allreduce(v)
+                    tot = comm_reduce(part.comm, comm_op(t), v)
                     cr = (part.comm.rank, part.comm.size)
                 rec = ("c", idx, t.group, part.rank, tuple(part.box.min), tuple(part.box.max),
                        tuple(part.global_range), v, tot, cr)
@@ -5088,7 +5120,7 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
                                  head + re.escape(f"the mapper raised ValueError: {RAISING_MAPPER_MSG}"), submit,
                                  ValueError)
         k = wrong_dims_of(d)
-        text = (f"the mapper returned tuple; a range mapper must return a cl.Subrange, cl.Box or cl.Region"
+        text = ("the mapper returned tuple; a range mapper must return a cl.Subrange, cl.Box or cl.Region"
                 if t.misuse_form == "type" else f"the mapper returned a {k}-D {t.misuse_form} for a {d}-D buffer")
         return MisuseOutcome(every, cl.RangeMapperError, head + re.escape(text), submit, cl.RangeMapperError)
     # outside / write_read: the chunk holding misuse_at, on the rank whose chunk holds it

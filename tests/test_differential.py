@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import celeritas as cl
-from differential import (BAD_TASK, BATCH_CHOICES, DIAGNOSTICS_CHOICES, GROUPS, HORIZON_PARALLELISM_CHOICES,
+from differential import (BAD_TASK, BATCH_CHOICES, comm_op, DIAGNOSTICS_CHOICES, GROUPS, HORIZON_PARALLELISM_CHOICES,
                           HORIZON_STEP_CHOICES, HUGE_CHOICES, INDEX_STYLES, INLINE_CHOICES, MEMORY_CHOICES, MOD,
                           OOC_OVERLAP_CHOICES, PAUSE_CHOICES, REPLAY_CHOICES, Config, Mismatch, Program, Read, Task,
                           Write, bad_access, bad_mapper_outcome, bad_rows, check, device_memory_batched,
@@ -523,11 +523,13 @@ def _run_clean(p, cfg):
 
 # (seed, configuration): main programs whose collective tasks of two or three groups repeat in a loop
 COLLECTIVE_CASES = [
-    (1453, Config(ranks=3, devices=2)),                         # groups 0 (cl.collective) and 1, allreduce
+    (1453, Config(ranks=3, devices=2)),                         # groups 0 (cl.collective) and 1, scan, exscan
     (1453, Config(ranks=1, devices=2, lookahead="none")),       # one rank: comm of size 1
-    (665, Config(ranks=2, devices=1, horizon_step=1)),          # groups 2 and 3, x3, one allreduces
+    (665, Config(ranks=2, devices=1, horizon_step=1)),          # groups 2 and 3, x3, one scans
     (2875, Config(ranks=4, devices=1, lookahead="none", replay="off")),   # groups 0 (cl.collective(), rank 0
-]                                                                         # slow) and 3; two host objects
+                                                                          # slow) and 3 (allreduce); two host objects
+    (3187, Config(ranks=3, devices=1)),                         # reduce (to the last rank), exscan, allreduce
+]
 
 
 @pytest.mark.timeout(600)
@@ -535,8 +537,9 @@ COLLECTIVE_CASES = [
 def test_collective_host_tasks_record_per_group_and_rank(seed, cfg):
     """Every rank runs its part of every collective task, with partition [rank, rank + 1) of
     (ranks,); each group's parts run in submission order on every rank; every rank's part
-    computes the same value from what it reads (and adds its rank), the allreduce through
-    the group's communicator is the sum over the ranks; all of it as the model says."""
+    computes the same value from what it reads (and adds its rank), the reduction through
+    the group's communicator (``comm_op``: allreduce, reduce to the last rank, scan, exscan)
+    sums the ranks' values in rank order; all of it as the model says."""
     p = generate(random.Random(seed), kind="main")
     colls = [(i, t) for i, t in enumerate(p.tasks) if t.kind == "collective"]
     groups = sorted({t.group for _i, t in colls})
@@ -558,16 +561,22 @@ def test_collective_host_tasks_record_per_group_and_rank(seed, cfg):
         for j, i in enumerate(idxs):
             values = {recs[r][j][7] - r for r in range(n)}
             assert values == {model_value[i]}, (i, values, model_value[i])
-            total = sum(model_value[i] + r for r in range(n))
+            vals = [model_value[i] + r for r in range(n)]
             for r in range(n):
-                assert recs[r][j][8:] == ((total, (r, n)) if p.tasks[i].comm else (None, None)), recs[r][j]
+                want_tot = {"allreduce": sum(vals), "reduce": sum(vals) if r == n - 1 else None,
+                            "scan": sum(vals[:r + 1]), "exscan": sum(vals[:r]) if r else None}
+                assert recs[r][j][8:] == ((want_tot[comm_op(p.tasks[i])], (r, n)) if p.tasks[i].comm
+                                          else (None, None)), recs[r][j]
     if seed == 1453:
-        # by hand: T1 and T3 (group 0) read b1[0, 2:4] and r1 (29), c0 2; T2 and T4 (group 1,
-        # rank 0 slow) read b0[3:6, 2:4] (booleans), c0 3; nothing writes b0, b1 or r1
+        # by hand: T1 and T3 (group 0) read b1[0, 2:4] and r1 (29), c0 2 (scan); T2 and T4
+        # (group 1, rank 0 slow) read b0[3:6, 2:4] (booleans), c0 3 (exscan: the last rank
+        # gets the sum over the ranks before it); nothing writes b0, b1 or r1
         s1 = (2 + int(p.init[1][0, 2:4].sum()) % MOD + 29) % MOD
         s2 = (3 + int(p.init[0][3:6, 2:4].astype(np.int64).sum()) % MOD) % MOD
         assert [e[1:3] + (e[7],) for e in obs[0]["coll"] if e[1] in (1, 3)] == [(1, 0, s1), (3, 0, s1)]
-        assert [e[7:9] for e in obs[-1]["coll"] if e[1] in (2, 4)] == [(s2 + n - 1, n * s2 + n * (n - 1) // 2)] * 2
+        assert [e[7:9] for e in obs[-1]["coll"] if e[1] in (2, 4)] == [(s2 + n - 1, sum(s2 + r for r in range(n - 1))
+                                                                        if n > 1 else None)] * 2
+        assert [e[8] for e in obs[0]["coll"] if e[1] in (1, 3)] == [s1] * 2       # (scan on rank 0: its own)
     check(p, want, result, cfg)
 
 
@@ -734,7 +743,6 @@ def test_extra_host_objects(seed, cfg):
     assert [t for t in p.tasks if t.hobj is not None], p.describe()
     want = run_model(p)
     result, obs = _run_clean(p, cfg)
-    n = cfg.ranks
     for r, o in enumerate(obs):
         for k, lst in enumerate(o["hobjs"]):
             mine = [i for i, t in enumerate(p.tasks) if t.hobj == k and (t.kind == "collective" or r == 0)]
@@ -1683,7 +1691,7 @@ def test_misuse_check_judges_the_outcome():
     r = oc.failing[0]
     good = cl.AccessError(_fill(oc.pattern))
     assert re.fullmatch(oc.pattern, str(good))
-    abort = cl.CeleritasError(f"rank 1: internal error: CommunicatorError: cluster aborted")
+    abort = cl.CeleritasError("rank 1: internal error: CommunicatorError: cluster aborted")
 
     def outcome(errs, stage="sync fence"):
         res = _outcome(*errs)
