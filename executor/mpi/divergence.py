@@ -131,6 +131,8 @@ def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | N
     rank: a task only one rank submitted, or submitted under another name, kind
     or range, shows up as the first id whose entries differ (one of them may be
     the other rank's epoch, or missing where one stream ends first)."""
+    if mine == theirs:      # (the common case, without an _order per entry)
+        return None
     a = {_order(e): e for e in mine}
     b = {_order(e): e for e in theirs}
     for tid in sorted(a.keys() | b.keys()):
@@ -138,6 +140,15 @@ def _first_difference(mine: list[tuple], theirs: list[tuple]) -> tuple[tuple | N
         if ea != eb:
             return ea, eb
     return None
+
+
+def _upto(entries: list[tuple], end: tuple) -> list[tuple]:
+    """``entries`` up to ``end`` (an ``_order``) inclusive: they are in stream order, so
+    sorted by ``_order``, and only the ones past ``end`` at the back need a look."""
+    n = len(entries)
+    while n and _order(entries[n - 1]) > end:
+        n -= 1
+    return entries if n == len(entries) else entries[:n]
 
 
 def _first_fold_difference(mine: tuple | None, theirs: tuple | None) -> int | None:
@@ -360,8 +371,7 @@ class EpochCheck:
             return
         stretch = _stretch(theirs)
         end = min(_order(pending[-1]), _order(stretch[-1]))    # (over what both lists cover)
-        diff = _first_difference([e for e in pending if _order(e) <= end],
-                                 [e for e in stretch if _order(e) <= end])
+        diff = _first_difference(_upto(pending, end), _upto(stretch, end))
         if diff is None:
             self._compare_epoch_hash(theirs)
         else:
