@@ -356,6 +356,10 @@ def _function_key(fn, names_memo: dict | None = None, depth: int = 0) -> tuple |
             v = cell.cell_contents
         except ValueError:   # (a cell not filled yet)
             return None
+        t = type(v)
+        if t in _SCALARS:    # (_value_key's first case, without the call: most cells are ints)
+            parts.append((t, v))
+            continue
         k = _value_key(v, depth, names_memo)
         if k is None:
             return None
