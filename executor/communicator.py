@@ -273,8 +273,7 @@ class InProcessCollective:
         return [v if i == self._rank else _copy_obj(v) for i, v in enumerate(vals)]
 
     def allreduce(self, obj: Any, op: Callable[[Any, Any], Any] | None = None) -> Any:
-        vals = self._exchange(obj)
-        return functools.reduce(op or operator.add, [_copy_obj(v) for v in vals])
+        return _reduced(self._exchange(obj), op)
 
     def reduce(self, obj: Any, op: Callable[[Any, Any], Any] | None = None, root: int = 0) -> Any:
         r = self.allreduce(obj, op)
@@ -282,13 +281,17 @@ class InProcessCollective:
 
     def scan(self, obj: Any, op: Callable[[Any, Any], Any] | None = None) -> Any:
         """The reduction of the objects of ranks 0 to this one, in rank order."""
-        vals = self._exchange(obj)[:self._rank + 1]
-        return functools.reduce(op or operator.add, [_copy_obj(v) for v in vals])
+        return _reduced(self._exchange(obj)[:self._rank + 1], op)
 
     def exscan(self, obj: Any, op: Callable[[Any, Any], Any] | None = None) -> Any:
         """The reduction of the objects of the ranks before this one (None on rank 0)."""
         vals = self._exchange(obj)[:self._rank]
-        return functools.reduce(op or operator.add, [_copy_obj(v) for v in vals]) if vals else None
+        return _reduced(vals, op) if vals else None
+
+
+def _reduced(vals: list, op: Callable[[Any, Any], Any] | None) -> Any:
+    """``vals`` (copies, as received) reduced by ``op`` (default ``+``) in rank order."""
+    return functools.reduce(op or operator.add, [_copy_obj(v) for v in vals])
 
 
 # --------------------------------------------------------------------------------------

@@ -81,8 +81,9 @@ side-effect host tasks ran in submission order.
 * collective host tasks (``on=cl.collective``, ``cl.collective()``, ``cl.collective(group)``
   of 2-3 ``cl.CollectiveGroup``s), alone and in loops, whose part on every rank sums what it
   reads (``all`` / ``fixed``), adds its rank and maybe reduces that through
-  ``partition.comm`` (``allreduce``, ``reduce`` to the last rank, ``scan``, ``exscan``); every rank's records per group must be the model's, in the group's
-  submission order (``collective_record``, ``_collective_problems``);
+  ``partition.comm`` (``allreduce``, ``reduce`` to the last rank, ``scan``, ``exscan``);
+  every rank's records per group must be the model's, in the group's submission order
+  (``collective_record``, ``_collective_problems``);
 * master-node tasks placed by ``cl.once`` or by nothing (partition checked);
 * data buffers made without data, or made by a task later (after tasks, after a wait), and
   destroyed in the middle (``Buffer.destroy()``, or the last reference dropped, here or on another

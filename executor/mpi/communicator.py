@@ -16,9 +16,10 @@ Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does o
   the executor has nothing but the network left to wait for, it polls for
   ``poll_spin`` seconds, then sleeps between polls from ``poll_min`` up to
   ``poll_max`` (further while its lane work runs: see the executor's wait
-  policy); with nothing outstanding it does not poll at all.  The only blocking waits (``barrier``, a clone's
-  ``Idup``) are ``Test`` loops with short sleeps on the executor thread, so the
-  GIL is never held while waiting and divergence messages keep being checked.
+  policy); with nothing outstanding it does not poll at all.  The only blocking
+  waits (``barrier``, a clone's ``Idup``) are ``Test`` loops with short sleeps on
+  the executor thread, so the GIL is never held while waiting and divergence
+  messages keep being checked.
 * collective groups are ``Idup`` clones: cloning never blocks, the first use of
   the clone's handle waits for the duplicate to complete.
 * **divergence check** (``EpochCheck``): ranks compare their task streams at
