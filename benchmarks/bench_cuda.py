@@ -20,6 +20,10 @@ best of ``--reps`` alternating runs after a warm-up (kernel builds, pool allocat
 * **launch cost**: a one-thread source kernel launched ``--launches`` times through
   celeritas (one task each) against a bare ``RawKernel`` launch plus a stream
   synchronisation per launch.
+* **transfers**: a ``--size``² field made into a buffer from a host array and read by a
+  first kernel (both fields of the step, per field), and fenced home after a kernel
+  wrote it, against ``cupy.asarray`` and ``get()`` (a new host array, as a fence hands
+  back); the pinned ``get(out=...)`` beside it is the link's speed.
 """
 from __future__ import annotations
 
@@ -259,6 +263,70 @@ def measure_array_wave(q: cl.Queue, n: int, steps: int, reps: int) -> dict:
             "close": all(np.allclose(ref, fields[k], rtol=1e-4, atol=1e-5) for k in fields)}
 
 
+def transfers_celeritas(q: cl.Queue, n: int) -> tuple[float, float, np.ndarray]:
+    """Seconds to bring a new ``n``² buffer to the GPU (its first kernel, ``TOUCH``, after the
+    buffer is made from a host array) and to fence it home again after a kernel wrote it."""
+    init = _initial(n)
+    _sync()
+    t0 = time.perf_counter()
+    u = cl.Buffer(init, name="u")
+    up = cl.Buffer(init, name="up")
+    q.submit(lambda cgh: cgh.parallel_for((n, n), TOUCH, args=(u.access(cgh, cl.one_to_one(), cl.read),
+                                                              up.access(cgh, cl.one_to_one(), cl.read)),
+                                          name="touch"))
+    q.wait()
+    up_s = (time.perf_counter() - t0) / 2
+    submit_wave_step(q, up, u, 0, n)
+    q.wait()
+    t0 = time.perf_counter()
+    field = q.fence(up).result()
+    return up_s, time.perf_counter() - t0, field
+
+
+def transfers_cupy(n: int) -> tuple[float, float, float, np.ndarray]:
+    """The same by hand: ``cupy.asarray`` of the host array (per field), then one wave step
+    and ``get()`` of the result into a new host array (what a fence hands back), and, as the
+    hardware's speed, ``get(out=...)`` into pinned memory allocated beforehand."""
+    import cupy
+    import cupyx
+    init = _initial(n)
+    _sync()
+    t0 = time.perf_counter()
+    u = cupy.asarray(init)
+    _sync()
+    up_s = time.perf_counter() - t0
+    hw = HandWritten(n)
+    zero, one, nn = np.int64(0), np.int64(1), np.int64(n)
+    box = (zero, zero, zero, nn, nn, one)
+    up = u.copy()
+    a, b, c = _coefficients(0)
+    with hw.stream:
+        hw.kernel(hw.axes.grid, hw.axes.block, (*box, up, *box, u, *box, a, b, c, nn))
+    hw.stream.synchronize()
+    t0 = time.perf_counter()
+    field = up.get()
+    down_s = time.perf_counter() - t0
+    pinned = cupyx.empty_pinned((n, n), np.float32)
+    t0 = time.perf_counter()
+    up.get(out=pinned)
+    pinned_s = time.perf_counter() - t0
+    return up_s, down_s, pinned_s, field
+
+
+def measure_transfers(q: cl.Queue, n: int, reps: int) -> dict:
+    transfers_celeritas(q, 256)
+    transfers_cupy(256)
+    best = {k: float("inf") for k in ("up_s", "down_s", "cupy_up_s", "cupy_down_s", "cupy_pinned_s")}
+    equal = True
+    for _ in range(reps):
+        up_s, down_s, f1 = transfers_celeritas(q, n)
+        cu, cd, cp_, f2 = transfers_cupy(n)
+        equal = equal and bool(np.array_equal(f1, f2))
+        for k, v in zip(best, (up_s, down_s, cu, cd, cp_)):
+            best[k] = min(best[k], v)
+    return {"size": n, **best, "equal": equal, "mib": n * n * 4 / 2**20}
+
+
 def measure(size: int, small: int, steps: int, reps: int, launches: int) -> dict:
     """One runtime per process: first everything on ``cuda``, then ``cuda:0,0`` (two logical
     devices sharing the GPU) against the hand-written loop again."""
@@ -272,6 +340,7 @@ def measure(size: int, small: int, steps: int, reps: int, launches: int) -> dict
         out["array_wave"] = [measure_array_wave(q, n, steps, reps) for n in (size, small)]
         lc, lg, lb = launch_costs(q, TINY, launches, reps, launches_bare)
         out.update(launch_celeritas_us=lc, launch_compiled_us=lg, launch_bare_us=lb)
+        out["transfers"] = measure_transfers(q, size, reps)
     finally:
         q.shutdown()
     q = cl.Queue(devices="cuda:0,0")
@@ -317,6 +386,14 @@ def main(argv=None) -> dict:
     t.add_row("one-thread source kernel, µs/launch", f"{r['launch_celeritas_us']:.1f}",
               f"{r['launch_compiled_us']:.1f}", "", f"{r['launch_bare_us']:.1f} (launch + sync)",
               f"{r['launch_bare_us'] / r['launch_celeritas_us']:.2f}")
+    x = r["transfers"]
+    gbs = x["mib"] * 2**20 / 1e9
+    for what, ours, theirs, note in (("to the GPU (a new buffer's first kernel)", x["up_s"], x["cupy_up_s"],
+                                      "cupy.asarray"),
+                                     ("home (fence)", x["down_s"], x["cupy_down_s"],
+                                      f"get(); {gbs / x['cupy_pinned_s']:.1f} GB/s pinned")):
+        t.add_row(f"{x['size']}² field ({x['mib']:.0f} MiB) {what}, GB/s", f"{gbs / ours:.1f}", "", "",
+                  f"{gbs / theirs:.1f} ({note})", f"{theirs / ours:.2f}" + ("" if x["equal"] else " RESULTS DIFFER"))
     Console().print(t)
     return r
 

@@ -18,10 +18,40 @@ import numpy as np
 
 
 class ndarray(np.ndarray):
-    """A "device" array."""
+    """A "device" array, with CuPy's host transfers and their checks (``set`` needs a
+    contiguous target, ``get(out=...)`` a contiguous host array of the same shape and dtype)."""
+
+    def set(self, arr, stream=None):
+        if not isinstance(arr, np.ndarray) or isinstance(arr, ndarray):
+            raise TypeError("Only numpy.ndarray can be set to cupy.ndarray")
+        if self.dtype != arr.dtype:
+            raise TypeError(f"{arr.dtype} array cannot be set to {self.dtype} array")
+        if self.shape != arr.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
+        if not self.flags.c_contiguous:
+            raise RuntimeError("Cannot set to non-contiguous array")
+        np.copyto(self.view(np.ndarray), arr)
+        FakeCupy.host_transfers.append(("set", self.shape))
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        if out is None:
+            return np.array(self).view(np.ndarray)
+        if not isinstance(out, np.ndarray) or isinstance(out, ndarray):
+            raise TypeError("Only numpy.ndarray can be obtained from cupy.ndarray")
+        if self.dtype != out.dtype:
+            raise TypeError(f"{out.dtype} array cannot be obtained from {self.dtype} array")
+        if self.shape != out.shape:
+            raise ValueError(f"Shape mismatch. Expected shape: {self.shape}, actual shape: {out.shape}")
+        if not out.flags.c_contiguous:
+            raise RuntimeError("`out` cannot be specified when copying to non-contiguous ndarray")
+        np.copyto(out, self.view(np.ndarray))
+        FakeCupy.host_transfers.append(("get", self.shape))
+        return out
 
 
 class FakeCupy:
+    host_transfers: list = []   # ("set" | "get", shape) of each direct host transfer, in order
+
     def __init__(self, delay_ns: int = 50_000):
         self.delay_ns = delay_ns
         self.queries = 0            # Event.done reads (each a cudaEventQuery on a GPU)

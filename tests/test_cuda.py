@@ -189,3 +189,35 @@ def test_apps_on_cuda_under_mpiexec_match_the_single_rank_host_result(devices, t
     for name in want:
         assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape, name
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("box", [((2, 0), (5, 8)), ((2, 3), (5, 6)), ((1, 0), (6, 8))])
+def test_host_device_copies_of_contiguous_and_strided_boxes_land_exactly(box):
+    """Host (pinned) to device and back, whole rows (one direct transfer each way: ``set``,
+    and ``get`` into the host view, asynchronous until the copy's event) and a column band
+    (through a contiguous temporary), between allocations whose extents differ."""
+    from executor.backends.backend import Lane
+    from executor.backends.cuda import CudaBackend
+    from scheduler.geometry import Box
+    from scheduler.instruction_graph import HOST_MEMORY
+    lane = Lane("device", 0, 0)
+    b = CudaBackend([0])
+    try:
+        ext_host, ext_dev = Box((0, 0), (6, 8)), Box((1, 0), (7, 8))
+        host = b.allocate(HOST_MEMORY, (6, 8), np.float32)
+        host[...] = np.arange(48, dtype=np.float32).reshape(6, 8)
+        dev = cupy.zeros((6, 8), np.float32)
+        bx = Box(*box)
+        (y0, x0), (y1, x1) = box
+        assert b.copy(host, ext_host, dev, ext_dev, bx, lane).wait(30)
+        want = np.zeros((6, 8), np.float32)
+        want[y0 - 1:y1 - 1, x0:x1] = host[y0:y1, x0:x1]
+        np.testing.assert_array_equal(cupy.asnumpy(dev), want)
+        back = np.full((6, 8), -1, np.float32)
+        c = b.copy(dev, ext_dev, back, ext_host, bx, lane)
+        assert c.wait(30) and c.error() is None
+        want_back = np.full((6, 8), -1, np.float32)
+        want_back[y0:y1, x0:x1] = host[y0:y1, x0:x1]
+        np.testing.assert_array_equal(back, want_back)
+    finally:
+        b.close()

@@ -119,3 +119,43 @@ def test_a_gpu_listed_twice_gives_two_logical_devices_that_share_its_memory(fake
         assert (2, 3) in info.copy_pairs and (3, 2) in info.copy_pairs      # same GPU: direct copies
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("box, direct", [
+    (((2, 0), (5, 8)), True),       # whole rows of the allocation: contiguous on both sides
+    (((2, 3), (5, 6)), False),      # a column band: strided, through a contiguous temporary
+])
+def test_host_device_copies_go_straight_into_a_contiguous_target(fake, box, direct):
+    """A contiguous device target takes the host data with one ``set``, a contiguous host
+    target the device data with one ``get(out=...)`` (pinned memory: no pageable temporary,
+    no synchronisation on the enqueueing thread); a strided target still gets its values
+    through a temporary.  Both directions, with allocations whose extents differ from the
+    copied box (views into larger arrays)."""
+    from executor.backends.cuda import CudaBackend
+    from scheduler.geometry import Box
+    b = notifying(CudaBackend([0]))
+    try:
+        ext_host, ext_dev = Box((0, 0), (6, 8)), Box((1, 0), (7, 8))
+        host = np.arange(48, dtype=np.float32).reshape(6, 8)
+        dev = fake.zeros((6, 8), np.float32)
+        bx = Box(*box)
+        (y0, x0), (y1, x1) = box
+        fake_cupy.FakeCupy.host_transfers.clear()
+        c = b.copy(host, ext_host, dev, ext_dev, bx, LANE)
+        _wait_notified(b, c)
+        assert c.error() is None
+        want = np.zeros((6, 8), np.float32)
+        want[y0 - 1:y1 - 1, x0:x1] = host[y0:y1, x0:x1]
+        np.testing.assert_array_equal(np.asarray(dev), want)
+
+        back = np.full((6, 8), -1, np.float32)
+        c = b.copy(dev, ext_dev, back, ext_host, bx, LANE)
+        _wait_notified(b, c)
+        assert c.error() is None
+        want_back = np.full((6, 8), -1, np.float32)
+        want_back[y0:y1, x0:x1] = host[y0:y1, x0:x1]
+        np.testing.assert_array_equal(back, want_back)
+        shape = (y1 - y0, x1 - x0)
+        assert fake_cupy.FakeCupy.host_transfers == ([("set", shape), ("get", shape)] if direct else [])
+    finally:
+        b.close()

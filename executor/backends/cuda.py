@@ -107,6 +107,37 @@ def source_kernel(src: str, name: str, axes: ThreadAxes, options: tuple = ()) ->
     return cupy.RawKernel(PRELUDE + src, name, options=tuple(options) + defines)
 
 
+def upload(s: np.ndarray, d: Any) -> None:
+    """Host view ``s`` into device view ``d`` on the current stream.  A contiguous ``d``
+    takes one host-to-device copy (asynchronous from pinned memory: the copy's event, which
+    later writers of ``s`` wait for, says when it is done); any other goes through a
+    contiguous device temporary and a device-side strided copy."""
+    h = np.ascontiguousarray(s)
+    if h.shape != d.shape:
+        h = h.reshape(d.shape)
+    if d.flags.c_contiguous:
+        d.set(h, stream=cupy.cuda.get_current_stream())
+    else:
+        d[...] = cupy.asarray(h)
+
+
+def download(s: Any, d: np.ndarray) -> None:
+    """Device view ``s`` into host view ``d`` on the current stream.  A contiguous ``d`` (host
+    memory is pinned) takes one device-to-host copy straight into it, asynchronous: the
+    copy's event says when ``d`` holds the data, and the thread that enqueued it does not
+    wait.  Any other waits for a contiguous host temporary and stores it into ``d``."""
+    stream = cupy.cuda.get_current_stream()
+    g = cupy.ascontiguousarray(s)
+    if g.shape != d.shape:
+        g = g.reshape(d.shape)
+    if d.flags.c_contiguous:
+        g.get(stream=stream, out=d, blocking=False)
+    else:
+        host = cupy.asnumpy(g, stream=stream)
+        stream.synchronize()             # the host-side store must wait for the data
+        d[...] = host
+
+
 def cuda_device_count() -> int:
     if cupy is None:
         raise ImportError(f"CuPy is not installed: {_IMPORT_ERROR}")
@@ -241,12 +272,9 @@ class CudaBackend(DeviceQueueBackend):
             if src_dev and dst_dev:
                 d[...] = s.reshape(d.shape)      # same device or peer access (CuPy checks)
             elif dst_dev:
-                d[...] = cupy.asarray(np.ascontiguousarray(s)).reshape(d.shape)
+                upload(s, d)
             else:
-                # device -> host: the host-side store must wait for the data
-                host = cupy.asnumpy(cupy.ascontiguousarray(s), stream=cupy.cuda.get_current_stream())
-                cupy.cuda.get_current_stream().synchronize()
-                d[...] = host.reshape(d.shape)
+                download(s, d)
 
         if lane.kind != "device":
             raise BackendError("copies touching device memory run on a device lane")
