@@ -5,7 +5,8 @@ under ``with device, stream`` so CuPy launches go to that stream), followed by a
 CUDA event; kernels on a lane stay asynchronous — the host never synchronizes per
 kernel.  The executor enqueues cheap work itself when the lane is idle
 (``enqueue_now``); the rest goes to the lane's worker thread (copies from or to
-host memory, which block, and kernels whose enqueue took over 2 ms).  A waiter
+host memory, which can block: pageable memory, strided targets; and kernels whose
+enqueue took over 2 ms).  A waiter
 thread per lane waits for the events in order, with the GIL released, and
 notifies the executor.  Host memory (memory 1) is pinned, device memories use
 CuPy's pool of each device, and device pairs with peer access copy directly (the
