@@ -33,6 +33,11 @@ class ndarray(np.ndarray):
         np.copyto(self.view(np.ndarray), arr)
         FakeCupy.host_transfers.append(("set", self.shape))
 
+    @property
+    def data(self):
+        """CuPy's memory pointer of the array's first element (here: the array itself)."""
+        return _MemoryPointer(self)
+
     def get(self, stream=None, order="C", out=None, blocking=True):
         if out is None:
             return np.array(self).view(np.ndarray)
@@ -49,8 +54,23 @@ class ndarray(np.ndarray):
         return out
 
 
+class _MemoryPointer:
+    """``ndarray.data``: the device-to-device copy CuPy makes with one ``cudaMemcpyAsync``."""
+
+    def __init__(self, array: ndarray):
+        self.array = array
+
+    def copy_from_device_async(self, src: "_MemoryPointer", size: int, stream=None) -> None:
+        for a in (self.array, src.array):
+            if not a.flags.c_contiguous or a.nbytes < size:
+                raise ValueError("a memory copy needs contiguous arrays of at least the size")
+        dst = self.array.view(np.ndarray).reshape(-1).view(np.uint8)
+        dst[:size] = src.array.view(np.ndarray).reshape(-1).view(np.uint8)[:size]
+        FakeCupy.host_transfers.append(("memcpy", self.array.shape))
+
+
 class FakeCupy:
-    host_transfers: list = []   # ("set" | "get", shape) of each direct host transfer, in order
+    host_transfers: list = []   # ("set" | "get" | "memcpy", shape) of each direct transfer, in order
 
     def __init__(self, delay_ns: int = 50_000):
         self.delay_ns = delay_ns

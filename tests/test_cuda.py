@@ -221,3 +221,25 @@ def test_host_device_copies_of_contiguous_and_strided_boxes_land_exactly(box):
         np.testing.assert_array_equal(back, want_back)
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("box", [((2, 0), (5, 8)), ((2, 3), (5, 6))])
+def test_device_to_device_copies_of_rows_and_columns_land_exactly(box):
+    """Whole rows (one ``cudaMemcpyAsync``) and a column band (CuPy's strided copy) between
+    two device allocations whose extents differ."""
+    from executor.backends.backend import Lane
+    from executor.backends.cuda import CudaBackend
+    from scheduler.geometry import Box
+    b = CudaBackend([0])
+    try:
+        a = cupy.arange(48, dtype=cupy.float32).reshape(6, 8)
+        other = cupy.zeros((6, 8), cupy.float32)
+        c = b.copy(a, Box((0, 0), (6, 8)), other, Box((1, 0), (7, 8)), Box(*box), Lane("device", 0, 0))
+        assert c.wait(30) and c.error() is None
+        (y0, x0), (y1, x1) = box
+        want = np.zeros((6, 8), np.float32)
+        want[y0 - 1:y1 - 1, x0:x1] = np.arange(48, dtype=np.float32).reshape(6, 8)[y0:y1, x0:x1]
+        np.testing.assert_array_equal(cupy.asnumpy(other), want)
+    finally:
+        b.close()
+

@@ -159,3 +159,28 @@ def test_host_device_copies_go_straight_into_a_contiguous_target(fake, box, dire
         assert fake_cupy.FakeCupy.host_transfers == ([("set", shape), ("get", shape)] if direct else [])
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("box, direct", [(((2, 0), (5, 8)), True), (((2, 3), (5, 6)), False)])
+def test_device_to_device_copies_of_whole_rows_are_one_memory_copy(fake, box, direct):
+    """A contiguous box between two device allocations (a halo row) is one
+    ``copy_from_device_async`` (a ``cudaMemcpyAsync`` on the GPU) instead of CuPy's strided
+    copy kernel; a strided box keeps the kernel.  The values land either way."""
+    from executor.backends.cuda import CudaBackend
+    from scheduler.geometry import Box
+    b = notifying(CudaBackend([0]))
+    try:
+        ext_a, ext_b = Box((0, 0), (6, 8)), Box((1, 0), (7, 8))
+        a = np.arange(48, dtype=np.float32).reshape(6, 8).view(fake_cupy.ndarray)
+        other = fake.zeros((6, 8), np.float32)
+        fake_cupy.FakeCupy.host_transfers.clear()
+        c = b.copy(a, ext_a, other, ext_b, Box(*box), LANE)
+        _wait_notified(b, c)
+        assert c.error() is None
+        (y0, x0), (y1, x1) = box
+        want = np.zeros((6, 8), np.float32)
+        want[y0 - 1:y1 - 1, x0:x1] = np.asarray(a)[y0:y1, x0:x1]
+        np.testing.assert_array_equal(np.asarray(other), want)
+        assert fake_cupy.FakeCupy.host_transfers == ([("memcpy", (y1 - y0, x1 - x0))] if direct else [])
+    finally:
+        b.close()
