@@ -6,11 +6,10 @@ CUDA event; kernels on a lane stay asynchronous — the host never synchronizes 
 kernel.  The executor enqueues cheap work itself when the lane is idle
 (``enqueue_now``); the rest goes to the lane's worker thread (copies from or to
 host memory, which can block: pageable memory, strided targets; and kernels whose
-enqueue took over 2 ms).  A waiter
-thread per lane waits for the events in order, with the GIL released, and
-notifies the executor.  Host memory (memory 1) is pinned, device memories use
-CuPy's pool of each device, and device pairs with peer access copy directly (the
-instruction graph stages the others through host memory).
+enqueue took over 2 ms).  A waiter thread per lane waits for the events in order,
+with the GIL released, and notifies the executor.  Host memory (memory 1) is
+pinned, device memories use CuPy's pool of each device, and device pairs with peer
+access copy directly (the instruction graph stages the others through host memory).
 """
 from __future__ import annotations
 
