@@ -508,6 +508,34 @@ def test_one_slow_inline_run_does_not_move_a_cheap_kernel_off_the_executor_threa
         h.close()
 
 
+@pytest.mark.parametrize("ran_ns, estimate, suspect", [
+    (3_000, 3_000, False),                       # faster than the estimate: counts at once
+    (45_000, 5_000 + 40_000 // 4, False),        # slower, the step stays inline: a quarter of the way
+    (500_000, 5_000, True),                      # a step past the threshold: left alone, suspect
+])
+def test_an_inline_runs_wall_time_updates_its_kinds_estimate(monkeypatch, ran_ns, estimate, suspect):
+    """What one inline run does to its kind's estimate (threshold 100 us, estimate 5 us),
+    on a clock the kernel advances by exactly ``ran_ns``."""
+    import executor.instruction_handlers as ih
+    clock = [0]
+    monkeypatch.setattr(ih, "_perf_ns", lambda: clock[0])
+    h = Harness(trace=False, inline_threshold=100e-6)
+    try:
+        ex = h.ex
+        instr = h.kernel(lambda ctx: None, name="k")
+        key = cost_key(instr)
+        ex._costs[key] = 5_000
+
+        def launcher(ctx):
+            clock[0] += ran_ns
+
+        ex._kernel_inline(instr, launcher, None, key, 5_000)
+        assert ex._costs[key] == estimate
+        assert (key in ex._suspect) == suspect
+    finally:
+        h.close()
+
+
 def test_a_kernel_timed_slow_once_inline_still_runs_inline():
     h = Harness(trace=False, inline_threshold=100e-6)
     try:
