@@ -483,6 +483,17 @@ def cupy_rows(quick: bool) -> tuple[list[Row], str | None]:
                     f"{r['launch_celeritas_us']:.1f} µs (compiled ahead: {r['launch_compiled_us']:.1f})",
                     f"{r['launch_bare_us']:.1f} µs (bare RawKernel launch + sync)",
                     _ratio(r["launch_bare_us"], r["launch_celeritas_us"]), "", r))
+    x = r["transfers"]
+    gb = x["mib"] * 2**20 / 1e9
+    differ = "" if x["equal"] else " (RESULTS DIFFER)"
+    rows.append(Row("gpu", f"{x['size']}² float32 field to the GPU (a new buffer's first kernel), GB/s",
+                    f"{gb / x['up_s']:.1f} GB/s", f"{gb / x['cupy_up_s']:.1f} GB/s (cupy.asarray)",
+                    _ratio(x["cupy_up_s"], x["up_s"]), "", x))
+    rows.append(Row("gpu", f"{x['size']}² float32 field fenced home after a kernel, GB/s",
+                    f"{gb / x['down_s']:.1f} GB/s",
+                    f"{gb / x['cupy_down_s']:.1f} GB/s (get() into a new array; "
+                    f"{gb / x['cupy_pinned_s']:.1f} into pinned memory)",
+                    _ratio(x["cupy_down_s"], x["down_s"]), differ.strip(), x))
     return rows, None
 
 

@@ -108,3 +108,27 @@ def test_thread_cpu_by_role_counts_the_runtime_threads_that_worked():
     # every step was submitted, compiled and executed: each of the three threads worked
     assert per["application"] > 0 and per["scheduler"] > 0 and per["executor"] > 0
     assert format_cpu(per).startswith("app ") and " · sched " in format_cpu(per)
+
+
+def test_run_all_gpu_rows_report_every_bench_cuda_figure(monkeypatch):
+    """The GPU section's rows from a bench_cuda result (no GPU needed): each figure lands in
+    its row, ratios are baseline over celeritas, and a transfer whose field differs says so."""
+    from benchmarks import run_all
+    wave = {"size": 64, "steps": 10, "celeritas_s": 2e-3, "compiled_s": 1e-3, "cupy_s": 1e-3, "ratio": 0.5,
+            "compiled_ratio": 1.0, "close": True}
+    r = {"gpu": "G", "wave": [wave], "wave_two_devices": [dict(wave, celeritas_s=4e-3, ratio=0.25)],
+         "array_wave": [dict(wave, celeritas_s=1e-3)],
+         "launch_celeritas_us": 100.0, "launch_compiled_us": 50.0, "launch_bare_us": 10.0,
+         "transfers": {"size": 64, "mib": 1e6 / 2**20, "up_s": 4e-4, "down_s": 2e-4, "cupy_up_s": 1e-4,
+                       "cupy_down_s": 2e-4, "cupy_pinned_s": 1e-5, "equal": False}}     # 1 MB
+    monkeypatch.setattr(run_all, "gpu_name", lambda: "G")
+    monkeypatch.setattr(run_all, "_bench_process", lambda *a, **k: (r, None))
+    rows, failed = run_all.cupy_rows(quick=True)
+    assert failed is None
+    by = {row.benchmark: row for row in rows}
+    assert [row.ratio for row in rows] == ["0.50×", "1.00×", "0.10×", "0.25×", "1.00×"]   # baseline / ours
+    up = by["64² float32 field to the GPU (a new buffer's first kernel), GB/s"]
+    assert up.celeritas == "2.5 GB/s" and up.baseline == "10.0 GB/s (cupy.asarray)"
+    home = by["64² float32 field fenced home after a kernel, GB/s"]
+    assert home.celeritas == "5.0 GB/s" and home.baseline.endswith("; 100.0 into pinned memory)")
+    assert home.goal == "(RESULTS DIFFER)"
