@@ -140,20 +140,25 @@ class HandWritten:
         self.axes = thread_axes("wave", 2, (n, n, 1), None)
         self.kernel = source_kernel(WAVE_SOURCE, "wave", self.axes)
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        zero, one = np.int64(0), np.int64(1)
+        self.nn = np.int64(n)
+        self.box = (zero, zero, zero, self.nn, self.nn, one)   # the chunk, and each field's allocation
+
+    def step(self, up, u, s: int) -> None:
+        """Step ``s``: ``up`` from ``u`` and itself, launched on the current stream."""
+        box = self.box
+        a, b, c = _coefficients(s)
+        self.kernel(self.axes.grid, self.axes.block, (*box, up, *box, u, *box, a, b, c, self.nn))
 
     def run(self, steps: int) -> tuple[float, np.ndarray]:
         cp, n = self.cupy, self.n
         init = _initial(n).copy()
         u, up = cp.asarray(init), cp.asarray(init)
-        zero, one, nn = np.int64(0), np.int64(1), np.int64(n)
-        chunk = (zero, zero, zero, nn, nn, one)
-        alloc = (zero, zero, zero, nn, nn, one)
         _sync()
         t0 = time.perf_counter()
         with self.stream:
             for s in range(steps):
-                a, b, c = _coefficients(s)
-                self.kernel(self.axes.grid, self.axes.block, (*chunk, up, *alloc, u, *alloc, a, b, c, nn))
+                self.step(up, u, s)
                 up, u = u, up
             self.stream.synchronize()
         t = time.perf_counter() - t0
@@ -296,12 +301,9 @@ def transfers_cupy(n: int) -> tuple[float, float, float, np.ndarray]:
     _sync()
     up_s = time.perf_counter() - t0
     hw = HandWritten(n)
-    zero, one, nn = np.int64(0), np.int64(1), np.int64(n)
-    box = (zero, zero, zero, nn, nn, one)
     up = u.copy()
-    a, b, c = _coefficients(0)
     with hw.stream:
-        hw.kernel(hw.axes.grid, hw.axes.block, (*box, up, *box, u, *box, a, b, c, nn))
+        hw.step(up, u, 0)
     hw.stream.synchronize()
     t0 = time.perf_counter()
     field = up.get()
