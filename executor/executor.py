@@ -1016,7 +1016,7 @@ class Executor(InstructionHandlers):
         c = None
         if self._enqueues and type(key) is tuple:
             if getattr(instr.launcher, "source", False):    # (only enqueues, however long the device takes)
-                c = self._backend.enqueue_now(lane.lane, fn, dependent=a.eager)
+                c = self._backend.enqueue_now(lane.lane, fn, dependent=a.eager, direct=True)
             elif self._enqueues_python:
                 est = self._costs.get(key)
                 if est is None or est <= self._alone_ns:    # (the first of a kind is measured so)

@@ -4113,6 +4113,8 @@ class Config:
     device_delay_us: int | None = None  # cuda: the stand-in's time per device item after the one before
                                         # it on its stream (None: 20 us; 0: done when enqueued; 300: the
                                         # lanes' workers and waiters fall behind the executor)
+    cuda_driver: str | None = None  # cuda: "off" runs the stand-in without its GIL-keeping driver calls
+                                    # (as where libcuda cannot be bound: CuPy's calls alone)
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": str(self.horizon_step),
@@ -4165,6 +4167,7 @@ class Config:
                 + (f" batch={self.batch}" if self.batch is not None else "")
                 + (f" ooc_overlap={self.ooc_overlap}" if self.ooc_overlap is not None else "")
                 + (f" device_delay_us={self.device_delay_us}" if self.device_delay_us is not None else "")
+                + (f" cuda_driver={self.cuda_driver}" if self.cuda_driver is not None else "")
                 + (f" diagnostics={self.diagnostics}" if self.diagnostics != "error" else ""))
 
     def fields(self) -> str:
@@ -4188,12 +4191,14 @@ OOC_OVERLAP_CHOICES = (None, "on", "off")
 
 
 DEVICE_DELAY_CHOICES = (None, 0, 300)                # cuda only: the stand-in's µs per device item
+CUDA_DRIVER_CHOICES = (None, None, "off")            # cuda only: with the driver calls (as on a GPU), or not
 
 
 def random_config(rng: random.Random) -> Config:
     cfg = _random_config(rng)
     if cfg.backend == "cuda":   # (drawn after everything else, and only here: no other seed changes)
         cfg = replace(cfg, device_delay_us=rng.choice(DEVICE_DELAY_CHOICES))
+        cfg = replace(cfg, cuda_driver=rng.choice(CUDA_DRIVER_CHOICES))
     return cfg
 
 
@@ -4414,7 +4419,8 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
     try:
         # (the CUDA backend on the CuPy stand-in, only while this program runs: the tests after
         # it must not see a GPU; the fuzzer's kernels compute with numpy, which its arrays are)
-        with (fake_cupy.stand_in(cfg.device_delay_us) if cfg.backend == "cuda" else contextlib.nullcontext(),
+        with (fake_cupy.stand_in(cfg.device_delay_us, driver=cfg.cuda_driver != "off") if cfg.backend == "cuda"
+              else contextlib.nullcontext(),
               watch if watch is not None else contextlib.nullcontext()):
             run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()

@@ -55,10 +55,17 @@ class ndarray(np.ndarray):
 
 
 class _MemoryPointer:
-    """``ndarray.data``: the device-to-device copy CuPy makes with one ``cudaMemcpyAsync``."""
+    """``ndarray.data``: the device-to-device copy CuPy makes with one ``cudaMemcpyAsync``, and
+    ``ptr``, the array's real address (which ``FakeDriver.copy`` copies between)."""
 
     def __init__(self, array: ndarray):
         self.array = array
+
+    @property
+    def ptr(self) -> int:
+        p = self.array.__array_interface__["data"][0]
+        FakeCupy.by_pointer[p] = self.array
+        return p
 
     def copy_from_device_async(self, src: "_MemoryPointer", size: int, stream=None) -> None:
         for a in (self.array, src.array):
@@ -71,11 +78,15 @@ class _MemoryPointer:
 
 class FakeCupy:
     host_transfers: list = []   # ("set" | "get" | "memcpy", shape) of each direct transfer, in order
+    by_pointer: dict = {}       # address -> the array whose ``data.ptr`` gave it (the newest)
 
     def __init__(self, delay_ns: int = 50_000):
         self.delay_ns = delay_ns
         self.queries = 0            # Event.done reads (each a cudaEventQuery on a GPU)
         self.kernels: list = []     # (name, grid, block, options) of every RawKernel launch
+        self.streams: dict = {}     # ptr -> Stream
+        self.functions: dict = {}   # kernel handle -> (name, options)
+        self.driver_calls = 0       # FakeDriver launches, copies and records
         self._local = threading.local()
         fake = self
 
@@ -95,6 +106,8 @@ class FakeCupy:
         class Stream:
             def __init__(self, non_blocking: bool = False):
                 self.busy_until = 0
+                self.ptr = id(self)
+                fake.streams[self.ptr] = self
 
             def __enter__(self):
                 stack = fake._stack()
@@ -132,6 +145,9 @@ class FakeCupy:
         def raw_kernel(src: str, name: str, options=()):
             def launch(grid, block, args):
                 fake.kernels.append((name, grid, block, tuple(options)))
+            # (``kernel.ptr``: the handle the driver launches, see FakeDriver.launch)
+            launch.kernel = types.SimpleNamespace(ptr=id(launch))
+            fake.functions[id(launch)] = (name, tuple(options))
             return launch
 
         runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, memGetInfo=lambda: (8 << 30, 8 << 30),
@@ -154,6 +170,13 @@ class FakeCupy:
     def current_stream(self):
         s = self._stack()
         return s[-1] if s else self._null
+
+    def stream_of(self, ptr: int):
+        """The stream with handle ``ptr`` (a driver call on anything else fails, as on a GPU)."""
+        s = self.streams.get(ptr)
+        if s is None:
+            raise RuntimeError(f"no stream {ptr:#x}")
+        return s
 
     # the array functions the backend and the apps' kernels use
     @staticmethod
@@ -181,29 +204,69 @@ class FakeCupy:
         return np.concatenate(arrays, axis=axis).view(ndarray)
 
 
+class FakeDriver:
+    """``cuda_driver.CudaDriver`` on the stand-in: launches are recorded as ``RawKernel``'s are,
+    copies move the bytes between the arrays' real addresses, and an event completes
+    ``delay_ns`` after the work before it on its stream, as ``Event.record`` has it."""
+
+    def __init__(self, fake: FakeCupy):
+        self.fake = fake
+        self.devices_used: list = []
+
+    def use(self, device: int) -> None:
+        self.devices_used.append(device)
+
+    def launch(self, function: int, grid: tuple, block: tuple, stream: int, values: list, what: str) -> None:
+        for v in values:
+            if type(v) not in (int, np.int64, np.int32, np.float32, np.float64):
+                raise TypeError(f"{what}: {type(v).__name__} parameter")
+        name, options = self.fake.functions[function]
+        self.fake.stream_of(stream)
+        self.fake.kernels.append((name, grid, block, options))
+        self.fake.driver_calls += 1
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        import ctypes
+        self.fake.stream_of(stream)
+        ctypes.memmove(dst, src, nbytes)
+        FakeCupy.host_transfers.append(("memcpy", FakeCupy.by_pointer[dst].shape))
+        self.fake.driver_calls += 1
+
+    def record(self, stream: int):
+        ev = self.fake.cuda.Event(block=True, disable_timing=True)
+        ev.record(self.fake.stream_of(stream))
+        self.fake.driver_calls += 1
+        return ev
+
+
 def pinned_stand_in() -> types.SimpleNamespace:
     """cupyx's pinned host arrays: plain numpy ones."""
     return types.SimpleNamespace(empty_pinned=lambda shape, dtype=np.float64: np.empty(shape, dtype))
 
 
 @contextlib.contextmanager
-def stand_in(delay_us: int | None = None):
+def stand_in(delay_us: int | None = None, driver: bool = True):
     """The stand-in in place of CuPy for the CUDA backend inside the ``with`` (then the real
     one, or none, again); each "device" item takes ``delay_us`` (default 20) after the one
-    before it on its stream, so completions arrive asynchronously, from the lanes' waiters."""
+    before it on its stream, so completions arrive asynchronously, from the lanes' waiters.
+    ``driver``: with ``FakeDriver`` as the GIL-keeping driver calls (else without any, as
+    where libcuda cannot be bound through ctypes)."""
     import executor.backends.cuda as cuda_backend
-    saved = cuda_backend.cupy, getattr(cuda_backend, "cupyx", None)   # (no cupyx without CuPy)
+    saved = cuda_backend.cupy, getattr(cuda_backend, "cupyx", None), cuda_backend.load_driver
     fake = FakeCupy(delay_ns=(20 if delay_us is None else delay_us) * 1000)
     cuda_backend.cupy, cuda_backend.cupyx = fake, pinned_stand_in()
+    cuda_backend.load_driver = (lambda: FakeDriver(fake)) if driver else (lambda: None)
     try:
         yield fake
     finally:
-        cuda_backend.cupy, cuda_backend.cupyx = saved
+        cuda_backend.cupy, cuda_backend.cupyx, cuda_backend.load_driver = saved
 
 
-def install(monkeypatch, delay_ns: int = 50_000) -> FakeCupy:
+def install(monkeypatch, delay_ns: int = 50_000, driver: bool = True) -> FakeCupy:
+    """``stand_in`` for a test (``monkeypatch`` undoes it)."""
     import executor.backends.cuda as cuda_backend
     fake = FakeCupy(delay_ns)
     monkeypatch.setattr(cuda_backend, "cupy", fake, raising=False)
     monkeypatch.setattr(cuda_backend, "cupyx", pinned_stand_in(), raising=False)
+    monkeypatch.setattr(cuda_backend, "load_driver", (lambda: FakeDriver(fake)) if driver else (lambda: None))
     return fake

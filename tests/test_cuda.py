@@ -243,3 +243,56 @@ def test_device_to_device_copies_of_rows_and_columns_land_exactly(box):
     finally:
         b.close()
 
+
+
+MIXED = cl.Kernel(source={"cuda": """
+extern "C" __global__ void mixed(CHUNK_PARAMS, ACCESSOR(double, dst), int flag, float f, double d, long long k,
+                                 ACCESSOR(double, src)) {
+    if (!IN_CHUNK()) return;
+    long long i = GID(0);
+    AT1(dst, i) = flag * 1000.0 + f * AT1(src, i) + d + k * i;
+}"""}, name="mixed")
+
+
+@pytest.mark.parametrize("driver", [True, False])
+def test_source_kernel_scalars_of_every_width_arrive_through_both_enqueue_paths(driver):
+    """Scalars of 4 and 8 bytes between accessors (a bool as int, float32, float64, int64)
+    reach the kernel by value, whether the backend launches through its GIL-keeping driver
+    calls (each parameter in an 8-byte slot) or through CuPy's ``RawKernel``."""
+    q = cl.Queue(devices="cuda:0,0")
+    be = q.runtime.backend
+    assert be._driver is not None, "libcuda could not be bound through ctypes"
+    if not driver:
+        be._driver = None
+    src = cl.Buffer(np.arange(100, dtype=np.float64))
+    dst = cl.Buffer(np.zeros(100, np.float64))
+
+    def cgf(cgh):
+        w = dst.access(cgh, cl.one_to_one(), cl.discard_write)
+        r = src.access(cgh, cl.one_to_one(), cl.read)
+        cgh.parallel_for((100,), MIXED, args=(w, True, np.float32(0.5), 0.25, 7, r))
+
+    for _ in range(3):
+        q.submit(cgf)
+    i = np.arange(100, dtype=np.float64)
+    np.testing.assert_array_equal(q.fence(dst).result(), 1000.0 + 0.5 * i + 0.25 + 7 * i)
+    q.shutdown()
+
+
+def test_the_driver_reports_a_failed_launch_as_the_kernels_error():
+    """A launch the driver refuses (here: more threads per block than a GPU has) fails the
+    task with the driver's error name, not a bare ctypes error."""
+    q = cl.Queue(devices="cuda")
+    assert q.runtime.backend._driver is not None
+    x = cl.Buffer(np.zeros(4096, np.float64))
+    y = cl.Buffer(np.zeros(4096, np.float64))
+
+    def cgf(cgh):
+        w = y.access(cgh, cl.one_to_one(), cl.discard_write)
+        r = x.access(cgh, cl.one_to_one(), cl.read)
+        cgh.parallel_for((4096,), MIXED, args=(w, 0, np.float32(1), 0.0, 0, r), local_range=(4096,))
+
+    q.submit(cgf)
+    with pytest.raises(cl.CeleritasError, match=r"'mixed'.*CUDA_ERROR_INVALID_VALUE"):
+        q.wait()
+    q.shutdown()

@@ -23,9 +23,10 @@ LANE = Lane("device", 0, 0)
 TIMEOUT = 10.0
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    return fake_cupy.install(monkeypatch, delay_ns=20_000_000)     # 20 ms per item: clearly asynchronous
+@pytest.fixture(params=[True, False], ids=["driver", "cupy-only"])
+def fake(monkeypatch, request):
+    """With the GIL-keeping driver calls (as on a GPU), and without (libcuda not bound)."""
+    return fake_cupy.install(monkeypatch, delay_ns=20_000_000, driver=request.param)   # 20 ms per item
 
 
 @pytest.fixture
@@ -72,9 +73,10 @@ def test_a_failed_enqueue_fails_its_completion_and_dependent_work_on_the_lane_is
     check_failed_enqueue_skips_dependent_work(backend, LANE)
 
 
+@pytest.mark.parametrize("driver", [True, False])
 @pytest.mark.parametrize("devices", ["cuda", "cuda:0,0"])
-def test_wave_sim_on_the_cuda_backend_matches_numpy_without_polling_events(monkeypatch, devices):
-    fake = fake_cupy.install(monkeypatch, delay_ns=30_000)
+def test_wave_sim_on_the_cuda_backend_matches_numpy_without_polling_events(monkeypatch, devices, driver):
+    fake = fake_cupy.install(monkeypatch, delay_ns=30_000, driver=driver)
     from apps import wave_sim
     q = cl.Queue(devices=devices)
     assert q.runtime.backend_name == "cuda"
@@ -184,3 +186,114 @@ def test_device_to_device_copies_of_whole_rows_are_one_memory_copy(fake, box, di
         assert fake_cupy.FakeCupy.host_transfers == ([("memcpy", (y1 - y0, x1 - x0))] if direct else [])
     finally:
         b.close()
+
+
+WAVE_SOURCE = cl.Kernel(source={"cuda": "extern \"C\" __global__ void step(CHUNK_PARAMS, ACCESSOR(float, up), "
+                                        "ACCESSOR(float, u), float a) {}"}, name="step")
+
+
+def _source_steps(q, up, u, steps: int) -> None:
+    for s in range(steps):
+        def cgf(cgh, up=up, u=u):
+            w = up.access(cgh, cl.one_to_one(), cl.read_write)
+            r = u.access(cgh, cl.neighborhood(1, 1, shape="along_axes"), cl.read)
+            cgh.parallel_for(up.shape, WAVE_SOURCE, args=(w, r, np.float32(s)))
+        q.submit(cgf)
+        up, u = u, up
+
+
+@pytest.mark.parametrize("driver", [True, False])
+def test_source_kernels_and_halo_rows_are_enqueued_without_cupys_contexts(monkeypatch, driver):
+    """With the driver, a step of source kernels and whole-row halo copies (``cuda:0,0``)
+    enqueues through the GIL-keeping calls alone: no CuPy device or stream context is
+    entered (each asks CUDA for the current device with the GIL released), the lane's
+    device is made current through the driver, and every item gets a driver event."""
+    fake = fake_cupy.install(monkeypatch, delay_ns=10_000, driver=driver)
+    entered = []
+    stream_cls = fake.cuda.Stream
+    plain_enter = stream_cls.__enter__
+    monkeypatch.setattr(stream_cls, "__enter__", lambda self: (entered.append(self), plain_enter(self))[1])
+    q = cl.Queue(devices="cuda:0,0")
+    up = cl.Buffer(np.zeros((32, 16), np.float32))
+    u = cl.Buffer(np.ones((32, 16), np.float32))
+    _source_steps(q, up, u, 2)
+    q.wait()
+    entered.clear()
+    fake.kernels.clear()
+    fake_cupy.FakeCupy.host_transfers.clear()
+    calls = fake.driver_calls
+    _source_steps(q, up, u, 6)
+    q.wait()
+    be = q.runtime.backend
+    q.shutdown()
+    kernels = [k for k in fake.kernels if k[0] == "step"]
+    memcpys = [t for t in fake_cupy.FakeCupy.host_transfers if t[0] == "memcpy"]
+    assert len(kernels) == 12 and len(memcpys) == 12       # 2 chunks and 2 halo rows per step
+    assert all(t[1] == (1, 16) for t in memcpys)
+    if driver:
+        # launches, copies and one event each
+        assert fake.driver_calls - calls == 2 * (len(kernels) + len(memcpys))
+        assert entered == []
+        assert set(be._driver.devices_used) == {0}
+    else:
+        assert fake.driver_calls == calls == 0
+        assert len(entered) >= len(kernels)
+
+
+def test_the_driver_packs_each_kernel_parameter_into_its_own_8_byte_slot():
+    """``CudaDriver.launch`` hands ``cuLaunchKernel`` an array of pointers to the values, each
+    in an 8-byte slot: 4-byte scalars in the slot's first bytes, pointers and 8-byte scalars
+    whole.  Checked against ctypes stand-ins for libcuda, reading the memory the driver would."""
+    import ctypes
+    import types
+
+    from executor.backends.cuda_driver import CudaDriver, DriverError
+    seen = {}
+
+    def cu_launch(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        arr = (ctypes.c_void_p * 7).from_address(params)
+        seen["slots"] = [ctypes.string_at(arr[i], 8) for i in range(7)]
+        seen["rest"] = (f, gx, gy, gz, bx, by, bz, shmem, stream, extra)
+        return 0 if f != 13 else 1
+
+    def error_name(rc, out):
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_char_p))[0] = b"CUDA_ERROR_INVALID_VALUE"
+        return 0
+
+    lib = types.SimpleNamespace(**{name: (lambda *a: 0) for name in (
+        "cuMemcpyAsync", "cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy_v2",
+        "cuEventSynchronize", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuDeviceGet", "cuDevicePrimaryCtxRetain")})
+    lib.cuLaunchKernel = cu_launch
+    lib.cuGetErrorName = error_name
+    drv = CudaDriver(lib, lib)
+    values = [np.int64(-3), 0x7F00_1234_5678, np.float32(1.5), np.int32(7), np.float64(2.25), 0, np.int64(1 << 40)]
+    drv.launch(12, (4, 2, 1), (32, 8, 1), 99, values, "kernel 'k'")
+    want = [np.int64(-3).tobytes(), (0x7F00_1234_5678).to_bytes(8, "little"),
+            np.float32(1.5).tobytes() + bytes(4), np.int32(7).tobytes() + bytes(4),
+            np.float64(2.25).tobytes(), bytes(8), np.int64(1 << 40).tobytes()]
+    assert seen["slots"] == want
+    assert seen["rest"] == (12, 4, 2, 1, 32, 8, 1, 0, 99, None)
+    with pytest.raises(DriverError, match=r"kernel 'k' failed: CUDA_ERROR_INVALID_VALUE \(1\)"):
+        drv.launch(13, (1, 1, 1), (1, 1, 1), 99, values, "kernel 'k'")
+    with pytest.raises(DriverError, match="complex128 has no CUDA counterpart"):
+        drv.launch(12, (1, 1, 1), (1, 1, 1), 99, [np.complex128(1)], "kernel 'k'")
+
+
+def test_a_launch_the_driver_refuses_fails_the_task_naming_the_kernel(monkeypatch):
+    from executor.backends.cuda_driver import DriverError
+    fake = fake_cupy.install(monkeypatch, delay_ns=10_000)
+    plain = fake_cupy.FakeDriver.launch
+
+    def refuse(self, function, grid, block, stream, values, what):
+        if fake.functions[function][0] == "step":
+            raise DriverError(f"{what} failed: CUDA_ERROR_INVALID_VALUE (1)")
+        return plain(self, function, grid, block, stream, values, what)
+
+    monkeypatch.setattr(fake_cupy.FakeDriver, "launch", refuse)
+    q = cl.Queue(devices="cuda")
+    up = cl.Buffer(np.zeros((8, 8), np.float32))
+    u = cl.Buffer(np.ones((8, 8), np.float32))
+    _source_steps(q, up, u, 1)
+    with pytest.raises(cl.CeleritasError, match=r"'step'.*CUDA_ERROR_INVALID_VALUE.*task T\d+, rank 0"):
+        q.wait()
+    q.shutdown()

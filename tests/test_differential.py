@@ -498,18 +498,22 @@ def test_random_config_draws_the_cuda_backend_on_the_stand_in():
     stand-in is in place only while a program runs."""
     import executor.backends.cuda as cuda_backend
     import fake_cupy
-    from differential import DEVICE_DELAY_CHOICES
+    from differential import CUDA_DRIVER_CHOICES, DEVICE_DELAY_CHOICES
     cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(2000)]
     gpu = [c for c in cfgs if c.backend == "cuda"]
     assert 40 <= len(gpu) <= 130
     assert all(c.transfers == "staged" and c.memory is None and c.batch is None for c in gpu)
     assert all(c.env()["CELERITAS_DEVICES"] == "cuda:" + ",".join(["0"] * c.devices) for c in gpu)
     assert {c.device_delay_us for c in gpu} == set(DEVICE_DELAY_CHOICES)
-    assert all(c.device_delay_us is None for c in cfgs if c.backend != "cuda")
-    before = cuda_backend.cupy
+    assert {c.cuda_driver for c in gpu} == set(CUDA_DRIVER_CHOICES)
+    assert all(c.device_delay_us is None and c.cuda_driver is None for c in cfgs if c.backend != "cuda")
+    before = cuda_backend.cupy, cuda_backend.load_driver
     with fake_cupy.stand_in(300) as fake:
         assert cuda_backend.cupy is fake and fake.delay_ns == 300_000 and cuda_backend.cuda_device_count() == 1
-    assert cuda_backend.cupy is before
+        assert isinstance(cuda_backend.load_driver(), fake_cupy.FakeDriver)
+    with fake_cupy.stand_in(300, driver=False):
+        assert cuda_backend.load_driver() is None
+    assert (cuda_backend.cupy, cuda_backend.load_driver) == before
 
 
 # ---- collective host tasks ------------------------------------------------------------------------

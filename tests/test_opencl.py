@@ -277,8 +277,8 @@ def test_long_source_kernels_are_enqueued_by_the_executor_and_completed_by_the_l
     direct = []
     original = OpenCLBackend.enqueue_now
 
-    def counting(self, lane, fn, *, dependent=False):
-        c = original(self, lane, fn, dependent=dependent)
+    def counting(self, lane, fn, *, dependent=False, **kw):
+        c = original(self, lane, fn, dependent=dependent, **kw)
         direct.append(c is not None)
         return c
 

@@ -24,6 +24,7 @@ from scheduler.geometry import Box
 from scheduler.instruction_graph import HOST_MEMORY, USER_MEMORY, device_memory
 
 from .backend import BackendError, BackendInfo, Completion, Lane, box_view, source_kernel_arguments
+from .cuda_driver import CudaDriver, DriverError
 from .device_queue import DeviceQueueBackend, QueueCompletion, QuietCompletion
 
 log = logging.getLogger("celeritas.executor")
@@ -65,6 +66,17 @@ PRELUDE = r"""
 def _same(_index: int, array: Any) -> Any:
     """A CuPy array is its own kernel argument (the pointer)."""
     return array
+
+
+def _pointer(_index: int, array: Any) -> int:
+    """A CuPy array's device pointer, as ``CudaDriver.launch`` takes it (0: no array)."""
+    return 0 if array is None else array.data.ptr
+
+
+def load_driver() -> CudaDriver | None:
+    """The GIL-keeping driver calls (``cuda_driver``), or None: the backend then enqueues
+    through CuPy alone.  (A function, so that CuPy's stand-in can put its own in place.)"""
+    return CudaDriver.load()
 
 
 GRID_LIMITS = (2 ** 31 - 1, 65535, 65535)       # blocks along x, y, z
@@ -180,6 +192,9 @@ class CudaBackend(DeviceQueueBackend):
         self._kernels: dict[tuple, Any] = {}
         self._axes: dict[tuple, ThreadAxes] = {}     # per kernel and chunk box (replayed steps repeat them)
         self._box_params: dict = {}                    # source_kernel_arguments' memo
+        # the driver calls that enqueue without giving the GIL away (None: through CuPy)
+        self._driver = load_driver()
+        self._functions: dict[tuple, int] = {}        # CUfunction handle per kernel key
         self._lock = threading.Lock()
         self._peer = {}
         for a in range(len(device_ids)):
@@ -245,17 +260,35 @@ class CudaBackend(DeviceQueueBackend):
                         s = self._streams[lane] = cupy.cuda.Stream(non_blocking=True)
         return s
 
-    def _enqueuing(self, lane: Lane, worker, fn: Callable[[], Any]) -> tuple[QueueCompletion, Callable[[], None]]:
-        """``fn`` under the lane's device and stream, followed by the event it completes with."""
+    def _enqueuing(self, lane: Lane, worker, fn: Callable[[], Any],
+                   direct: bool = False) -> tuple[QueueCompletion, Callable[[], None]]:
+        """``fn`` under the lane's device and stream, followed by the event it completes with.
+        ``direct`` (with the driver): ``fn`` enqueues through the driver calls alone (a source
+        kernel, a device copy), so CuPy's device and stream contexts, whose calls give the GIL
+        away, are left out: the lane's device is made current and the event recorded through
+        the driver."""
         stream = self.lane_handle(lane)
         dev = self.device_ids[lane.device]
         c = QueueCompletion(QuietCompletion(worker))
+        drv = self._driver
+        if direct and drv is not None:
+            sptr = stream.ptr
+
+            def run() -> None:
+                drv.use(dev)
+                fn()
+                c._event = drv.record(sptr)
+
+            return c, run
 
         def run() -> None:
             with cupy.cuda.Device(dev), stream:
                 fn()
-                ev = cupy.cuda.Event(block=True, disable_timing=True)
-                ev.record(stream)
+                if drv is not None:
+                    ev = drv.record(stream.ptr)
+                else:
+                    ev = cupy.cuda.Event(block=True, disable_timing=True)
+                    ev.record(stream)
             c._event = ev
 
         return c, run
@@ -276,6 +309,22 @@ class CudaBackend(DeviceQueueBackend):
         if not src_dev and not dst_dev:
             return super().copy(src, src_box, dst, dst_box, box, lane, dependent=dependent)
 
+        if lane.kind != "device":
+            raise BackendError("copies touching device memory run on a device lane")
+        drv = self._driver
+        if src_dev and dst_dev and drv is not None:
+            s = box_view(src, src_box, box)
+            d = box_view(dst, dst_box, box)
+            if s.dtype == d.dtype and s.flags.c_contiguous and d.flags.c_contiguous:
+                # one cudaMemcpyAsync through the driver (same GPU or peers), enqueued here if the lane allows
+                stream = self.lane_handle(lane)
+
+                def memcpy() -> None:
+                    drv.copy(d.data.ptr, s.data.ptr, d.nbytes, stream.ptr)
+
+                c = self.enqueue_now(lane, memcpy, dependent=dependent, direct=True)
+                return c if c is not None else self.launch(lane, memcpy, dependent=dependent)
+
         def run() -> None:
             s = box_view(src, src_box, box)
             d = box_view(dst, dst_box, box)
@@ -286,8 +335,6 @@ class CudaBackend(DeviceQueueBackend):
             else:
                 download(s, d)
 
-        if lane.kind != "device":
-            raise BackendError("copies touching device memory run on a device lane")
         if src_dev and dst_dev:        # device to device never blocks the host: enqueue it here if the lane allows
             c = self.enqueue_now(lane, run, dependent=dependent)
             if c is not None:
@@ -310,11 +357,31 @@ class CudaBackend(DeviceQueueBackend):
             rng = tuple(h - l for l, h in zip(box.lo, box.hi))
             axes = self._axes[akey] = thread_axes(kernel.name, box.dims, rng, local_range)
         key = (dev, kernel.name, src, kernel.options, axes.order)
+        drv = self._driver
+        if drv is not None:
+            f = self._functions.get(key)
+            if f is None:
+                f = self._functions[key] = self._function(key, kernel, axes)
+            kargs = source_kernel_arguments(kernel.name, ctx, args, _pointer, cache=self._box_params)
+            try:
+                drv.launch(f, axes.grid, axes.block, ctx.stream.ptr, kargs, f"kernel {kernel.name!r}")
+            except DriverError as exc:
+                raise BackendError(str(exc)) from None
+            return
         k = self._kernels.get(key)
         if k is None:
             k = self._kernels[key] = source_kernel(src, kernel.name, axes, kernel.options)
         kargs = source_kernel_arguments(kernel.name, ctx, args, _same, cache=self._box_params)
         k(axes.grid, axes.block, tuple(kargs))
+
+    def _function(self, key: tuple, kernel, axes: ThreadAxes) -> int:
+        """The CUfunction handle of a kernel, compiled and loaded on its device by CuPy (which
+        keeps the module loaded while the ``RawKernel`` lives: it stays in ``_kernels``)."""
+        k = self._kernels.get(key)
+        if k is None:
+            k = self._kernels[key] = source_kernel(kernel.source["cuda"], kernel.name, axes, kernel.options)
+        with cupy.cuda.Device(key[0]):
+            return k.kernel.ptr
 
     def close(self) -> None:
         super().close()

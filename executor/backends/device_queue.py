@@ -169,13 +169,15 @@ class DeviceQueueBackend(HostBackend):
         return (backlog == 1 and self.DRAIN_WAIT_S > 0
                 and w.wait_for(lambda: w.queued == w.finished, self.DRAIN_WAIT_S))
 
-    def _enqueuing(self, lane: Lane, worker: _LaneWorker,
-                   fn: Callable[[], Any]) -> tuple[QueueCompletion, Callable[[], None]]:
+    def _enqueuing(self, lane: Lane, worker: _LaneWorker, fn: Callable[[], Any],
+                   direct: bool = False) -> tuple[QueueCompletion, Callable[[], None]]:
         """A completion for ``fn`` on ``lane`` and the function that runs ``fn`` with its
-        device work enqueued on the lane's queue, setting the completion's ``event``."""
+        device work enqueued on the lane's queue, setting the completion's ``event``
+        (``direct``: as ``enqueue_now`` takes it)."""
         raise NotImplementedError
 
-    def enqueue_now(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False) -> Completion | None:
+    def enqueue_now(self, lane: Lane, fn: Callable[[], Any], *, dependent: bool = False,
+                    direct: bool = False) -> Completion | None:
         """Enqueue on the lane's queue from the calling thread once the lane's worker has
         nothing queued or running (what it enqueued is then ahead on the queue, so the
         queue keeps the lane's order): ``fn`` runs here under the lane's failure policy, as
@@ -185,7 +187,7 @@ class DeviceQueueBackend(HostBackend):
         w = self._worker(lane)
         if not self._idle_for_enqueue(w):
             return None
-        c, run = self._enqueuing(lane, w, fn)
+        c, run = self._enqueuing(lane, w, fn, direct)
         w.run(run, c._host, dependent)
         self._waiter(lane).queue.put(c)
         return c

@@ -337,7 +337,7 @@ class OpenCLBackend(DeviceQueueBackend):
         # per thread: the list ``enqueue_now`` collects enqueued events in (None: enqueue and wait)
         self._enqueue_only = threading.local()
 
-    def _enqueuing(self, lane: Lane, worker, fn) -> tuple[QueueCompletion, Callable[[], None]]:
+    def _enqueuing(self, lane: Lane, worker, fn, direct: bool = False) -> tuple[QueueCompletion, Callable[[], None]]:
         """``fn`` with its source kernels enqueued, not waited for (``enqueue_now``: the lane's
         waiter waits for them).  Only source kernels come here: a Python kernel would run at
         once, ahead of kernels of the lane still on the device (``enqueues_python_kernels``)."""
