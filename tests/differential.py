@@ -1278,10 +1278,11 @@ def _cuda_gpus() -> tuple[str | None, int]:
         return None, 0
 
 
-def device_error_pattern(value: str) -> str:
+def device_error_pattern(value: str, cuda_stand_in: bool = False) -> str:
     """The whole message (a regex) of the cl.ConfigError for ``CELERITAS_DEVICES=value`` naming a
     device that does not exist, on this machine (docs/api.md: "a device that does not exist is a
-    cl.ConfigError listing the ones that do")."""
+    cl.ConfigError listing the ones that do"); ``cuda_stand_in``: the program runs on the CuPy
+    stand-in (a ``cuda`` configuration), whose one GPU the runtime sees instead."""
     var = "CELERITAS_DEVICES"
     if value.count(":") == 1 and value.startswith("opencl"):     # (opencl:N: not P:D, a malformed list)
         return re.escape(f"{var}={value!r} is not a device list; use host:N, cuda, cuda:0,1, opencl or "
@@ -1289,7 +1290,7 @@ def device_error_pattern(value: str) -> str:
     head = re.escape(f"{var}={value!r}: ")
     if value.startswith("cuda"):
         dev = int(value.split(":")[1])
-        why, n = _cuda_gpus()
+        why, n = (None, 1) if cuda_stand_in else _cuda_gpus()
         if why is not None:
             return head + re.escape(f"the CUDA backend needs CuPy (pip install 'celeritas[cuda]'): "
                                     f"CuPy is not installed: {why}")
@@ -5292,7 +5293,7 @@ def config_error_pattern(t: Task, cfg: Config) -> str:
         folder = folder.format(file=not_a_folder())
         return re.escape(f"{setting}: cannot create the folder {folder!r} ({os.strerror(err)})")
     if t.misuse_form == "device":
-        return device_error_pattern(value)
+        return device_error_pattern(value, cfg.backend == "cuda")
     if t.misuse_form == "second_queue" and value is None:
         now = cfg.devices_setting()
         return re.escape(f"the runtime already runs on {now}; create the Queue with devices='host:{cfg.devices + 1}' "
