@@ -297,3 +297,29 @@ def test_a_launch_the_driver_refuses_fails_the_task_naming_the_kernel(monkeypatc
     with pytest.raises(cl.CeleritasError, match=r"'step'.*CUDA_ERROR_INVALID_VALUE.*task T\d+, rank 0"):
         q.wait()
     q.shutdown()
+
+
+def test_the_drivers_arguments_are_source_kernel_arguments_with_pointers(fake):
+    """``driver_arguments`` (the driver's fast path) marshals exactly what the generic
+    ``source_kernel_arguments`` does with integer pointers: every scalar type, an accessor
+    that maps nothing, one whose allocation holds more than the chunk; an unusual type
+    takes the generic path and a wrong one fails the same way."""
+    import types
+
+    from executor.backends.backend import BackendError, source_kernel_arguments
+    from executor.backends.cuda import _pointer, driver_arguments
+    from scheduler.geometry import Box
+    from scheduler.instruction_graph import AccessorArg
+    arr = fake.zeros((6, 8), np.float32)
+    ctx = types.SimpleNamespace(box=Box((2, 0), (4, 8)), arrays=[arr, None],
+                                accesses=[types.SimpleNamespace(allocation_box=Box((1, 0), (7, 8))),
+                                          types.SimpleNamespace(allocation_box=None)])
+    scalars = (True, np.bool_(False), 3, 2.5, np.int64(-4), np.int32(5), np.uint8(6), np.float32(0.5),
+               np.float64(1.25), np.float16(0.75), np.uint64(7), np.int16(-2))
+    for args in [(AccessorArg(0, "a"), AccessorArg(1, "b")) + scalars, scalars[::-1] + (AccessorArg(1, "b"),), ()]:
+        want = source_kernel_arguments("k", ctx, args, _pointer, cache={})
+        got = driver_arguments("k", ctx, args, {})
+        assert got == want and [type(v) for v in got] == [type(v) for v in want]
+    for bad in ("x", None, 1j):
+        with pytest.raises(BackendError, match="neither an accessor nor a scalar"):
+            driver_arguments("k", ctx, (AccessorArg(0, "a"), bad), {})

@@ -305,7 +305,7 @@ def source_kernel_parameter_count(args: tuple) -> int:
     return 6 + sum(7 if isinstance(a, AccessorArg) else 1 for a in args)
 
 
-_NO_BOX = (np.int64(0),) * 6
+NO_BOX = (np.int64(0),) * 6      # the offset and extents of an accessor that maps nothing of its chunk
 
 
 def box_parameters(box: Box, cache: dict | None = None) -> tuple:
@@ -344,7 +344,7 @@ def source_kernel_arguments(name: str, ctx: Any, args: tuple, pointer: Callable[
             abox = ctx.accesses[a.index].allocation_box
             arr = ctx.arrays[a.index]
             out.append(pointer(a.index, arr))
-            out.extend(_NO_BOX if arr is None or abox is None else box_parameters(abox, cache))
+            out.extend(NO_BOX if arr is None or abox is None else box_parameters(abox, cache))
             continue
         if scalar is not None:
             converted = scalar(position, len(out), a)
