@@ -190,6 +190,11 @@ def _cuda_devices() -> tuple[list[str], str | None]:
         name = props.get("name", b"?")
         name = name.decode() if isinstance(name, bytes) else str(name)
         out.append(f"cuda:{d} {name} ({props.get('totalGlobalMem', 0) / 2**30:.1f} GiB)")
+    if out:
+        from executor.backends.cuda_driver import CudaDriver
+        out.append("source kernels and device copies enqueued through the CUDA driver (libcuda via ctypes, "
+                   "keeping the GIL)" if CudaDriver.load() is not None else
+                   "source kernels enqueued through CuPy (libcuda could not be bound through ctypes)")
     return out, None
 
 
