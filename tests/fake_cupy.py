@@ -13,6 +13,7 @@ import contextlib
 import threading
 import time
 import types
+import weakref
 
 import numpy as np
 
@@ -78,7 +79,8 @@ class _MemoryPointer:
 
 class FakeCupy:
     host_transfers: list = []   # ("set" | "get" | "memcpy", shape) of each direct transfer, in order
-    by_pointer: dict = {}       # address -> the array whose ``data.ptr`` gave it (the newest)
+    # address -> the array whose ``data.ptr`` gave it, while it lives (the newest)
+    by_pointer: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def __init__(self, delay_ns: int = 50_000):
         self.delay_ns = delay_ns

@@ -215,11 +215,11 @@ class Backend(abc.ABC):
         asynchronous device queue with nothing queued on it: ``fn`` (known to the caller
         as brief on the calling thread) only enqueues work, so it runs right here and the
         completion tracks the device.  None where that is not possible (the default): the
-        caller then launches.  ``direct``: ``fn`` enqueues only through this backend's own
-        calls (``launch_source_kernel``), which take the lane from the launch context, so
-        the backend need not make the lane current for third-party code.  A hand-off costs a wake-up and a GIL switch, several times
+        caller then launches.  A hand-off costs a wake-up and a GIL switch, several times
         a kernel launch (measured on an H100: 300 us per one-thread kernel through the
-        worker against 14 us bare)."""
+        worker against 14 us bare).  ``direct``: ``fn`` enqueues only through this
+        backend's own calls (``launch_source_kernel``), which take the lane from the launch
+        context, so the backend need not make the lane current for third-party code."""
         return None
 
     def runs_inline(self, lane: Lane) -> bool:
