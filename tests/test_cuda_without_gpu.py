@@ -323,3 +323,19 @@ def test_the_drivers_arguments_are_source_kernel_arguments_with_pointers(fake):
     for bad in ("x", None, 1j):
         with pytest.raises(BackendError, match="neither an accessor nor a scalar"):
             driver_arguments("k", ctx, (AccessorArg(0, "a"), bad), {})
+
+
+@pytest.mark.parametrize("value", [1 + 2j, np.complex64(1 + 2j), np.complex128(-0.5j)])
+def test_a_complex_scalar_for_a_cuda_source_kernel_is_refused_at_submit(fake, value):
+    """CUDA source kernels take real scalars and pointers; a complex scalar used to fail at
+    launch, on the executor, as "neither an accessor nor a scalar"."""
+    q = cl.Queue(devices="cuda")
+    y = cl.Buffer(np.zeros((8, 8), np.float32))
+
+    def cgf(cgh):
+        cgh.parallel_for((8, 8), WAVE_SOURCE, args=(y.access(cgh, cl.one_to_one(), cl.read_write),
+                                                    y.access(cgh, cl.one_to_one(), cl.read), value))
+
+    with pytest.raises(cl.CeleritasError, match=r"kernel 'step': args\[2\] is the complex scalar .* two arguments"):
+        q.submit(cgf)
+    q.shutdown()
