@@ -219,8 +219,9 @@ class FakeDriver:
         self.devices_used.append(device)
 
     def launch(self, function: int, grid: tuple, block: tuple, stream: int, values: list, what: str) -> None:
+        from executor.backends.cuda_driver import SLOTS
         for v in values:
-            if type(v) not in (int, np.int64, np.int32, np.float32, np.float64):
+            if type(v) not in SLOTS:     # (what the real driver packs; it refuses anything else)
                 raise TypeError(f"{what}: {type(v).__name__} parameter")
         name, options = self.fake.functions[function]
         self.fake.stream_of(stream)

@@ -397,27 +397,24 @@ class CudaBackend(DeviceQueueBackend):
         if drv is not None:
             f = self._functions.get(key)
             if f is None:
-                f = self._functions[key] = self._function(key, kernel, axes)
+                with cupy.cuda.Device(dev):      # (CuPy loads the module on the current device)
+                    f = self._functions[key] = self._raw_kernel(key, src, kernel, axes).kernel.ptr
             kargs = driver_arguments(kernel.name, ctx, args, self._box_params)
             try:
                 drv.launch(f, axes.grid, axes.block, ctx.stream.ptr, kargs, f"kernel {kernel.name!r}")
             except DriverError as exc:
                 raise BackendError(str(exc)) from None
             return
+        kargs = source_kernel_arguments(kernel.name, ctx, args, _same, cache=self._box_params)
+        self._raw_kernel(key, src, kernel, axes)(axes.grid, axes.block, tuple(kargs))
+
+    def _raw_kernel(self, key: tuple, src: str, kernel, axes: ThreadAxes) -> Any:
+        """The kernel's ``cupy.RawKernel``, compiled once per key.  It stays in ``_kernels``
+        also for the driver's launches: CuPy keeps its module loaded while it lives."""
         k = self._kernels.get(key)
         if k is None:
             k = self._kernels[key] = source_kernel(src, kernel.name, axes, kernel.options)
-        kargs = source_kernel_arguments(kernel.name, ctx, args, _same, cache=self._box_params)
-        k(axes.grid, axes.block, tuple(kargs))
-
-    def _function(self, key: tuple, kernel, axes: ThreadAxes) -> int:
-        """The CUfunction handle of a kernel, compiled and loaded on its device by CuPy (which
-        keeps the module loaded while the ``RawKernel`` lives: it stays in ``_kernels``)."""
-        k = self._kernels.get(key)
-        if k is None:
-            k = self._kernels[key] = source_kernel(kernel.source["cuda"], kernel.name, axes, kernel.options)
-        with cupy.cuda.Device(key[0]):
-            return k.kernel.ptr
+        return k
 
     def close(self) -> None:
         super().close()

@@ -32,8 +32,7 @@ CUDA_ERROR_NOT_READY = 600
 
 # a kernel parameter's bytes in its 8-byte slot, by the type source_kernel_arguments gives it
 # (a Python int is a device pointer)
-_SLOTS = {int: "q", np.int64: "q", np.uint64: "Q", np.int32: "i4x", np.uint32: "I4x", np.float32: "f4x",
-          np.float64: "d"}
+SLOTS = {int: "q", np.int64: "q", np.int32: "i4x", np.float32: "f4x", np.float64: "d"}
 
 
 class DriverError(RuntimeError):
@@ -110,7 +109,7 @@ class CudaDriver:
         packer = self._packers.get(types)
         if packer is None:
             try:
-                fmt = "<" + "".join([_SLOTS[t] for t in types])
+                fmt = "<" + "".join([SLOTS[t] for t in types])
             except KeyError as exc:
                 raise DriverError(f"{what}: a kernel parameter of type {exc.args[0].__name__} has no "
                                   f"CUDA counterpart here") from None
