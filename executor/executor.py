@@ -446,11 +446,22 @@ class Executor(InstructionHandlers):
         handle = self._handle_item
         step = self._step
         _reduce_timer_slack()
+        engine = self._engine
         while True:
             progress = False
             if not inbox.empty():       # one item, then issue what it made ready
                 handle(inbox.get_nowait())
                 progress = True
+                # Batches queued behind it are taken at once while everything so far ran
+                # directly (the engine holds nothing: no work is ready to issue or in
+                # flight to poll for), which is when a step between them would find
+                # nothing to do; a scheduler running ahead of tiny tasks or a stencil of
+                # inline kernels queues them one per task.  (Bounded: the loop's other
+                # duties, a fence's or the divergence check's, wait at most that long.)
+                n = _BATCHES_AT_ONCE
+                while n and not inbox.empty() and engine.is_idle() and not self._stop:
+                    handle(inbox.get_nowait())
+                    n -= 1
             if step():
                 progress = True
             if self._stop:
@@ -1129,6 +1140,7 @@ class Executor(InstructionHandlers):
 # ---------------------------------------------------------------------- helpers
 
 
+_BATCHES_AT_ONCE = 16         # batches the loop takes without a step between them (see _loop)
 _EPOCH_POLL_NS = 1_000_000      # the divergence check's messages are looked for once a millisecond
 
 

@@ -614,3 +614,47 @@ def test_a_kind_measured_slow_on_its_lane_is_measured_inline_once_more():
         assert threads and threads[0].startswith("celeritas-D0.lane"), threads
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("at_once", [16, 0])
+def test_batches_queued_behind_directly_run_work_are_taken_without_a_step_between(monkeypatch, at_once):
+    """The scheduler queues a batch per task while the executor is busy: every batch whose
+    work ran straight from it leaves the engine empty, and the loop takes the next one at
+    once instead of stepping (polling and issuing nothing) between them.  Checked against
+    the loop that steps after every batch (``_BATCHES_AT_ONCE = 0``)."""
+    import executor.executor as executor_module
+    monkeypatch.setattr(executor_module, "_BATCHES_AT_ONCE", at_once)
+    h = Harness(trace=False)
+    try:
+        gate, entered = threading.Event(), threading.Event()
+        gate.set()
+        for name in ("cheap", "blocker", "cheap"):          # both kinds' costs: cheap, run directly
+            h.kernel(lambda ctx: (entered.set(), gate.wait(TIMEOUT)), name=name)
+            h.run()
+        gate.clear()
+        entered.clear()
+        order = []
+        h.kernel(lambda ctx: (order.append("blocker"), entered.set(), gate.wait(TIMEOUT)), name="blocker")
+        h.ex.submit(h.g.batch())                             # runs on the executor thread, holding its loop
+        assert entered.wait(TIMEOUT)
+        for i in range(8):                                   # queued meanwhile, one batch per "task"
+            h.kernel(lambda ctx, i=i: order.append(i), name="cheap")
+            h.ex.submit(h.g.batch())
+        polls = []
+        real_poll = h.ex._poll_comm
+        h.ex._poll_comm = lambda: (polls.append(len(order)), real_poll())[1]
+        fut = Future()
+        h.last = h.g.add(FenceInstruction, h.last, task=h.g.next_id, promise=fut)
+        h.ex.submit(h.g.batch())
+        gate.set()
+        fut.result(TIMEOUT)
+        assert order == ["blocker", *range(8)]
+        if at_once:
+            # no step between the blocker's batch and the fence's: all eight ran first
+            assert polls and polls[0] == 9 and len(polls) <= 3
+        else:
+            assert [p for p in polls if p < 9] == list(range(1, 9))   # a step after every batch
+        assert h.errors == []
+    finally:
+        del h.ex._poll_comm
+        h.close()
