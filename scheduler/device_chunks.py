@@ -70,7 +70,7 @@ class Plans(list):
         # lookahead: the shape ids of ``bids`` (interned buffer states) under which every
         # requirement was found allocated, so a repeating step asks one set, not per box
         self.allocated_under: set[tuple] = set()
-        self.bids = sorted({bid for p in plans for bid in p.bbox})
+        self.bids = tuple(sorted({bid for p in plans for bid in p.bbox}))
         need: dict[tuple[int, int], tuple[Box, ...]] = {}
         for p in plans:
             if p.batch is not None:

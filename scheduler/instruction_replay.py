@@ -144,7 +144,7 @@ class InstructionReplayMixin:
             plans = self._plan_chunks(cmd)
             reds = cmd.task.reductions
             if not reds:
-                return tuple(plans.bids)
+                return plans.bids
             return tuple(sorted(set(plans.bids) | {r.buffer for r in reds}))
         if kind in (cg.PUSH, cg.AWAIT_PUSH):
             return (cmd.transfer[1],)
