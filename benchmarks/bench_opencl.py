@@ -148,7 +148,7 @@ class HandWritten:
                 ev.wait()
             # halo rows of the new field (the ``up`` just written) into the neighbour's ghost rows
             new0, new1 = host[0][1 - cur], host[1][1 - cur]
-            (y0a, y1a), (g0a, _), (y0b, _), (g0b, _) = self.rows[0], self.ghost[0], self.rows[1], self.ghost[1]
+            (_, y1a), (g0a, _), (y0b, _), (g0b, _) = self.rows[0], self.ghost[0], self.rows[1], self.ghost[1]
             new1[y0b - 1 - g0b] = new0[y1a - 1 - g0a]       # device 0's last row -> device 1's top ghost
             new0[y1a - g0a] = new1[y0b - g0b]               # device 1's first row -> device 0's bottom ghost
             cur = 1 - cur

@@ -132,3 +132,27 @@ def test_run_all_gpu_rows_report_every_bench_cuda_figure(monkeypatch):
     home = by["64² float32 field fenced home after a kernel, GB/s"]
     assert home.celeritas == "5.0 GB/s" and home.baseline.endswith("; 100.0 into pinned memory)")
     assert home.goal == "(RESULTS DIFFER)"
+
+
+@pytest.mark.parametrize("program", ["noop", "tiny", "hop"])
+def test_bench_instructions_programs_run_as_the_dry_runs_it_counts(program):
+    """The child that bench_instructions runs under valgrind, run plainly: every program
+    builds its graphs in a dry run and ends cleanly."""
+    import os
+    import subprocess
+    import sys
+    from benchmarks import bench_instructions as bi
+    env = {**os.environ, **bi.PROGRAMS[program][0], "PYTHONPATH": str(bi.ROOT)}
+    p = subprocess.run([sys.executable, "-c", bi._CHILD, program, "5", str(bi.ROOT)], env=env, cwd=bi.ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_bench_instructions_subtracts_start_up_and_needs_valgrind(monkeypatch, capsys):
+    from benchmarks import bench_instructions as bi
+    counts = {200: (1_000_000, 3_000_000), 600: (1_400_000, 5_000_000)}
+    monkeypatch.setattr(bi, "count", lambda tree, program, steps: counts[steps])
+    assert bi.per_step(bi.ROOT, "noop") == (1000.0, 5000.0)
+    monkeypatch.setattr(bi.shutil, "which", lambda name: None)
+    assert bi.main(["--programs", "noop"]) == 2
+    assert "needs valgrind" in capsys.readouterr().out
