@@ -206,19 +206,9 @@ class CommandReplayMixin:
             horizons.front[c.id] = c
             self._register(out, c)
         else:
-            # (EpochTracker.add and _register, inline: once per replayed command)
-            front = horizons.front
-            recorder = self.recorder
             for c in made:
-                cid = c.id
-                for d in c.deps:
-                    front.pop(d, None)
-                front[cid] = c
-                live[cid] = c
-                out.append(c)
-                if recorder is not None:
-                    recorder.record_command(c)
-            self.num_commands += len(made)
+                horizons.add(c.id, c.deps, c)
+                self._register(out, c)
         shapes = self._shapes
         stale = self._stale
         for bid, sid, shape, pend, top in post:
