@@ -62,7 +62,7 @@ elif what == "hop":
     import celeritas as cl
     from benchmarks.bench_mpi import _hop
     q = cl.Queue()
-    x = cl.Buffer(np.zeros((2, 8), np.uint8), name="pingpong")
+    x = cl.Buffer(np.zeros((1, 8), np.uint8), name="pingpong")
     hop = _hop(x)
     for _ in range(n):
         q.submit(hop(0, 1))

@@ -15,14 +15,14 @@ Sections:
   rows) that evaluates the very same expressions (``wave_sim._shift``) on the
   same row split.  Reported: ms per step, ratio = handwritten / celeritas (1.0 =
   no overhead), and whether both final fields are bitwise equal.
-* **ping-pong**: a row of a (2, bytes) buffer hops rank 0 -> rank 1 -> rank 0,
-  one push/await_push per hop (no-op kernels), against the faster of a
-  ``Send``/``Recv`` and an ``Irecv``-preposted ping-pong of the same bytes:
-  one-way latency and bandwidth, measured the way the OSU micro-benchmarks do:
-  ``WARMUP`` untimed round trips first (allocations, replay templates, the first
-  transfers), then many timed ones (500 up to 64 KiB, 100 above; ``--hops``).
-  "compiled ahead": the same hops compiled
-  before the first one runs (see ``pingpong_compiled``), i.e. without the
+* **ping-pong**: the one row of a (1, bytes) buffer hops rank 0 -> rank 1 -> rank 0
+  (read and written by the receiving rank's chunk), one push/await_push per hop
+  (no-op kernels), against the faster of a ``Send``/``Recv`` and an
+  ``Irecv``-preposted ping-pong of the same bytes: one-way latency and bandwidth,
+  measured the way the OSU micro-benchmarks do: ``WARMUP`` untimed round trips
+  first (allocations, replay templates, the first transfers), then many timed ones
+  (500 up to 64 KiB, 100 above; ``--hops``).  "compiled ahead": the same hops
+  compiled before the first one runs (see ``pingpong_compiled``), i.e. without the
   scheduler on the critical path.
 * **streaming**: the bandwidth of a one-way stream with ``STREAM_WINDOW`` messages in
   flight, the way osu_bw measures bandwidth (64 KiB, 1 MiB, 4 MiB): ``window`` pushes of
@@ -234,14 +234,17 @@ def _row_mapper(item: int, row: int):
 
 
 def _hop(x):
-    """``hop(src, dst)``: the command group moving row src of ``x`` to row dst, executed by
-    chunk dst (on rank dst)."""
+    """``hop(src, dst)``: the command group moving row 0 of ``x`` from rank src to rank dst:
+    chunk dst (on rank dst) reads and writes it.  The one row goes back and forth, the data
+    movement of the mpi4py baselines, which send back the buffer they just received.
+    (Receiving one row and sending another, as this hop did until 2026-11-27, is slower in
+    plain mpi4py too: at 4 MiB 222-272 against 212-217 us per hop, minimum and median,
+    alternated in one job, since the row sent is no longer the one just copied.)"""
     import celeritas as cl
 
     def hop(src: int, dst: int):
         def cgf(cgh):
-            x.access(cgh, _row_mapper(dst, src), cl.read)
-            x.access(cgh, _row_mapper(dst, dst), cl.write)
+            x.access(cgh, _row_mapper(dst, 0), cl.read_write)
             cgh.parallel_for((2,), lambda chunk: None, name=f"hop{src}{dst}")
         return cgf
     return hop
@@ -251,9 +254,9 @@ WARMUP = 20     # untimed round trips before each ping-pong measurement
 
 
 def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
-    """One-way seconds per hop: row src -> row dst, executed by chunk dst (on rank dst)."""
+    """One-way seconds per hop: the row from rank src to rank dst (``_hop``)."""
     import celeritas as cl
-    x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
+    x = cl.Buffer(np.zeros((1, nbytes), np.uint8), name="pingpong")
     hop = _hop(x)
 
     for _ in range(WARMUP):                 # allocations, replay templates, first transfers
@@ -282,7 +285,7 @@ def pingpong_compiled(q, comm, nbytes: int, hops: int) -> float:
     """
     import celeritas as cl
     from benchmarks.gate import hold, release
-    x = cl.Buffer(np.zeros((2, nbytes), np.uint8), name="pingpong")
+    x = cl.Buffer(np.zeros((1, nbytes), np.uint8), name="pingpong")
     hop = _hop(x)
     for _ in range(WARMUP):                 # allocations, replay templates, first transfers
         q.submit(hop(0, 1))
