@@ -60,13 +60,10 @@ if what == "tiny":
 elif what == "hop":
     import numpy as np
     import celeritas as cl
-    from benchmarks.bench_mpi import _hop
+    from benchmarks.bench_mpi import _hop, _round_trips
     q = cl.Queue()
     x = cl.Buffer(np.zeros((1, 8), np.uint8), name="pingpong")
-    hop = _hop(x)
-    for _ in range(n):
-        q.submit(hop(0, 1))
-        q.submit(hop(1, 0))
+    _round_trips(q, _hop(x), n)
     q.wait()
     q.shutdown()
 else:

@@ -253,20 +253,28 @@ def _hop(x):
 WARMUP = 20     # untimed round trips before each ping-pong measurement
 
 
-def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
-    """One-way seconds per hop: the row from rank src to rank dst (``_hop``)."""
+def _round_trips(q, hop, n: int) -> None:
+    for _ in range(n):
+        q.submit(hop(0, 1))
+        q.submit(hop(1, 0))
+
+
+def _warmed_pingpong(q, nbytes: int):
+    """The ping-pong's buffer and ``hop``, after ``WARMUP`` untimed round trips (allocations,
+    replay templates, the first transfers) and a barrier."""
     import celeritas as cl
     x = cl.Buffer(np.zeros((1, nbytes), np.uint8), name="pingpong")
     hop = _hop(x)
-
-    for _ in range(WARMUP):                 # allocations, replay templates, first transfers
-        q.submit(hop(0, 1))
-        q.submit(hop(1, 0))
+    _round_trips(q, hop, WARMUP)
     q.wait(barrier=True)
+    return x, hop
+
+
+def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
+    """One-way seconds per hop: the row from rank src to rank dst (``_hop``)."""
+    _x, hop = _warmed_pingpong(q, nbytes)
     t0 = time.perf_counter()
-    for _ in range(hops):
-        q.submit(hop(0, 1))
-        q.submit(hop(1, 0))
+    _round_trips(q, hop, hops)
     q.wait()
     t = (time.perf_counter() - t0) / (2 * hops)
     q.wait(barrier=True)
@@ -285,17 +293,10 @@ def pingpong_compiled(q, comm, nbytes: int, hops: int) -> float:
     """
     import celeritas as cl
     from benchmarks.gate import hold, release
-    x = cl.Buffer(np.zeros((1, nbytes), np.uint8), name="pingpong")
-    hop = _hop(x)
-    for _ in range(WARMUP):                 # allocations, replay templates, first transfers
-        q.submit(hop(0, 1))
-        q.submit(hop(1, 0))
-    q.wait(barrier=True)
+    x, hop = _warmed_pingpong(q, nbytes)
     gate = hold(q, 2 * hops, lambda cgh: x.access(cgh, cl.fixed(cl.Subrange((0, 0), (1, nbytes))), cl.write),
                 on=cl.on_master_node)
-    for _ in range(hops):
-        q.submit(hop(0, 1))
-        q.submit(hop(1, 0))
+    _round_trips(q, hop, hops)
     t0 = release(q, gate, comm)
     q.wait()
     t = (time.perf_counter() - t0) / (2 * hops)
