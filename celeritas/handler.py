@@ -734,21 +734,15 @@ def _check_source_args(cgh: CommandGroupHandler, name: str) -> None:
             raise BackendError(f"kernel {name!r}: args[{i}] is a numpy array of shape {a.shape}; pass arrays as "
                                  f"buffers through accessors (cl.Buffer(array).access(cgh, ...))")
         elif isinstance(a, (complex, np.complexfloating)) and cgh._runtime.backend_name == "cuda":
-            _refuse_complex(name, i, a)
+            # (the launch would fail on the executor, whose parameters are real scalars and
+            # pointers; OpenCL passes complex scalars as float2 / double2)
+            raise BackendError(f"kernel {name!r}: args[{i}] is the complex scalar {a!r}, which a CUDA source "
+                               f"kernel cannot take as a parameter; pass its real and imaginary parts as two "
+                               f"arguments ({a.real!r}, {a.imag!r})")
         elif not isinstance(a, (bool, int, float, complex, np.bool_, np.number)):
             what = "None" if a is None else f"{a!r} of type {type(a).__name__}"
             raise BackendError(f"kernel {name!r}: args[{i}] is {what}: a source kernel takes accessors and scalars "
                                  f"(bool, int, float, complex or numpy numbers)")
-
-
-def _refuse_complex(name: str, i: int, a) -> None:
-    """A complex scalar for a CUDA source kernel: refused at submit (the launch would fail on the
-    executor, whose parameters are real scalars and pointers; OpenCL passes complex scalars
-    as float2 / double2)."""
-    from executor.backends.backend import BackendError
-    raise BackendError(f"kernel {name!r}: args[{i}] is the complex scalar {a!r}, which a CUDA source kernel "
-                       f"cannot take as a parameter; pass its real and imaginary parts as two "
-                       f"arguments ({a.real!r}, {a.imag!r})")
 
 
 def _parallel_for(name) -> str:
