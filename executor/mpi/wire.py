@@ -25,6 +25,7 @@ PILOT_TAG = 1
 EPOCH_TAG = 2
 PAYLOAD_TAG_BASE = 16
 PILOT_RING = 16                  # standing pilot receives
+PILOT_WINDOW = 16                # pilots to one rank out ahead of their payloads (MpiCommunicator.send_pilot)
 PILOT_WORDS = 12                 # msg_id, to, t0, t1, t2, dims, lo0..2, hi0..2
 
 # Strided boxes: "datatype" (hvector over the allocation), "staging" (contiguous

@@ -50,24 +50,60 @@ for box in (Box((1,), (5,)), Box((0, 2), (3, 9)), Box((1, 2, 3), (4, 5, 6)), Box
     expect((q.msg_id, q.to, q.transfer, q.box, q.box.dims) == (p.msg_id, p.to, p.transfer, p.box, box.dims),
            f"pilot round trip {p} -> {q}")
 
-# ---- pilots: many from two senders to rank 0 (more than the standing ring), order kept per sender
+# ---- pilots: many from two senders to rank 0 (more than the standing ring and the window).
+# PILOT_WINDOW pilots per receiver go out ahead of their payloads, in order, and pilots that
+# announce nothing (empty boxes) at once; the rest wait until a payload goes (then the oldest
+# go, in order) or until their own payload goes (then that pilot goes first, out of turn)
+from executor.mpi.wire import PILOT_WINDOW  # noqa: E402
+
 N = 50
+ANNOUNCED = [i for i in range(N) if i % 7]          # the rest announce nothing (empty boxes)
+EARLY = ANNOUNCED[-1]                               # its payload goes first, before every other
+assert len(ANNOUNCED) > PILOT_WINDOW + 1
+
+
+def _collect(count, seconds):
+    got = []
+    t0 = time.monotonic()
+    while len(got) < count and time.monotonic() - t0 < seconds:
+        got += comm.poll_pilots()
+        time.sleep(1e-4)
+    return got
+
+
 if rank != 0:
     for i in range(N):
         comm.send_pilot(0, Pilot(msg_id=i, to=0, transfer=(rank, i, 0),
                                  box=Box((i,), (i + rank,)) if i % 7 else Box.empty_box(1)))
+    expect(comm.held_pilots == len(ANNOUNCED) - PILOT_WINDOW, f"{comm.held_pilots} pilots held back")
+comm.barrier()
+if rank == 0:      # the window's worth and the empty ones arrive, nothing more
+    first = _collect(2 * (PILOT_WINDOW + N - len(ANNOUNCED)) + 1, 0.5)
+    for src in (1, 2):
+        ids = [p.msg_id for fr, p in first if fr == src]
+        want = sorted(ANNOUNCED[:PILOT_WINDOW] + [i for i in range(N) if i % 7 == 0])
+        expect(sorted(ids) == want, f"rank {src}: pilots before any payload {ids}, expected {want}")
+comm.barrier()
+if rank != 0:      # one payload out of turn, then the rest in order
+    reqs = [comm.send_payload(0, i, np.full(rank, i, np.int64)) for i in [EARLY] + ANNOUNCED[:-1]]
+    wait_all(reqs)
+    expect(comm.held_pilots == 0, f"{comm.held_pilots} pilots still held after every payload")
 else:
-    got = []
-    t0 = time.monotonic()
-    while len(got) < 2 * N and time.monotonic() - t0 < 20:
-        got += comm.poll_pilots()
-        time.sleep(1e-4)
+    rest = _collect(2 * N - len(first), 20)
+    got = first + rest
     expect(len(got) == 2 * N, f"received {len(got)} of {2 * N} pilots")
     for src in (1, 2):
-        ids = [p.msg_id for fr, p in got if fr == src]
-        expect(ids == list(range(N)), f"pilots from rank {src} out of order: {ids}")
+        ids = [p.msg_id for fr, p in got if fr == src and p.msg_id in ANNOUNCED]
+        late = [i for i in ids if i != EARLY]
+        expect(sorted(ids) == ANNOUNCED and late == sorted(late),
+               f"announcing pilots from rank {src} out of order: {ids}")
+        expect(ids.index(EARLY) == PILOT_WINDOW, f"rank {src}: the early payload's pilot came at "
+                                                 f"{ids.index(EARLY)}, not with its payload")
         expect(all(p.transfer == (src, p.msg_id, 0) and p.to == 0 for fr, p in got if fr == src),
                "pilot contents")
+        outs = {i: np.zeros(src, np.int64) for i in ANNOUNCED}
+        wait_all([comm.receive_payload(src, i, outs[i]) for i in ANNOUNCED])
+        expect(all((outs[i] == i).all() for i in ANNOUNCED), f"payloads from rank {src}")
     expect(comm.poll_pilots() == [], "extra pilots")
 comm.barrier()
 
