@@ -127,10 +127,15 @@ def test_every_app_verifies_through_its_cli_under_mpiexec(app, ranks, tmp_path):
 
 @needs_mpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks,devices,first,count", [(2, "host:2", 0, 80), (4, "host:1", 1000, 80)])
-def test_random_programs_match_numpy(ranks, devices, first, count):
-    r = mpirun(ranks, "fuzz_programs.py", str(first), str(count), devices=devices,
-               env={"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"})
+@pytest.mark.parametrize("ranks,devices,first,count,window", [(2, "host:2", 0, 80, None), (4, "host:1", 1000, 80, None),
+                                                              (3, "host:2", 2000, 60, 1)])
+def test_random_programs_match_numpy(ranks, devices, first, count, window):
+    """Random programs on several ranks equal numpy; the last batch with a pilot window of 1
+    (``MpiCommunicator.send_pilot``), so most pilots wait and most payloads go out of turn."""
+    env = {"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"}
+    if window is not None:
+        env["FUZZ_PILOT_WINDOW"] = str(window)
+    r = mpirun(ranks, "fuzz_programs.py", str(first), str(count), devices=devices, env=env)
     assert r.returncode == 0, _explain(r)
     for k in range(ranks):
         assert f"rank {k}: {count}/{count} programs match numpy" in r.stdout, _explain(r)

@@ -2,9 +2,13 @@
 
 usage: fuzz_programs.py FIRST_SEED COUNT [GROUPS]
 GROUPS: ``all`` (default), ``none``, or a comma-separated list of differential.GROUPS.
+``FUZZ_PILOT_WINDOW=K`` in the environment narrows the MPI communicator's pilot window
+(``wire.PILOT_WINDOW``) to K, so that pilots wait for room and payloads take theirs along
+out of turn in nearly every transfer.
 Prints every failing seed with its tag and features; exit status 1 on a rank where
 some program differed (after every rank finished the batch).
 """
+import os
 import sys
 
 import _setup  # noqa: F401
@@ -16,6 +20,9 @@ from mpi_programs import run_batch
 
 def main(first: int, count: int, groups: str) -> int:
     sel = GROUPS if groups == "all" else () if groups in ("", "none") else tuple(groups.split(","))
+    if os.environ.get("FUZZ_PILOT_WINDOW"):
+        import executor.mpi.communicator as mpi_communicator
+        mpi_communicator.PILOT_WINDOW = int(os.environ["FUZZ_PILOT_WINDOW"])
     q = cl.Queue()
     rank = q.rank
     failures = run_batch(q, range(first, first + count), rank=rank, groups=sel)
