@@ -348,6 +348,7 @@ class CudaBackend(DeviceQueueBackend):
         if lane.kind != "device":
             raise BackendError("copies touching device memory run on a device lane")
         drv = self._driver
+        views = None
         if src_dev and dst_dev and drv is not None:
             s = box_view(src, src_box, box)
             d = box_view(dst, dst_box, box)
@@ -360,10 +361,10 @@ class CudaBackend(DeviceQueueBackend):
 
                 c = self.enqueue_now(lane, memcpy, dependent=dependent, direct=True)
                 return c if c is not None else self.launch(lane, memcpy, dependent=dependent)
+            views = (s, d)              # (strided: CuPy's copy below, on the views made here)
 
         def run() -> None:
-            s = box_view(src, src_box, box)
-            d = box_view(dst, dst_box, box)
+            s, d = views if views is not None else (box_view(src, src_box, box), box_view(dst, dst_box, box))
             if src_dev and dst_dev:
                 device_copy(s, d)               # same device or peer access (CuPy checks)
             elif dst_dev:
