@@ -295,14 +295,13 @@ class MpiCommunicator(Communicator):
         self._ensure_ready()
         spec, keep, _finish, _n = self._spec(array, receive=False)
         ahead = self._ahead.get(to)
+        held = self._held.get(to)
         if ahead is not None and msg_id in ahead:
             ahead.discard(msg_id)
-        else:
-            held = self._held.get(to)
-            if held:        # its pilot waits in the window: it goes first, out of turn
-                buf = held.pop(msg_id, None)
-                if buf is not None:
-                    self._isend_pilot(to, buf)
+        elif held:          # its pilot waits in the window: it goes first, out of turn
+            buf = held.pop(msg_id, None)
+            if buf is not None:
+                self._isend_pilot(to, buf)
         try:
             req = self._comm.Isend(spec, to, self._payload_tag(msg_id))
         except Exception as exc:  # noqa: BLE001
@@ -312,7 +311,6 @@ class MpiCommunicator(Communicator):
         if len(self._payload_sends) > 64:       # keep the teardown list short
             self._payload_sends.pending()
         self._payload_sends.add(r)
-        held = self._held.get(to)
         if held and ahead is not None:          # room in the window: the oldest held pilots go
             while held and len(ahead) < PILOT_WINDOW:
                 m = next(iter(held))
