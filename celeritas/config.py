@@ -117,7 +117,7 @@ class Config:
     horizon_step: int = 4
     horizon_max_parallelism: int = 64
     # tasks the application thread may run ahead of the executor before submit waits
-    max_tasks_ahead: int = 4096
+    max_tasks_ahead: int = 512
     # past this many tasks ahead of the executor the application thread pauses (at most
     # 2 ms, once every pause_ahead // 2 tasks) to let the other threads have the GIL; 0: never
     pause_ahead: int = 128
@@ -433,7 +433,7 @@ def from_env(env: Mapping[str, str] | None = None, warn: bool = True) -> Config:
         lookahead=_choice(env, "CELERITAS_LOOKAHEAD", LOOKAHEAD_MODES, "auto"),
         horizon_step=_int(env, "CELERITAS_HORIZON_STEP", 4),
         horizon_max_parallelism=_int(env, "CELERITAS_HORIZON_MAX_PARALLELISM", 64),
-        max_tasks_ahead=_int(env, "CELERITAS_MAX_TASKS_AHEAD", 4096, minimum=2),
+        max_tasks_ahead=_int(env, "CELERITAS_MAX_TASKS_AHEAD", 512, minimum=2),
         pause_ahead=_int(env, "CELERITAS_PAUSE_AHEAD", 128, minimum=0),
         dry_run_nodes=_int(env, "CELERITAS_DRY_RUN_NODES", None),
         print_graphs=_path(env, "CELERITAS_PRINT_GRAPHS"),

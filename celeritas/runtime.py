@@ -622,6 +622,19 @@ class Runtime:
                 self._throttled = False
 
     @property
+    def max_tasks_ahead(self) -> int:
+        """How many tasks ``submit`` lets the application run ahead of the executor
+        (``CELERITAS_MAX_TASKS_AHEAD`` at start-up)."""
+        return self._max_ahead
+
+    @max_tasks_ahead.setter
+    def max_tasks_ahead(self, tasks: int) -> None:
+        # (for work that must be submitted whole before any of it may run: benchmarks.gate)
+        if type(tasks) is not int or tasks < 2:
+            raise ConfigError(f"max_tasks_ahead must be an integer >= 2, got {tasks!r}")
+        self._max_ahead = tasks
+
+    @property
     def tasks_ahead(self) -> int:
         """Tasks submitted past the newest horizon or epoch the executor has reached."""
         return self.task_manager.next_task_id - 1 - max(self._horizon_reached, self._epoch_reached)

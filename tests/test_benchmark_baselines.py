@@ -38,10 +38,11 @@ def test_noop_stencil_reads_and_writes_like_the_stencil_and_computes_nothing():
 
 
 @pytest.mark.timeout(120)
-def test_compiled_ahead_gate_holds_work_and_refuses_more_than_the_submit_bound():
-    """benchmarks.gate: the work behind the gate runs only once released, and more work
-    than CELERITAS_MAX_TASKS_AHEAD lets the application submit ahead is refused up front
-    (it would otherwise stall at submit until the gate timed out)."""
+def test_compiled_ahead_gate_holds_more_work_than_the_submit_bound_and_restores_it():
+    """benchmarks.gate: the work behind the gate runs only once released, even where it is
+    more than CELERITAS_MAX_TASKS_AHEAD lets the application submit ahead (the gate raises
+    the bound for its stretch; submit would otherwise wait for the gate until it timed
+    out), and the bound is back at its setting after the release."""
     from benchmarks.gate import hold, release
     from celeritas.testing import run_cluster
 
@@ -53,16 +54,37 @@ def test_compiled_ahead_gate_holds_work_and_refuses_more_than_the_submit_bound()
             a = x.access(cgh, cl.one_to_one(), cl.read_write)
             cgh.parallel_for((4,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
 
-        with pytest.raises(ValueError, match="CELERITAS_MAX_TASKS_AHEAD=16"):
-            hold(q, 8, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
-        gate = hold(q, 7, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
+        rt = q.runtime
+        small = hold(q, 7, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
+        assert rt.max_tasks_ahead == 16          # (7 tasks and their horizons fit)
         for _ in range(7):
             q.submit(inc)
-        assert not gate.is_set()
-        release(q, gate)
+        assert not small.is_set()
+        release(q, small)
+        assert q.fence(x).result().tolist() == [7] * 4
+        big = hold(q, 40, lambda cgh: x.access(cgh, cl.all(), cl.read_write))
+        assert rt.max_tasks_ahead == 82
+        for _ in range(40):
+            q.submit(inc)
+        assert not big.is_set() and rt.throttled_count == 0
+        release(q, big)
+        assert rt.max_tasks_ahead == 16
         return q.fence(x).result().tolist()
 
-    assert run_cluster(program, nodes=1, devices=2, CELERITAS_MAX_TASKS_AHEAD="16") == [[7] * 4]
+    assert run_cluster(program, nodes=1, devices=2, CELERITAS_MAX_TASKS_AHEAD="16") == [[47] * 4]
+
+
+def test_runtime_submit_bound_is_checked():
+    q = cl.Queue(devices="host:1")
+    try:
+        with pytest.raises(cl.ConfigError, match="max_tasks_ahead"):
+            q.runtime.max_tasks_ahead = 1
+        with pytest.raises(cl.ConfigError, match="max_tasks_ahead"):
+            q.runtime.max_tasks_ahead = 2.5
+        q.runtime.max_tasks_ahead = 64
+        assert q.runtime.max_tasks_ahead == 64
+    finally:
+        q.shutdown()
 
 
 def test_bench_mpi_row_mappers_map_the_whole_range_to_what_their_chunk_gets():

@@ -91,7 +91,7 @@ def test_no_throttle_below_the_bound():
 def test_the_bound_is_configured_and_checked():
     from celeritas import config as cfg
     from scheduler.errors import ConfigError
-    assert cfg.from_env({}).max_tasks_ahead == 4096
+    assert cfg.from_env({}).max_tasks_ahead == 512
     assert cfg.from_env({"CELERITAS_MAX_TASKS_AHEAD": "64"}).max_tasks_ahead == 64
     with pytest.raises(ConfigError, match="CELERITAS_MAX_TASKS_AHEAD"):
         cfg.from_env({"CELERITAS_MAX_TASKS_AHEAD": "1"})
@@ -104,6 +104,7 @@ def _submit_behind_a_gate(devices: str, items: int, tasks: int):
     right after them."""
     import threading
     q = cl.Queue(devices=devices)
+    q.runtime.max_tasks_ahead = max(q.runtime.max_tasks_ahead, 2 * tasks + 2)   # (the pauses, not the bound)
     buf = cl.Buffer(np.zeros(items, np.int64))
     gate = threading.Event()
 
