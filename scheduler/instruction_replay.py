@@ -9,6 +9,19 @@ command's task), the lookahead's anticipated boxes and the allocation counters.
 Allocation ids are long-lived and interleave with short-lived scratch allocations,
 so they are not relative: the shape numbers a buffer's allocations in order and the
 actual ids travel beside it (``_BufferShape.allocations``).
+
+The user allocation's last writer and readers (the buffer's initial data, read once
+by the first copies to the devices) are a shape of their own, beside the buffer's,
+with a base of their own: most lowerings never touch that allocation, while those
+old ids drift further from the command every step until a horizon collapses them,
+and a key holding them missed at every step of a loop's start (the 128² stencil on
+four devices replayed from its 17th task instead of its 9th).  A lowering that left
+every user allocation's state as it was keys without them; one that changed one (it
+read the initial data, wrote data home) marks its key ``_USER_KEYED`` and is kept
+under the key with the user shapes added.  Whether a lowering touches the user
+allocation follows from what the key holds (where the newest data is, what the
+command accesses), never from those ids; a horizon, which collapses them, always
+keys on them.
 """
 from __future__ import annotations
 
@@ -28,6 +41,9 @@ _ROLES = {"id": "iid", "deps": "deps", "allocation": "aid", "source": "aid", "de
           "task": "tid", "transfer": "transfer", "msg_id": "mid", "reduction": "rid",
           "accesses": "accesses", "reductions": "redallocs", "launcher": "launcher", "name": "name",
           "global_range": "global_range", "identity": "identity", "op": "op", "garbage": "garbage"}
+
+
+_USER_KEYED = ("user-keyed",)   # stored under a key whose templates touch a user allocation (see above)
 
 
 class TemplateMismatch(Exception):
@@ -54,16 +70,29 @@ class InstructionReplayMixin:
         epoch = self._horizons.epoch
         epoch_rel = None if epoch is None else epoch - self._next_instr
         tpl = replay.find(key, epoch_rel)
+        user_keyed = tpl is _USER_KEYED
+        if user_keyed:
+            key = (key, _user_parts(shapes, self._next_instr))
+            tpl = replay.find(key, epoch_rel)
         if tpl is not None:
             replay.hits += 1
             self._instantiate(cmd, touched, shapes, tpl)
             return
         self._sync_buffers(touched)
+        buffers = self._buffers
+        users = [buffers[bid].user for bid in touched]
+        users_before = [None if u is None else u.access.snapshot() for u in users]
         env = _Env(self, cmd, touched, shapes)
         n_out, n_pilots = len(self._out), len(self._pilots)
         self._warned = False
         evictions = self.memory_stats["evictions"]
         self._compile_now(cmd)
+        if not user_keyed and cmd.kind != cg.HORIZON:   # (a horizon's key holds the user shapes)
+            user_keyed = any(u is not None and u.access.snapshot() != before
+                             for u, before in zip(users, users_before))
+            if user_keyed:
+                replay.templates.put(key, _USER_KEYED)
+                key = (key, _user_parts(shapes, env.ibase))
         if self._warned or self.memory_stats["evictions"] != evictions or (
                 cmd.kind == cg.EXECUTION and cmd.task.collective_group is not None
                 and any(type(ins) is CloneCollectiveGroupInstruction for ins in self._out[n_out:])):
@@ -74,7 +103,7 @@ class InstructionReplayMixin:
             self._forget_shapes(touched)
             return
         try:
-            tpl = self._record(cmd, touched, env, n_out, n_pilots)
+            tpl = self._record(cmd, touched, env, n_out, n_pilots, user_keyed or cmd.kind == cg.HORIZON)
         except TemplateMismatch:
             replay.bypassed += 1
             self._forget_shapes(touched)
@@ -112,8 +141,7 @@ class InstructionReplayMixin:
             if sh is not None:
                 b = buffers.get(bid)
                 if b is not None:
-                    self._restore(b, sh.shape, sh.allocations, absolute_epoch(sh.ibase or 0, self._horizons.epoch),
-                                  sh.tbase or 0)
+                    self._restore(b, sh)
 
     def _allocated(self, bid: int, memory: int, box) -> bool:
         """``_find_alloc(...) is not None`` for the buffer's current state, stale or not
@@ -190,6 +218,8 @@ class InstructionReplayMixin:
                 sh = shapes[bid] = self._shape_of(buffers[bid])
             ib, tb = sh.ibase, sh.tbase
             parts.append((sh.sid, None if ib is None else ib - ibase, None if tb is None else tb - tid))
+        if kind == cg.HORIZON:   # (it collapses the user allocations' ids too)
+            parts.append(_user_parts([shapes[bid] for bid in bids], ibase))
         epoch = self._horizons.epoch
         # (the epoch's distance is not in the key of what a command lowers to, see
         # Replay.find; a horizon's key holds it)
@@ -229,8 +259,6 @@ class InstructionReplayMixin:
         for lst in b.allocs.values():
             for a in lst:
                 top = newest_named(a.access, top, epoch)
-        if b.user is not None:
-            top = newest_named(b.user.access, top, epoch)
         ibase = top
         rel = relative_epoch(0 if top is None else top, epoch)
         tbase = max([p.transfer[0] for p in b.pending]) if b.pending else None
@@ -242,18 +270,24 @@ class InstructionReplayMixin:
                 continue
             mems.append((mem, tuple([(a.box, a.access.snapshot(rel)) for a in lst])))
             ids.extend([a.id for a in lst])
-        user = None
+        user = usid = ubase = ushape = None
         if b.user is not None:
-            user = (b.user.box, b.user.access.snapshot(rel))
+            user = b.user.box
             ids.append(b.user.id)
+            ubase = newest_named(b.user.access, None, epoch)   # (the user allocation's ids: a shape of their own)
+            ushape = b.user.access.snapshot(relative_epoch(0 if ubase is None else ubase, epoch))
+            usid = self.replay.intern((_USER_KEYED, ushape))
         shape = (tuple(mems), user, b.newest.snapshot(),
                  tuple([(p.transfer[0] - tbase, p.transfer[1], p.transfer[2], p.region) for p in b.pending]),
                  tuple([(m, tuple(v)) for m, v in sorted(b.anticipated.items()) if v]),
                  tuple(sorted(b.alloc_counts.items())), b.warned)
-        return _BufferShape(self.replay.intern(shape), ibase, tbase, tuple(ids), shape)
+        return _BufferShape(self.replay.intern(shape), ibase, tbase, tuple(ids), shape, usid, ubase, ushape)
 
     # ---- recording ---------------------------------------------------------------------
-    def _record(self, cmd: cg.Command, bids: tuple, env: "_Env", n_out: int, n_pilots: int) -> tuple:
+    def _record(self, cmd: cg.Command, bids: tuple, env: "_Env", n_out: int, n_pilots: int,
+                user_keyed: bool) -> tuple:
+        """``user_keyed``: the key holds the user allocations' shapes, and the template
+        their new ones; else they stay as they are (and the key does not hold them)."""
         instrs = tuple([_compact(_encode(ins, env)) for ins in self._out[n_out:]])
         pilots = tuple([(env.mid(p.msg_id), p.to, env.transfer(p.transfer), p.box)
                         for p in self._pilots[n_pilots:]])
@@ -263,7 +297,8 @@ class InstructionReplayMixin:
             sh = self._shape_of(b)
             self._shapes[bid] = sh
             post.append((sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations]),
-                         _rel(sh.ibase, env.ibase), _rel(sh.tbase, env.tid)))
+                         _rel(sh.ibase, env.ibase), _rel(sh.tbase, env.tid),
+                         (sh.usid, sh.ushape, _rel(sh.ubase, env.ibase)) if user_keyed else None))
         effects = ()
         if cmd.kind == cg.EXECUTION:
             task = cmd.task
@@ -334,11 +369,18 @@ class InstructionReplayMixin:
                 if last is not None:
                     self._last_alloc[m] = ibase + last
                 self._frees_since[m] = [ibase + f for f in frees]
+        before = shapes
         shapes = self._shapes
         stale = self._stale
-        for bid, (sid, shape, _enc, ioff, toff), ids in zip(bids, post, post_ids):
+        for old, bid, (sid, shape, _enc, ioff, toff, user), ids in zip(before, bids, post, post_ids):
+            if user is None:    # (the lowering left the user allocation as it was)
+                usid, ubase, ushape = old.usid, old.ubase, old.ushape
+            else:
+                usid, ushape, uoff = user
+                ubase = None if uoff is None else ibase + uoff
             shapes[bid] = stale[bid] = _BufferShape(sid, None if ioff is None else ibase + ioff,
-                                                    None if toff is None else tid + toff, ids, shape)
+                                                    None if toff is None else tid + toff, ids, shape,
+                                                    usid, ubase, ushape)
         if cmd.kind == cg.HORIZON:
             hos, colls, cur, ep = effects
             self._host_objects = {k: _abs(v, ibase) for k, v in hos}
@@ -353,9 +395,13 @@ class InstructionReplayMixin:
             if coll_rel is not None:
                 self._collective[task.collective_group] = ibase + coll_rel
 
-    def _restore(self, b, shape: tuple, ids: tuple, ab, tbase: int) -> None:
+    def _restore(self, b, sh: "_BufferShape") -> None:
         from .instruction_graph_generator import _PendingReceive
-        mems, user, newest, pending, antic, counts, warned = shape
+        mems, user, newest, pending, antic, counts, warned = sh.shape
+        ids = sh.allocations
+        epoch = self._horizons.epoch
+        ab = absolute_epoch(sh.ibase or 0, epoch)
+        tbase = sh.tbase or 0
         old = {a.id: a for lst in b.allocs.values() for a in lst}
         allocs = {}
         k = 0
@@ -372,7 +418,7 @@ class InstructionReplayMixin:
             allocs[mem] = out
         b.allocs = allocs
         if user is not None:
-            b.user.access.restore(user[1], ab)
+            b.user.access.restore(sh.ushape, absolute_epoch(sh.ubase or 0, epoch))
         b.newest.restore(newest)
         b.pending = [_PendingReceive((t + tbase, bid, rid), region) for t, bid, rid, region in pending]
         b.anticipated = {m: list(v) for m, v in antic}
@@ -381,16 +427,28 @@ class InstructionReplayMixin:
 
 
 class _BufferShape:
-    """A buffer's interned shape, the bases its ids are relative to, its allocations' ids."""
+    """A buffer's interned shape, the bases its ids are relative to, its allocations' ids;
+    the user allocation's access state beside it (``usid``, ``ushape``: interned and as
+    it is, ids relative to ``ubase``; None without a user allocation)."""
 
-    __slots__ = ("sid", "ibase", "tbase", "allocations", "shape")
+    __slots__ = ("sid", "ibase", "tbase", "allocations", "shape", "usid", "ubase", "ushape")
 
-    def __init__(self, sid: int, ibase: int, tbase: int, allocations: tuple, shape: tuple):
+    def __init__(self, sid: int, ibase: int, tbase: int, allocations: tuple, shape: tuple,
+                 usid: int | None = None, ubase: int | None = None, ushape: tuple | None = None):
         self.sid = sid
         self.ibase = ibase
         self.tbase = tbase
         self.allocations = allocations
         self.shape = shape
+        self.usid = usid
+        self.ubase = ubase
+        self.ushape = ushape
+
+
+def _user_parts(shapes: list, ibase: int) -> tuple:
+    """What a key adds for lowerings that touch a user allocation: per buffer its user
+    shape and that shape's base relative to the lowering's."""
+    return tuple([(sh.usid, None if sh.ubase is None else sh.ubase - ibase) for sh in shapes])
 
 
 class _Env:
