@@ -15,10 +15,10 @@ by the first copies to the devices) are a shape of their own, beside the buffer'
 with a base of their own: most lowerings never touch that allocation, while those
 old ids drift further from the command every step until a horizon collapses them,
 and a key holding them missed at every step of a loop's start (the 128² stencil on
-four devices replayed from its 17th task instead of its 9th).  A lowering that left
+four devices replayed from its 17th task; now from its 10th).  A lowering that left
 every user allocation's state as it was keys without them; one that changed one (it
-read the initial data, wrote data home) marks its key ``_USER_KEYED`` and is kept
-under the key with the user shapes added.  Whether a lowering touches the user
+read initial data never copied to that memory before) marks its key ``_USER_KEYED``
+and is kept under the key with the user shapes added.  Whether a lowering touches the user
 allocation follows from what the key holds (where the newest data is, what the
 command accesses), never from those ids; a horizon, which collapses them, always
 keys on them.
