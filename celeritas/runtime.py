@@ -158,12 +158,13 @@ PAUSE_S = 0.002                      # the longest pause of the application thre
 class _WaitWatch:
     """Says once (then at a slow repeat) what a blocked application-thread call waits for."""
 
-    __slots__ = ("rt", "call", "target", "t0", "next", "slice")
+    __slots__ = ("rt", "call", "target", "hint", "t0", "next", "slice")
 
-    def __init__(self, rt: "Runtime", call: str, target: str):
+    def __init__(self, rt: "Runtime", call: str, target: str, hint: str = ""):
         self.rt = rt
         self.call = call              # what the user called: "q.wait()", "the fence's result()" …
         self.target = target          # what it waits for: "T3 (epoch)"
+        self.hint = hint              # what to do if the wait is the program's own (a line of its own)
         self.t0 = time.monotonic()
         self.next = rt.config.wait_warning
         self.slice = 0.5 if self.next is None else min(0.5, self.next / 2)
@@ -176,7 +177,7 @@ class _WaitWatch:
         if waited >= first:
             threshold = self.rt.config.wait_warning or first
             self.next = waited + max(60.0, 6 * threshold)
-            self.rt._warn_waiting(self.call, self.target, waited)
+            self.rt._warn_waiting(self.call, self.target, waited, self.hint)
 
 
 class _FenceFuture(concurrent.futures.Future):
@@ -666,7 +667,10 @@ class Runtime:
         self.scheduler.flush()
         self.throttled_count += 1
         watch = _WaitWatch(self, f"q.submit (more than {self._max_ahead} tasks ahead of the executor)",
-                           f"T{target} (horizon)")
+                           f"T{target} (horizon)",
+                           f"(a host task that waits for something this thread does only after more submits "
+                           f"keeps it waiting: set CELERITAS_MAX_TASKS_AHEAD above the tasks submitted in "
+                           f"between, now {self._max_ahead})")
         with self._cond:
             self._wake_at = target
             self._throttled = True
@@ -760,7 +764,7 @@ class Runtime:
         name = self.buffer_names.get(bid)
         return f"B{bid}" + (f' "{name}"' if name else "")
 
-    def _warn_waiting(self, call: str, target: str, waited: float) -> None:
+    def _warn_waiting(self, call: str, target: str, waited: float, hint: str = "") -> None:
         """A call of the application thread has blocked for a while: say what for."""
         if self.dry_run:
             pending: list[str] = []
@@ -770,6 +774,8 @@ class Runtime:
         text = f"celeritas rank {self.rank}: {call} has waited {shown} s for {target}"
         if pending:
             text += "; this rank still waits for:\n" + "\n".join(f"  - {line}" for line in pending)
+        if hint:
+            text += "\n" + hint
         log.warning(text)
 
     def flush(self) -> None:

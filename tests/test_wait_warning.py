@@ -97,3 +97,42 @@ def test_wait_warning_setting():
         from_env({"CELERITAS_WAIT_WARNING": "soon"})
     with pytest.raises(cl.ConfigError, match="CELERITAS_WAIT_WARNING='-1' must be > 0"):
         from_env({"CELERITAS_WAIT_WARNING": "-1"})
+
+
+def test_a_throttled_submit_says_which_setting_lets_it_run_further_ahead(monkeypatch, caplog):
+    """A host task that waits for an event the application sets only after more submits
+    than CELERITAS_MAX_TASKS_AHEAD allows keeps submit waiting; the warning says so and
+    names the setting (the event is set from a timer here, so the test ends)."""
+    import threading
+    monkeypatch.setenv("CELERITAS_WAIT_WARNING", "0.5")
+    monkeypatch.setenv("CELERITAS_MAX_TASKS_AHEAD", "16")
+    caplog.set_level(logging.WARNING, logger="celeritas")
+    q = cl.Queue(devices="host:1")
+    try:
+        ev = threading.Event()
+        b = cl.Buffer(np.zeros(4, np.float32), name="gated")
+
+        def gate(cgh):
+            b.access(cgh, cl.all(), cl.read_write)
+            cgh.host_task(lambda part: ev.wait(30), on=cl.on_master_node, name="gate")
+
+        def inc(cgh):
+            a = b.access(cgh, cl.one_to_one(), cl.read_write)
+            cgh.parallel_for((4,), lambda chunk: a.__setitem__(chunk, a[chunk] + 1), name="inc")
+
+        q.submit(gate)
+        timer = threading.Timer(2.0, ev.set)
+        timer.start()
+        for _ in range(40):
+            q.submit(inc)
+        timer.join()
+        assert q.fence(b).result(timeout=30).tolist() == [40.0] * 4
+        assert q.runtime.throttled_count >= 1
+    finally:
+        q.shutdown()
+    got = _warnings(caplog)
+    assert got, "no warning"
+    assert re.match(r"celeritas rank 0: q\.submit \(more than 16 tasks ahead of the executor\) has waited "
+                    r"\d+\.\d s for T\d+ \(horizon\)", got[0]), got[0]
+    assert got[0].endswith("set CELERITAS_MAX_TASKS_AHEAD above the tasks submitted in between, now 16)"), got[0]
+    assert "host_task of task T1 'gate'" in got[0], got[0]
