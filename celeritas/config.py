@@ -116,7 +116,9 @@ class Config:
     lookahead: str = "auto"
     horizon_step: int = 4
     horizon_max_parallelism: int = 64
-    # tasks the application thread may run ahead of the executor before submit waits
+    # tasks the application thread may run ahead of the executor before submit waits (what
+    # runs ahead stays alive: at 4096, CPython's collector walked ~50 000 young objects per
+    # collection, 20-40 ms on whichever thread allocated; docs/benchmarks.md, fourteenth session)
     max_tasks_ahead: int = 512
     # past this many tasks ahead of the executor the application thread pauses (at most
     # 2 ms, once every pause_ahead // 2 tasks) to let the other threads have the GIL; 0: never
