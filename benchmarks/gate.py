@@ -16,7 +16,6 @@ import time
 from typing import Callable
 
 import celeritas as cl
-from celeritas.runtime import Runtime
 
 GATE_TIMEOUT_S = 120.0
 
@@ -51,7 +50,7 @@ def release(q: cl.Queue, gate: Gate, comm=None) -> float:
     """Compile everything submitted, synchronize the ranks (``comm``), open the gate;
     returns the ``perf_counter`` time the gate opened."""
     q.flush()
-    rt = Runtime.current()
+    rt = q.runtime
     rt.scheduler.sync()
     if gate.restore_ahead is not None:
         rt.max_tasks_ahead, gate.restore_ahead = gate.restore_ahead, None

@@ -79,15 +79,19 @@ class InstructionReplayMixin:
             self._instantiate(cmd, touched, shapes, tpl)
             return
         self._sync_buffers(touched)
-        buffers = self._buffers
-        users = [buffers[bid].user for bid in touched]
-        users_before = [None if u is None else u.access.snapshot() for u in users]
+        # whether the lowering changes a user allocation, where the key does not say so
+        # already (a key marked _USER_KEYED, a horizon's: it holds the user shapes)
+        detect = not user_keyed and cmd.kind != cg.HORIZON
+        if detect:
+            buffers = self._buffers
+            users = [buffers[bid].user for bid in touched]
+            users_before = [None if u is None else u.access.snapshot() for u in users]
         env = _Env(self, cmd, touched, shapes)
         n_out, n_pilots = len(self._out), len(self._pilots)
         self._warned = False
         evictions = self.memory_stats["evictions"]
         self._compile_now(cmd)
-        if not user_keyed and cmd.kind != cg.HORIZON:   # (a horizon's key holds the user shapes)
+        if detect:
             user_keyed = any(u is not None and u.access.snapshot() != before
                              for u, before in zip(users, users_before))
             if user_keyed:
