@@ -90,6 +90,12 @@ class Communicator(abc.ABC):
     def send_pilot(self, to: int, pilot: Pilot) -> None:
         """Non-blocking; pilots from one sender to one receiver arrive in order."""
 
+    def send_pilots(self, pilots: list[Pilot]) -> None:
+        """``send_pilot`` for each, to its ``to``, in order (a batch's pilots: an
+        implementation may send those to one rank together)."""
+        for p in pilots:
+            self.send_pilot(p.to, p)
+
     @abc.abstractmethod
     def poll_pilots(self) -> list[tuple[int, Pilot]]:
         """Every pilot that arrived since the last call, as (from_rank, pilot).

@@ -575,10 +575,9 @@ class Executor(InstructionHandlers):
         for aid, bid in batch.user_allocations:
             self._allocs[aid] = self._user_buffers.pop(bid)
             self._forget_views()
-        comm = self._comm
-        for p in batch.pilots if not self._failed else ():
+        if batch.pilots and not self._failed:
             try:
-                comm.send_pilot(p.to, p)
+                self._comm.send_pilots(batch.pilots)
             except Exception as exc:  # noqa: BLE001
                 self._report(exc, None)
         engine = self._engine

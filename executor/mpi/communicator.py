@@ -3,13 +3,14 @@
 Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does on
 ``COMM_WORLD`` can match celeritas' messages:
 
-* **pilots** travel as fixed 12 x int64 messages on ``PILOT_TAG``; a ring of
-  standing ``Irecv(ANY_SOURCE)`` receives is always posted, so a pilot never
-  waits for the receiver to ask for it.  The ring is tested head first, which
-  keeps MPI's per-sender order (receives match in posting order).  At most
-  ``PILOT_WINDOW`` pilots to one rank are out ahead of their payloads; later
-  ones wait here until a payload goes, and a payload whose pilot still waits
-  takes it along first (see ``send_pilot``).
+* **pilots** travel on ``PILOT_TAG``, up to ``PILOT_BATCH`` of 12 x int64 to a
+  message; a ring of standing ``Irecv(ANY_SOURCE)`` receives is always posted,
+  so a pilot never waits for the receiver to ask for it.  The ring is tested
+  head first, which keeps MPI's per-sender order (receives match in posting
+  order).  At most ``PILOT_WINDOW`` pilots to one rank are out ahead of their
+  payloads; later ones wait here until there is room for a message of them,
+  and a payload whose pilot still waits takes it along first (see
+  ``send_pilots``).
 * **payloads** use ``Isend``/``Irecv`` on a per-message tag derived from the
   sender's ``msg_id`` (unique per sender), straight from / into the allocation
   (see ``wire``).
@@ -36,8 +37,6 @@ import time
 from collections import deque
 from typing import Any, Callable, Hashable
 
-import numpy as np
-
 from scheduler.errors import ConfigError
 from scheduler.instruction_graph import Pilot
 
@@ -48,8 +47,8 @@ from .cuda_aware import mpi_cuda_support
 from .divergence import DEFAULT_DIVERGENCE_TIMEOUT, EpochCheck
 from .launch import import_mpi, library_version, thread_level_name
 from .progress import MpiRequest, PilotRing, SendList, handle_of, quick_probe, quick_test, set_mpi_byte
-from .wire import (PAYLOAD_TAG_BASE, PILOT_TAG, PILOT_WINDOW, PILOT_WORDS, STRIDED_POLICIES, DatatypeCache,
-                   Spec, buffer_spec, encode_pilot)
+from .wire import (PAYLOAD_TAG_BASE, PILOT_BATCH, PILOT_TAG, PILOT_WINDOW, STRIDED_POLICIES, DatatypeCache,
+                   Spec, buffer_spec, encode_pilots)
 
 log = logging.getLogger("celeritas.mpi")
 
@@ -149,7 +148,7 @@ class MpiCommunicator(Communicator):
         # the pilot window (see send_pilot), per receiving rank: the messages whose pilot went
         # out before their payload, and the pilots held back, msg id -> encoded, oldest first
         self._ahead: dict[int, set[int]] = {}
-        self._held: dict[int, dict[int, np.ndarray]] = {}
+        self._held: dict[int, dict[int, Pilot]] = {}
         self._payload_sends = SendList()       # for close(): let them finish before MPI_Finalize
         self._handle: Any = None
         self._closed = False
@@ -219,8 +218,16 @@ class MpiCommunicator(Communicator):
         self._ring = PilotRing(self._mpi, self._comm, self._pilot_inbox)
 
     def send_pilot(self, to: int, pilot: Pilot) -> None:
-        """Announce a payload to ``to``, now or, while ``PILOT_WINDOW`` pilots to it are out
-        ahead of their payloads, once one of those payloads went (or with its own payload).
+        """``send_pilots([pilot])`` (``pilot.to`` is ``to``)."""
+        if pilot.to != to:
+            raise CommunicatorError(f"rank {self._rank}: pilot of message {pilot.msg_id} is for rank "
+                                    f"{pilot.to}, sent to rank {to}")
+        self.send_pilots([pilot])
+
+    def send_pilots(self, pilots: list[Pilot]) -> None:
+        """Announce payloads (each to its ``to``), now or, while ``PILOT_WINDOW`` pilots to that
+        rank are out ahead of their payloads, once enough of those payloads went (or with
+        its own payload).  Pilots that go now go together, ``PILOT_BATCH`` to a message.
 
         The scheduler runs ahead, and its pilots go out when the executor accepts their
         batch: in a ping-pong with the application thread thousands of tasks ahead, each rank
@@ -231,34 +238,55 @@ class MpiCommunicator(Communicator):
         polls (up to the poll interval's 2 ms) while the receiver got 3 pilots per wake-up.
         A window of pilots ahead keeps the library's queue short without making anyone
         wait: a receiver needs a pilot only to match the payload it announces, and that
-        payload never travels before it."""
-        self._check_rank(to)
+        payload never travels before it.
+
+        Batched because a rank ahead of its executor fills the window at once, and then
+        each payload used to release one waiting pilot: every message cost a second send,
+        and the receiver a second completion of its pilot ring and a re-posted receive,
+        each a few microseconds of Python on the hop's path.  Held pilots now go when
+        there is room for a whole message of them (``send_payload``)."""
         if self._closed:
             raise CommunicatorError(f"rank {self._rank}: communicator closed")
         self._ensure_ready()
-        buf = np.empty(PILOT_WORDS, dtype=np.int64)
-        encode_pilot(pilot, buf)
-        if pilot.box.empty:     # (announces that nothing is sent: no payload will release it)
-            self._isend_pilot(to, buf)
-            return
-        ahead = self._ahead.get(to)
-        if ahead is None:
-            ahead = self._ahead[to] = set()
-        held = self._held.get(to)
-        if held or len(ahead) >= PILOT_WINDOW:
-            if held is None:
-                held = self._held[to] = {}
-            held[pilot.msg_id] = buf
-            return
-        ahead.add(pilot.msg_id)
-        self._isend_pilot(to, buf)
+        now: dict[int, list[Pilot]] = {}
+        for pilot in pilots:
+            to = pilot.to
+            go = now.get(to)
+            if go is None:
+                self._check_rank(to)
+                go = now[to] = []
+            if pilot.box.empty:     # (announces that nothing is sent: no payload will release it)
+                go.append(pilot)
+                continue
+            ahead = self._ahead.get(to)
+            if ahead is None:
+                ahead = self._ahead[to] = set()
+            held = self._held.get(to)
+            if held or len(ahead) >= PILOT_WINDOW:
+                if held is None:
+                    held = self._held[to] = {}
+                held[pilot.msg_id] = pilot
+                continue
+            ahead.add(pilot.msg_id)
+            go.append(pilot)
+        for to, go in now.items():
+            if go:
+                self._isend_pilots(to, go)
 
-    def _isend_pilot(self, to: int, buf: np.ndarray) -> None:
-        try:
-            req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
-        except Exception as exc:  # noqa: BLE001
-            raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
-        self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}", handle=handle_of(self._mpi, req)))
+    def _isend_pilots(self, to: int, pilots: list[Pilot]) -> None:
+        for k in range(0, len(pilots), PILOT_BATCH):
+            buf = encode_pilots(pilots[k:k + PILOT_BATCH])
+            try:
+                req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
+            except Exception as exc:  # noqa: BLE001
+                raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
+            self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}",
+                                             handle=handle_of(self._mpi, req)))
+
+    @property
+    def pilot_messages(self) -> int:
+        """Pilot messages received so far (each carries 1 to ``PILOT_BATCH`` pilots)."""
+        return 0 if self._ring is None else self._ring.messages
 
     @property
     def held_pilots(self) -> int:
@@ -299,9 +327,9 @@ class MpiCommunicator(Communicator):
         if ahead is not None and msg_id in ahead:
             ahead.discard(msg_id)
         elif held:          # its pilot waits in the window: it goes first, out of turn
-            buf = held.pop(msg_id, None)
-            if buf is not None:
-                self._isend_pilot(to, buf)
+            pilot = held.pop(msg_id, None)
+            if pilot is not None:
+                self._isend_pilots(to, [pilot])
         try:
             req = self._comm.Isend(spec, to, self._payload_tag(msg_id))
         except Exception as exc:  # noqa: BLE001
@@ -311,11 +339,18 @@ class MpiCommunicator(Communicator):
         if len(self._payload_sends) > 64:       # keep the teardown list short
             self._payload_sends.pending()
         self._payload_sends.add(r)
-        if held and ahead is not None:          # room in the window: the oldest held pilots go
-            while held and len(ahead) < PILOT_WINDOW:
-                m = next(iter(held))
-                ahead.add(m)
-                self._isend_pilot(to, held.pop(m))
+        if held and ahead is not None:
+            # room in the window for a message of held pilots (or for all of them): the oldest go
+            room = PILOT_WINDOW - len(ahead)
+            if room >= min(PILOT_BATCH, PILOT_WINDOW, len(held)):
+                go = []
+                for m in held:
+                    if len(go) == room:
+                        break
+                    go.append(m)
+                for m in go:
+                    ahead.add(m)
+                self._isend_pilots(to, [held.pop(m) for m in go])
         return r
 
     def receive_payload(self, from_rank: int, msg_id: int, out_array: Any) -> Request:

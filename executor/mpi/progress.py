@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..communicator import CommunicatorError, FlagRequest
-from .wire import PILOT_RING, PILOT_TAG, PILOT_WORDS, decode_pilot
+from .wire import PILOT_BATCH, PILOT_RING, PILOT_TAG, PILOT_WORDS, decode_pilot
 
 log = logging.getLogger("celeritas.mpi")
 
@@ -244,6 +244,7 @@ class PilotRing:
 
     Tested head first, which keeps MPI's per-sender order (receives match in
     posting order); decoded pilots go to ``inbox``, which ``poll_pilots`` drains.
+    Each slot takes a message of up to ``PILOT_BATCH`` pilots (its length says how many).
     """
 
     def __init__(self, mpi: Any, comm: Any, inbox: deque):
@@ -252,9 +253,11 @@ class PilotRing:
         self.inbox = inbox
         self._status = mpi.Status()
         self._quick = quick_test(mpi)
+        self._int64 = mpi.INT64_T
+        self.messages = 0           # received so far (diagnostics, tests)
         self.slots: deque = deque()
         for _ in range(PILOT_RING):
-            self.slots.append(self._post(np.zeros(PILOT_WORDS, dtype=np.int64)))
+            self.slots.append(self._post(np.zeros(PILOT_BATCH * PILOT_WORDS, dtype=np.int64)))
 
     def _post(self, buf: np.ndarray) -> tuple:
         mpi = self._mpi
@@ -270,7 +273,13 @@ class PilotRing:
                 break
             if not req.Test(status):
                 break
-            self.inbox.append((status.Get_source(), decode_pilot(buf)))
+            source = status.Get_source()
+            count = status.Get_count(self._int64) // PILOT_WORDS
+            self.messages += 1
+            if count == 1:
+                self.inbox.append((source, decode_pilot(buf)))
+            else:
+                self.inbox.extend([(source, decode_pilot(buf, k)) for k in range(count)])
             slots.popleft()
             slots.append(self._post(buf))
             got = True

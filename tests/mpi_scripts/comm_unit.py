@@ -107,6 +107,32 @@ else:
     expect(comm.poll_pilots() == [], "extra pilots")
 comm.barrier()
 
+# ---- a batch's pilots go PILOT_BATCH to a message; held ones once a message of them fits the window
+from executor.mpi.wire import PILOT_BATCH  # noqa: E402
+
+BATCH = [5000 + i for i in range(PILOT_WINDOW + PILOT_BATCH // 2)]
+if rank == 1:
+    comm.send_pilots([Pilot(msg_id=i, to=0, transfer=(9, i, 0), box=Box((i,), (i + 1,))) for i in BATCH])
+    expect(comm.held_pilots == PILOT_BATCH // 2, f"{comm.held_pilots} of the batch's pilots held back")
+    sent = []
+    for i in BATCH:
+        sent.append(comm.send_payload(0, i, np.full(1, i, np.int64)))
+        if i == BATCH[PILOT_BATCH // 2 - 1]:    # room for all the held ones now: they went, as one message
+            expect(comm.held_pilots == 0, f"{comm.held_pilots} pilots held after {PILOT_BATCH // 2} payloads")
+    wait_all(sent)
+elif rank == 0:
+    before = comm.pilot_messages
+    got = _collect(len(BATCH), 20)
+    ids = [p.msg_id for fr, p in got]
+    expect(ids == BATCH and all(fr == 1 and p.transfer == (9, p.msg_id, 0) and p.box == Box((p.msg_id,), (p.msg_id + 1,))
+                                for fr, p in got), f"the batch's pilots: {ids}")
+    messages = comm.pilot_messages - before
+    expect(messages == PILOT_WINDOW // PILOT_BATCH + 1, f"the batch's {len(BATCH)} pilots came in {messages} messages")
+    outs = {i: np.zeros(1, np.int64) for i in BATCH}
+    wait_all([comm.receive_payload(1, i, outs[i]) for i in BATCH])
+    expect(all(outs[i][0] == i for i in BATCH), "the batch's payloads")
+comm.barrier()
+
 # ---- payloads between ranks 0 and 1, both arrival orders, contiguous and strided, both policies
 base = np.arange(64 * 48, dtype=np.float32).reshape(64, 48)
 cases = [("contiguous rows", np.s_[3:20, :]), ("column", np.s_[:, 5:6]), ("block", np.s_[10:40, 7:30]),
