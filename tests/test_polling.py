@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 
 from executor.backends import HostBackend
-from executor.communicator import Communicator, CommunicatorError, FlagRequest, InProcessCollective
+from executor.communicator import Communicator, CommunicatorError, FlagRequest, InProcessCollective, Request
 from executor.communicator import _CollectiveGroup
 from executor.executor import Executor, _Inbox
 from scheduler.geometry import Box, Region
 from scheduler.instruction_graph import (HOST_MEMORY, AccessAllocation, AllocInstruction,
                                          DeviceKernelInstruction, EpochInstruction, FenceInstruction,
-                                         FreeInstruction, Pilot, ReceiveInstruction, device_memory)
+                                         FreeInstruction, Pilot, ReceiveInstruction, SendInstruction,
+                                         device_memory)
 
 from instruction_builder import Graph  # tests/ is on sys.path (conftest)
 
@@ -224,6 +225,88 @@ def test_during_a_long_kernel_the_sleeps_grow_past_poll_max_to_an_eighth_of_the_
     for w in got:                               # never more than an eighth of the wait so far (plus
         assert w <= max(2e-3, (elapsed + 0.05) / 8) + 1e-9   # slack for time the loop spent between waits)
         elapsed += w
+
+
+class _DoneAfter(Request):
+    """A send's request that completes at its ``tests``-th test (1: at once)."""
+
+    def __init__(self, tests: int):
+        self.left = tests
+        self.tested = 0
+
+    def test(self) -> bool:
+        self.tested += 1
+        self.left -= 1
+        return self.left <= 0
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+
+class SendingComm(ScriptedComm):
+    """Rank 0 of two, sending: each payload's request completes at its ``tests``-th test."""
+
+    def __init__(self, tests: int):
+        super().__init__(spin=60.0, pmin=1e-4, pmax=1e-3, arrive_after=10 ** 9)
+        self.tests = tests
+        self.sent: list[tuple[int, int, np.ndarray, _DoneAfter]] = []
+
+    def send_payload(self, to: int, msg_id: int, array: Any) -> _DoneAfter:
+        req = _DoneAfter(self.tests)
+        self.sent.append((to, msg_id, np.array(array), req))
+        return req
+
+
+def _send_and_fence(comm: SendingComm) -> tuple[Executor, np.ndarray]:
+    """Send host rows to rank 1 and fence the allocation after the send."""
+    backend = HostBackend(1)
+    errors = []
+    ex = Executor(backend, comm, idle_timeout=IDLE, on_error=lambda e, i: errors.append(e))
+    ex.in_flight = []           # what the executor tracked as in flight (started, retired later)
+    start = ex._start_async
+
+    def started(instr, lane, completion):
+        ex.in_flight.append(instr.kind)
+        return start(instr, lane, completion)
+
+    ex._start_async = started
+    g = Graph()
+    init = g.add(EpochInstruction, task=0, action="init")
+    a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
+    send = g.add(SendInstruction, a, to=1, msg_id=5, transfer=(2, 0, 0), box=BOX, source=1, source_box=BOX,
+                 dtype=np.float64, size_bytes=32)
+    fut = Future()
+    fence = g.add(FenceInstruction, send, task=3, promise=fut, allocation=1)
+    g.add(EpochInstruction, fence, task=4, action="shutdown")
+    try:
+        ex.start()
+        ex.submit(g.batch())
+        result = fut.result(TIMEOUT)
+        assert ex.join(TIMEOUT)
+    finally:
+        backend.close()
+    assert errors == []
+    return ex, result
+
+
+def test_a_send_done_at_once_is_retired_as_it_is_issued():
+    """A small message leaves in the MPI library's eager buffer, so its request is done right
+    after the ``Isend``: the executor retires the send there, and what waits for it (the
+    fence here; the next receive into the same rows in a halo exchange) goes in the same
+    pass, with no poll of the network at all."""
+    comm = SendingComm(tests=1)
+    ex, _result = _send_and_fence(comm)
+    ((to, msg_id, _data, req),) = comm.sent
+    assert (to, msg_id, req.tested) == (1, 5, 1)
+    assert "send" not in ex.in_flight and comm.polls == 0
+
+
+def test_a_send_not_done_at_once_is_polled_until_it_is():
+    comm = SendingComm(tests=25)
+    ex, _result = _send_and_fence(comm)
+    ((_to, _msg_id, _data, req),) = comm.sent
+    assert req.tested == 25                     # once at issue, then at each poll until done
+    assert "send" in ex.in_flight
 
 
 class CountingExecutor(Executor):
