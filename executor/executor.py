@@ -212,6 +212,7 @@ class Executor(InstructionHandlers):
         self._poll_delay = 0.0
         self._idle_start = 0            # when the current wait with nothing but MPI outstanding began
         self._idle_estimate = 0         # how long such waits took lately (ns): spin only if short
+        self._spun = False              # the spin's last poll made progress: _step need not poll again
         self._next_epoch_poll = 0
         self._stalled_since = 0         # when the loop last started waiting after progress (0: progressing)
         self._name = name
@@ -552,6 +553,7 @@ class Executor(InstructionHandlers):
         poll = self._poll_comm
         while inbox.empty():
             if poll():
+                self._spun = True
                 return True
             if _perf_ns() >= deadline:
                 return False
@@ -727,7 +729,14 @@ class Executor(InstructionHandlers):
                                               or _perf_ns() >= self._next_epoch_poll):
             self._next_epoch_poll = _perf_ns() + _EPOCH_POLL_NS
             self._poll_epoch_check()
-        progress = self._poll_comm()
+        if self._spun:
+            # the spin's poll just now found what it waited for: issuing what that made ready
+            # comes first (polling again would find nothing new in those microseconds, on the
+            # hop's critical path)
+            self._spun = False
+            progress = True
+        else:
+            progress = self._poll_comm()
         if self._polled:
             # A lane is in order, so work on it completes in order: behind the first running
             # item of a lane nothing is done yet, and polling it would cost a device query

@@ -280,7 +280,7 @@ class MpiCommunicator(Communicator):
                 req = self._comm.Isend([buf, self._mpi.INT64_T], to, PILOT_TAG)
             except Exception as exc:  # noqa: BLE001
                 raise CommunicatorError(f"rank {self._rank}: pilot to rank {to} failed: {exc}") from exc
-            self._pilot_sends.add(MpiRequest(req, buf, what=f"pilot to rank {to}",
+            self._pilot_sends.add(MpiRequest(req, buf, what=("pilots to rank %d", to),
                                              handle=handle_of(self._mpi, req)))
 
     @property
@@ -335,7 +335,7 @@ class MpiCommunicator(Communicator):
         except Exception as exc:  # noqa: BLE001
             raise CommunicatorError(f"rank {self._rank}: send of message {msg_id} to rank {to} failed: {exc}") \
                 from exc
-        r = MpiRequest(req, keep, what=f"send of message {msg_id} to rank {to}", handle=handle_of(self._mpi, req))
+        r = MpiRequest(req, keep, what=("send of message %d to rank %d", msg_id, to), handle=handle_of(self._mpi, req))
         if len(self._payload_sends) > 64:       # keep the teardown list short
             self._payload_sends.pending()
         self._payload_sends.add(r)
@@ -363,7 +363,8 @@ class MpiCommunicator(Communicator):
             raise CommunicatorError(f"rank {self._rank}: receive of message {msg_id} from rank {from_rank} "
                                     f"failed: {exc}") from exc
         return MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
-                          what=f"receive of message {msg_id} from rank {from_rank}", handle=handle_of(self._mpi, req))
+                          what=("receive of message %d from rank %d", msg_id, from_rank),
+                          handle=handle_of(self._mpi, req))
 
     # ---- groups, barrier, collectives
     def clone(self, key: Hashable | None = None) -> "MpiCommunicator":
