@@ -107,25 +107,31 @@ class ScriptedComm(Communicator):
         return InProcessCollective(_CollectiveGroup(1), 0, 1, None)
 
 
-def run(comm: ScriptedComm, extra=None, costs=None) -> tuple[Executor, list[float], np.ndarray]:
-    """Receive rank 1's box into host memory and fence it; ``extra(g, alloc)`` adds work;
-    ``costs``: kernel cost estimates to start from (name -> ns, for a 1-element chunk).
+def _execute(comm: Communicator, build, costs=None) -> tuple[Executor, list[float], np.ndarray]:
+    """Run ``build(g, init, alloc)``'s instructions (a host allocation of ``BOX`` made
+    first), then fence the allocation after what it returned; ``costs``: kernel cost
+    estimates to start from (name -> ns, for a 1-element chunk).
 
-    Returns the executor (joined), the timeouts of every inbox wait, the fence result."""
+    Returns the executor (joined; ``in_flight``: the kinds it tracked as in flight), the
+    timeouts of every inbox wait, the fence result."""
     backend = HostBackend(1)
     errors = []
     ex = Executor(backend, comm, idle_timeout=IDLE, on_error=lambda e, i: errors.append(e))
     for name, ns in (costs or {}).items():
         ex._costs[(name, 1)] = ns
     inbox = ex._inbox = RecordingInbox()
-    waits = inbox.waits
+    ex.in_flight = []
+    start = ex._start_async
+
+    def started(instr, lane, completion):
+        ex.in_flight.append(instr.kind)
+        return start(instr, lane, completion)
+
+    ex._start_async = started
     g = Graph()
     init = g.add(EpochInstruction, task=0, action="init")
     a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
-    last = [g.add(ReceiveInstruction, a, transfer=(1, 0, 0), region=Region.from_box(BOX), dest=1, dest_box=BOX,
-                  dtype=np.float64)]
-    if extra is not None:
-        last.append(extra(g, init))
+    last = build(g, init, a)
     fut = Future()
     fence = g.add(FenceInstruction, *last, task=3, promise=fut, allocation=1)
     g.add(EpochInstruction, fence, task=4, action="shutdown")
@@ -137,7 +143,20 @@ def run(comm: ScriptedComm, extra=None, costs=None) -> tuple[Executor, list[floa
     finally:
         backend.close()
     assert errors == []
-    return ex, waits, result
+    return ex, inbox.waits, result
+
+
+def run(comm: ScriptedComm, extra=None, costs=None) -> tuple[Executor, list[float], np.ndarray]:
+    """Receive rank 1's box into host memory and fence it; ``extra(g, init)`` adds work
+    (see ``_execute``)."""
+    def build(g, init, a):
+        last = [g.add(ReceiveInstruction, a, transfer=(1, 0, 0), region=Region.from_box(BOX), dest=1,
+                      dest_box=BOX, dtype=np.float64)]
+        if extra is not None:
+            last.append(extra(g, init))
+        return last
+
+    return _execute(comm, build, costs)
 
 
 def polling_waits(waits: list[float]) -> list[float]:
@@ -259,33 +278,11 @@ class SendingComm(ScriptedComm):
 
 def _send_and_fence(comm: SendingComm) -> tuple[Executor, np.ndarray]:
     """Send host rows to rank 1 and fence the allocation after the send."""
-    backend = HostBackend(1)
-    errors = []
-    ex = Executor(backend, comm, idle_timeout=IDLE, on_error=lambda e, i: errors.append(e))
-    ex.in_flight = []           # what the executor tracked as in flight (started, retired later)
-    start = ex._start_async
+    def build(g, _init, a):
+        return [g.add(SendInstruction, a, to=1, msg_id=5, transfer=(2, 0, 0), box=BOX, source=1, source_box=BOX,
+                      dtype=np.float64, size_bytes=32)]
 
-    def started(instr, lane, completion):
-        ex.in_flight.append(instr.kind)
-        return start(instr, lane, completion)
-
-    ex._start_async = started
-    g = Graph()
-    init = g.add(EpochInstruction, task=0, action="init")
-    a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,), dtype=np.float64)
-    send = g.add(SendInstruction, a, to=1, msg_id=5, transfer=(2, 0, 0), box=BOX, source=1, source_box=BOX,
-                 dtype=np.float64, size_bytes=32)
-    fut = Future()
-    fence = g.add(FenceInstruction, send, task=3, promise=fut, allocation=1)
-    g.add(EpochInstruction, fence, task=4, action="shutdown")
-    try:
-        ex.start()
-        ex.submit(g.batch())
-        result = fut.result(TIMEOUT)
-        assert ex.join(TIMEOUT)
-    finally:
-        backend.close()
-    assert errors == []
+    ex, _waits, result = _execute(comm, build)
     return ex, result
 
 
