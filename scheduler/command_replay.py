@@ -109,7 +109,8 @@ class CommandReplayMixin:
                       tuple([(k, _rel_command(v, base, live)) for k, v in sorted(self._last_collective.items())]))
         else:   # (the epoch's distance is not in the key: see Replay.find)
             extras = (epoch is None,
-                      tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
+                      tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects])
+                      if task.side_effects else (),
                       None if task.collective_group is None else
                       _rel_command(self._last_collective.get(task.collective_group), base, live))
         return (sig_id, bids, tuple(parts), extras)

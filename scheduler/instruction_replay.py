@@ -66,7 +66,7 @@ class InstructionReplayMixin:
             self._compile_now(cmd)
             self._forget_shapes(touched)
             return
-        shapes = [self._shapes[bid] for bid in touched]
+        shapes = [self._shapes[bid] for bid in touched] if touched else []
         epoch = self._horizons.epoch
         epoch_rel = None if epoch is None else epoch - self._next_instr
         tpl = replay.find(key, epoch_rel)
@@ -195,7 +195,7 @@ class InstructionReplayMixin:
                 if not a.pure:
                     return None
             sig = (kind, cmd.plans, cmd.include_current_reductions,
-                   tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]),
+                   tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]) if task.reductions else (),
                    tuple(task.side_effects), task.collective_group)
         elif kind == cg.PUSH:
             sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, tuple(cmd.targets), cmd.contributes)
@@ -234,7 +234,7 @@ class InstructionReplayMixin:
         if kind == cg.EXECUTION:
             hos = self._host_objects
             extras = (extras,
-                      tuple([_rel(hos.get(ho), ibase) for ho in task.side_effects]),
+                      tuple([_rel(hos.get(ho), ibase) for ho in task.side_effects]) if task.side_effects else (),
                       None if task.collective_group is None else
                       (task.collective_group in self._collective,
                        _rel(self._collective.get(task.collective_group), ibase)))
@@ -325,7 +325,7 @@ class InstructionReplayMixin:
         ibase, abase, mbase = self._next_instr, self._next_alloc, self._next_msg
         task = cmd.task
         tid = task.id
-        slots = [sh.allocations for sh in shapes]
+        slots = [sh.allocations for sh in shapes] if shapes else []
         epoch = self._horizons.epoch
         ctx = (ibase, abase, mbase, tid, slots, cmd, epoch)
         build = builder[0]

@@ -852,7 +852,7 @@ def replay_signature(t: Task) -> tuple | None:
         geom = t.geometry
         reductions = t.reductions
         sig = (t.kind, geom.global_range, geom.offset, geom.granularity, t.split,
-               tuple([(a.buffer, a.mode, a.mapper) for a in accesses]),
+               tuple([(a.buffer, a.mode, a.mapper) for a in accesses]) if accesses else (),
                tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
                tuple(t.side_effects), t.collective_group)
     t.replay_sig = sig
