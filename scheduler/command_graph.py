@@ -13,7 +13,6 @@ does not grow with the number of ranks.
 """
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,7 +21,7 @@ from . import task_graph as tg
 from .errors import DiagnosticError
 from .bounded_cache import BoundedCache
 from .geometry import Box, Region, RegionMap
-from .horizons import EpochTracker, collapse_access, collapse_map
+from .horizons import EpochTracker, collapse_access, collapse_map, forget_before
 from .recorders import CommandRecorder
 from .command_replay import CommandReplayMixin
 from .replay import Replay
@@ -348,9 +347,7 @@ class CommandGraphGenerator(CommandReplayMixin):
         for d in (self._last_side_effect, self._last_collective):
             collapse_map(d, eid, epoch, key=_command_id)
         # commands older than the epoch are no longer needed for dependency lookups
-        live = self._live
-        for cid in list(itertools.takewhile(lambda k: k < eid, live)):   # (registered in id order)
-            del live[cid]
+        forget_before(self._live, eid)
 
     def _chunk_regions(self, mapper, shape: tuple, chunks: list, task: Task | None = None,
                        bid: int | None = None) -> list[Region]:

@@ -9,9 +9,8 @@ Horizons have templates of their own, keyed on every buffer's shape and the fron
 """
 from __future__ import annotations
 
-import itertools
-
 from . import task_graph as tg
+from .horizons import forget_before
 from .replay import absolute, absolute_id, own_base_shape, relative_id
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
@@ -182,7 +181,9 @@ class CommandReplayMixin:
             cid = base + rel
             # (the epoch's entry comes last, as _commit adds it: where it meets an anti-dependency
             # on the same command, the dict keeps that position and the epoch's kind and origin)
-            dd = {epoch if d is None else base + d: kd for d, kd in deps}
+            dd = {}
+            for d, kd in deps:      # (a loop, not a comprehension: that is a call in CPython 3.11)
+                dd[epoch if d is None else base + d] = kd
             if cls is ExecutionCommand:
                 c = ExecutionCommand(cid, task, dd, fields[0], fields[1])
             elif cls is PushCommand:
@@ -228,8 +229,7 @@ class CommandReplayMixin:
             if horizons.epoch != old_epoch and horizons.epoch is not None:
                 eid = horizons.epoch
                 # (as _set_epoch forgets them; ids were registered in increasing order)
-                for cid in list(itertools.takewhile(lambda k: k < eid, live)):
-                    del live[cid]
+                forget_before(live, eid)
         else:
             se, coll = effects
             for ho, rel in zip(task.side_effects, se):

@@ -84,3 +84,14 @@ def collapse_map(mapping: dict, eid: int, replacement: Any = None, key=None) -> 
     for k, v in mapping.items():
         if v is not None and (v if key is None else key(v)) < eid:
             mapping[k] = replacement
+
+
+def forget_before(live: dict, eid: int) -> None:
+    """Drop the commands older than ``eid`` from ``live`` (registered in increasing id order)."""
+    old = []
+    for cid in live:
+        if cid >= eid:
+            break
+        old.append(cid)
+    for cid in old:
+        del live[cid]
