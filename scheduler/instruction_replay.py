@@ -66,7 +66,9 @@ class InstructionReplayMixin:
             self._compile_now(cmd)
             self._forget_shapes(touched)
             return
-        shapes = [self._shapes[bid] for bid in touched] if touched else []
+        shapes = []
+        for bid in touched:      # (a loop: a comprehension is a call in CPython 3.11)
+            shapes.append(self._shapes[bid])
         epoch = self._horizons.epoch
         epoch_rel = None if epoch is None else epoch - self._next_instr
         tpl = replay.find(key, epoch_rel)
@@ -325,7 +327,9 @@ class InstructionReplayMixin:
         ibase, abase, mbase = self._next_instr, self._next_alloc, self._next_msg
         task = cmd.task
         tid = task.id
-        slots = [sh.allocations for sh in shapes] if shapes else []
+        slots = []
+        for sh in shapes:
+            slots.append(sh.allocations)
         epoch = self._horizons.epoch
         ctx = (ibase, abase, mbase, tid, slots, cmd, epoch)
         build = builder[0]

@@ -315,10 +315,13 @@ class Scheduler:
         else:
             raise ValueError(f"unknown scheduler event {ev!r}")
         if out or user_allocations:
-            instrs: list[Instruction] = []
-            pilots: list[Pilot] = []
-            for i, p in out:
-                instrs.extend(i)
-                pilots.extend(p)
+            if len(out) == 1:       # (most tasks: one command; its lists are fresh, see compile)
+                instrs, pilots = out[0]
+            else:
+                instrs = []
+                pilots = []
+                for i, p in out:
+                    instrs.extend(i)
+                    pilots.extend(p)
             if instrs or pilots or user_allocations:
                 self.delegate.submit(InstructionBatch(instrs, pilots, user_allocations))
