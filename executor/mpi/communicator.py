@@ -145,8 +145,8 @@ class MpiCommunicator(Communicator):
         self._ring: PilotRing | None = None
         self._pilot_inbox: deque = deque()
         self._pilot_sends = SendList()
-        # the pilot window (see send_pilot), per receiving rank: the messages whose pilot went
-        # out before their payload, and the pilots held back, msg id -> encoded, oldest first
+        # the pilot window (see send_pilots), per receiving rank: the messages whose pilot went
+        # out before their payload, and the pilots held back, msg id -> pilot, oldest first
         self._ahead: dict[int, set[int]] = {}
         self._held: dict[int, dict[int, Pilot]] = {}
         self._payload_sends = SendList()       # for close(): let them finish before MPI_Finalize
