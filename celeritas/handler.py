@@ -772,13 +772,13 @@ class _Launcher:
 
     __slots__ = ("fn", "device", "hydration", "task_name", "geom", "rank", "red_ops", "args", "device_args",
                  "backend", "local_range", "source", "what", "plain", "global_range", "global_offset", "inside",
-                 "where", "rank_context")
+                 "rank_context")
 
     def __init__(self, cgh: CommandGroupHandler, rt, fn, kind: str, name: str, source: bool):
         # (locals rather than attributes read back: this runs at every submit)
         self.fn = fn
         self.device = device = kind == tg.DEVICE_COMPUTE
-        self.what = what = "kernel" if device else "host task"
+        self.what = "kernel" if device else "host task"
         # accessors read their arrays from the hydration; without accessors it stays unused
         self.hydration = cgh._hydration if cgh._accessors else None
         self.task_name = name
@@ -799,13 +799,18 @@ class _Launcher:
         self.plain = device and not red_ops and not source
         self.global_range = geom.global_range if geom is not None else None
         self.global_offset = geom.offset if geom is not None else None
-        self.inside = rt.inside_task       # (what Runtime._refuse_inside_task reads)
-        self.where = f"{what} {name!r}"
+        self.inside = rt.inside_task       # (what Runtime._refuse_inside_task reads: this launcher,
+        #                                    as ``str(self)`` only when it refuses a call)
         # under run_cluster: the rank's context, which the executor and lane threads running
         # this task lack; without it cl.Buffer() there reached (and started) a process runtime
         # instead of the rank's, which refuses it
         self.rank_context = ((cluster.communicator, cluster.env, rt) if cluster.communicator is not None
                              else None)
+
+    def __str__(self) -> str:
+        # (what a call refused inside this kernel or host task names: formatted only then, not
+        # at every submit)
+        return f"{self.what} {self.task_name!r}"
 
     def __call__(self, ctx: LaunchContext) -> None:
         # accessors read their chunk's arrays and boxes from the context itself, at their
@@ -817,7 +822,7 @@ class _Launcher:
             _binding.cur = (hydration, ctx)
         inside = self.inside
         outer = inside.where
-        inside.where = self.where
+        inside.where = self
         rc = self.rank_context
         if rc is not None and cluster.runtime is not rc[2]:   # (once per thread: lanes serve one rank)
             cluster.communicator, cluster.env, cluster.runtime = rc

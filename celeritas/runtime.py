@@ -236,9 +236,10 @@ class _FenceFuture(concurrent.futures.Future):
 
 
 class _InsideTask(threading.local):
-    """Per thread: the kernel or host task running on it (``where``), None outside one."""
+    """Per thread: the kernel or host task running on it (``where``: its launcher, or a
+    description; ``str()`` names it), None outside one."""
 
-    where: str | None = None
+    where: object | None = None
 
 
 class Runtime:

@@ -646,7 +646,12 @@ class TaskManager:
         stream = self._stream
         sid = self._str_ids
         accesses = t.accesses
-        accessed = tuple([(a.buffer, sid[a.mode]) for a in accesses]) if accesses else ()
+        accessed = ()
+        if accesses:                     # (a loop: a comprehension is a call in CPython 3.11)
+            acc = []
+            for a in accesses:
+                acc.append((a.buffer, sid[a.mode]))
+            accessed = tuple(acc)
         if t.collective_group is not None or t.side_effects or t.reductions:
             accessed += _effects(t)      # (the group among them: ints only, hash(None) differs between processes)
         stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed))
@@ -667,7 +672,7 @@ class TaskManager:
             if len(stream) >= 1024:
                 self._fold_stream()
                 self._checkpoint(t.id)
-            entry = (t.id, t.kind, t.name, tuple(rng), accessed)
+            entry = (t.id, t.kind, t.name, rng if type(rng) is tuple else tuple(rng), accessed)
             if len(digest) < DIGEST_LIMIT:
                 digest.append(entry)
             else:
