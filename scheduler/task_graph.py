@@ -672,7 +672,7 @@ class TaskManager:
             if len(stream) >= 1024:
                 self._fold_stream()
                 self._checkpoint(t.id)
-            entry = (t.id, t.kind, t.name, rng if type(rng) is tuple else tuple(rng), accessed)
+            entry = (t.id, t.kind, t.name, rng, accessed)   # (a tuple: the stream entry above hashes it)
             if len(digest) < DIGEST_LIMIT:
                 digest.append(entry)
             else:
@@ -839,6 +839,12 @@ def _buffer_ids(accesses: list, reductions: list) -> tuple[int, ...]:
     return tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
 
 
+def access_key(t: Task) -> tuple:
+    """Per access the buffer, mode and mapper: the part of ``replay_signature`` that chunk
+    plans are keyed on too (``ChunkPlanning._plan_chunks``)."""
+    return tuple([(a.buffer, a.mode, a.mapper) for a in t.accesses]) if t.accesses else ()
+
+
 def replay_signature(t: Task) -> tuple | None:
     """What of a compute task itself (not of its buffers' state) the task and command
     graphs' lowerings read: kind, geometry, split, per access the buffer, mode and mapper
@@ -857,7 +863,7 @@ def replay_signature(t: Task) -> tuple | None:
         geom = t.geometry
         reductions = t.reductions
         sig = (t.kind, geom.global_range, geom.offset, geom.granularity, t.split,
-               tuple([(a.buffer, a.mode, a.mapper) for a in accesses]) if accesses else (),
+               access_key(t),
                tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
                tuple(t.side_effects), t.collective_group)
     t.replay_sig = sig
