@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -199,6 +201,93 @@ def expected_outcome(p: Program, cfg: Config) -> list[str]:
 
 def _run_one_args(args):
     return run_one(*args)
+
+
+WORKER_DIED = "worker-died"
+
+
+def run_parallel(work: list[tuple], jobs: int, fn=_run_one_args, died: list | None = None):
+    """``run_one`` over ``work`` in ``jobs`` worker processes, yielding results as they come.
+
+    A worker that dies (a crash in native code, a signal, an ``os._exit`` deep in a
+    program) must neither hang the run nor lose its seeds: ``multiprocessing.Pool``
+    replaced such a worker and then waited forever for the result it never sent (seen
+    once: a worker gone about 8 s into a two-job run).  A process pool breaks instead;
+    the seeds it had not finished go to a fresh pool, and a seed lost that way a second
+    time runs alone (``run_isolated``), where a death is its own result, with the exit code.
+    ``fn(w)`` runs one work item; ``died``, where given, gets the seeds of every broken pool
+    (a death that a rerun did not repeat still means something killed a worker)."""
+    ctx = multiprocessing.get_context("spawn")
+    lost: Counter = Counter()
+    pending = list(work)
+    while pending:
+        retry = []
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(fn, w): w for w in pending}
+            for f in as_completed(futures):
+                try:
+                    yield f.result()
+                except BrokenProcessPool:
+                    retry.append(futures[f])
+        if retry:
+            if died is not None:
+                died.extend(w[0] for w in retry)
+            print(f"\na worker process died with {len(retry)} program(s) unfinished "
+                  f"(seeds {_seed_list(w[0] for w in retry)}); running them again", flush=True)
+        pending = []
+        for w in sorted(retry, key=lambda w: w[0]):
+            lost[w[0]] += 1
+            if lost[w[0]] >= 2:
+                yield run_isolated(w, fn)
+            else:
+                pending.append(w)
+
+
+def _seed_list(seeds) -> str:
+    seeds = sorted(seeds)
+    return ", ".join(map(str, seeds[:8])) + (f" and {len(seeds) - 8} more" if len(seeds) > 8 else "")
+
+
+def _isolated_child(fn, w: tuple, conn) -> None:
+    conn.send(fn(w))
+    conn.close()
+
+
+def run_isolated(w: tuple, fn=_run_one_args) -> Result:
+    """``fn(w)`` in a process of its own; its death is a failure of the seed (tag
+    ``worker-died``, with the exit code or signal), and so is a process that neither
+    answers nor exits within three times the program timeout."""
+    seed, kind, groups, pinned, timeout = w
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_isolated_child, args=(fn, w, send), daemon=True)
+    t0 = time.perf_counter()
+    proc.start()
+    send.close()
+    r = None
+    try:
+        if recv.poll(3 * timeout + 60):
+            r = recv.recv()
+    except EOFError:        # (the child died before it answered)
+        pass
+    finally:
+        recv.close()
+    proc.join(5 if r is not None else 0.5)
+    if r is not None:
+        return r
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+        what = f"did not answer within {3 * timeout + 60:.0f} s and was killed"
+    elif proc.exitcode < 0:
+        what = f"was killed by signal {-proc.exitcode}"
+    else:
+        what = f"exited with code {proc.exitcode} without a result"
+    p = generate(random.Random(seed), kind=kind, groups=groups)
+    cfg = program_config(p, config_for(seed, pinned))
+    return Result(seed, p.kind, cfg, sorted(p.features), WORKER_DIED,
+                  f"the process running seed {seed} alone {what} (it had died in a worker pool before)",
+                  time.perf_counter() - t0)
 
 
 # ---- minimisation ------------------------------------------------------------------------------
@@ -481,11 +570,11 @@ def main(argv=None) -> int:
     work = [(s, args.kind, groups, pinned, args.timeout) for s in seeds]
     results: list[Result] = []
     t0 = time.perf_counter()
+    died: list[int] = []
     if args.jobs > 1:
-        with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-            for r in pool.imap_unordered(_run_one_args, work, chunksize=4):
-                results.append(r)
-                _progress(results, args.programs, t0)
+        for r in run_parallel(work, args.jobs, died=died):
+            results.append(r)
+            _progress(results, args.programs, t0)
     else:
         for w in work:
             results.append(run_one(*w))
@@ -501,7 +590,10 @@ def main(argv=None) -> int:
             p = generate(random.Random(r.seed), kind=args.kind, groups=groups)
             print(f"\n=== minimising seed {r.seed} [{tag}] on {r.config.describe()}")
             _print_minimized(p, r.config, tag, args.timeout)
-    return 1 if any(r.tag is not None for r in results) else 0
+    if died:
+        print(f"\nworker processes died {len(set(died))} time(s) with seeds unfinished (seeds {_seed_list(set(died))}); "
+              f"every seed was run again (a seed whose process died again is failed as {WORKER_DIED!r})")
+    return 1 if died or any(r.tag is not None for r in results) else 0
 
 
 def _print_minimized(p: Program, cfg: Config, tag: str, timeout: float) -> None:
