@@ -114,6 +114,32 @@ def machine() -> dict:
     return info
 
 
+PACE_LOOP = 2_000_000     # additions in the pace probe's loop
+
+
+def pace(reps: int = 3) -> float:
+    """Milliseconds a fixed pure-Python loop takes (best of ``reps``): how fast this machine
+    runs the interpreter right now.  A shared VM changes speed within tens of seconds (on the
+    2-core CI machine the same loop took ~155 ms in its fast phase and ~240 ms in its slow
+    one), which moves every celeritas figure; the baselines beside them move too, but not by
+    the same factor, since most of them spend their time in numpy or MPI rather than in the
+    interpreter.  Printed before and after each section, so a figure can be read against the
+    phase it was taken in."""
+    best_s = float("inf")
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(PACE_LOOP):
+            x += i
+        best_s = min(best_s, time.perf_counter() - t0)
+    return best_s * 1e3
+
+
+def pace_line(paces: dict) -> str:
+    """``paces``: section -> (ms before, ms after)."""
+    return ", ".join(f"{name} {a:.0f}/{b:.0f}" for name, (a, b) in paces.items())
+
+
 # ---- scheduler (bench_graphs) ----------------------------------------------------------------------
 def scheduler_rows(quick: bool) -> list[Row]:
     from benchmarks import bench_graphs
@@ -516,7 +542,11 @@ def machine_line(info: dict) -> str:
 def markdown(rows: list[Row], info: dict, quick: bool, seconds: float) -> str:
     lines = [f"Machine: {machine_line(info)}.", "",
              f"`python -m benchmarks.run_all{' --quick' if quick else ''}` ({seconds:.0f} s). "
-             "Ratio = baseline time / celeritas time (above 1: celeritas is faster).", "",
+             "Ratio = baseline time / celeritas time (above 1: celeritas is faster).", ""]
+    if info.get("pace_ms"):
+        lines += [f"Machine pace (ms for {PACE_LOOP:,} additions in a Python loop, before/after each section; "
+                  f"lower is faster): {pace_line(info['pace_ms'])}.", ""]
+    lines += [
              "| section | benchmark | celeritas | baseline | ratio | goal / note |", "|---|---|---:|---|---:|---|"]
     for r in rows:
         cells = [r.section, r.benchmark, r.celeritas, r.baseline, r.ratio, r.goal]
@@ -574,12 +604,19 @@ def main(argv=None) -> int:
         "device": device,
         "gpu": gpu,
     }
+    paces: dict[str, tuple[float, float]] = {}
+    info["pace_ms"] = paces
+    reps = REPS["quick" if args.quick else "full"]
     for name in SECTIONS:
         if name in only:
             with console.status(f"running the {name} benchmarks"):
+                before = pace(reps)
                 rows += sections[name]()
+                paces[name] = (before, pace(reps))
     seconds = time.perf_counter() - t0
     console.print(render(rows, info))
+    console.print(f"machine pace (ms for {PACE_LOOP:,} additions in a Python loop, before/after each section; "
+                  f"lower is faster): {pace_line(paces)}", soft_wrap=True)
     for text in mpi_output:
         console.print("[bold]bench_mpi / bench_opencl output[/bold]")
         console.print(text, markup=False, highlight=False)

@@ -1,6 +1,7 @@
 """cluster/ (scaling harness, dry-run study, Slurm templates) and benchmarks/run_all."""
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,5 +146,11 @@ def test_run_all_quick_end_to_end(tmp_path):
     table = md.read_text()
     for section in ("scheduler", "runtime", "stencil", "apps", "lookahead", "mpi", "gpu"):
         assert f"| {section} |" in table
+    # the interpreter's pace before and after every section (a shared VM changes speed)
+    pace = re.search(r"Machine pace \(ms for 2,000,000 additions[^)]*\): (.*)\.\n", table)
+    assert pace, table[:2000]
+    paces = dict(re.findall(r"(\w+) (\d+)/\d+", pace.group(1)))
+    assert set(paces) == {"scheduler", "executor", "runtime", "stencil", "apps", "lookahead", "mpi", "device", "gpu"}
+    assert all(int(v) > 0 for v in paces.values())
     assert "RESULTS DIFFER" not in table
     assert "dask map_overlap" in table
