@@ -120,10 +120,10 @@ PACE_LOOP = 2_000_000     # additions in the pace probe's loop
 def pace(reps: int = 3) -> float:
     """Milliseconds a fixed pure-Python loop takes (best of ``reps``): how fast this machine
     runs the interpreter right now.  A shared VM changes speed within tens of seconds (on the
-    2-core CI machine the same loop took ~155 ms in its fast phase and ~240 ms in its slow
-    one), which moves every celeritas figure; the baselines beside them move too, but not by
-    the same factor, since most of them spend their time in numpy or MPI rather than in the
-    interpreter.  Printed before and after each section, so a figure can be read against the
+    2-core CI machine a pure-Python loop took about 1.5x as long in its slow phases as in its
+    fast ones), which moves every celeritas figure; the baselines beside them move too, but
+    not by the same factor, since most of them spend their time in numpy or MPI rather than
+    in the interpreter.  Printed before and after each section, so a figure can be read against the
     phase it was taken in."""
     best_s = float("inf")
     for _ in range(max(1, reps)):
