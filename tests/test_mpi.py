@@ -517,6 +517,12 @@ def test_bench_mpi_quick_reports_ping_pong_and_streaming_rows(tmp_path):
     assert [p["bytes"] for p in data["pingpong"]][0] == 8
     assert data["stream"] and all(s["celeritas_s"] > 0 and s["mpi4py_s"] > 0 and s["window"] >= 2
                                   for s in data["stream"])
-    names = [row.benchmark for row in mpi_rows_from(data)]
+    # the largest size also in paired windows (celeritas and mpi4py back to back), 4 in a quick run
+    paired = data["pingpong"][-1]["paired_ratios"]
+    assert len(paired) == 4 and all(r > 0 for r in paired)
+    rows = mpi_rows_from(data)
+    names = [row.benchmark for row in rows]
     assert any(n.startswith("push/await_push streaming bandwidth, 64 KiB") for n in names), names
     assert any(n.startswith("push/await_push one-way latency") for n in names), names
+    (bw,) = [row for row in rows if row.benchmark.startswith("push/await_push bandwidth, 64 KiB")]
+    assert "paired windows:" in bw.goal and "median of 4" in bw.goal, bw.goal
