@@ -123,8 +123,8 @@ def pace(reps: int = 3) -> float:
     2-core CI machine a pure-Python loop took about 1.5x as long in its slow phases as in its
     fast ones), which moves every celeritas figure; the baselines beside them move too, but
     not by the same factor, since most of them spend their time in numpy or MPI rather than
-    in the interpreter.  Printed before and after each section, so a figure can be read against the
-    phase it was taken in."""
+    in the interpreter.  Printed before and after each section, so a figure can be read
+    against the phase it was taken in."""
     best_s = float("inf")
     for _ in range(max(1, reps)):
         t0 = time.perf_counter()
@@ -552,8 +552,7 @@ def markdown(rows: list[Row], info: dict, quick: bool, seconds: float) -> str:
     if info.get("pace_ms"):
         lines += [f"Machine pace (ms for {PACE_LOOP:,} additions in a Python loop, before/after each section; "
                   f"lower is faster): {pace_line(info['pace_ms'])}.", ""]
-    lines += [
-             "| section | benchmark | celeritas | baseline | ratio | goal / note |", "|---|---|---:|---|---:|---|"]
+    lines += ["| section | benchmark | celeritas | baseline | ratio | goal / note |", "|---|---|---:|---|---:|---|"]
     for r in rows:
         cells = [r.section, r.benchmark, r.celeritas, r.baseline, r.ratio, r.goal]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
