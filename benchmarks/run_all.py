@@ -401,6 +401,9 @@ def mpi_rows_from(data: dict) -> list[Row]:
     for w in data.get("wave", []):
         n, steps = w["size"], w["steps"]
         note = "≥ 0.95×" + ("" if w.get("equal", True) else " (RESULTS DIFFER)")
+        if "paired_ratio" in w:
+            note += (f"; median of the repetitions' own ratios: {w['paired_ratio']:.2f}× "
+                     f"(compiled ahead {w['paired_compiled_ratio']:.2f}×)")
         rows.append(Row("mpi", f"wave_sim {n}² × {steps}, {ranks} MPI ranks, ms/step",
                         f"{w['celeritas_s'] / steps * 1e3:.3f} ms (compiled ahead: {w['compiled_s'] / steps * 1e3:.3f}, "
                         f"{w['compiled_ratio']:.2f}×)",
