@@ -100,10 +100,9 @@ class ChunkPlanning:
             task = cmd.task
             geom = task.geometry
             box = cmd.box
-            sig = task.replay_sig       # (its accesses part is this key's, made once per task)
             key = (task.kind, box.lo, box.hi, box.dims, task.split, task.oversubscribe,
                    geom.dims if geom is not None else None, geom.granularity if geom is not None else None,
-                   sig[5] if type(sig) is tuple else tg.access_key(task),
+                   tg.access_key(task),
                    # (reduction scratch counts against a bounded device memory)
                    tuple([r.buffer for r in task.reductions]) if self._capacity else ())
             cache = self._plan_cache

@@ -839,9 +839,18 @@ def _buffer_ids(accesses: list, reductions: list) -> tuple[int, ...]:
     return tuple(sorted({a.buffer for a in accesses} | {r.buffer for r in reductions}))
 
 
+_SIG_ACCESSES = 5   # where a replay signature holds ``_access_key``'s tuple
+
+
 def access_key(t: Task) -> tuple:
     """Per access the buffer, mode and mapper: the part of ``replay_signature`` that chunk
-    plans are keyed on too (``ChunkPlanning._plan_chunks``)."""
+    plans are keyed on too (``ChunkPlanning._plan_chunks``), taken from the signature where
+    the task has one (made once per task)."""
+    sig = t.replay_sig
+    return sig[_SIG_ACCESSES] if type(sig) is tuple else _access_key(t)
+
+
+def _access_key(t: Task) -> tuple:
     return tuple([(a.buffer, a.mode, a.mapper) for a in t.accesses]) if t.accesses else ()
 
 
@@ -863,7 +872,7 @@ def replay_signature(t: Task) -> tuple | None:
         geom = t.geometry
         reductions = t.reductions
         sig = (t.kind, geom.global_range, geom.offset, geom.granularity, t.split,
-               access_key(t),
+               _access_key(t),                      # (at _SIG_ACCESSES)
                tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
                tuple(t.side_effects), t.collective_group)
     t.replay_sig = sig
