@@ -269,7 +269,7 @@ class InstructionHandlers:
         comm = self._comm
         if not comm.accepts_strided and not view.flags.c_contiguous:
             view = np.ascontiguousarray(view)
-        t0 = _perf_ns()
+        t0 = _perf_ns() if self._trace is not None else 0     # (for _complete_sync's trace event)
         req = comm.send_payload(instr.to, instr.msg_id, view)
         if req.test():
             # done at once (a small message leaves in the library's eager buffer): retired

@@ -35,6 +35,7 @@ import atexit
 import logging
 import time
 from collections import deque
+from itertools import islice
 from typing import Any, Callable, Hashable
 
 from scheduler.errors import ConfigError
@@ -343,11 +344,7 @@ class MpiCommunicator(Communicator):
             # room in the window for a message of held pilots (or for all of them): the oldest go
             room = PILOT_WINDOW - len(ahead)
             if room >= min(PILOT_BATCH, PILOT_WINDOW, len(held)):
-                go = []
-                for m in held:
-                    if len(go) == room:
-                        break
-                    go.append(m)
+                go = list(islice(held, room))
                 for m in go:
                     ahead.add(m)
                 self._isend_pilots(to, [held.pop(m) for m in go])
