@@ -50,7 +50,7 @@ from scheduler.errors import CeleritasError
 
 from .backends.backend import Backend, Completion, Lane, LaneSkipped
 from .communicator import Communicator
-from .instruction_handlers import InstructionHandlers, _set_promise, cost_key
+from .instruction_handlers import _VIEWS_CACHED, InstructionHandlers, _set_promise, cost_key
 from .tracing import TraceEvent, _trace_event
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
@@ -255,6 +255,7 @@ class Executor(InstructionHandlers):
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
         self._cost_keys: dict[int, tuple] = {}      # id(box) -> (box, name, cost key): see _cost_key
+        self._contexts: dict[int, tuple] = {}       # id(accesses) -> (accesses, box, lane, context): see _direct_kernel
 
         self._by_completion: dict[Completion, _Active] = {}   # notifying backend completions
         self._polled: list[_Active] = []                      # backend completions to poll
@@ -663,7 +664,24 @@ class Executor(InstructionHandlers):
         est = self._costs.get(key)
         if est is None or est > self._inline_ns:
             return False
-        self._kernel_inline(instr, instr.launcher, self._kernel_context(instr, lane), key, est)
+        # the launch context of this chunk's last direct run, while it would be built the
+        # same: a replayed kernel has the same box and, while its allocations stay, the same
+        # accesses list (the scheduler's builder keeps it: _remember_accesses); only the task
+        # differs.  Direct runs are done one at a time on this thread, so one context can
+        # serve them all; arrays are cleared with the views (_forget_views).
+        accesses = instr.accesses
+        c = self._contexts.get(id(accesses))     # (not by box: a stencil's two phases share their boxes)
+        if c is not None and c[0] is accesses and c[1] is box and c[2] is lane and not instr.reductions:
+            ctx = c[3]
+            ctx.task = instr.task
+        else:
+            ctx = self._kernel_context(instr, lane)
+            if not instr.reductions:
+                contexts = self._contexts
+                if len(contexts) >= _VIEWS_CACHED:
+                    contexts.clear()
+                contexts[id(accesses)] = (accesses, box, lane, ctx)
+        self._kernel_inline(instr, instr.launcher, ctx, key, est)
         return True
 
     def _direct_copy(self, instr: CopyInstruction) -> None:

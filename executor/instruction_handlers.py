@@ -130,6 +130,8 @@ class InstructionHandlers:
     def _forget_views(self) -> None:
         if self._views:
             self._views.clear()
+        if self._contexts:     # (their arrays)
+            self._contexts.clear()
 
     def _view(self, aid: int, extent: Any, box: Any) -> Any:
         """``box_view`` of allocation ``aid``, cached until an allocation comes or goes."""

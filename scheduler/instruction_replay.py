@@ -720,9 +720,23 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
                 args[pos] = "task.name"
             elif val[0] == "accesses":   # (written out: a kernel's accesses are most of its fields)
                 ns["AA"] = AccessAllocation
-                args[pos] = "[" + "".join(
-                    f"AA({const(buf)}, {-1 if a is None else aid(a)}, {const(abox)}, {const(box)}, {const(region)}, "
-                    f"{const(mode)}), " for buf, a, abox, box, region, mode in val[1]) + "]"
+                accs = val[1]
+                if not accs:    # (one list for every replay: see _remember_accesses)
+                    args[pos] = const([])
+                elif any(a is not None and a[0] == "n" for _b, a, *_r in accs):   # (new allocations: ids never repeat)
+                    args[pos] = "[" + "".join(
+                        f"AA({const(buf)}, {-1 if a is None else aid(a)}, {const(abox)}, {const(box)}, "
+                        f"{const(region)}, {const(mode)}), " for buf, a, abox, box, region, mode in accs) + "]"
+                else:
+                    # the list of the last replay while the buffers' slots hold the same allocations
+                    # (see _remember_accesses)
+                    ns["REMEMBER"] = _remember_accesses
+                    memo = const([None, None])
+                    ids = "(" + "".join(f"{-1 if a is None else aid(a)}, " for _b, a, *_r in accs) + ")"
+                    made = "[" + "".join(
+                        f"AA({const(buf)}, _ids[{k}], {const(abox)}, {const(box)}, {const(region)}, {const(mode)}), "
+                        for k, (buf, _a, abox, box, region, mode) in enumerate(accs)) + "]"
+                    args[pos] = f"({memo}[1] if {memo}[0] == (_ids := {ids}) else REMEMBER({memo}, _ids, {made}))"
             elif val[0] == "redallocs" and not val[1]:
                 args[pos] = "[]"
             else:
@@ -742,6 +756,18 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
         exec(compile(src, "<replay template>", "exec"), scope)   # noqa: S102 - source built above from names only
         make = codes.put(src, scope["make"])
     return make(*ns.values())
+
+
+def _remember_accesses(memo: list, ids: tuple, accesses: list) -> list:
+    """A compiled builder's memo of a kernel's accesses: as long as the allocations they
+    name stay the same (a stencil's buffers keep theirs from step to step), each replay
+    hands out the same list of the same ``AccessAllocation`` objects instead of making
+    new ones, and the executor keeps the launch context it built for that list (see
+    ``Executor._direct_kernel``).  Nothing changes an instruction's accesses once it
+    is made."""
+    memo[0] = ids
+    memo[1] = accesses
+    return accesses
 
 
 def _reduction_of(ins, env: _Env):

@@ -22,7 +22,7 @@ from executor.instruction_handlers import cost_key
 from scheduler.geometry import Box
 from scheduler.instruction_graph import (HOST_MEMORY, AccessAllocation, AllocInstruction, CopyInstruction,
                                          DeviceKernelInstruction, EpochInstruction, FenceInstruction,
-                                         HostTaskInstruction, device_memory)
+                                         FreeInstruction, HostTaskInstruction, device_memory)
 
 pytestmark = pytest.mark.timeout(60)
 from instruction_builder import Graph  # tests/ is on sys.path (conftest)
@@ -657,4 +657,47 @@ def test_batches_queued_behind_directly_run_work_are_taken_without_a_step_betwee
         assert h.errors == []
     finally:
         del h.ex._poll_comm
+        h.close()
+
+
+def test_a_direct_kernel_keeps_its_launch_context_while_its_accesses_list_is_the_same():
+    """A replayed kernel comes with the accesses list of its last replay (the scheduler's
+    compiled builder keeps it), so direct runs reuse the launch context built for that list
+    and set only the task; another list, even an equal one, gets its own context; and when
+    an allocation goes, no context keeps its array."""
+    h = Harness(trace=False, inline_threshold=1.0)     # (cheap however slow this machine is now)
+    try:
+        box = _host_and_device_arrays(h, 16)
+        acc = [AccessAllocation(0, 2, box, box)]
+        seen = []
+
+        def add(ctx):
+            seen.append((ctx, ctx.task, ctx.arrays[0] is h.ex._allocs[2]))
+            ctx.arrays[0][...] += 1.0
+
+        def kernel(accesses):
+            k = h.kernel(add, name="add", box=box)
+            k.accesses = accesses
+            return k
+
+        for _ in range(2):                   # its cost, then that it runs inline
+            kernel(acc)
+            h.run()
+        seen.clear()
+        h.ex._allocs[2][...] = 0.0           # (a new allocation is not initialized)
+        engine = _engine_spy(h)
+        ks = [kernel(acc) for _ in range(3)]
+        other = kernel([AccessAllocation(0, 2, box, box)])
+        h.run()
+        assert h.errors == []
+        assert not {k.id for k in ks} & set(engine)          # all ran directly
+        assert [t for _c, t, _a in seen] == [k.task for k in ks + [other]]
+        assert all(a for _c, _t, a in seen)
+        assert seen[0][0] is seen[1][0] is seen[2][0] and seen[3][0] is not seen[0][0]
+        np.testing.assert_array_equal(h.ex._allocs[2], np.full(16, 4.0))
+        h.last = h.g.add(FreeInstruction, h.last, allocation=2, memory=device_memory(0))
+        h.run()
+        assert 2 not in h.ex._allocs and not h.ex._contexts
+        assert h.errors == []
+    finally:
         h.close()

@@ -725,3 +725,40 @@ def test_lowerings_that_touch_the_initial_data_are_keyed_on_it(monkeypatch):
     assert _canonical(on) == _canonical(off)
     marked = [k for k, v in on.iggs[0].replay.templates.items() if v is ir._USER_KEYED]
     assert marked, "no lowering touched a user allocation"
+
+
+def test_a_compiled_builder_hands_out_the_same_accesses_while_the_allocations_stay(monkeypatch):
+    """The executor keeps a direct kernel's launch context per accesses list, so a compiled
+    builder must give a replayed kernel the list of its last replay exactly while the
+    allocations it names are the same (equal to what a lowering makes), and a new one,
+    naming the new allocation, once one changed."""
+    import scheduler.instruction_replay as ir
+    monkeypatch.setattr(ir, "COMPILE_AFTER", 1)
+    n = 32
+    ctx = GraphContext(1, devices=2, lookahead="none", diagnostics="off", replay=True)
+    up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)
+    for _ in range(30):
+        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1, shape="along_axes"), R)])
+        up, u = u, up
+    # a wider halo outgrows the allocations: the next steps name new ones
+    for _ in range(30):
+        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(3, 3, shape="along_axes"), R)])
+        up, u = u, up
+    ctx.finish()
+    kernels = ctx.instrs(0, "device_kernel")
+    assert len(kernels) == 120
+    first, second = kernels[:60], kernels[60:]
+    for part in (first, second):
+        # steady state: a period of four steps (two buffer phases, two horizon phases) of two
+        # kernels, so every eighth kernel is alike
+        tail = part[-24:]
+        for a, b in zip(tail, tail[8:]):
+            assert a.accesses is b.accesses and a.box == b.box and a.device == b.device
+    assert len({id(k.accesses) for k in first[-16:]}) == 8
+    # the list handed out again is the one a lowering made of the same allocations
+    allocated = {i.allocation for i in ctx.instrs(0, "alloc")}
+    for k in first[-4:] + second[-4:]:
+        assert [a.allocation for a in k.accesses] and all(a.allocation in allocated for a in k.accesses)
+    late = {a.allocation for k in second[-4:] for a in k.accesses}
+    early = {a.allocation for k in first[-4:] for a in k.accesses}
+    assert late != early and not {id(k.accesses) for k in second[-16:]} & {id(k.accesses) for k in first[-16:]}
