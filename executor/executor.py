@@ -255,7 +255,7 @@ class Executor(InstructionHandlers):
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
         self._cost_keys: dict[int, tuple] = {}      # id(box) -> (box, name, cost key): see _cost_key
-        self._contexts: dict[int, tuple] = {}       # id(accesses) -> (accesses, box, lane, context): see _direct_kernel
+        self._contexts: dict[int, tuple] = {}       # id(accesses) -> (accesses, box, name, device, context, cost key)
 
         self._by_completion: dict[Completion, _Active] = {}   # notifying backend completions
         self._polled: list[_Active] = []                      # backend completions to poll
@@ -655,32 +655,39 @@ class Executor(InstructionHandlers):
     # instruction on the no-op stencil and on tiny tasks.
 
     def _direct_kernel(self, instr: DeviceKernelInstruction) -> bool:
+        # The launch context of this chunk's last direct run, while it would be built the
+        # same: a replayed kernel has the same box and name and, while its allocations stay,
+        # the same accesses list (the scheduler's builder keeps it: _remember_accesses); only
+        # the task differs.  Direct runs are done one at a time on this thread, so one
+        # context serves them all.  The entry holds the lane and the cost key as well, so a
+        # hit looks up nothing else; entries go with the views when an allocation comes or
+        # goes (_forget_views: the arrays), and when a device's direct lane changes.
+        accesses = instr.accesses
+        c = self._contexts.get(id(accesses))     # (not by box: a stencil's two phases share their boxes)
+        if (c is not None and c[0] is accesses and c[1] is instr.box and c[2] is instr.name
+                and c[3] == instr.device and not instr.reductions):
+            key = c[5]
+            est = self._costs.get(key)
+            if est is None or est > self._inline_ns:
+                return False
+            ctx = c[4]
+            ctx.task = instr.task
+            self._kernel_inline(instr, instr.launcher, ctx, key, est)
+            return True
         lane = self._direct_kernel_lanes.get(instr.device)
         if lane is None:
             return False
         box = instr.box
-        hit = self._cost_keys.get(id(box))     # (_cost_key's cache hit, inline: 0.1 us less per kernel)
-        key = hit[2] if hit is not None and hit[0] is box and hit[1] is instr.name else self._cost_key(instr)
+        key = self._cost_key(instr)
         est = self._costs.get(key)
         if est is None or est > self._inline_ns:
             return False
-        # the launch context of this chunk's last direct run, while it would be built the
-        # same: a replayed kernel has the same box and, while its allocations stay, the same
-        # accesses list (the scheduler's builder keeps it: _remember_accesses); only the task
-        # differs.  Direct runs are done one at a time on this thread, so one context can
-        # serve them all; arrays are cleared with the views (_forget_views).
-        accesses = instr.accesses
-        c = self._contexts.get(id(accesses))     # (not by box: a stencil's two phases share their boxes)
-        if c is not None and c[0] is accesses and c[1] is box and c[2] is lane and not instr.reductions:
-            ctx = c[3]
-            ctx.task = instr.task
-        else:
-            ctx = self._kernel_context(instr, lane)
-            if not instr.reductions:
-                contexts = self._contexts
-                if len(contexts) >= _VIEWS_CACHED:
-                    contexts.clear()
-                contexts[id(accesses)] = (accesses, box, lane, ctx)
+        ctx = self._kernel_context(instr, lane)
+        if not instr.reductions:
+            contexts = self._contexts
+            if len(contexts) >= _VIEWS_CACHED:
+                contexts.clear()
+            contexts[id(accesses)] = (accesses, box, instr.name, instr.device, ctx, key)
         self._kernel_inline(instr, instr.launcher, ctx, key, est)
         return True
 

@@ -170,7 +170,9 @@ class InstructionHandlers:
             est = self._costs.get(key)
             if est is not None and est <= self._inline_ns:
                 # the common case, _dispatch's inline path without its generality
-                self._direct_kernel_lanes[instr.device] = lane
+                if self._direct_kernel_lanes.get(instr.device) is not lane:
+                    self._direct_kernel_lanes[instr.device] = lane
+                    self._contexts.clear()      # (made for the device's other lane)
                 self._kernel_inline(instr, launcher, ctx, key, est)
                 self._engine.complete(instr.id)
                 return
