@@ -25,6 +25,8 @@ keys on them.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from . import command_graph as cg
 from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
                                 ReductionAllocation)
@@ -327,11 +329,8 @@ class InstructionReplayMixin:
         ibase, abase, mbase = self._next_instr, self._next_alloc, self._next_msg
         task = cmd.task
         tid = task.id
-        slots = []
-        for sh in shapes:
-            slots.append(sh.allocations)
         epoch = self._horizons.epoch
-        ctx = (ibase, abase, mbase, tid, slots, cmd, epoch)
+        ctx = (ibase, abase, mbase, tid, shapes, cmd, epoch)
         build = builder[0]
         if build is None:
             # compiled at the template's COMPILE_AFTER-th replay, interpreted before: a
@@ -348,7 +347,7 @@ class InstructionReplayMixin:
                 build = builder[2]
                 if build is None:
                     build = builder[2] = _Interpreted(instrs, post)
-        made, kinds, post_ids, ext, sinks = build(ibase, abase, mbase, tid, slots, ctx, task)
+        made, kinds, after, ext, sinks = build(ibase, abase, mbase, tid, shapes, ctx, task)
         front = self._horizons.front
         for d in ext:
             front.pop(epoch if d is None else ibase + d, None)
@@ -377,18 +376,10 @@ class InstructionReplayMixin:
                 if last is not None:
                     self._last_alloc[m] = ibase + last
                 self._frees_since[m] = [ibase + f for f in frees]
-        before = shapes
         shapes = self._shapes
         stale = self._stale
-        for old, bid, (sid, shape, _enc, ioff, toff, user), ids in zip(before, bids, post, post_ids):
-            if user is None:    # (the lowering left the user allocation as it was)
-                usid, ubase, ushape = old.usid, old.ubase, old.ushape
-            else:
-                usid, ushape, uoff = user
-                ubase = None if uoff is None else ibase + uoff
-            shapes[bid] = stale[bid] = _BufferShape(sid, None if ioff is None else ibase + ioff,
-                                                    None if toff is None else tid + toff, ids, shape,
-                                                    usid, ubase, ushape)
+        for bid, sh in zip(bids, after):    # (the builder made the buffers' new shapes: see _post_shapes)
+            shapes[bid] = stale[bid] = sh
         if cmd.kind == cg.HORIZON:
             hos, colls, cur, ep = effects
             self._host_objects = {k: _abs(v, ibase) for k, v in hos}
@@ -434,23 +425,44 @@ class InstructionReplayMixin:
         b.warned = warned
 
 
-class _BufferShape:
+class _BufferShape(NamedTuple):
     """A buffer's interned shape, the bases its ids are relative to, its allocations' ids;
     the user allocation's access state beside it (``usid``, ``ushape``: interned and as
-    it is, ids relative to ``ubase``; None without a user allocation)."""
+    it is, ids relative to ``ubase``; None without a user allocation).
 
-    __slots__ = ("sid", "ibase", "tbase", "allocations", "shape", "usid", "ubase", "ushape")
+    A tuple, so that a replay makes the touched buffers' new shapes with
+    ``tuple.__new__`` (``_post_shapes``, and written out in a compiled builder): no
+    ``__init__`` frame per buffer and replay.  Compared only by identity."""
 
-    def __init__(self, sid: int, ibase: int, tbase: int, allocations: tuple, shape: tuple,
-                 usid: int | None = None, ubase: int | None = None, ushape: tuple | None = None):
-        self.sid = sid
-        self.ibase = ibase
-        self.tbase = tbase
-        self.allocations = allocations
-        self.shape = shape
-        self.usid = usid
-        self.ubase = ubase
-        self.ushape = ushape
+    sid: int
+    ibase: int | None
+    tbase: int | None
+    allocations: tuple
+    shape: tuple
+    usid: int | None = None
+    ubase: int | None = None
+    ushape: tuple | None = None
+
+
+_ALLOCATIONS = 3        # the index of _BufferShape.allocations (a compiled builder reads it by index)
+_new_shape = tuple.__new__
+
+
+def _post_shapes(post: tuple, before: list, ib: int, tid: int, ids: tuple) -> tuple:
+    """The touched buffers' shapes after a replay: the template's ``post`` (ids relative to
+    the replay's bases), the allocations ``ids`` it now holds, and, where the lowering left
+    a user allocation as it was, that part of the shape ``before`` it."""
+    out = []
+    for old, (sid, shape, _enc, ioff, toff, user), own in zip(before, post, ids):
+        if user is None:
+            usid, ubase, ushape = old.usid, old.ubase, old.ushape
+        else:
+            usid, ushape, uoff = user
+            ubase = None if uoff is None else ib + uoff
+        out.append(_new_shape(_BufferShape, (sid, None if ioff is None else ib + ioff,
+                                             None if toff is None else tid + toff, own, shape,
+                                             usid, ubase, ushape)))
+    return tuple(out)
 
 
 def _user_parts(shapes: list, ibase: int) -> tuple:
@@ -632,14 +644,15 @@ class _Interpreted:
     """``_builder``'s function without the compile: the same instructions from the same
     prototypes and patches, interpreted at every call (a template's first replays)."""
 
-    __slots__ = ("instrs", "kinds", "ids", "ext", "sinks")
+    __slots__ = ("instrs", "kinds", "ids", "ext", "sinks", "post")
 
     def __init__(self, instrs: tuple, post: tuple):
         self.instrs = instrs
         self.kinds, self.ext, self.sinks = _summary(instrs)
         self.ids = tuple([tuple(p[2]) for p in post])
+        self.post = post
 
-    def __call__(self, ib, ab, mb, tid, slots, ctx, task):
+    def __call__(self, ib, ab, mb, tid, shapes, ctx, task):
         made = []
         for cls, proto, patches in self.instrs:
             args = list(proto)
@@ -651,7 +664,7 @@ class _Interpreted:
                 elif code == _NEW_AID:
                     args[pos] = ab + val
                 elif code == _SLOT_AID:
-                    args[pos] = slots[val[0]][val[1]]
+                    args[pos] = shapes[val[0]].allocations[val[1]]
                 elif code == _TID:
                     args[pos] = tid + val
                 elif code == _MID:
@@ -669,7 +682,7 @@ class _Interpreted:
                     args[pos] = _DECODE[val[0]](val[1], ctx, None)
             made.append(cls(*args))
         ids = tuple([tuple([_dec_aid(a, ctx, None) for a in enc]) for enc in self.ids])
-        return tuple(made), self.kinds, ids, self.ext, self.sinks
+        return tuple(made), self.kinds, _post_shapes(self.post, shapes, ib, tid, ids), self.ext, self.sinks
 
 
 def _builder(instrs: tuple, post: tuple, codes: dict):
@@ -686,10 +699,14 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
     dicts loses its LOAD_GLOBAL specialization at every switch (the stencil's two
     alternating step phases paid 6.5 instead of 3.9 ns per value, 250 values a step)."""
     ns: dict = {"_DECODE": _DECODE}
+    used: set[int] = set()      # the buffers whose allocations the instructions name
     exprs = []
 
     def aid(a) -> str:   # (as _dec_aid decodes it)
-        return f"ab + {const(a[1])}" if a[0] == "n" else f"slots[{const(a[1])}][{const(a[2])}]"
+        if a[0] == "n":
+            return f"ab + {const(a[1])}"
+        used.add(a[1])
+        return f"s{a[1]}[{const(a[2])}]"
 
     def const(v) -> str:
         if v is None or type(v) is bool:
@@ -709,7 +726,8 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
             elif code == _NEW_AID:
                 args[pos] = f"ab + {const(val)}"
             elif code == _SLOT_AID:
-                args[pos] = f"slots[{const(val[0])}][{const(val[1])}]"
+                used.add(val[0])
+                args[pos] = f"s{val[0]}[{const(val[1])}]"
             elif code == _TID:
                 args[pos] = f"tid + {const(val)}"
             elif code == _MID:
@@ -744,11 +762,24 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
         ns[f"C{i}"] = cls
         exprs.append(f"C{i}({', '.join(args)})")
     ns["KINDS"], ns["EXT"], ns["SINKS"] = _summary(instrs)
-    # the touched buffers' allocation ids after the lowering (``_BufferShape.allocations``)
-    ids = "".join("(" + "".join(aid(a) + ", " for a in p[2]) + "), " for p in post)
+    # the touched buffers' shapes after the lowering (``_post_shapes`` written out)
+    ns["BS"], ns["NEW"] = _BufferShape, _new_shape
+    after = []
+    for k, (sid, shape, enc, ioff, toff, user) in enumerate(post):
+        ids = "(" + "".join(aid(a) + ", " for a in enc) + ")"
+        if user is None:
+            u = f"shapes[{k}][5], shapes[{k}][6], shapes[{k}][7]"
+        else:
+            usid, ushape, uoff = user
+            u = f"{const(usid)}, {'None' if uoff is None else f'ib + {const(uoff)}'}, {const(ushape)}"
+        after.append(f"NEW(BS, ({const(sid)}, {'None' if ioff is None else f'ib + {const(ioff)}'}, "
+                     f"{'None' if toff is None else f'tid + {const(toff)}'}, {ids}, {const(shape)}, {u})), ")
+    # (each buffer's allocation ids read once: s<k> = shapes[k].allocations)
+    slots = "".join(f"        s{k} = shapes[{k}][{_ALLOCATIONS}]\n" for k in sorted(used))
     src = (f"def make({', '.join(ns)}):\n"
-           "    def build(ib, ab, mb, tid, slots, ctx, task):\n"
-           f"        return ({''.join(e + ', ' for e in exprs)}), KINDS, ({ids}), EXT, SINKS\n"
+           "    def build(ib, ab, mb, tid, shapes, ctx, task):\n"
+           f"{slots}"
+           f"        return ({''.join(e + ', ' for e in exprs)}), KINDS, ({''.join(after)}), EXT, SINKS\n"
            "    return build\n")
     make = codes.get(src)
     if make is None:
@@ -784,14 +815,15 @@ def _reduction_from(src, cmd):
 
 
 # ---- decoding: (value, ctx, fields decoded so far) -> field value ---------------------------
-# ctx = (instruction base, allocation base, message base, task id, allocation slots, command, epoch)
+# ctx = (instruction base, allocation base, message base, task id, the touched buffers' _BufferShapes,
+#        command, epoch)
 
 def _dec_aid(a, ctx, _kw):
     if a is None:
         return None
     if a[0] == "n":
         return ctx[1] + a[1]
-    return ctx[4][a[1]][a[2]]
+    return ctx[4][a[1]].allocations[a[2]]
 
 
 def _dec_rid(r, ctx, _kw):
