@@ -4116,6 +4116,13 @@ class Config:
                                         # lanes' workers and waiters fall behind the executor)
     cuda_driver: str | None = None  # cuda: "off" runs the stand-in without its GIL-keeping driver calls
                                     # (as where libcuda cannot be bound: CuPy's calls alone)
+    compile_after: int | None = None  # scheduler.instruction_replay.COMPILE_AFTER for the run: 1 compiles a
+                                      # template's builder at its first replay, so that short programs reach
+                                      # the compiled builders (and the accesses lists they keep, which direct
+                                      # kernel runs keep launch contexts for); None: the default (8 replays)
+    repeat: int = 1                 # the fuzzer's program for this configuration has its loops this many times
+                                    # longer (generate's ``repeat``): steps replay and hit, and with
+                                    # compile_after=1 run compiled builders (a program, not a runtime setting)
 
     def env(self) -> dict:
         env = {"CELERITAS_LOOKAHEAD": self.lookahead, "CELERITAS_HORIZON_STEP": str(self.horizon_step),
@@ -4169,6 +4176,8 @@ class Config:
                 + (f" ooc_overlap={self.ooc_overlap}" if self.ooc_overlap is not None else "")
                 + (f" device_delay_us={self.device_delay_us}" if self.device_delay_us is not None else "")
                 + (f" cuda_driver={self.cuda_driver}" if self.cuda_driver is not None else "")
+                + (f" compile_after={self.compile_after}" if self.compile_after is not None else "")
+                + (f" repeat={self.repeat}" if self.repeat != 1 else "")
                 + (f" diagnostics={self.diagnostics}" if self.diagnostics != "error" else ""))
 
     def fields(self) -> str:
@@ -4193,6 +4202,25 @@ OOC_OVERLAP_CHOICES = (None, "on", "off")
 
 DEVICE_DELAY_CHOICES = (None, 0, 300)                # cuda only: the stand-in's µs per device item
 CUDA_DRIVER_CHOICES = (None, None, "off")            # cuda only: with the driver calls (as on a GPU), or not
+COMPILE_AFTER_CHOICES = (None, None, 1)              # replay's default, or builders compiled at once
+REPEAT_CHOICES = (1, 1, 4)                           # the fuzzer's loops as generated, or four times longer
+
+
+@contextlib.contextmanager
+def compiled_builders_after(n: int | None):
+    """``scheduler.instruction_replay.COMPILE_AFTER`` at ``n`` while the block runs (None: as it
+    is).  A module setting, not a configuration variable: the fuzzer's runs of one process
+    run one program at a time."""
+    if n is None:
+        yield
+        return
+    import scheduler.instruction_replay as ir
+    old = ir.COMPILE_AFTER
+    ir.COMPILE_AFTER = n
+    try:
+        yield
+    finally:
+        ir.COMPILE_AFTER = old
 
 
 def random_config(rng: random.Random) -> Config:
@@ -4200,7 +4228,9 @@ def random_config(rng: random.Random) -> Config:
     if cfg.backend == "cuda":   # (drawn after everything else, and only here: no other seed changes)
         cfg = replace(cfg, device_delay_us=rng.choice(DEVICE_DELAY_CHOICES))
         cfg = replace(cfg, cuda_driver=rng.choice(CUDA_DRIVER_CHOICES))
-    return cfg
+    # (drawn last, after the backend's own fields: every configuration drawn before is unchanged)
+    cfg = replace(cfg, compile_after=rng.choice(COMPILE_AFTER_CHOICES))
+    return replace(cfg, repeat=rng.choice(REPEAT_CHOICES))
 
 
 def _random_config(rng: random.Random) -> Config:
@@ -4422,7 +4452,7 @@ def run_on_cluster(p: Program, cfg: Config, timeout: float = 120.0) -> dict:
         # it must not see a GPU; the fuzzer's kernels compute with numpy, which its arrays are)
         with (fake_cupy.stand_in(cfg.device_delay_us, driver=cfg.cuda_driver != "off") if cfg.backend == "cuda"
               else contextlib.nullcontext(),
-              watch if watch is not None else contextlib.nullcontext()):
+              watch if watch is not None else contextlib.nullcontext(), compiled_builders_after(cfg.compile_after)):
             run_cluster(program, nodes=cfg.ranks, timeout=timeout, **env)
     except Exception as exc:  # noqa: BLE001 - judged by check()
         cluster_error = exc
@@ -4481,12 +4511,13 @@ def check_dry_run(p: Program, cfg: Config, timeout: float = 120.0) -> None:
                 problems.append(f"after it, a dry-run fence of HostObject([7]) returned {got!r}")
         return graphs, ran, problems
 
-    real = run_cluster(lambda r: program(r, False), nodes=cfg.ranks, timeout=timeout, **env)[0]
-    try:
-        dry = run_cluster(lambda r: program(r, True), nodes=1, timeout=timeout,
-                          **{**env, "CELERITAS_DRY_RUN_NODES": str(cfg.ranks)})[0]
-    except Exception as exc:  # noqa: BLE001 - the real run succeeded: the dry run's failure is the finding
-        raise Mismatch([("dry_run", f"the dry run failed: {type(exc).__name__}: {exc}")]) from exc
+    with compiled_builders_after(cfg.compile_after):
+        real = run_cluster(lambda r: program(r, False), nodes=cfg.ranks, timeout=timeout, **env)[0]
+        try:
+            dry = run_cluster(lambda r: program(r, True), nodes=1, timeout=timeout,
+                              **{**env, "CELERITAS_DRY_RUN_NODES": str(cfg.ranks)})[0]
+        except Exception as exc:  # noqa: BLE001 - the real run succeeded: the dry run's failure is the finding
+            raise Mismatch([("dry_run", f"the dry run failed: {type(exc).__name__}: {exc}")]) from exc
     probs = [("dry_run", m) for m in dry[2]]
     if dry[1]:
         probs.append(("dry_run", f"the dry run ran tasks: {dry[1][:5]}"))

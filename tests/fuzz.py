@@ -5,9 +5,10 @@
     python -m tests.fuzz --show 1234                 # one program: listing, configuration, outcome
     python -m tests.fuzz --show 1234 --minimize      # ... and its minimised form
 
-Program ``seed`` is ``differential.generate(random.Random(seed), kind, groups)``; its
-configuration (ranks 1-4, host devices 1-4, lookahead, oversubscription, staged or
-direct transfers) is drawn from the seed too, unless ``--config`` pins it.  Each
+Program ``seed`` is ``differential.generate(random.Random(seed), kind, groups, repeat)``;
+its configuration (ranks 1-4, host devices 1-4, lookahead, oversubscription, staged or
+direct transfers, ..., and ``repeat``: loops as generated or four times longer, so that
+replay hits) is drawn from the seed too, unless ``--config`` pins it.  Each
 failure is printed with its seed, configuration, feature set and the first line of
 what differed; ``--minimize`` shrinks the first failing program of every failure tag
 (tasks, reads, reductions, options, then the configuration) while it keeps failing
@@ -64,6 +65,14 @@ def config_for(seed: int, pinned: dict | None = None) -> Config:
     return cfg
 
 
+def program_for(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None) -> tuple[Program, Config]:
+    """Program ``seed`` and the configuration it runs on.  The configuration comes first: its
+    ``repeat`` makes the program's loops longer."""
+    base = config_for(seed, pinned)
+    p = generate(random.Random(seed), kind=kind, groups=groups, repeat=base.repeat)
+    return p, program_config(p, base)
+
+
 def parse_config(text: str | None) -> dict | None:
     """``ranks=2,devices=1,lookahead=none,oversubscribe=3,transfers=direct,backend=opencl``."""
     if not text:
@@ -74,10 +83,10 @@ def parse_config(text: str | None) -> dict | None:
         k = k.strip()
         if k not in Config.__dataclass_fields__:
             raise SystemExit(f"--config: unknown field {k!r}; use {', '.join(Config.__dataclass_fields__)}")
-        out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe", "horizon_step")
+        out[k] = (int(v) if k in ("ranks", "devices", "oversubscribe", "horizon_step", "repeat")
                   else v in ("1", "True", "true", "on") if k == "accessor_checks"
                   else (None if v in ("None", "default") else int(v)) if k in ("ahead", "horizon_parallelism",
-                                                                                "device_delay_us")
+                                                                                "device_delay_us", "compile_after")
                   else (None if v == "None" else float(v)) if k in ("memory", "batch") else v)
     return out
 
@@ -115,8 +124,7 @@ def own_pocl_cache() -> None:
 def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None, timeout: float) -> Result:
     quiet_runtime_logs()
     own_pocl_cache()
-    p = generate(random.Random(seed), kind=kind, groups=groups)
-    cfg = program_config(p, config_for(seed, pinned))
+    p, cfg = program_for(seed, kind, groups, pinned)
     t0 = time.perf_counter()
     tag, msg = None, ""
     dry = dry_run_checked(seed, p, cfg)
@@ -140,7 +148,9 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
             f"config:accessor_checks:{'on' if cfg.accessor_checks else 'off'}", f"config:diagnostics:{cfg.diagnostics}",
             f"config:batch:{cfg.batch if cfg.batch is not None else 'none'}",
             f"config:ooc_overlap:{cfg.ooc_overlap if cfg.ooc_overlap is not None else 'default'}",
-            f"config:backend:{cfg.backend}"]
+            f"config:backend:{cfg.backend}",
+            f"config:compile_after:{cfg.compile_after if cfg.compile_after is not None else 'default'}",
+            f"config:repeat:{cfg.repeat}"]
     if cfg.backend == "opencl" and any(t.source for t in p.tasks):
         dims.append("config:backend:opencl:source_kernels")
     dims += expected_outcome(p, cfg)
@@ -283,8 +293,7 @@ def run_isolated(w: tuple, fn=_run_one_args) -> Result:
         what = f"was killed by signal {-proc.exitcode}"
     else:
         what = f"exited with code {proc.exitcode} without a result"
-    p = generate(random.Random(seed), kind=kind, groups=groups)
-    cfg = program_config(p, config_for(seed, pinned))
+    p, cfg = program_for(seed, kind, groups, pinned)
     return Result(seed, p.kind, cfg, sorted(p.features), WORKER_DIED,
                   f"the process running seed {seed} alone {what} (it had died in a worker pool before)",
                   time.perf_counter() - t0)
@@ -559,7 +568,7 @@ def main(argv=None) -> int:
 
     if args.show is not None:
         r = run_one(args.show, args.kind, groups, pinned, args.timeout)
-        p = generate(random.Random(args.show), kind=args.kind, groups=groups)
+        p, _cfg = program_for(args.show, args.kind, groups, pinned)
         print(f"seed {args.show} | {r.config.describe()}\n{p.describe()}\n")
         print("matched the model" if r.tag is None else f"FAILED [{r.tag}]\n{r.message}")
         if r.tag is not None and args.minimize:
@@ -587,7 +596,7 @@ def main(argv=None) -> int:
             if r.tag is not None and r.tag not in firsts:
                 firsts[r.tag] = r
         for tag, r in firsts.items():
-            p = generate(random.Random(r.seed), kind=args.kind, groups=groups)
+            p, _cfg = program_for(r.seed, args.kind, groups, pinned)
             print(f"\n=== minimising seed {r.seed} [{tag}] on {r.config.describe()}")
             _print_minimized(p, r.config, tag, args.timeout)
     if died:

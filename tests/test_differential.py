@@ -2336,3 +2336,38 @@ def test_the_dry_run_check_fails_where_a_dry_run_fence_of_an_uncopyable_host_obj
     cfg = program_config(p, replace(random_config(random.Random(3)), ranks=2, backend="host", ahead=None))
     with pytest.raises(Mismatch, match=r"\[dry_run\] the dry run failed: .*cannot pickle '_thread.lock'"):
         check_dry_run(p, cfg, timeout=120)
+
+
+@pytest.mark.timeout(600)
+def test_random_config_compiles_replay_builders_at_once_and_repeats_loops_in_a_third_of_the_runs(monkeypatch):
+    """A third of the configurations (drawn last: every other field is what the seed gave
+    before) compile a replay template's builder at its first replay, so that the fuzzer's
+    short programs run compiled builders (and the accesses lists they keep, which direct
+    kernel runs keep their launch contexts for); the setting holds while the program runs
+    and is put back after, and the results stay the model's."""
+    import scheduler.instruction_replay as ir
+    from differential import COMPILE_AFTER_CHOICES
+    cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(600)]
+    assert {c.compile_after for c in cfgs} == set(COMPILE_AFTER_CHOICES)
+    assert 140 <= sum(c.compile_after == 1 for c in cfgs) <= 260
+    default = ir.COMPILE_AFTER
+    built = []
+    real = ir._builder
+
+    def builder(*a):
+        built.append(ir.COMPILE_AFTER)
+        return real(*a)
+
+    monkeypatch.setattr(ir, "_builder", builder)
+    # (a third of the configurations make the program's loops four times longer: there
+    # steps replay and hit, and compiled builders run)
+    from differential import REPEAT_CHOICES
+    assert {c.repeat for c in cfgs} == set(REPEAT_CHOICES)
+    assert 140 <= sum(c.repeat == 4 for c in cfgs) <= 260
+    p = generate(random.Random(1453), kind="main", repeat=4)
+    run_and_check(p, Config(devices=2, inline="1000000", compile_after=1))
+    assert len(built) >= 3 and set(built) == {1}
+    assert ir.COMPILE_AFTER == default
+    built.clear()
+    run_and_check(p, Config(devices=2, inline="1000000"))
+    assert not built

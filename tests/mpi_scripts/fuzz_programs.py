@@ -4,7 +4,9 @@ usage: fuzz_programs.py FIRST_SEED COUNT [GROUPS]
 GROUPS: ``all`` (default), ``none``, or a comma-separated list of differential.GROUPS.
 ``FUZZ_PILOT_WINDOW=K`` in the environment narrows the MPI communicator's pilot window
 (``wire.PILOT_WINDOW``) to K, so that pilots wait for room and payloads take theirs along
-out of turn in nearly every transfer.
+out of turn in nearly every transfer.  ``FUZZ_COMPILE_AFTER=K`` compiles a replay template's
+builder at its K-th replay (``scheduler.instruction_replay.COMPILE_AFTER``; 1: at once), so that
+the batch's short programs run the compiled builders.
 Prints every failing seed with its tag and features; exit status 1 on a rank where
 some program differed (after every rank finished the batch).
 """
@@ -23,6 +25,9 @@ def main(first: int, count: int, groups: str) -> int:
     if os.environ.get("FUZZ_PILOT_WINDOW"):
         import executor.mpi.communicator as mpi_communicator
         mpi_communicator.PILOT_WINDOW = int(os.environ["FUZZ_PILOT_WINDOW"])
+    if os.environ.get("FUZZ_COMPILE_AFTER"):
+        import scheduler.instruction_replay as instruction_replay
+        instruction_replay.COMPILE_AFTER = int(os.environ["FUZZ_COMPILE_AFTER"])
     q = cl.Queue()
     rank = q.rank
     failures = run_batch(q, range(first, first + count), rank=rank, groups=sel)
