@@ -29,9 +29,10 @@ def settings_of(seed: int) -> tuple[str, int]:
     return LOOKAHEADS[seed % len(LOOKAHEADS)], OVERSUBSCRIBE[(seed // len(LOOKAHEADS)) % len(OVERSUBSCRIBE)]
 
 
-def run_program(q, seed: int, *, rank: int, groups=GROUPS) -> str | None:
-    """Run program ``seed`` on ``q``; None if it matched numpy, else a description."""
-    prog = generate(random.Random(seed), kind="main", groups=groups)
+def run_program(q, seed: int, *, rank: int, groups=GROUPS, repeat: int = 1) -> str | None:
+    """Run program ``seed`` (its loops ``repeat`` times longer) on ``q``; None if it matched
+    numpy, else a description."""
+    prog = generate(random.Random(seed), kind="main", groups=groups, repeat=repeat)
     want = run_model(prog)
     lookahead, oversubscribe = settings_of(seed)
     q.set_lookahead(lookahead)
@@ -41,14 +42,15 @@ def run_program(q, seed: int, *, rank: int, groups=GROUPS) -> str | None:
     except Mismatch as exc:
         first = str(exc).splitlines()[0]
         return (f"seed {seed} [{exc.tag}] (lookahead {lookahead}, oversubscribe {oversubscribe}, "
+                + (f"repeat {repeat}, " if repeat != 1 else "") +
                 f"features {', '.join(sorted(prog.features))}): {first}")
     return None
 
 
-def run_batch(q, seeds, *, rank: int, groups=GROUPS) -> list[str]:
+def run_batch(q, seeds, *, rank: int, groups=GROUPS, repeat: int = 1) -> list[str]:
     failures = []
     for seed in seeds:
-        f = run_program(q, seed, rank=rank, groups=groups)
+        f = run_program(q, seed, rank=rank, groups=groups, repeat=repeat)
         if f is not None:
             failures.append(f)
     return failures

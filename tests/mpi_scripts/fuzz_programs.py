@@ -5,8 +5,9 @@ GROUPS: ``all`` (default), ``none``, or a comma-separated list of differential.G
 ``FUZZ_PILOT_WINDOW=K`` in the environment narrows the MPI communicator's pilot window
 (``wire.PILOT_WINDOW``) to K, so that pilots wait for room and payloads take theirs along
 out of turn in nearly every transfer.  ``FUZZ_COMPILE_AFTER=K`` compiles a replay template's
-builder at its K-th replay (``scheduler.instruction_replay.COMPILE_AFTER``; 1: at once), so that
-the batch's short programs run the compiled builders.
+builder at its K-th replay (``scheduler.instruction_replay.COMPILE_AFTER``; 1: at once), and
+``FUZZ_REPEAT=N`` makes the programs' loops N times longer (``generate``'s ``repeat``), so that
+steps replay and the compiled builders run.
 Prints every failing seed with its tag and features; exit status 1 on a rank where
 some program differed (after every rank finished the batch).
 """
@@ -30,7 +31,8 @@ def main(first: int, count: int, groups: str) -> int:
         instruction_replay.COMPILE_AFTER = int(os.environ["FUZZ_COMPILE_AFTER"])
     q = cl.Queue()
     rank = q.rank
-    failures = run_batch(q, range(first, first + count), rank=rank, groups=sel)
+    failures = run_batch(q, range(first, first + count), rank=rank, groups=sel,
+                         repeat=int(os.environ.get("FUZZ_REPEAT", "1")))
     q.shutdown()
     for f in failures:
         print(f"rank {rank}: FAIL {f}", flush=True)
