@@ -736,14 +736,11 @@ def test_a_compiled_builder_hands_out_the_same_accesses_while_the_allocations_st
     monkeypatch.setattr(ir, "COMPILE_AFTER", 1)
     n = 32
     ctx = GraphContext(1, devices=2, lookahead="none", diagnostics="off", replay=True)
-    up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)
-    for _ in range(30):
-        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1, shape="along_axes"), R)])
-        up, u = u, up
-    # a wider halo outgrows the allocations: the next steps name new ones
-    for _ in range(30):
-        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(3, 3, shape="along_axes"), R)])
-        up, u = u, up
+    bufs = [ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)]
+    for step in range(60):    # (from step 30 a wider halo outgrows the allocations: new ones are named)
+        halo = 1 if step < 30 else 3
+        ctx.task((n, n), [(bufs[step % 2], rm.one_to_one(), RW),
+                          (bufs[1 - step % 2], rm.neighborhood(halo, halo, shape="along_axes"), R)])
     ctx.finish()
     kernels = ctx.instrs(0, "device_kernel")
     assert len(kernels) == 120
