@@ -105,6 +105,12 @@ class _Transfer:
         return not (self.pilots or self.requests or self.awaits or self.gather is not None)
 
 
+def _covers(region: Region, box: Box) -> bool:
+    """``region.contains(box)``, with the common case first: a receive of exactly the box
+    one pilot announces (a stencil's halo from one neighbour) needs no region arithmetic."""
+    return region == box or region.contains(box)
+
+
 class ReceiveArbiter:
     """Per-rank matcher; driven from the executor thread only (not thread-safe).
 
@@ -156,7 +162,7 @@ class ReceiveArbiter:
             return True
         box = pilot.box
         for req in t.requests:
-            if req.region.contains(box):
+            if _covers(req.region, box):
                 self._begin_fragment(t, req, from_rank, pilot)
                 return True
         return False
@@ -216,7 +222,7 @@ class ReceiveArbiter:
             if t.pilots:
                 pending, t.pilots = t.pilots, []
                 for fr, p in pending:
-                    if req.handle.done or not req.region.contains(p.box):
+                    if req.handle.done or not _covers(req.region, p.box):
                         t.pilots.append((fr, p))
                     else:
                         self._begin_fragment(t, req, fr, p)
@@ -297,7 +303,9 @@ class ReceiveArbiter:
             except Exception as exc:  # noqa: BLE001
                 self._fail(owner.handle, exc)
                 return
-        owner.remaining = owner.remaining - f.box
+        rem = owner.remaining
+        # (the common case, one fragment for the whole request, without the region difference)
+        owner.remaining = Region.empty_region(rem.dims) if rem == f.box else rem - f.box
         if owner.split:
             t.split_received = t.split_received | f.box
             self._check_awaits(t)

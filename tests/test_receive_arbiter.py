@@ -287,3 +287,27 @@ def test_payload_error_fails_the_receive():
     arb.on_pilot(*pilot(0))
     assert arb.poll() == [1]
     assert h.is_done() and isinstance(h.error(), RuntimeError)
+
+
+@pytest.mark.parametrize("pilot_first", [False, True])
+def test_a_receive_of_exactly_one_pilots_box_completes_with_its_one_payload(pilot_first):
+    """A stencil's halo from one neighbour: the receive's region is the one box a pilot
+    announces (matched, and then emptied, without region arithmetic), in either order."""
+    fr, msg, box = FRAGMENTS[1]
+    comm = FakeComm()
+    arb = ReceiveArbiter(comm)
+    dest = np.full(DEST_BOX.shape, -1, dtype=np.float32)
+    instr = ReceiveInstruction(id=9, transfer=TRANSFER, region=Region.from_box(box), dest=1, dest_box=DEST_BOX)
+    if pilot_first:
+        arb.on_pilot(*pilot(1))
+        handle = arb.begin_receive(instr, dest)
+    else:
+        handle = arb.begin_receive(instr, dest)
+        arb.on_pilot(*pilot(1))
+    assert arb.poll() == [] and not handle.is_done() and comm.receive_calls == 1
+    comm.deliver(fr, msg, payload(1))
+    assert arb.poll() == [9] and handle.is_done() and handle.error() is None
+    want = np.full(DEST_BOX.shape, -1, dtype=np.float32)
+    want[box.slices] = TRUTH[box.slices]
+    np.testing.assert_array_equal(dest, want)
+    assert not arb.has_active and not arb.has_inflight
