@@ -50,7 +50,7 @@ from scheduler.errors import CeleritasError
 
 from .backends.backend import Backend, Completion, Lane, LaneSkipped
 from .communicator import Communicator
-from .instruction_handlers import _VIEWS_CACHED, InstructionHandlers, _set_promise, cost_key
+from .instruction_handlers import InstructionHandlers, _set_promise, cost_key
 from .tracing import TraceEvent, _trace_event
 from .out_of_order_engine import Assignment, OutOfOrderEngine, Target
 from .receive_arbiter import ReceiveArbiter
@@ -659,12 +659,13 @@ class Executor(InstructionHandlers):
         # same: a replayed kernel has the same box and name and, while its allocations stay,
         # the same accesses list (the scheduler's builder keeps it: _remember_accesses); only
         # the task differs.  Direct runs are done one at a time on this thread, so one
-        # context serves them all.  The entry holds the lane and the cost key as well, so a
-        # hit looks up nothing else; entries go with the views when an allocation comes or
-        # goes (_forget_views: the arrays), and when a device's direct lane changes.
+        # context serves them all (_inline_context makes and keeps it).  The entry holds the
+        # cost key as well, so a hit looks up neither the device's direct lane nor the key;
+        # entries go with the views when an allocation comes or goes (_forget_views: the
+        # arrays), and when a device's direct lane changes.
         accesses = instr.accesses
         c = self._contexts.get(id(accesses))     # (not by box: a stencil's two phases share their boxes)
-        if (c is not None and c[0] is accesses and c[1] is instr.box and c[2] is instr.name
+        if (c is not None and c[0] is accesses and c[1] is instr.box and c[2] == instr.name
                 and c[3] == instr.device and not instr.reductions):
             key = c[5]
             est = self._costs.get(key)
@@ -677,18 +678,11 @@ class Executor(InstructionHandlers):
         lane = self._direct_kernel_lanes.get(instr.device)
         if lane is None:
             return False
-        box = instr.box
         key = self._cost_key(instr)
         est = self._costs.get(key)
         if est is None or est > self._inline_ns:
             return False
-        ctx = self._kernel_context(instr, lane)
-        if not instr.reductions:
-            contexts = self._contexts
-            if len(contexts) >= _VIEWS_CACHED:
-                contexts.clear()
-            contexts[id(accesses)] = (accesses, box, instr.name, instr.device, ctx, key)
-        self._kernel_inline(instr, instr.launcher, ctx, key, est)
+        self._kernel_inline(instr, instr.launcher, self._inline_context(instr, lane, key), key, est)
         return True
 
     def _direct_copy(self, instr: CopyInstruction) -> None:

@@ -152,7 +152,8 @@ class InstructionHandlers:
         cache = self._cost_keys
         hit = cache.get(id(box))
         name = instr.name
-        if hit is not None and hit[0] is box and hit[1] is name:
+        # (names compared by value: one made at every submit, f"hop{src}{dst}", is a new string)
+        if hit is not None and hit[0] is box and hit[1] == name:
             return hit[2]
         key = cost_key(instr)
         if len(cache) >= _VIEWS_CACHED:       # new boxes every step (no replay): start over
@@ -163,23 +164,43 @@ class InstructionHandlers:
     def _issue_kernel(self, a: Assignment) -> None:
         instr: DeviceKernelInstruction = a.instruction
         lane = a.lane_ref.handle or self._lane_info(a)
-        ctx = self._kernel_context(instr, lane)
         launcher = instr.launcher
         key = self._cost_key(instr)
         if lane.inline and not a.eager and self._trace is None:
             est = self._costs.get(key)
             if est is not None and est <= self._inline_ns:
-                # the common case, _dispatch's inline path without its generality
+                # the common case, _dispatch's inline path without its generality; run here,
+                # like a direct run, so it may take the context kept for its accesses
                 if self._direct_kernel_lanes.get(instr.device) is not lane:
                     self._direct_kernel_lanes[instr.device] = lane
                     self._contexts.clear()      # (made for the device's other lane)
-                self._kernel_inline(instr, launcher, ctx, key, est)
+                self._kernel_inline(instr, launcher, self._inline_context(instr, lane, key), key, est)
                 self._engine.complete(instr.id)
                 return
         if launcher is None:
             self._dispatch(a, lane, _noop, key)
         else:
-            self._dispatch(a, lane, launcher, key, ctx)
+            self._dispatch(a, lane, launcher, key, self._kernel_context(instr, lane))
+
+    def _inline_context(self, instr: DeviceKernelInstruction, lane: Any, key: Any) -> LaunchContext:
+        """The launch context for a kernel run on this thread with ``lane``, the device's
+        direct lane: the one kept for its accesses list where there is one (see
+        ``Executor._direct_kernel``), else a new one, kept.  Only runs on this thread share
+        a context: they are done one at a time."""
+        accesses = instr.accesses
+        c = self._contexts.get(id(accesses))
+        if (c is not None and c[0] is accesses and c[1] is instr.box and c[2] == instr.name
+                and c[3] == instr.device and not instr.reductions):
+            ctx = c[4]
+            ctx.task = instr.task
+            return ctx
+        ctx = self._kernel_context(instr, lane)
+        if not instr.reductions:
+            contexts = self._contexts
+            if len(contexts) >= _VIEWS_CACHED:
+                contexts.clear()
+            contexts[id(accesses)] = (accesses, instr.box, instr.name, instr.device, ctx, key)
+        return ctx
 
     def _kernel_context(self, instr: DeviceKernelInstruction, lane: Any) -> LaunchContext:
         allocs = self._allocs

@@ -663,8 +663,9 @@ def test_batches_queued_behind_directly_run_work_are_taken_without_a_step_betwee
 def test_a_direct_kernel_keeps_its_launch_context_while_its_accesses_list_is_the_same():
     """A replayed kernel comes with the accesses list of its last replay (the scheduler's
     compiled builder keeps it), so direct runs reuse the launch context built for that list
-    and set only the task; another list, even an equal one, gets its own context; and when
-    an allocation goes, no context keeps its array."""
+    and set only the task (names compared by value); another list, even an equal one, gets
+    its own context; a kernel that waited in the engine and then runs inline takes it too;
+    and when an allocation goes, no context keeps its array."""
     h = Harness(trace=False, inline_threshold=1.0)     # (cheap however slow this machine is now)
     try:
         box = _host_and_device_arrays(h, 16)
@@ -676,7 +677,8 @@ def test_a_direct_kernel_keeps_its_launch_context_while_its_accesses_list_is_the
             ctx.arrays[0][...] += 1.0
 
         def kernel(accesses):
-            k = h.kernel(add, name="add", box=box)
+            # (a name made at each submit, as f"hop{src}{dst}" is: equal, never the same object)
+            k = h.kernel(add, name="".join(["a", "dd"]), box=box)
             k.accesses = accesses
             return k
 
@@ -694,7 +696,16 @@ def test_a_direct_kernel_keeps_its_launch_context_while_its_accesses_list_is_the
         assert [t for _c, t, _a in seen] == [k.task for k in ks + [other]]
         assert all(a for _c, _t, a in seen)
         assert seen[0][0] is seen[1][0] is seen[2][0] and seen[3][0] is not seen[0][0]
+        ctx = seen[0][0]
         np.testing.assert_array_equal(h.ex._allocs[2], np.full(16, 4.0))
+        # a kernel that waited in the engine (behind one on its lane) and then runs inline
+        # takes the same context
+        seen.clear()
+        slow = h.known_slow(h.kernel(lambda ctx: time.sleep(0.02), name="slow"), 5.0)   # (past the 1 s threshold)
+        waited = kernel(acc)
+        waited.deps = [(slow.id, "read")]
+        h.run()
+        assert waited.id in engine and [(c, t) for c, t, _a in seen] == [(ctx, waited.task)]
         h.last = h.g.add(FreeInstruction, h.last, allocation=2, memory=device_memory(0))
         h.run()
         assert 2 not in h.ex._allocs and not h.ex._contexts
