@@ -105,12 +105,6 @@ class _Transfer:
         return not (self.pilots or self.requests or self.awaits or self.gather is not None)
 
 
-def _covers(region: Region, box: Box) -> bool:
-    """``region.contains(box)``, with the common case first: a receive of exactly the box
-    one pilot announces (a stencil's halo from one neighbour) needs no region arithmetic."""
-    return region == box or region.contains(box)
-
-
 class ReceiveArbiter:
     """Per-rank matcher; driven from the executor thread only (not thread-safe).
 
@@ -162,7 +156,7 @@ class ReceiveArbiter:
             return True
         box = pilot.box
         for req in t.requests:
-            if _covers(req.region, box):
+            if req.region.contains(box):
                 self._begin_fragment(t, req, from_rank, pilot)
                 return True
         return False
@@ -222,7 +216,7 @@ class ReceiveArbiter:
             if t.pilots:
                 pending, t.pilots = t.pilots, []
                 for fr, p in pending:
-                    if req.handle.done or not _covers(req.region, p.box):
+                    if req.handle.done or not req.region.contains(p.box):
                         t.pilots.append((fr, p))
                     else:
                         self._begin_fragment(t, req, fr, p)
@@ -303,9 +297,7 @@ class ReceiveArbiter:
             except Exception as exc:  # noqa: BLE001
                 self._fail(owner.handle, exc)
                 return
-        rem = owner.remaining
-        # (the common case, one fragment for the whole request, without the region difference)
-        owner.remaining = Region.empty_region(rem.dims) if rem == f.box else rem - f.box
+        owner.remaining = owner.remaining - f.box
         if owner.split:
             t.split_received = t.split_received | f.box
             self._check_awaits(t)

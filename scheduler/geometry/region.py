@@ -722,6 +722,8 @@ class Region:
             raise TypeError(f"expected Region or Box, got {type(other).__name__}")
         if len(p) == 1:
             a0, a1 = p[0]
+            if a0 == olo and a1 == ohi:     # (the box is the region: a receive of exactly one message's box)
+                return Region._from_pairs((), self.dims, True)
             if _isect(a0, a1, olo, ohi) is None:
                 return self
             pieces: list = []
