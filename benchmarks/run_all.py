@@ -136,8 +136,9 @@ def pace(reps: int = 3) -> float:
 
 
 def pace_line(paces: dict) -> str:
-    """``paces``: section -> (ms before, ms after)."""
-    return ", ".join(f"{name} {a:.0f}/{b:.0f}" for name, (a, b) in paces.items())
+    """The pace sentence of the console and the Markdown; ``paces``: section -> (ms before, ms after)."""
+    return (f"Machine pace (ms for {PACE_LOOP:,} additions in a Python loop, before/after each section; "
+            "lower is faster): " + ", ".join(f"{name} {a:.0f}/{b:.0f}" for name, (a, b) in paces.items()))
 
 
 # ---- scheduler (bench_graphs) ----------------------------------------------------------------------
@@ -553,8 +554,7 @@ def markdown(rows: list[Row], info: dict, quick: bool, seconds: float) -> str:
              f"`python -m benchmarks.run_all{' --quick' if quick else ''}` ({seconds:.0f} s). "
              "Ratio = baseline time / celeritas time (above 1: celeritas is faster).", ""]
     if info.get("pace_ms"):
-        lines += [f"Machine pace (ms for {PACE_LOOP:,} additions in a Python loop, before/after each section; "
-                  f"lower is faster): {pace_line(info['pace_ms'])}.", ""]
+        lines += [pace_line(info["pace_ms"]) + ".", ""]
     lines += ["| section | benchmark | celeritas | baseline | ratio | goal / note |", "|---|---|---:|---|---:|---|"]
     for r in rows:
         cells = [r.section, r.benchmark, r.celeritas, r.baseline, r.ratio, r.goal]
@@ -623,8 +623,7 @@ def main(argv=None) -> int:
                 paces[name] = (before, pace(reps))
     seconds = time.perf_counter() - t0
     console.print(render(rows, info))
-    console.print(f"machine pace (ms for {PACE_LOOP:,} additions in a Python loop, before/after each section; "
-                  f"lower is faster): {pace_line(paces)}", soft_wrap=True)
+    console.print(pace_line(paces), soft_wrap=True)
     for text in mpi_output:
         console.print("[bold]bench_mpi / bench_opencl output[/bold]")
         console.print(text, markup=False, highlight=False)
