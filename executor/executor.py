@@ -664,7 +664,10 @@ class Executor(InstructionHandlers):
         # entries go with the views when an allocation comes or goes (_forget_views: the
         # arrays), and when a device's direct lane changes.
         accesses = instr.accesses
-        c = self._contexts.get(id(accesses))     # (not by box: a stencil's two phases share their boxes)
+        # (_inline_context's hit test, written out: this path needs the entry's cost key
+        # before it decides to run the kernel here; keyed by accesses, not by box, since a
+        # stencil's two phases share their boxes)
+        c = self._contexts.get(id(accesses))
         if (c is not None and c[0] is accesses and c[1] is instr.box and c[2] == instr.name
                 and c[3] == instr.device and not instr.reductions):
             key = c[5]

@@ -185,8 +185,8 @@ class InstructionHandlers:
     def _inline_context(self, instr: DeviceKernelInstruction, lane: Any, key: Any) -> LaunchContext:
         """The launch context for a kernel run on this thread with ``lane``, the device's
         direct lane: the one kept for its accesses list where there is one (see
-        ``Executor._direct_kernel``), else a new one, kept.  Only runs on this thread share
-        a context: they are done one at a time."""
+        ``Executor._direct_kernel``, which writes the hit test out: change both), else a new
+        one, kept.  Only runs on this thread share a context: they are done one at a time."""
         accesses = instr.accesses
         c = self._contexts.get(id(accesses))
         if (c is not None and c[0] is accesses and c[1] is instr.box and c[2] == instr.name

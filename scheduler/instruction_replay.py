@@ -444,7 +444,10 @@ class _BufferShape(NamedTuple):
     ushape: tuple | None = None
 
 
-_ALLOCATIONS = 3        # the index of _BufferShape.allocations (a compiled builder reads it by index)
+# where a compiled builder, which reads shapes by index, finds a _BufferShape's allocation ids and
+# its user allocation's three fields (usid, ubase, ushape)
+_ALLOCATIONS = _BufferShape._fields.index("allocations")
+_USER = _BufferShape._fields.index("usid")
 _new_shape = tuple.__new__
 
 
@@ -768,7 +771,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
     for k, (sid, shape, enc, ioff, toff, user) in enumerate(post):
         ids = "(" + "".join(aid(a) + ", " for a in enc) + ")"
         if user is None:
-            u = f"shapes[{k}][5], shapes[{k}][6], shapes[{k}][7]"
+            u = f"shapes[{k}][{_USER}], shapes[{k}][{_USER + 1}], shapes[{k}][{_USER + 2}]"
         else:
             usid, ushape, uoff = user
             u = f"{const(usid)}, {'None' if uoff is None else f'ib + {const(uoff)}'}, {const(ushape)}"
