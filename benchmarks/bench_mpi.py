@@ -291,13 +291,18 @@ def _warmed_pingpong(q, nbytes: int):
     return x, hop
 
 
-def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
-    """One-way seconds per hop: the row from rank src to rank dst (``_hop``)."""
-    _x, hop = _warmed_pingpong(q, nbytes)
+def _timed_round_trips(q, hop, hops: int) -> float:
+    """One-way seconds per hop of ``hops`` round trips, from their first submit until they are done."""
     t0 = time.perf_counter()
     _round_trips(q, hop, hops)
     q.wait()
-    t = (time.perf_counter() - t0) / (2 * hops)
+    return (time.perf_counter() - t0) / (2 * hops)
+
+
+def pingpong_celeritas(q, nbytes: int, hops: int) -> float:
+    """One-way seconds per hop: the row from rank src to rank dst (``_hop``)."""
+    _x, hop = _warmed_pingpong(q, nbytes)
+    t = _timed_round_trips(q, hop, hops)
     q.wait(barrier=True)
     return t
 
@@ -390,10 +395,7 @@ def pingpong_paired(q, comm, nbytes: int, windows: int = PAIRED_WINDOWS, hops: i
 
     def ours() -> float:
         q.wait(barrier=True)
-        t0 = time.perf_counter()
-        _round_trips(q, hop, hops)
-        q.wait()
-        return _allmax(comm, (time.perf_counter() - t0) / (2 * hops))
+        return _allmax(comm, _timed_round_trips(q, hop, hops))
 
     ratios = []
     for w in range(windows):
