@@ -786,9 +786,15 @@ class Region:
 
     def contains(self, other: "Region | Box | Sequence[int]") -> bool:
         if isinstance(other, Box):
-            if other.empty:
+            o0, o1 = other.lo, other.hi
+            if o1[0] <= o0[0]:      # (the empty box)
                 return True
-            return _covers(self._pairs, other.lo, other.hi)
+            p = self._pairs
+            if len(p) == 1:         # (a receive's region, matched against a pilot's box)
+                a0, a1 = p[0]
+                return (a0[0] <= o0[0] and o1[0] <= a1[0] and a0[1] <= o0[1] and o1[1] <= a1[1]
+                        and a0[2] <= o0[2] and o1[2] <= a1[2])
+            return _covers(p, o0, o1)
         if isinstance(other, Region):
             op = other._pairs
             if not op:
