@@ -254,6 +254,8 @@ class Executor(InstructionHandlers):
         # direct issue (see _accept): device -> an inline lane's info; (source, dest) memories
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
+        # InstructionBatch.shape -> _batch_facts of such a batch; cleared when _direct_copies grows
+        self._facts: dict[tuple, tuple] = {}
         self._cost_keys: dict[int, tuple] = {}      # id(box) -> (box, name, cost key): see _cost_key
         self._contexts: dict[int, tuple] = {}       # id(accesses) -> (accesses, box, name, device, context, cost key)
 
@@ -592,27 +594,17 @@ class Executor(InstructionHandlers):
         above0 = above1 = len(instrs)
         slow = ()       # positions of copies that would not run directly
         if self._inline_ns and self._trace is None and not self._failed:
-            above0 = above1 = -1
-            # (each copy is checked here, once: _direct_copies and the size limit do not change
-            # while a batch is accepted)
-            inline_bytes = self._inline_bytes
-            pairs = self._direct_copies
-            for i, instr in enumerate(instrs):
-                p = instr.priority
-                if type(instr) is CopyInstruction and (instr.size_bytes > inline_bytes or (
-                        instr.source_memory, instr.dest_memory) not in pairs):
-                    if not slow:
-                        slow = set()
-                    slow.add(i)
-                    if p:
-                        above0 = i
-                        if p > 1:
-                            above1 = i
-                elif p:
-                    if p > 1:
-                        above0 = above1 = i
-                    elif type(instr) is not CopyInstruction:
-                        above0 = i
+            # (the same for every batch of one shape, as long as the set of memory pairs
+            # copied directly stays: _batch_facts)
+            shape = batch.shape
+            facts = self._facts.get(shape) if shape is not None else None
+            if facts is None:
+                facts = self._batch_facts(instrs)
+                if shape is not None:
+                    if len(self._facts) >= 4096:
+                        self._facts.clear()
+                    self._facts[shape] = facts
+            above0, above1, slow = facts
         # whether every instruction accepted so far ran directly, so the engine is still idle (then
         # would_assign_at_once holds: direct issue neither submits nor completes engine work)
         idle = engine.is_idle()
@@ -636,6 +628,32 @@ class Executor(InstructionHandlers):
                 self._announce_epoch(instr)
             submit(instr, deps)
             idle = False
+
+    def _batch_facts(self, instrs: list[Instruction]) -> tuple[int, int, Any]:
+        """What direct issue needs to know about a batch (see ``_accept``): the last positions
+        of instructions with a priority above 0 and above 1 that would not run directly, and
+        the positions of the copies that would not (the set, or () for none)."""
+        above0 = above1 = -1
+        slow: Any = ()
+        inline_bytes = self._inline_bytes
+        pairs = self._direct_copies
+        for i, instr in enumerate(instrs):
+            p = instr.priority
+            if type(instr) is CopyInstruction and (instr.size_bytes > inline_bytes or (
+                    instr.source_memory, instr.dest_memory) not in pairs):
+                if not slow:
+                    slow = set()
+                slow.add(i)
+                if p:
+                    above0 = i
+                    if p > 1:
+                        above1 = i
+            elif p:
+                if p > 1:
+                    above0 = above1 = i
+                elif type(instr) is not CopyInstruction:
+                    above0 = i
+        return above0, above1, slow
 
     # Direct issue.  An instruction that arrives with every predecessor complete, while
     # nothing else is ready, would be assigned at once, and if it is cheap work on an

@@ -90,7 +90,10 @@ class InstructionHandlers:
                 return
             if not a.eager and self._trace is None and instr.size_bytes <= self._inline_bytes:
                 # the common case, _dispatch's inline path without its generality
-                self._direct_copies.add((instr.source_memory, instr.dest_memory))
+                mems = (instr.source_memory, instr.dest_memory)
+                if mems not in self._direct_copies:
+                    self._direct_copies.add(mems)
+                    self._facts.clear()     # (they say which copies would not run directly)
                 self._copy_inline(instr, pair)
                 self._engine.complete(instr.id)
                 return

@@ -391,3 +391,8 @@ class InstructionBatch:
     instructions: list[Instruction]
     pilots: list[Pilot]
     user_allocations: list[tuple[int, int]] = field(default_factory=list)   # (allocation, buffer)
+    # the serial numbers of the replay templates the instructions were made from, one per
+    # command, or None (something lowered, not replayed): batches of one shape hold the same
+    # kinds of instruction in the same order, differing in ids only, so what the executor
+    # works out from a batch's kinds, priorities and copy sizes holds for all of them
+    shape: tuple[int, ...] | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import partial
+from itertools import count
 
 import numpy as np
 
@@ -150,6 +151,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._collective: dict[int, int | None] = {}     # group -> last instruction
         self._out: list[Instruction] = []
         self._pilots: list[Pilot] = []
+        self.replayed_template: int | None = None   # the serial of the last compile's template
+        self._template_serials = count()
         self._counts: dict[str, int] = {}      # instructions lowered one by one, per kind
         # replayed templates' per-kind counts (their KINDS tuples) -> replays: folded into
         # ``counts`` when read, not per replay (see _instantiate)
@@ -597,7 +600,10 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         return ()
 
     # ---- compile -------------------------------------------------------------------
-    def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot]]:
+    def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot], int | None]:
+        """The command's instructions and pilots, and the serial number of the replay template
+        they were made from (None: lowered, not replayed).  Equal serials mean equal lists of
+        instructions but for their ids (what InstructionBatch.shape tells the executor)."""
         out = self._out = []     # (_begin/_end inlined: once per command)
         pilots = self._pilots = []
         self._compiling_task = cmd.task
@@ -605,13 +611,14 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             self._pinned.clear()
         if self._coming:
             self._coming.clear()
+        self.replayed_template = None
         if self.replay is not None:
             self._compile_replayed(cmd)
         else:
             self._compile_now(cmd)
         self._out = []
         self._pilots = []
-        return out, pilots
+        return out, pilots, self.replayed_template
 
     def _compile_now(self, cmd: cg.Command) -> None:
         if self._stale:

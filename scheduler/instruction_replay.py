@@ -323,7 +323,8 @@ class InstructionReplayMixin:
                        _rel(self._horizons.current_horizon, ib), _rel(self._horizons.epoch, ib))
         memory = self._memory_state(env.ibase) if self._capacity else None
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
-                self._next_msg - env.mbase, tuple(post), effects, memory, [None, 0, None])
+                self._next_msg - env.mbase, tuple(post), effects, memory,
+                [None, 0, None, next(self._template_serials)])
 
     # ---- instantiation -----------------------------------------------------------------
     def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> None:
@@ -340,7 +341,7 @@ class InstructionReplayMixin:
             # wait, or during a short run's start, never earns back (the 128² stencil
             # compiled 5 builders in its first 500 steps, 2.6 ms; bench_mpi's stream
             # 100-130 per buffer, 8-10 ms per rank)
-            # (builder: [compiled builder, replays so far, interpreter])
+            # (builder: [compiled builder, replays so far, interpreter, serial number])
             builder[1] += 1
             if builder[1] >= COMPILE_AFTER:
                 build = builder[0] = _builder(instrs, post, self._builder_code)
@@ -350,6 +351,7 @@ class InstructionReplayMixin:
                 if build is None:
                     build = builder[2] = _Interpreted(instrs, post)
         made, kinds, after, ext, sinks = build(ibase, abase, mbase, tid, shapes, ctx, task)
+        self.replayed_template = builder[3]
         # the front's net change (_summary), applied by C loops: a stencil step's templates
         # take ~17 ids out of it, at 11 opcodes each in a Python loop
         front = self._horizons.front

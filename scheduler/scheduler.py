@@ -50,7 +50,8 @@ class Lookahead:
         self._clean_horizons = 0
 
     def push(self, cmd: cg.Command, out: list) -> None:
-        """Queue ``cmd``; appends compiled (instructions, pilots) pairs to ``out``."""
+        """Queue ``cmd``; appends what compiling commands gives (``InstructionGraphGenerator.compile``:
+        instructions, pilots, template) to ``out``."""
         if self.mode == LOOKAHEAD_NONE:
             out.append(self.igg.compile(cmd))
             return
@@ -299,12 +300,12 @@ class Scheduler:
         elif kind is BufferDestroyed:
             self.lookahead.flush(out)
             self.cdag.destroy_buffer(ev.buffer)
-            out.append((self.igg.destroy_buffer(ev.buffer), []))
+            out.append((self.igg.destroy_buffer(ev.buffer), [], None))
         elif kind is HostObjectCreated:
             self.igg.create_host_object(ev.host_object)
         elif kind is HostObjectDestroyed:
             self.lookahead.flush(out)
-            out.append((self.igg.destroy_host_object(ev.host_object), []))
+            out.append((self.igg.destroy_host_object(ev.host_object), [], None))
         elif kind is LookaheadChanged:
             self.lookahead.set_mode(ev.mode, out)
         elif kind is FlushRequested:
@@ -316,12 +317,21 @@ class Scheduler:
             raise ValueError(f"unknown scheduler event {ev!r}")
         if out or user_allocations:
             if len(out) == 1:       # (most tasks: one command; its lists are fresh, see compile)
-                instrs, pilots = out[0]
+                instrs, pilots, tpl = out[0]
+                shape = None if tpl is None else (tpl,)
             else:
                 instrs = []
                 pilots = []
-                for i, p in out:
+                shape = []
+                for i, p, tpl in out:
                     instrs.extend(i)
                     pilots.extend(p)
+                    if shape is not None:
+                        if tpl is None:
+                            shape = None
+                        else:
+                            shape.append(tpl)
+                if shape is not None:
+                    shape = tuple(shape)
             if instrs or pilots or user_allocations:
-                self.delegate.submit(InstructionBatch(instrs, pilots, user_allocations))
+                self.delegate.submit(InstructionBatch(instrs, pilots, user_allocations, shape))

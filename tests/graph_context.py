@@ -43,6 +43,8 @@ class GraphContext:
                      for r in self.compile_ranks}
         self.lookaheads = {r: Lookahead(self.iggs[r], lookahead) for r in self.compile_ranks}
         self.instructions: dict[int, list[Instruction]] = {r: [] for r in self.compile_ranks}
+        # per rank, what each command compiled to: (its replay template's serial or None, instructions)
+        self.compiled: dict[int, list[tuple]] = {r: [] for r in self.compile_ranks}
         self.pilots: dict[int, list] = {r: [] for r in self.compile_ranks}
         self.commands: dict[int, list[cg.Command]] = {r: [] for r in range(num_ranks)}
         self._next_buffer = 0
@@ -130,7 +132,8 @@ class GraphContext:
                 self._collect(r, out)
 
     def _collect(self, r: int, out: list) -> None:
-        for instrs, pilots in out:
+        for instrs, pilots, template in out:
+            self.compiled[r].append((template, instrs))
             self.instructions[r].extend(instrs)
             self.pilots[r].extend(pilots)
 

@@ -17,7 +17,7 @@ class Graph:
         self.instrs.append(instr)
         return instr
 
-    def batch(self, pilots=()):
-        out = InstructionBatch(self.instrs, list(pilots))
+    def batch(self, pilots=(), shape=None):
+        out = InstructionBatch(self.instrs, list(pilots), shape=shape)
         self.instrs = []
         return out

@@ -61,10 +61,10 @@ class Harness:
                                launcher=fn, name="h")
         return self.last
 
-    def run(self):
+    def run(self, shape=None):
         fut = Future()
         self.last = self.g.add(FenceInstruction, self.last, task=self.g.next_id, promise=fut)
-        self.ex.submit(self.g.batch())
+        self.ex.submit(self.g.batch(shape=shape))
         return fut.result(TIMEOUT)
 
     def close(self):
@@ -407,6 +407,39 @@ def test_cheap_ready_kernels_and_copies_run_straight_from_their_batch():
         np.testing.assert_array_equal(h.ex._allocs[1], np.full(16, 112.0))
         assert threads == [h.ex._thread.name]
         assert not {k0.id, k1.id, c.id} & set(seen)          # no engine node for any of them
+        assert h.errors == []
+    finally:
+        h.close()
+
+
+def test_batches_of_one_shape_share_what_direct_issue_knows_until_copies_of_a_new_pair_run_inline():
+    """``InstructionBatch.shape`` (the replay templates a batch was made from): the executor
+    works out once per shape which copies would not run directly, and forgets that once
+    copies between another pair of memories have run inline (then they run directly too)."""
+    h = Harness(trace=False, inline_copy_bytes=1024)
+    try:
+        box = _host_and_device_arrays(h, 16)
+        h.run()
+        seen = _engine_spy(h)
+
+        def copy():
+            h.last = h.g.add(CopyInstruction, h.last, source=2, dest=1, source_memory=device_memory(0),
+                             dest_memory=HOST_MEMORY, box=box, source_box=box, dest_box=box,
+                             size_bytes=box.area * 8, priority=1)
+            return h.last
+
+        first = copy()
+        h.run(shape=(7,))
+        assert first.id in seen                 # a pair not seen before: through the engine, inline
+        assert (7,) not in h.ex._facts          # (forgotten: the pair now copies directly)
+        second = copy()
+        h.run(shape=(7,))
+        assert second.id not in seen            # straight from its batch
+        assert h.ex._facts[(7,)] == (-1, -1, ())
+        third = copy()
+        h.ex._facts[(7,)] = (-1, -1, {0})       # what the shape says is what counts
+        h.run(shape=(7,))
+        assert third.id in seen
         assert h.errors == []
     finally:
         h.close()

@@ -63,6 +63,32 @@ def _stencil(ctx, n=32, steps=40, split="2d", extra=False):
     ctx.fence(u)
 
 
+def _signature(instrs) -> list:
+    """What the executor's direct issue reads from a batch (Executor._batch_facts)."""
+    return [(type(i), i.priority, getattr(i, "size_bytes", None), getattr(i, "source_memory", None),
+             getattr(i, "dest_memory", None)) for i in instrs]
+
+
+@pytest.mark.parametrize("ranks,devices", [(1, 4), (2, 2)])
+def test_a_templates_serial_stands_for_its_instructions_but_their_ids(ranks, devices):
+    """compile() names the replay template a command's instructions came from, and the scheduler
+    hands the serials on as InstructionBatch.shape: every command compiled from one template
+    gives instructions of the same kinds, priorities and copy sizes and memories, in order."""
+    ctx = GraphContext(ranks, devices=devices, diagnostics="off", replay=True)
+    _stencil(ctx, steps=150, extra=True)
+    for r, compiled in ctx.compiled.items():
+        by_template: dict = {}
+        replayed = 0
+        for template, instrs in compiled:
+            if template is None:
+                continue
+            replayed += 1
+            sig = _signature(instrs)
+            assert by_template.setdefault(template, sig) == sig, (r, template)
+        assert len(by_template) < replayed / 2, (r, len(by_template), replayed)   # (replayed again and again)
+        assert any(template is None for template, _ in compiled)    # (the first lowerings)
+
+
 @pytest.mark.parametrize("ranks,devices,lookahead", [(1, 1, "auto"), (2, 1, "none"), (1, 4, "auto"),
                                                      (2, 2, "infinite"), (4, 2, "auto")])
 @pytest.mark.parametrize("extra", [False, True])
