@@ -9,9 +9,6 @@ Horizons have templates of their own, keyed on every buffer's shape and the fron
 """
 from __future__ import annotations
 
-from collections import deque
-from itertools import repeat
-
 from . import task_graph as tg
 from .horizons import forget_before
 from .replay import absolute, absolute_id, own_base_shape, relative_id
@@ -168,12 +165,12 @@ class CommandReplayMixin:
             effects = (tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
                        None if task.collective_group is None else
                        _rel_command(self._last_collective.get(task.collective_group), base, live))
-        return tuple(cmds), tuple(post), effects, _front_change(cmds)
+        return tuple(cmds), tuple(post), effects
 
     # ---- replay ------------------------------------------------------------------------
     def _replay(self, task, bids: tuple, tpl: tuple, out: list) -> None:
         AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand = self._COMMAND_CLASSES
-        cmds, post, effects, change = tpl
+        cmds, post, effects = tpl
         base = self._next_id
         buffers = self._buffers
         live = self._live
@@ -203,30 +200,17 @@ class CommandReplayMixin:
             else:
                 c = cls(cid, task, dd)
             made.append(c)
-            live[cid] = c
         self._next_id = base + len(cmds)
         horizons = self._horizons
-        front = horizons.front
         if task.kind == tg.HORIZON:
-            front.clear()
-            front[made[0].id] = made[0]
+            (c,) = made
+            horizons.front.clear()
+            horizons.front[c.id] = c
+            self._register(out, c)
         else:
-            # the front's net change of adding the commands one by one (EpochTracker.add),
-            # made by C loops (see _front_change)
-            sym, ext, sinks = change
-            if sym:
-                front.pop(epoch, None)
-            if ext:
-                deque(map(front.pop, map(base.__add__, ext), _NONES), 0)   # (run to the end, in C)
-            for k in sinks:
-                c = made[k]
-                front[c.id] = c
-        # (_register, for all of them at once: ``live`` took each as it was made)
-        out.extend(made)
-        self.num_commands += len(made)
-        if self.recorder is not None:
             for c in made:
-                self.recorder.record_command(c)
+                horizons.add(c.id, c.deps, c)
+                self._register(out, c)
         shapes = self._shapes
         stale = self._stale
         for bid, sid, shape, pend, top in post:
@@ -253,22 +237,6 @@ class CommandReplayMixin:
                     self._last_side_effect[ho] = live[base + rel]
             if coll is not None:
                 self._last_collective[task.collective_group] = live[base + coll]
-
-
-_NONES = repeat(None)      # (the default of every front.pop in _replay)
-
-
-def _front_change(cmds: list) -> tuple[bool, tuple, tuple]:
-    """What adding a template's commands to the execution front one by one does to it:
-    whether the epoch (a symbolic dependency) leaves it, the other dependencies outside
-    the template that leave it (ids relative to the base), and the positions of the
-    commands that join it (those no later command of the template depends on)."""
-    own = {rel for _cls, rel, _deps, _fields in cmds}
-    needed = {d for _cls, _rel, deps, _fields in cmds for d, _kd in deps}
-    ext = needed - own
-    sym = None in ext
-    ext.discard(None)
-    return sym, tuple(sorted(ext)), tuple([k for k, (_cls, rel, _d, _f) in enumerate(cmds) if rel not in needed])
 
 
 def _touched(task) -> tuple:

@@ -153,24 +153,12 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._pilots: list[Pilot] = []
         self.replayed_template: int | None = None   # the serial of the last compile's template
         self._template_serials = count()
-        self._counts: dict[str, int] = {}      # instructions lowered one by one, per kind
-        # replayed templates' per-kind counts (their KINDS tuples) -> replays: folded into
-        # ``counts`` when read, not per replay (see _instantiate)
-        self._replayed_kinds: dict[tuple, int] = {}
+        self.counts: dict[str, int] = {}
         self._only = _Singletons()   # memory -> (memory, frozenset((memory,))), shared
         self._source_cache = BoundedCache(4096)      # (newest, destination) -> source memory
         self._plan_cache = BoundedCache(1024)        # see ``_plan_chunks``
         self._coherence_cache = BoundedCache(4096)   # see ``_make_coherent``
         self._split_cache = BoundedCache(1024)       # see ``_local_split``
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """Instructions generated so far, per kind (lowered and replayed)."""
-        out = dict(self._counts)
-        for kinds, times in self._replayed_kinds.items():
-            for kind, n in kinds:
-                out[kind] = out.get(kind, 0) + n * times
-        return out
 
     # ---- objects ---------------------------------------------------------------
     def create_buffer(self, info: tg.BufferInfo) -> int | None:
@@ -260,7 +248,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 front.pop(epoch, None)
         front[ins.id] = None
         self._out.append(ins)
-        counts = self._counts
+        counts = self.counts
         kind = ins.kind
         counts[kind] = counts.get(kind, 0) + 1
         if self.recorder is not None:
@@ -1086,7 +1074,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             ins.deps = [(horizons.epoch, DEP_LAST_EPOCH)]
         horizons.add(ins.id, ())
         self._out.append(ins)
-        self._counts[ins.kind] = self._counts.get(ins.kind, 0) + 1
+        self.counts[ins.kind] = self.counts.get(ins.kind, 0) + 1
         if self.recorder is not None:
             self.recorder.record_instruction(ins)
         if cmd.kind == cg.EPOCH:

@@ -25,8 +25,6 @@ keys on them.
 """
 from __future__ import annotations
 
-from collections import deque
-from itertools import repeat
 from typing import NamedTuple
 
 from . import command_graph as cg
@@ -352,22 +350,19 @@ class InstructionReplayMixin:
                     build = builder[2] = _Interpreted(instrs, post)
         made, kinds, after, ext, sinks = build(ibase, abase, mbase, tid, shapes, ctx, task)
         self.replayed_template = builder[3]
-        # the front's net change (_summary), applied by C loops: a stencil step's templates
-        # take ~17 ids out of it, at 11 opcodes each in a Python loop
         front = self._horizons.front
-        if ext[0]:
-            front.pop(epoch, None)
-        if ext[1]:
-            deque(map(front.pop, map(ibase.__add__, ext[1]), _NONES), 0)   # (run to the end, in C)
-        if sinks:
-            front.update(dict.fromkeys(map(ibase.__add__, sinks)))
+        for d in ext:
+            front.pop(epoch if d is None else ibase + d, None)
+        for r in sinks:
+            front[ibase + r] = None
         self._out.extend(made)
         recorder = self.recorder
         if recorder is not None:
             for ins in made:
                 recorder.record_instruction(ins)
-        rk = self._replayed_kinds    # (folded into ``counts`` when read)
-        rk[kinds] = rk.get(kinds, 0) + 1
+        counts = self.counts
+        for kind, n in kinds:
+            counts[kind] = counts.get(kind, 0) + n
         if pilots:
             for mrel, to, transfer, box in pilots:
                 p = Pilot(mbase + mrel, to, _dec_transfer(transfer, ctx, None), box)
@@ -628,9 +623,6 @@ def _compact(encoded: tuple) -> tuple:
 COMPILE_AFTER = 8     # replays of a template before its builder is compiled (see _instantiate)
 
 
-_NONES = repeat(None)              # (the default of every front.pop in _instantiate)
-
-
 def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
     """A template's instruction counts per kind and the execution front's net change (see
     ``EpochTracker.add``, applied per instruction by a lowering): the dependencies outside
@@ -645,11 +637,11 @@ def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
                 own.append(val)
             elif code == _DEPS:
                 needed.update(d for d, _o in val)
-    # ``ext`` is (whether the epoch, None here, leaves the front, the other ids in order)
+    # (None, the symbolic epoch, leaves the front too: first, as it sorts before every id)
     ext = needed.difference(own)
     sym = None in ext
     ext.discard(None)
-    return (tuple(kinds.items()), (sym, tuple(sorted(ext))),
+    return (tuple(kinds.items()), ((None,) if sym else ()) + tuple(sorted(ext)),
             tuple(r for r in own if r not in needed))
 
 
