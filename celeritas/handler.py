@@ -404,28 +404,25 @@ class Partition:
 
 # ---- the handler ---------------------------------------------------------------------
 class CommandGroupHandler:
-    # what a command group starts with, where it is immutable: class attributes, which an
-    # instance shadows once it sets one (one is made per submit, and most keep most of these)
-    _hydration: Hydration | None = None   # made with the first accessor
-    _split = "1d"
-    _oversubscribe = 1
-    _hints: dict[str, _Hint] | None = None   # the cl.hint kinds given (made by the first)
-    _granularity: tuple[int, ...] | None = None
-    _kind: str | None = None
-    _kernel = None
-    _geometry: tg.TaskGeometry | None = None
-    _name = ""
-    _collective_group: int | None = None
-    _args: tuple = ()
-    _local_range = None
-    _closed = False    # set once submit built the task from it
-
     def __init__(self, runtime):
         self._runtime = runtime
         self._accesses: list[tuple[Any, Any, str]] = []   # (buffer, user mapper, mode)
         self._accessors: list[Accessor] = []
+        self._hydration: Hydration | None = None   # made with the first accessor
         self._reductions: list[ReductionDescriptor] = []
         self._side_effects: list[Any] = []
+        self._split = "1d"
+        self._oversubscribe = 1
+        self._hints: dict[str, _Hint] | None = None   # the cl.hint kinds given (made by the first)
+        self._granularity: tuple[int, ...] | None = None
+        self._kind: str | None = None
+        self._kernel = None
+        self._geometry: tg.TaskGeometry | None = None
+        self._name = ""
+        self._collective_group: int | None = None
+        self._args: tuple = ()
+        self._local_range = None
+        self._closed = False    # set once submit built the task from it
 
     def _add_access(self, buffer, mapper, mode: str) -> Accessor:
         rt = self._runtime
