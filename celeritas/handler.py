@@ -701,10 +701,7 @@ def _make_launcher(cgh: CommandGroupHandler, rt) -> Callable[[LaunchContext], No
         if launch_source is None:
             raise CeleritasError(f"kernel {name!r} is device source code; the {rt.backend_name} backend runs only "
                                  f"Python kernels")
-    # (its bound __call__: the executor calls it once per chunk, and an instance called
-    # through its type's __call__ slot packs the arguments into a tuple first, 190 against
-    # 100 ns for the call alone)
-    return _Launcher(cgh, rt, fn, kind, name, source).__call__
+    return _Launcher(cgh, rt, fn, kind, name, source)
 
 
 # (complex is not among them: CUDA refuses it, see below)
