@@ -590,8 +590,9 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
     # ---- compile -------------------------------------------------------------------
     def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot], int | None]:
         """The command's instructions and pilots, and the serial number of the replay template
-        they were made from (None: lowered, not replayed).  Equal serials mean equal lists of
-        instructions but for their ids (what InstructionBatch.shape tells the executor)."""
+        they were made from (None: lowered, not replayed).  Equal serials mean instructions of
+        the same kinds, priorities, boxes, memories and sizes, in the same order; their ids,
+        tasks, names and launchers differ (what InstructionBatch.shape tells the executor)."""
         out = self._out = []     # (_begin/_end inlined: once per command)
         pilots = self._pilots = []
         self._compiling_task = cmd.task

@@ -265,8 +265,8 @@ def box_view(array: Any, extent: Box | None, box: Box) -> Any:
     which for a contiguous array is a view, never a copy (writes must land).
 
     Every receive, send and copy takes one or two of these: the containment test and
-    the slices are written out per dimensionality (45 instead of 105 opcodes for an
-    array shaped like its extent).
+    the slices are written out per dimensionality (0.84 instead of 2.2 us for an array
+    shaped like its extent, without Box.contains and a list of slices).
     """
     blo, bhi = box.lo, box.hi
     if extent is None:
