@@ -393,6 +393,7 @@ class InstructionBatch:
     user_allocations: list[tuple[int, int]] = field(default_factory=list)   # (allocation, buffer)
     # the serial numbers of the replay templates the instructions were made from, one per
     # command, or None (something lowered, not replayed): batches of one shape hold the same
-    # kinds of instruction in the same order, differing in ids only, so what the executor
-    # works out from a batch's kinds, priorities and copy sizes holds for all of them
+    # kinds of instruction in the same order, with the same priorities, boxes, memories and
+    # sizes (ids, tasks, names and launchers differ: see InstructionGraphGenerator.compile),
+    # so what the executor works out from a batch's kinds, priorities and copies holds for all
     shape: tuple[int, ...] | None = None

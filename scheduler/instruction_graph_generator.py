@@ -151,8 +151,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._collective: dict[int, int | None] = {}     # group -> last instruction
         self._out: list[Instruction] = []
         self._pilots: list[Pilot] = []
-        self.replayed_template: int | None = None   # the serial of the last compile's template
-        self._template_serials = count()
+        self._template_serials = count()    # replay templates' serial numbers (see compile)
         self.counts: dict[str, int] = {}
         self._only = _Singletons()   # memory -> (memory, frozenset((memory,))), shared
         self._source_cache = BoundedCache(4096)      # (newest, destination) -> source memory
@@ -600,14 +599,14 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             self._pinned.clear()
         if self._coming:
             self._coming.clear()
-        self.replayed_template = None
+        template = None
         if self.replay is not None:
-            self._compile_replayed(cmd)
+            template = self._compile_replayed(cmd)
         else:
             self._compile_now(cmd)
         self._out = []
         self._pilots = []
-        return out, pilots, self.replayed_template
+        return out, pilots, template
 
     def _compile_now(self, cmd: cg.Command) -> None:
         if self._stale:

@@ -56,7 +56,9 @@ class InstructionReplayMixin:
     """Replay of ``InstructionGraphGenerator.compile`` (uses the generator's state)."""
 
     # ---- entry point -------------------------------------------------------------------
-    def _compile_replayed(self, cmd: cg.Command) -> None:
+    def _compile_replayed(self, cmd: cg.Command) -> int | None:
+        """Lower ``cmd``, by a template where one holds; the template's serial number, or None
+        where it was lowered."""
         replay = self.replay
         touched = self._touched_buffers(cmd)
         if cmd.kind == cg.HORIZON:
@@ -80,8 +82,7 @@ class InstructionReplayMixin:
             tpl = replay.find(key, epoch_rel)
         if tpl is not None:
             replay.hits += 1
-            self._instantiate(cmd, touched, shapes, tpl)
-            return
+            return self._instantiate(cmd, touched, shapes, tpl)
         self._sync_buffers(touched)
         # whether the lowering changes a user allocation, where the key does not say so
         # already (a key marked _USER_KEYED, a horizon's: it holds the user shapes)
@@ -325,7 +326,8 @@ class InstructionReplayMixin:
                 [None, 0, None, next(self._template_serials)])
 
     # ---- instantiation -----------------------------------------------------------------
-    def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> None:
+    def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> int:
+        """Make ``cmd``'s instructions from template ``tpl``; returns the template's serial number."""
         instrs, pilots, n_instr, n_alloc, n_msg, post, effects, memory, builder = tpl
         ibase, abase, mbase = self._next_instr, self._next_alloc, self._next_msg
         task = cmd.task
@@ -349,7 +351,6 @@ class InstructionReplayMixin:
                 if build is None:
                     build = builder[2] = _Interpreted(instrs, post)
         made, kinds, after, ext, sinks = build(ibase, abase, mbase, tid, shapes, ctx, task)
-        self.replayed_template = builder[3]
         front = self._horizons.front
         for d in ext:
             front.pop(epoch if d is None else ibase + d, None)
@@ -395,6 +396,7 @@ class InstructionReplayMixin:
                     self._host_objects[ho] = ibase + rel
             if coll_rel is not None:
                 self._collective[task.collective_group] = ibase + coll_rel
+        return builder[3]
 
     def _restore(self, b, sh: "_BufferShape") -> None:
         from .instruction_graph_generator import _PendingReceive
