@@ -89,6 +89,39 @@ def test_a_templates_serial_stands_for_its_instructions_but_their_ids(ranks, dev
         assert any(template is None for template, _ in compiled)    # (the first lowerings)
 
 
+def test_the_runtimes_batches_carry_the_shape_of_their_templates(monkeypatch):
+    """Scheduler._process joins the serials of a batch's commands into InstructionBatch.shape
+    (None where one was lowered): in a running stencil, batches of one shape carry the same
+    kinds, priorities and copies.  (One rank submits one command per task: batches of several
+    commands, which lookahead flushes and multi-rank pushes make, are not reached here.)"""
+    import celeritas as cl
+    from executor.executor import Executor
+    from benchmarks.bench_runtime import noop_step
+    batches = []
+    real = Executor.submit
+
+    def submit(self, batch):
+        batches.append((batch.shape, _signature(batch.instructions)))
+        return real(self, batch)
+
+    monkeypatch.setattr(Executor, "submit", submit)
+    q = cl.Queue(devices="host:4")
+    a, b = cl.Buffer(np.ones((32, 32), np.float32)), cl.Buffer(np.ones((32, 32), np.float32))
+    for _ in range(60):
+        noop_step(q, a, b)
+        a, b = b, a
+    q.wait()
+    q.shutdown()
+    by_shape: dict = {}
+    for shape, sig in batches:
+        if shape == ():
+            assert sig == []                # (no command compiled: a buffer's user allocation only)
+        elif shape is not None:
+            assert by_shape.setdefault(shape, sig) == sig, shape
+    assert any(shape is None for shape, _ in batches)            # (the first lowerings)
+    assert sum(shape is not None for shape, _ in batches) > len(batches) // 2
+
+
 @pytest.mark.parametrize("ranks,devices,lookahead", [(1, 1, "auto"), (2, 1, "none"), (1, 4, "auto"),
                                                      (2, 2, "infinite"), (4, 2, "auto")])
 @pytest.mark.parametrize("extra", [False, True])
