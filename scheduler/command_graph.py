@@ -68,6 +68,10 @@ class ExecutionCommand(Command):
     box: Box | None = None
     include_current_reductions: bool = False  # this chunk folds in the buffers' old values
     plans: list | None = None                 # the instruction generator's device chunks (cached)
+    # a replayed command's cell in its command template, shared by every command made from
+    # that template entry: the instruction generator keeps there what follows from the
+    # entry alone (its plans and signature; see ``InstructionGraphGenerator._plan_chunks``)
+    memo: list | None = None
     kind = EXECUTION
 
     def fields(self) -> dict:

@@ -130,7 +130,7 @@ class CommandReplayMixin:
                           for d, kd in c.deps.items()])
             kind = c.kind
             if kind == EXECUTION:
-                fields = (c.box, c.include_current_reductions)
+                fields = (c.box, c.include_current_reductions, [None, None, None])
             elif kind == PUSH:
                 fields = (c.transfer[1], c.transfer[2] != 0, tuple(c.targets), c.contributes)
             elif kind == AWAIT_PUSH:
@@ -185,7 +185,7 @@ class CommandReplayMixin:
             for d, kd in deps:      # (a loop, not a comprehension: that is a call in CPython 3.11)
                 dd[epoch if d is None else base + d] = kd
             if cls is ExecutionCommand:
-                c = ExecutionCommand(cid, task, dd, fields[0], fields[1])
+                c = ExecutionCommand(cid, task, dd, fields[0], fields[1], None, fields[2])
             elif cls is PushCommand:
                 bid, pend, targets, contributes = fields
                 c = PushCommand(cid, task, dd, (tid, bid, buffers[bid].pending[0].id if pend else 0),

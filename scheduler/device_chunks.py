@@ -97,6 +97,14 @@ class ChunkPlanning:
         a buffer is created), and plans are never modified once made."""
         plans = cmd.plans
         if plans is None:
+            memo = cmd.memo
+            token = self._plan_token
+            if memo is not None and memo[0] is token:
+                # (a command from the same command-template entry as one planned before: the
+                # entry fixes the box and the task signature, which holds every part of the
+                # key below; the token says the cache has not been dropped since)
+                plans = cmd.plans = memo[1]
+                return plans
             task = cmd.task
             geom = task.geometry
             box = cmd.box
@@ -110,6 +118,10 @@ class ChunkPlanning:
             if plans is None:
                 plans = cache.put(key, self._make_plans(cmd))
             cmd.plans = plans
+            if memo is not None:
+                memo[0] = token
+                memo[1] = plans
+                memo[2] = None
         return plans
 
     def _make_plans(self, cmd: cg.ExecutionCommand) -> list[ChunkPlan]:

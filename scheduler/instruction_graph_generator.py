@@ -156,6 +156,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._only = _Singletons()   # memory -> (memory, frozenset((memory,))), shared
         self._source_cache = BoundedCache(4096)      # (newest, destination) -> source memory
         self._plan_cache = BoundedCache(1024)        # see ``_plan_chunks``
+        self._plan_token = object()   # marks replayed commands' memo cells filled under this plan cache
         self._coherence_cache = BoundedCache(4096)   # see ``_make_coherent``
         self._split_cache = BoundedCache(1024)       # see ``_local_split``
 
@@ -165,6 +166,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         b = _Buffer(info)
         self._buffers[info.id] = b
         self._plan_cache.clear()   # (plans are keyed by buffer id, whose shape this fixes)
+        self._plan_token = object()
         if info.host_initialized:
             aid = self._new_alloc_id()
             b.user = Allocation(aid, USER_MEMORY, info.box, self._horizons.epoch)

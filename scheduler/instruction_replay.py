@@ -195,13 +195,23 @@ class InstructionReplayMixin:
     def _replay_key(self, cmd: cg.Command, bids: tuple) -> tuple | None:
         kind = cmd.kind
         task = cmd.task
+        sig_id = None
         if kind == cg.EXECUTION:
-            for a in task.accesses:
-                if not a.pure:
-                    return None
-            sig = (kind, cmd.plans, cmd.include_current_reductions,
-                   tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]) if task.reductions else (),
-                   tuple(task.side_effects), task.collective_group)
+            memo = cmd.memo
+            if memo is not None and memo[0] is self._plan_token:
+                sig_id = memo[2]   # (see _plan_chunks: the template entry fixes the signature too)
+            if sig_id is None:
+                for a in task.accesses:
+                    if not a.pure:
+                        return None
+                sig = (kind, cmd.plans, cmd.include_current_reductions,
+                       tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]) if task.reductions
+                       else (), tuple(task.side_effects), task.collective_group)
+                sig_id = self.replay.signature(sig)
+                if sig_id is None:
+                    return (sig,)
+                if memo is not None and memo[0] is self._plan_token:
+                    memo[2] = sig_id
         elif kind == cg.PUSH:
             sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, tuple(cmd.targets), cmd.contributes)
         elif kind == cg.AWAIT_PUSH:
@@ -213,9 +223,10 @@ class InstructionReplayMixin:
             if self._garbage:
                 return None   # (user allocations to drop: rare, lowered normally)
             sig = (kind,)
-        sig_id = self.replay.signature(sig)
         if sig_id is None:
-            return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
+            sig_id = self.replay.signature(sig)
+            if sig_id is None:
+                return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
         ibase = self._next_instr
         tid = task.id
         parts = []

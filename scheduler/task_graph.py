@@ -859,7 +859,10 @@ def replay_signature(t: Task) -> tuple | None:
     graphs' lowerings read: kind, geometry, split, per access the buffer, mode and mapper
     (a pure one stands for its results), reductions, side effects and collective group.
     None when a mapper is opaque: the task is lowered anew every time.  Computed once per
-    task: a task does not change after its submission."""
+    task: a task does not change after its submission.  It also holds what only the
+    instruction level reads (the oversubscription, the reductions' operators): a command
+    made from a template then determines its instruction-level signature and plans by
+    the template entry alone (``ExecutionCommand.memo``)."""
     sig = t.replay_sig
     if sig is not SIG_UNKNOWN:
         return sig
@@ -873,8 +876,8 @@ def replay_signature(t: Task) -> tuple | None:
         reductions = t.reductions
         sig = (t.kind, geom.global_range, geom.offset, geom.granularity, t.split,
                _access_key(t),                      # (at _SIG_ACCESSES)
-               tuple([(r.buffer, r.include_current) for r in reductions]) if reductions else (),
-               tuple(t.side_effects), t.collective_group)
+               tuple([(r.buffer, r.include_current, r.op) for r in reductions]) if reductions else (),
+               tuple(t.side_effects), t.collective_group, t.oversubscribe)
     t.replay_sig = sig
     return sig
 

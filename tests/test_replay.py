@@ -443,6 +443,58 @@ def test_a_tasks_replay_signature_is_computed_once_and_shared_by_the_levels():
     assert tg.replay_signature(t) is sig and t.replay_sig is sig
 
 
+
+def test_replayed_commands_share_their_template_entrys_plans_and_signature():
+    """A command made from a command template carries that entry's memo cell: the instruction
+    generator plans it and keys its signature once per entry, and every later command from
+    the entry gets the same plans object without computing the plan key again."""
+    from scheduler import command_graph as cg
+    ctx = GraphContext(1, devices=4, diagnostics="off", replay=True)
+    a, b = ctx.buffer((64, 64), host_init=True), ctx.buffer((64, 64), host_init=True)
+    for step in range(80):
+        src, dst = (a, b) if step % 2 == 0 else (b, a)
+        ctx.task((64, 64), [(src, rm.neighborhood(1, 1), R), (dst, rm.one_to_one(), DW)])
+    igg = ctx.iggs[0]
+    cells: dict = {}
+    for cmd in ctx.commands[0]:
+        if cmd.kind == cg.EXECUTION and cmd.memo is not None:
+            cells.setdefault(id(cmd.memo), []).append(cmd)
+    assert cells, "no command came from a template"
+    for cmds in cells.values():
+        memo = cmds[0].memo
+        assert memo[0] is igg._plan_token and memo[2] is not None
+        assert all(c.memo is memo and c.plans is memo[1] and c.box == cmds[0].box for c in cmds)
+    # (a template per step parity and horizon phase: a few cells, each shared by many commands)
+    assert sum(len(v) for v in cells.values()) > 60 and max(len(v) for v in cells.values()) >= 8
+    # a new buffer drops the plan cache, and with it what the cells hold
+    ctx.buffer((8,))
+    for cmds in cells.values():
+        assert cmds[0].memo[0] is not igg._plan_token
+    ctx.finish()
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_tasks_that_differ_only_in_oversubscription_or_reduction_operator_replay_exactly(devices):
+    """The instruction level reads what the command level does not (the oversubscription
+    splits a chunk into more kernels, the reduction operator is in the instructions); a
+    task's replay signature holds both, so commands of one template entry agree on them."""
+    def prog(ctx):
+        a = ctx.buffer((64,), host_init=True)
+        r = ctx.buffer((1,), host_init=True)
+        for step in range(24):
+            ctx.task((64,), [(a, rm.one_to_one(), RW)], oversubscribe=1 + step % 3, name="os")
+            ctx.task((64,), [(a, rm.one_to_one(), R)],
+                     reductions=[ctx.reduction(r, np.add if step % 2 else np.maximum)], name="red")
+    off = _compile(prog, 1, devices, "none", None, True, False)
+    on = _compile(prog, 1, devices, "none", None, True, True)
+    assert _canonical(on) == _canonical(off)
+    kernels = {}
+    for cmd in on.commands[0]:
+        if cmd.task.name == "os":
+            kernels.setdefault(cmd.task.oversubscribe, set()).add(len(cmd.plans))
+    assert kernels == {k: {devices * k} for k in (1, 2, 3)}, kernels
+    assert _replays(on)["instruction rank 0"]["hits"] > 0
+
 def _submit_windows(q, windows: int, x=None):
     """A windowed program: per window a kernel writes an (8, 16) buffer (``x``, or a new
     one) and eight kernels read one row each (``fixed`` mappers); returns the buffer."""
