@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from celeritas import range_mappers as rm
 from scheduler import task_graph as tg
 from scheduler.geometry import Box
+from scheduler.replay import Replay
 
 from graph_context import GraphContext
 from test_scheduler_perf_golden import SCENARIOS, _canonical
@@ -120,6 +121,73 @@ def test_the_runtimes_batches_carry_the_shape_of_their_templates(monkeypatch):
             assert by_shape.setdefault(shape, sig) == sig, shape
     assert any(shape is None for shape, _ in batches)            # (the first lowerings)
     assert sum(shape is not None for shape, _ in batches) > len(batches) // 2
+
+
+
+@pytest.mark.parametrize("lookahead", ["none", "auto"])
+def test_batches_of_several_commands_join_their_templates_serials(lookahead):
+    """Scheduler._process joins the serials of a batch's commands, in order, into
+    InstructionBatch.shape (None where one of them was lowered).  On rank 0 of two a
+    stencil step is an await-push, a push and an execution command, and lookahead flushes
+    hand over many commands at once: equal shapes still mean the same kinds, priorities and
+    copies.  (The start's flush under lookahead holds first lowerings: its shape is None.)"""
+    from scheduler import command_graph as cg
+    from scheduler.instruction_graph_generator import SystemInfo
+    from scheduler.scheduler import Scheduler
+
+    class Delegate:
+        def __init__(self):
+            self.batches = []
+
+        def submit(self, batch):
+            self.batches.append(batch)
+
+    dlg = Delegate()
+    sched = Scheduler(num_ranks=2, rank=0, system=SystemInfo(2), delegate=dlg, lookahead=lookahead,
+                      diagnostics="off")
+    commands_per_batch = []
+    real_build = sched.cdag.build
+
+    def build(task):
+        cmds = real_build(task)
+        commands_per_batch.append(len(cmds))
+        return cmds
+
+    sched.cdag.build = build
+    tm = tg.TaskManager(on_task=sched.notify_task, replay=Replay(), diagnostics="off")
+    mappers = rm.MapperWrappers()
+
+    def access(bid, mapper, mode):
+        wrapped, pure = mappers.wrap(mapper, buffer_label=f"B{bid}", buffer_dims=2)
+        return tg.BufferAccess(bid, mode, wrapped, pure)
+
+    for bid in (0, 1):
+        info = tm.create_buffer(bid, (32, 32), np.dtype(np.float32), "", True)
+        sched.notify_buffer_created(info)
+    up, u = 0, 1
+    for _ in range(120):
+        tm.submit(tg.DEVICE_COMPUTE, geometry=tg.TaskGeometry(2, (32, 32), (0, 0), (1, 1)),
+                  accesses=[access(up, rm.one_to_one(), RW), access(u, rm.neighborhood(1, 1), R)])
+        up, u = u, up
+    tm.epoch(tg.EPOCH_SHUTDOWN)
+    by_shape: dict = {}
+    several = 0
+    for batch in dlg.batches:
+        shape = batch.shape
+        if shape is None:
+            continue
+        assert type(shape) is tuple and all(type(x) is int for x in shape), shape
+        sig = _signature(batch.instructions)
+        assert by_shape.setdefault(shape, sig) == sig, shape
+        several += len(shape) > 1
+    assert several > 20, several          # (joined shapes, replayed again and again)
+    assert len(by_shape) < sum(b.shape is not None for b in dlg.batches) / 2
+    assert any(b.shape is None for b in dlg.batches)     # (the first lowerings)
+    assert max(commands_per_batch) >= 3
+    steady = max(len(b.instructions) for b in dlg.batches if b.shape is not None)
+    if lookahead == "auto":   # (the start's flush: every held command in one batch, whose first lowerings make it None)
+        assert any(b.shape is None and len(b.instructions) > 2 * steady for b in dlg.batches)
+    assert sched.failed is None
 
 
 @pytest.mark.parametrize("ranks,devices,lookahead", [(1, 1, "auto"), (2, 1, "none"), (1, 4, "auto"),
