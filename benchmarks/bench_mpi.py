@@ -50,6 +50,8 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+import benchmarks  # noqa: E402,F401  (the baselines get celeritas' allocator settings: see there)
+
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

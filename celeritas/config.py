@@ -20,6 +20,7 @@ from scheduler.scheduler import LOOKAHEAD_MODES
 DIAGNOSTICS = ("off", "warn", "error")
 MPI_DEVICE_MEMORY = ("auto", "direct", "staged")
 GC_POLICIES = ("tuned", "default")
+HOST_ALLOCATORS = ("tuned", "default")
 MPI_STRIDED = ("auto", "datatype", "staging")
 REPLAY_MODES = ("on", "off")
 HUGE_PAGES_DEFAULT = 2 << 20     # one x86-64 / arm64 transparent huge page
@@ -37,7 +38,7 @@ VARIABLES = (
     "CELERITAS_DEVICE_MEMORY_LIMIT", "CELERITAS_OUT_OF_CORE_OVERLAP", "CELERITAS_REPLAY",
     "CELERITAS_WAIT_WARNING", "CELERITAS_GC", "CELERITAS_MPI_DEVICE_MEMORY", "CELERITAS_MPI_CUDA_AWARE",
     "CELERITAS_MPI_STRIDED", "CELERITAS_MPI_POLL_MAX_US", "CELERITAS_MPI_SPIN_US", "CELERITAS_INLINE_US",
-    "CELERITAS_SWITCH_INTERVAL_US", "CELERITAS_DIVERGENCE_TIMEOUT",
+    "CELERITAS_SWITCH_INTERVAL_US", "CELERITAS_DIVERGENCE_TIMEOUT", "CELERITAS_HOST_ALLOCATOR",
 )
 # read by the test suite, not by the runtime (hypothesis example counts, the fuzzer): not reported
 TEST_VARIABLES = re.compile(r"CELERITAS_[A-Z0-9_]*_EXAMPLES|CELERITAS_FUZZ_[A-Z0-9_]+")
@@ -145,6 +146,7 @@ class Config:
     # staged through host memory ("staged"); "auto": direct where MPI reports CUDA support
     mpi_device_memory: str = "auto"
     gc: str = "tuned"     # CPython's cyclic GC thresholds while the runtime runs (see Runtime)
+    host_allocator: str = "tuned"   # glibc malloc for large arrays (see runtime.tune_host_allocator)
     # CPython's GIL switch interval while the runtime runs, in µs (None: leave it alone;
     # see Runtime._tune_switch_interval)
     switch_interval_us: float | None = None
@@ -449,6 +451,7 @@ def from_env(env: Mapping[str, str] | None = None, warn: bool = True) -> Config:
         huge_pages=_huge_pages(env, "CELERITAS_HUGE_PAGES"),
         mpi_device_memory=_choice(env, "CELERITAS_MPI_DEVICE_MEMORY", MPI_DEVICE_MEMORY, "auto"),
         gc=_choice(env, "CELERITAS_GC", GC_POLICIES, "tuned"),
+        host_allocator=_choice(env, "CELERITAS_HOST_ALLOCATOR", HOST_ALLOCATORS, "tuned"),
         switch_interval_us=_switch_interval(env, "CELERITAS_SWITCH_INTERVAL_US"),
         mpi_strided=_choice(env, "CELERITAS_MPI_STRIDED", MPI_STRIDED, "auto"),
         mpi_poll_max_us=_positive_float(env, "CELERITAS_MPI_POLL_MAX_US", 2000.0, "microseconds"),

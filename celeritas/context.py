@@ -29,7 +29,8 @@ cluster = ClusterContext()
 _process: dict[str, Any] = {"runtime": None}
 _process_lock = threading.Lock()
 # interpreter settings a runtime of this process changed (restored by the runtime that did)
-process_tuning: dict[str, Any] = {"switch_interval": None}
+# (and the host allocator, which stays tuned: runtime.tune_host_allocator)
+process_tuning: dict[str, Any] = {"switch_interval": None, "host_allocator": None}
 # (env overrides or None, Queue overrides, communicator or None) -> a new runtime
 _factory: Callable[..., Any] | None = None
 

@@ -152,6 +152,61 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
 
 
 GC_THRESHOLDS = (50_000, 50, 100)   # see Runtime._tune_gc
+# glibc malloc while a runtime has run (see tune_host_allocator): allocations up to 1 GiB come
+# from the heap, freed memory stays with the process, one arena for every thread
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+MALLOC_MMAP_THRESHOLD = 1 << 30
+MALLOC_TRIM_THRESHOLD = (1 << 31) - 1
+
+
+def tune_host_allocator() -> bool:
+    """Keep glibc malloc from mapping and unmapping every large array; True where it is tuned.
+
+    A kernel's numpy temporaries are as large as its chunk (32-64 MiB per expression for
+    wave_sim at 4096²).  glibc serves an allocation above its mmap threshold (128 KiB,
+    raised on the main thread up to 32 MiB as such blocks are freed) by a fresh ``mmap``
+    and returns it by ``munmap``, so every temporary faults its pages in again: measured
+    on this project's VM, half a 4096² step's time was system time.  Kernels run on the
+    executor's and lanes' threads, whose per-thread arenas cannot hold a block over 64 MiB
+    at all.  So: blocks up to 1 GiB come from the heap, freed memory is not trimmed (the
+    next temporary reuses it without a fault), and every thread allocates from the main
+    arena (one lock, which the GIL mostly serializes anyway: numpy allocates holding it).
+    wave_sim 4096² on one host device: 3.07 -> 1.80 s for 10 steps.  The cost: a process
+    keeps the memory its largest step freed, as a device memory pool does.
+
+    Process-wide and not restored (malloc's settings cannot be read back, and the arena
+    limit is fixed at the first allocation of a second thread): called once per process, by
+    the first runtime, before it starts a thread; ``CELERITAS_HOST_ALLOCATOR=default``
+    leaves malloc alone.  Only on glibc (elsewhere nothing changes).  The benchmarks call
+    it for their baselines too, which then run with the same allocator."""
+    done = context.process_tuning.get("host_allocator")
+    if done is not None:
+        return done
+    ok = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None)
+            if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
+                mallopt = libc.mallopt
+                mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+                results = [mallopt(_M_ARENA_MAX, 1), mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD),
+                           mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)]
+                ok = all(results)
+        except OSError:
+            log.debug("no C library to tune", exc_info=True)
+    context.process_tuning["host_allocator"] = ok
+    return ok
+
+
+def baseline_allocator() -> bool:
+    """For a hand-written baseline measured beside celeritas (the benchmarks,
+    ``cluster.workloads``): malloc as a runtime started from this environment sets it
+    (``CELERITAS_HOST_ALLOCATOR``), so that both allocate alike and a ratio measures the
+    runtime, not the allocator.  True where it is tuned."""
+    if cfg.from_env(warn=False).host_allocator != "tuned":
+        return False
+    return tune_host_allocator()
 PAUSE_S = 0.002                      # the longest pause of the application thread (Runtime._pause)
 
 
@@ -256,6 +311,8 @@ class Runtime:
         cfg.check_output_paths(config)
         self.config = config
         logging.getLogger("celeritas").setLevel(cfg.LOG_LEVELS[config.log_level])
+        if config.host_allocator == "tuned":
+            tune_host_allocator()       # (first: before the communicator, backend or executor start threads)
         self._lock = threading.RLock()
         self.inside_task = _InsideTask()   # set by a launcher while its kernel or host task runs
         self._cond = _InterruptSafeCondition()

@@ -317,6 +317,9 @@ def measure_handwritten(app: str, size: int | None = None, steps: int | None = N
     """Time the hand-written baseline of ``app`` on this process's MPI rank, as ``cluster.run_app``
     times the celeritas run: from a barrier after set-up to a barrier after the last step."""
     from mpi4py import MPI
+
+    from celeritas.runtime import baseline_allocator
+    baseline_allocator()      # (malloc as the celeritas run sets it: see there)
     w = get(app)
     if w.handwritten is None:
         raise SystemExit(f"{app} has no hand-written baseline")

@@ -274,6 +274,7 @@ CONFIG_ENV_CASES = (    # (variable, invalid value, message)
     ("CELERITAS_INLINE_US", "-1", "{var}={raw!r} must be a finite number >= 0"),
     ("CELERITAS_WAIT_WARNING", "soon", "{var}={raw!r} is not a number of seconds (or 'none')"),
     ("CELERITAS_GC", "never", _CHOICE.replace("{choices}", "tuned, default")),
+    ("CELERITAS_HOST_ALLOCATOR", "jemalloc", _CHOICE.replace("{choices}", "tuned, default")),
     ("CELERITAS_MPI_DEVICE_MEMORY", "gpu", _CHOICE.replace("{choices}", "auto, direct, staged")),
     ("CELERITAS_DIVERGENCE_TIMEOUT", "-3", "{var}={raw!r} must be > 0 (or 'none')"),
 )

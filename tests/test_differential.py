@@ -1837,7 +1837,8 @@ def test_partially_raising_mapper_check_fails(monkeypatch):
 CONFIG_CASES = [
     (33, Config(ranks=2, devices=1), "env", "CELERITAS_LOOKAHEAD", "sometimes", "setup"),
     (317, Config(ranks=3, devices=2), "env", "CELERITAS_DEVICES", "host:0", "setup"),
-    (366, Config(ranks=1, devices=1), "env", "CELERITAS_HORIZON_MAX_PARALLELISM", "1.5", "setup"),
+    (2012, Config(ranks=1, devices=1), "env", "CELERITAS_HORIZON_MAX_PARALLELISM", "1.5", "setup"),
+    (771, Config(ranks=2, devices=1), "env", "CELERITAS_HOST_ALLOCATOR", "jemalloc", "setup"),
     (1724, Config(ranks=2, devices=2), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
     # (a memory configuration sets the same variable: the invalid value must win, seed 7715)
     (7715, Config(ranks=3, devices=3, memory=1.0), "env", "CELERITAS_HOST_DEVICE_MEMORY", "-5", "setup"),
@@ -1926,7 +1927,7 @@ CONFIG_START_CASES = [
      "cannot create the folder '{file}' (File exists)"),
     (917, Config(ranks=2, devices=1), "device", "CELERITAS_DEVICES", "opencl:99", "is not a device list"),
     (374, Config(ranks=2, devices=2), "device", "CELERITAS_DEVICES", "opencl:0:99", None),
-    (75, Config(ranks=3, devices=1), "device", "CELERITAS_DEVICES", "opencl:99:0", None),
+    (399, Config(ranks=3, devices=1), "device", "CELERITAS_DEVICES", "opencl:99:0", None),
     (69, Config(ranks=2, devices=1), "device", "CELERITAS_DEVICES", "cuda:99", None),
 ]
 

@@ -1,4 +1,9 @@
 """The public API end to end on host devices and simulated clusters."""
+import os
+import resource
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -335,6 +340,53 @@ def test_gc_thresholds_restored_once_under_a_simulated_cluster(monkeypatch):
     before = gc.get_threshold()
     run_cluster(lambda rank: cl.Queue().wait(), nodes=3)
     assert gc.get_threshold() == before
+
+
+_ALLOCATOR_PROBE = r"""
+import resource, sys
+import numpy as np
+import celeritas as cl
+
+faults = []
+
+
+def kernel(chunk):
+    # two 48 MiB temporaries, one after the other, on the thread that runs kernels
+    for _ in range(2):
+        r0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        t = np.ones(12 << 20, np.float32)
+        t += 1
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - r0)
+        del t
+
+
+q = cl.Queue(devices="host:1")
+q.submit(lambda cgh: cgh.parallel_for((1,), kernel, name="temporaries"))
+q.wait()
+q.shutdown()
+print(faults[0], faults[1])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(resource, "RUSAGE_THREAD"),
+                    reason="glibc malloc and per-thread fault counts: Linux only")
+@pytest.mark.parametrize("policy", ["tuned", "default"])
+def test_a_kernels_large_temporaries_reuse_memory_without_page_faults(policy):
+    """CELERITAS_HOST_ALLOCATOR=tuned (the default) keeps glibc from mapping every large
+    temporary afresh: a kernel's second 48 MiB array reuses the first one's pages and
+    faults none in (default malloc: a new mapping, whose pages all fault in again).  A
+    fresh process each, since the setting is process-wide and fixed once made."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERITAS_")}
+    env["CELERITAS_HOST_ALLOCATOR"] = policy
+    out = subprocess.run([sys.executable, "-c", _ALLOCATOR_PROBE], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = (int(x) for x in out.stdout.split())
+    assert first >= 20, (first, second)           # (48 MiB: 24 huge pages or 12288 small ones)
+    if policy == "tuned":
+        assert second <= 2, (first, second)
+    else:
+        assert second >= 20, (first, second)
 
 
 @pytest.mark.parametrize("checks", ["0", "1"])

@@ -257,7 +257,7 @@ def test_uninitialized_read_under_error_policy(monkeypatch):
     ("CELERITAS_HORIZON_STEP", "0"), ("CELERITAS_HORIZON_MAX_PARALLELISM", "x"),
     ("CELERITAS_DRY_RUN_NODES", "-1"), ("CELERITAS_RECORD", "maybe"), ("CELERITAS_DIAGNOSTICS", "loud"),
     ("CELERITAS_ACCESSOR_CHECKS", "2"), ("CELERITAS_LOG_LEVEL", "verbose"),
-    ("CELERITAS_MPI_DEVICE_MEMORY", "sometimes"), ("CELERITAS_GC", "never"),
+    ("CELERITAS_MPI_DEVICE_MEMORY", "sometimes"), ("CELERITAS_GC", "never"), ("CELERITAS_HOST_ALLOCATOR", "big"),
     ("CELERITAS_HUGE_PAGES", "big"), ("CELERITAS_HUGE_PAGES", "-1"),
     ("CELERITAS_INLINE_US", "fast"), ("CELERITAS_INLINE_US", "-5"), ("CELERITAS_PAUSE_AHEAD", "many"),
 ])
