@@ -277,6 +277,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         err = "; ".join(config.describe_unknown(k, v) for k, v in unknown.items())
     t.add_row("huge pages", huge_page_status(config.HUGE_PAGES_DEFAULT if cfg is None else cfg.huge_pages,
                                              transparent_huge_pages()))
+    from .runtime import host_allocator_status
+    t.add_row("host allocator", host_allocator_status("tuned" if cfg is None else cfg.host_allocator))
     console.print(t)
 
     b = Table(title="backends and devices", title_justify="left")

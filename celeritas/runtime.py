@@ -159,6 +159,32 @@ MALLOC_MMAP_THRESHOLD = 1 << 30
 MALLOC_TRIM_THRESHOLD = (1 << 31) - 1
 
 
+def _glibc():
+    """The process's C library through ctypes where it is glibc, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
+
+
+def host_allocator_status(policy: str) -> str:
+    """What ``CELERITAS_HOST_ALLOCATOR=policy`` does on this machine, in words (``celeritas info``)."""
+    libc = _glibc()
+    if libc is None:
+        return f"not glibc ({sys.platform}): malloc left alone"
+    import ctypes
+    libc.gnu_get_libc_version.restype = ctypes.c_char_p
+    version = libc.gnu_get_libc_version().decode()
+    if policy != "tuned":
+        return f"glibc {version}: malloc left alone (CELERITAS_HOST_ALLOCATOR={policy})"
+    return (f"glibc {version}: tuned by the first runtime of a process (arrays up to 1 GiB from the heap, "
+            f"kept when freed, one arena)")
+
+
 def tune_host_allocator() -> bool:
     """Keep glibc malloc from mapping and unmapping every large array; True where it is tuned.
 
@@ -183,18 +209,16 @@ def tune_host_allocator() -> bool:
     if done is not None:
         return done
     ok = False
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            libc = ctypes.CDLL(None)
-            if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
-                mallopt = libc.mallopt
-                mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-                results = [mallopt(_M_ARENA_MAX, 1), mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD),
-                           mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)]
-                ok = all(results)
-        except OSError:
-            log.debug("no C library to tune", exc_info=True)
+    libc = _glibc()
+    if libc is None:
+        log.debug("not glibc: malloc left alone")
+    else:
+        import ctypes
+        mallopt = libc.mallopt
+        mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+        results = [mallopt(_M_ARENA_MAX, 1), mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD),
+                   mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)]
+        ok = all(results)
     context.process_tuning["host_allocator"] = ok
     return ok
 

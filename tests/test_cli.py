@@ -81,6 +81,25 @@ def test_trace_help_says_what_trace_is_and_what_it_draws(capsys):
     assert "trace" in _help(capsys) and "graphs" in _help(capsys)
 
 
+def test_info_says_what_the_host_allocator_setting_does(monkeypatch, capsys):
+    """``celeritas info`` names the C library and what CELERITAS_HOST_ALLOCATOR does with it."""
+    import platform as pf
+
+    from celeritas.runtime import host_allocator_status
+    tuned, default = host_allocator_status("tuned"), host_allocator_status("default")
+    if pf.libc_ver()[0] == "glibc":
+        version = pf.libc_ver()[1]
+        assert tuned.startswith(f"glibc {version}: tuned by the first runtime of a process")
+        assert default == f"glibc {version}: malloc left alone (CELERITAS_HOST_ALLOCATOR=default)"
+    else:
+        assert tuned == default and tuned.startswith("not glibc")
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setenv("CELERITAS_HOST_ALLOCATOR", "default")
+    main(["info"])
+    out = capsys.readouterr().out
+    assert "host allocator" in out and default in out
+
+
 def test_info_says_what_the_huge_page_setting_does_under_the_kernel_mode():
     from celeritas.__main__ import huge_page_status
     two_mib = 2 << 20
