@@ -152,6 +152,7 @@ def scheduler_system(backend, mode: str = "staged", communicator=None,
 
 
 GC_THRESHOLDS = (50_000, 50, 100)   # see Runtime._tune_gc
+PAUSE_S = 0.002                      # the longest pause of the application thread (Runtime._pause)
 # glibc malloc while a runtime has run (see tune_host_allocator): allocations up to 1 GiB come
 # from the heap, freed memory stays with the process, one arena for every thread
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
@@ -231,7 +232,6 @@ def baseline_allocator() -> bool:
     if cfg.from_env(warn=False).host_allocator != "tuned":
         return False
     return tune_host_allocator()
-PAUSE_S = 0.002                      # the longest pause of the application thread (Runtime._pause)
 
 
 class _WaitWatch:
