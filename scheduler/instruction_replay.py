@@ -195,11 +195,18 @@ class InstructionReplayMixin:
     def _replay_key(self, cmd: cg.Command, bids: tuple) -> tuple | None:
         kind = cmd.kind
         task = cmd.task
-        sig_id = None
+        sig_id = memo = None
         if kind == cg.EXECUTION:
+            # the template entry's cell (see _plan_chunks) holds the signature of the plans it
+            # holds; a command planned before the plan cache was dropped (held by lookahead
+            # while a buffer was created) has other plans than its cell, whose signature is
+            # then neither read nor written
             memo = cmd.memo
-            if memo is not None and memo[0] is self._plan_token:
-                sig_id = memo[2]   # (see _plan_chunks: the template entry fixes the signature too)
+            if memo is not None:
+                if memo[1] is cmd.plans:
+                    sig_id = memo[2]
+                else:
+                    memo = None
             if sig_id is None:
                 for a in task.accesses:
                     if not a.pure:
@@ -207,11 +214,6 @@ class InstructionReplayMixin:
                 sig = (kind, cmd.plans, cmd.include_current_reductions,
                        tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]) if task.reductions
                        else (), tuple(task.side_effects), task.collective_group)
-                sig_id = self.replay.signature(sig)
-                if sig_id is None:
-                    return (sig,)
-                if memo is not None and memo[0] is self._plan_token:
-                    memo[2] = sig_id
         elif kind == cg.PUSH:
             sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, tuple(cmd.targets), cmd.contributes)
         elif kind == cg.AWAIT_PUSH:
@@ -227,6 +229,8 @@ class InstructionReplayMixin:
             sig_id = self.replay.signature(sig)
             if sig_id is None:
                 return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
+            if memo is not None:
+                memo[2] = sig_id
         ibase = self._next_instr
         tid = task.id
         parts = []

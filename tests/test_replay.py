@@ -541,6 +541,24 @@ def test_replayed_commands_share_their_template_entrys_plans_and_signature():
     ctx.finish()
 
 
+@pytest.mark.parametrize("lookahead", ["infinite", "auto", "none"])
+def test_buffers_created_while_commands_are_held_replay_exactly(lookahead):
+    """A new buffer drops the plan cache while lookahead holds commands planned under the
+    old one; their template entries' cells are refilled by later commands: a held
+    command keys its signature by its own plans, never by its cell's newer ones."""
+    def prog(ctx):
+        a, b = ctx.buffer((64, 64), host_init=True), ctx.buffer((64, 64), host_init=True)
+        for step in range(40):
+            src, dst = (a, b) if step % 2 == 0 else (b, a)
+            ctx.task((64, 64), [(src, rm.neighborhood(1, 1), R), (dst, rm.one_to_one(), DW)])
+            if step in (12, 13, 25):
+                ctx.buffer((8,))
+    off = _compile(prog, 1, 2, lookahead, None, True, False)
+    on = _compile(prog, 1, 2, lookahead, None, True, True)
+    assert _canonical(on) == _canonical(off)
+    assert _replays(on)["instruction rank 0"]["hits"] > 20
+
+
 @pytest.mark.parametrize("devices", [2, 4])
 def test_tasks_that_differ_only_in_oversubscription_or_reduction_operator_replay_exactly(devices):
     """The instruction level reads what the command level does not (the oversubscription
