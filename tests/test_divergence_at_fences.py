@@ -306,6 +306,54 @@ def test_checkpoints_that_differ_behind_the_listed_tasks_are_a_divergence_naming
         assert str(ei.value).endswith("; the tasks both list, T5..T7, agree"), ei.value
 
 
+
+def test_a_stalled_stretch_is_dropped_once_an_epoch_after_its_start_matched_and_a_new_one_is_kept():
+    """The left rank stalled before epoch T3 and listed T1, T2.  Once both ranks' T3 epochs
+    matched, that stretch is done with: later polls no longer read this rank's pending tasks
+    to compare with it (they did once a second for the rest of the run).  A stretch the
+    neighbour sends after the epoch, in the same batch of messages as the epoch, is kept."""
+    from scheduler.instruction_graph import EpochInstruction
+
+    def epoch(check):
+        check.announce(EpochInstruction(id=7, task=3, stream_hash=1234, digest=[_k(1), _k(2)]))
+
+    reads = [0]
+
+    def counted(chk, entries):
+        def pending(after=None):
+            reads[0] += 1
+            return list(entries)
+        chk.pending_tasks = pending
+
+    left = [_k(1), _k(2)]
+    _wire, (c0, c1) = _checks([left, [_k(1)]])
+    c0.poll(stalled=10.0)
+    c1.poll()
+    assert c1._left_pending == [(1, "device_compute", "step", (16,), RW0), (2, "device_compute", "step", (16,), RW0)]
+    epoch(c0)
+    epoch(c1)
+    c1.poll()
+    assert c1._verified == 0 and c1._left_pending is None and c1._left_marks is None
+    counted(c1, [_k(4)])
+    for _ in range(3):
+        c1.poll()
+    assert reads[0] == 0 and not c1._failed
+
+    # the neighbour's epoch and its next stretch arrive together: the new stretch stays
+    _wire, (c0, c1) = _checks([left, [_k(1)]])
+    c0.poll(stalled=10.0)
+    c1.poll()
+    epoch(c0)
+    left[:] = [_k(4), _k(5)]
+    c0.poll(stalled=20.0)
+    epoch(c1)
+    c1.poll()
+    assert c1._verified == 0
+    assert c1._left_pending == [(4, "device_compute", "step", (16,), RW0), (5, "device_compute", "step", (16,), RW0)]
+    counted(c1, [_k(4), _k(5, "other")])
+    with pytest.raises(cl.DivergenceError, match=re.escape("rank 0 submitted T5 (device_compute 'step'")):
+        c1.poll()
+
 # ---------------------------------------------------------------- simulated clusters
 
 

@@ -350,6 +350,13 @@ class EpochCheck:
             self._last_verified_task = mine.task
             del self._mine[seq]
             del self._theirs[seq]
+            left = self._left_pending
+            if left and left[0][0] <= mine.task:
+                # the neighbour's stalled stretch began before this epoch, which both streams
+                # now agree on up to its task: done with.  (Held on, it was compared again once
+                # a second for the rest of the run; a neighbour still stalled sends the
+                # stretch after the epoch anew, from its first entry.)
+                self._left_pending = self._left_marks = self._left_compared = None
 
     def _compare_pending(self) -> None:
         """The neighbour announced the next epoch and this rank has not: compare what this
