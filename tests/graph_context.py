@@ -21,6 +21,14 @@ from scheduler.replay import Replay
 from scheduler.scheduler import Lookahead
 
 
+def buffer_access(tm: tg.TaskManager, mappers: rm.MapperWrappers, bid: int, mapper, mode: str) -> tg.BufferAccess:
+    """A task's access to buffer ``bid`` of ``tm``, its range mapper wrapped as the runtime
+    wraps users' mappers (for tests that drive a TaskManager without a GraphContext)."""
+    info = tm.buffers[bid]
+    wrapped, pure = mappers.wrap(mapper, buffer_label=info.label, buffer_dims=len(info.shape))
+    return tg.BufferAccess(bid, mode, wrapped, pure)
+
+
 class GraphContext:
     def __init__(self, num_ranks: int = 1, *, devices: int = 1, lookahead: str = "none",
                  horizon_step: int = 4, horizon_max_parallelism: int = 64, diagnostics: str = "warn",
@@ -68,9 +76,7 @@ class GraphContext:
         return bid
 
     def access(self, bid: int, mapper, mode: str, kernel_dims: int | None = None) -> tg.BufferAccess:
-        info = self.tm.buffers[bid]
-        wrapped, pure = self.mappers.wrap(mapper, buffer_label=info.label, buffer_dims=len(info.shape))
-        return tg.BufferAccess(bid, mode, wrapped, pure)
+        return buffer_access(self.tm, self.mappers, bid, mapper, mode)
 
     def task(self, global_range: Sequence[int], accesses: Sequence[tuple] = (), *, kind: str = tg.DEVICE_COMPUTE,
              name: str = "", offset: Sequence[int] | None = None, split: str = "1d", oversubscribe: int = 1,

@@ -20,7 +20,7 @@ from scheduler import task_graph as tg
 from scheduler.geometry import Box
 from scheduler.replay import Replay
 
-from graph_context import GraphContext
+from graph_context import GraphContext, buffer_access
 from test_scheduler_perf_golden import SCENARIOS, _canonical
 
 R, W, RW, DW = tg.READ, tg.WRITE, tg.READ_WRITE, tg.DISCARD_WRITE
@@ -158,8 +158,7 @@ def test_batches_of_several_commands_join_their_templates_serials(lookahead):
     mappers = rm.MapperWrappers()
 
     def access(bid, mapper, mode):
-        wrapped, pure = mappers.wrap(mapper, buffer_label=f"B{bid}", buffer_dims=2)
-        return tg.BufferAccess(bid, mode, wrapped, pure)
+        return buffer_access(tm, mappers, bid, mapper, mode)
 
     for bid in (0, 1):
         info = tm.create_buffer(bid, (32, 32), np.dtype(np.float32), "", True)
