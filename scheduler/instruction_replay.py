@@ -367,8 +367,13 @@ class InstructionReplayMixin:
                     build = builder[2] = _Interpreted(instrs, post)
         made, kinds, after, ext, sinks = build(ibase, abase, mbase, tid, shapes, ctx, task)
         front = self._horizons.front
-        for d in ext:
-            front.pop(epoch if d is None else ibase + d, None)
+        if cmd.kind == cg.HORIZON:
+            # (a horizon depends on the whole front, which is in its key: its ext is the
+            # front, a few dozen ids in a wide step, popped one by one before)
+            front.clear()
+        else:
+            for d in ext:
+                front.pop(epoch if d is None else ibase + d, None)
         for r in sinks:
             front[ibase + r] = None
         self._out.extend(made)
