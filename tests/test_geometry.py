@@ -402,6 +402,20 @@ def test_box_constructor_checks():
 
 
 # =========================================================================== Region
+
+
+def test_a_region_of_boxes_of_different_dimensionality_is_refused():
+    """Boxes are stored padded to 3-D, so a 1-D box among 2-D ones would silently mean a
+    one-wide 2-D box; empty boxes and regions carry no points and mix freely."""
+    import celeritas as cl
+    with pytest.raises(cl.GeometryError, match=r"share one dimensionality: Box\(\[0, 0\], \[1, 1\]\) is 2-D, "
+                                               r"the boxes before it 1-D"):
+        Region([Box((0,), (1,)), Box((0, 0), (1, 1))])
+    with pytest.raises(cl.GeometryError, match="is 3-D, the boxes before it 2-D"):
+        Region([Region([Box((0, 0), (2, 2))]), Region([Box((0, 0, 0), (1, 1, 1))])])
+    r = Region([Box((0, 0), (1, 1)), Box((0,), (0,)), Region.empty_region(1), Box((2, 2), (3, 3))])
+    assert r.dims == 2 and r.area == 2
+
 def test_behaviours_item_13_region_normalization():
     # BEHAVIOURS.md 13: "Region normalization: the 2-D boxes {[0,0]-[8,2], [0,2]-[2,4],
     # [6,2]-[8,4], [0,4]-[8,6]} form the same region as {[0,0]-[2,6], [2,0]-[6,2],

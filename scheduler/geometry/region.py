@@ -370,6 +370,7 @@ class Region:
         d = 0
         lone = None  # a single Region argument is taken as is (already normalized)
         nregions = 0
+        nd = -1     # the dimensionality of the non-empty boxes so far (-1: none yet)
         for b in boxes:
             if isinstance(b, Region):
                 nregions += 1
@@ -377,12 +378,21 @@ class Region:
                 pairs.extend(b._pairs)
                 if b.dims > d:
                     d = b.dims
+                if b._pairs:
+                    if nd != b.dims and nd >= 0:
+                        _mixed_dims(nd, b)
+                    nd = b.dims
                 continue
             if not isinstance(b, Box):
                 raise GeometryError(f"Region takes Box objects, got {type(b).__name__}")
             if b.dims > d:
                 d = b.dims
             if not b.empty:
+                # (boxes are stored padded to 3-D: a 1-D box among 2-D ones would silently
+                # mean a one-wide 2-D box)
+                if nd != b.dims and nd >= 0:
+                    _mixed_dims(nd, b)
+                nd = b.dims
                 pairs.append((b.lo, b.hi))
         if nregions == 1 and len(pairs) == len(lone._pairs):
             self._pairs = lone._pairs
@@ -893,6 +903,11 @@ def _pairs_of(x: "Region | Box") -> tuple:
     if isinstance(x, Box):
         return () if x.empty else ((x.lo, x.hi),)
     raise TypeError(f"expected Region or Box, got {type(x).__name__}")
+
+
+def _mixed_dims(dims: int, b: "Box | Region") -> None:
+    raise GeometryError(f"a Region's boxes must share one dimensionality: {b!r} is {b.dims}-D, "
+                        f"the boxes before it {dims}-D")
 
 
 def _as_region(x: "Region | Box") -> Region:
