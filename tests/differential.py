@@ -226,7 +226,8 @@ MISUSE_TASK = "misuse"      # the name of a misuse program's task that misuses t
 #                   cl.AccessError on the application thread
 #   buffer          ``cl.Buffer`` with data, shape and dtype that do not fit (BUFFER_FORMS): cl.BufferError
 #   mapper_raises   a user mapper that raises: cl.RangeMapperError from submit, its cause the exception
-#   mapper_dims     a user mapper whose result has the wrong dimensionality or type (MAPPER_DIMS_FORMS)
+#   mapper_dims     a user mapper whose result has the wrong dimensionality or type (MAPPER_DIMS_FORMS),
+#                   or a cl.Region of boxes of two dimensionalities ("mixed", ``_draw_mixed_region``)
 MISUSE_FORMS = ("outside", "write_read", "outside_kernel", "buffer", "mapper_raises", "mapper_dims")
 BUFFER_FORMS = ("shape", "dtype", "not_dtype", "cast", "ndim", "negative")
 MAPPER_DIMS_FORMS = ("box", "subrange", "region", "type")
@@ -903,6 +904,9 @@ def wrong_dims_mapper(form: str):
             return cl.Subrange((0,) * k, (1,) * k)
         if form == "region":
             return cl.Region([cl.Box((0,) * k, (1,) * k)])
+        if form == "mixed":     # (cl.Region raises: a GeometryError out of the mapper)
+            d = len(buffer_shape)
+            return cl.Region([cl.Box((0,) * d, (1,) * d), cl.Box((0,) * k, (1,) * k)])
         return (0,) * len(buffer_shape)
     return wrong_dims
 
@@ -1046,7 +1050,22 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
         _draw_config(g, p)
         _draw_config_start(g, p)
         _draw_misuse_more(g, p)
+        _draw_mixed_region(g, p)
     return p
+
+
+def _draw_mixed_region(g: _Gen, p: Program) -> None:
+    """Half of the mapper_dims programs still of the ``region`` form (drawn last, so that every
+    other program is what its seed gave before) return a ``cl.Region`` of two boxes instead, one
+    of the buffer's dimensionality and one of ``wrong_dims``: ``cl.Region`` refuses it inside the
+    mapper (a GeometryError), which the runtime reports as the mapper's error."""
+    t = p.tasks[-1]
+    if t.misuse != "mapper_dims" or t.misuse_form != "region" or g.rng.random() >= 0.5:
+        return
+    t.misuse_form = "mixed"
+    _misuse_read(t).form = "mixed"
+    p.features.discard("misuse:mapper_dims:region")
+    p.features.add("misuse:mapper_dims:mixed")
 
 
 def _draw_config(g: _Gen, p: Program) -> None:
@@ -5160,6 +5179,11 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
                                  head + re.escape(f"the mapper raised ValueError: {RAISING_MAPPER_MSG}"), submit,
                                  ValueError)
         k = wrong_dims_of(d)
+        if t.misuse_form == "mixed":
+            box = "Box(" + ", ".join(str([v] * k) for v in (0, 1)) + ")"
+            text = (f"the mapper raised GeometryError: a Region's boxes must share one dimensionality: {box} is "
+                    f"{k}-D, the boxes before it {d}-D")
+            return MisuseOutcome(every, cl.RangeMapperError, head + re.escape(text), submit, cl.GeometryError)
         text = ("the mapper returned tuple; a range mapper must return a cl.Subrange, cl.Box or cl.Region"
                 if t.misuse_form == "type" else f"the mapper returned a {k}-D {t.misuse_form} for a {d}-D buffer")
         return MisuseOutcome(every, cl.RangeMapperError, head + re.escape(text), submit, cl.RangeMapperError)

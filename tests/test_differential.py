@@ -1606,7 +1606,8 @@ def test_batching_check_fails_on_a_lost_batch(monkeypatch):
 # misuse programs (``_gen_misuse``): the API misused in one task; (seed, configuration, the misuse,
 # its sub-form, the error class).  Kernel-time misuses (outside, write_read) fail on the rank
 # holding the misbehaving chunk; the others on every rank, at the submit.  (Seeds 79, 7, 18, 9 and 44 moved
-# to 91, 28, 5, 39 and 57 when ``_draw_misuse_more`` turned them into the misuses after it.)
+# to 91, 28, 5, 39 and 57 when ``_draw_misuse_more`` turned them into the misuses after it; seed 61 became
+# a mixed region with ``_draw_mixed_region``, and the plain region case moved to 103.)
 MISUSE_CASES = [
     (21, Config(ranks=2, devices=1), "outside", "", cl.AccessError),                 # kernel, wait
     (29, Config(ranks=3, devices=2, oversubscribe=3), "outside", "", cl.AccessError),  # kernel, fence
@@ -1625,7 +1626,8 @@ MISUSE_CASES = [
     (25, Config(ranks=3, devices=1), "mapper_raises", "", cl.RangeMapperError),      # host task
     (39, Config(ranks=2, devices=2), "mapper_dims", "box", cl.RangeMapperError),
     (2, Config(ranks=3, devices=1), "mapper_dims", "subrange", cl.RangeMapperError),
-    (61, Config(ranks=2, devices=1), "mapper_dims", "region", cl.RangeMapperError),
+    (103, Config(ranks=2, devices=1), "mapper_dims", "region", cl.RangeMapperError),
+    (61, Config(ranks=2, devices=1), "mapper_dims", "mixed", cl.RangeMapperError),   # (a GeometryError inside)
     (57, Config(ranks=2, devices=3), "mapper_dims", "type", cl.RangeMapperError),
 ]
 
