@@ -152,7 +152,9 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._out: list[Instruction] = []
         self._pilots: list[Pilot] = []
         self._template_serials = count()    # replay templates' serial numbers (see compile)
-        self.counts: dict[str, int] = {}
+        self._counts: dict[str, int] = {}   # instructions lowered, per kind (see ``counts``)
+        # replayed templates' instruction counts per kind (a tuple of (kind, n)) -> replays
+        self._replayed_kinds: dict[tuple, int] = {}
         self._only = _Singletons()   # memory -> (memory, frozenset((memory,))), shared
         self._source_cache = BoundedCache(4096)      # (newest, destination) -> source memory
         self._plan_cache = BoundedCache(1024)        # see ``_plan_chunks``
@@ -249,7 +251,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 front.pop(epoch, None)
         front[ins.id] = None
         self._out.append(ins)
-        counts = self.counts
+        counts = self._counts
         kind = ins.kind
         counts[kind] = counts.get(kind, 0) + 1
         if self.recorder is not None:
@@ -589,6 +591,17 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         return ()
 
     # ---- compile -------------------------------------------------------------------
+    @property
+    def counts(self) -> dict[str, int]:
+        """Instructions made so far, per kind: those lowered, counted one by one, and those
+        replayed, counted by template (a replay adds its template's tally once, not a count
+        per kind: the summary reads this once, the scheduler replays it per task)."""
+        out = dict(self._counts)
+        for kinds, n in list(self._replayed_kinds.items()):   # (a copy: read from another thread)
+            for kind, k in kinds:
+                out[kind] = out.get(kind, 0) + k * n
+        return out
+
     def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot], int | None]:
         """The command's instructions and pilots, and the serial number of the replay template
         they were made from (None: lowered, not replayed).  Equal serials mean instructions of
@@ -1076,7 +1089,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             ins.deps = [(horizons.epoch, DEP_LAST_EPOCH)]
         horizons.add(ins.id, ())
         self._out.append(ins)
-        self.counts[ins.kind] = self.counts.get(ins.kind, 0) + 1
+        self._counts[ins.kind] = self._counts.get(ins.kind, 0) + 1
         if self.recorder is not None:
             self.recorder.record_instruction(ins)
         if cmd.kind == cg.EPOCH:

@@ -381,9 +381,8 @@ class InstructionReplayMixin:
         if recorder is not None:
             for ins in made:
                 recorder.record_instruction(ins)
-        counts = self.counts
-        for kind, n in kinds:
-            counts[kind] = counts.get(kind, 0) + n
+        replayed = self._replayed_kinds
+        replayed[kinds] = replayed.get(kinds, 0) + 1
         if pilots:
             for mrel, to, transfer, box in pilots:
                 p = Pilot(mbase + mrel, to, _dec_transfer(transfer, ctx, None), box)

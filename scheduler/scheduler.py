@@ -237,15 +237,27 @@ class Scheduler:
         return not self._busy and self._events.empty()
 
     def _loop(self) -> None:
-        get = self._events.get
-        while True:
+        events = self._events
+        get, empty, process = events.get, events.empty, self.process
+        stop = False
+        while not stop:
             ev = get()
             if type(ev) is StopRequested:
                 return
             self._busy = True
             t0 = time.perf_counter_ns()
             try:
-                self.process(ev)
+                # every event queued meanwhile in one busy interval: the application posts tasks
+                # in runs of tens, and timing and bookkeeping each event on its own cost about
+                # 2 % of a replayed task's lowering
+                while True:
+                    process(ev)
+                    if empty():
+                        break
+                    ev = get()
+                    if type(ev) is StopRequested:
+                        stop = True
+                        break
             finally:
                 t1 = time.perf_counter_ns()
                 self.busy_ns += t1 - t0

@@ -189,6 +189,21 @@ def test_batches_of_several_commands_join_their_templates_serials(lookahead):
     assert sched.failed is None
 
 
+@pytest.mark.parametrize("ranks,devices", [(1, 4), (2, 2)])
+def test_instruction_counts_per_kind_are_those_made_with_replay_on_or_off(ranks, devices):
+    """The summary's instruction counts: a replay adds its template's tally, a lowering
+    counts instruction by instruction; both sum to the instructions made, per kind."""
+    from collections import Counter
+    prog = lambda ctx: _stencil(ctx, steps=60, extra=True)  # noqa: E731
+    off = _compile(prog, ranks, devices, "auto", None, True, False)
+    on = _compile(prog, ranks, devices, "auto", None, True, True)
+    for r, igg in on.iggs.items():
+        made = dict(Counter(i.kind for i in on.instructions[r]))
+        assert igg.counts == made == off.iggs[r].counts, r
+        assert igg._replayed_kinds and sum(igg._replayed_kinds.values()) == igg.replay.stats()["hits"]
+        assert set(made) >= {"device_kernel", "horizon", "send" if ranks > 1 else "copy"}
+
+
 @pytest.mark.parametrize("ranks,devices,lookahead", [(1, 1, "auto"), (2, 1, "none"), (1, 4, "auto"),
                                                      (2, 2, "infinite"), (4, 2, "auto")])
 @pytest.mark.parametrize("extra", [False, True])
