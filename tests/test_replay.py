@@ -131,7 +131,6 @@ def test_batches_of_several_commands_join_their_templates_serials(lookahead):
     stencil step is an await-push, a push and an execution command, and lookahead flushes
     hand over many commands at once: equal shapes still mean the same kinds, priorities and
     copies.  (The start's flush under lookahead holds first lowerings: its shape is None.)"""
-    from scheduler import command_graph as cg
     from scheduler.instruction_graph_generator import SystemInfo
     from scheduler.scheduler import Scheduler
 
