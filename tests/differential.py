@@ -5180,8 +5180,8 @@ def misuse_error(p: Program, cfg: Config) -> MisuseOutcome:
                                  ValueError)
         k = wrong_dims_of(d)
         if t.misuse_form == "mixed":
-            box = "Box(" + ", ".join(str([v] * k) for v in (0, 1)) + ")"
-            text = (f"the mapper raised GeometryError: a Region's boxes must share one dimensionality: {box} is "
+            box = Box((0,) * k, (1,) * k, k)
+            text = (f"the mapper raised GeometryError: a Region's boxes must share one dimensionality: {box!r} is "
                     f"{k}-D, the boxes before it {d}-D")
             return MisuseOutcome(every, cl.RangeMapperError, head + re.escape(text), submit, cl.GeometryError)
         text = ("the mapper returned tuple; a range mapper must return a cl.Subrange, cl.Box or cl.Region"

@@ -306,7 +306,6 @@ def test_checkpoints_that_differ_behind_the_listed_tasks_are_a_divergence_naming
         assert str(ei.value).endswith("; the tasks both list, T5..T7, agree"), ei.value
 
 
-
 def test_a_stalled_stretch_is_dropped_once_an_epoch_after_its_start_matched_and_a_new_one_is_kept():
     """The left rank stalled before epoch T3 and listed T1, T2.  Once both ranks' T3 epochs
     matched, that stretch is done with: later polls no longer read this rank's pending tasks
@@ -353,6 +352,7 @@ def test_a_stalled_stretch_is_dropped_once_an_epoch_after_its_start_matched_and_
     counted(c1, [_k(4), _k(5, "other")])
     with pytest.raises(cl.DivergenceError, match=re.escape("rank 0 submitted T5 (device_compute 'step'")):
         c1.poll()
+
 
 # ---------------------------------------------------------------- simulated clusters
 

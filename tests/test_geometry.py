@@ -416,6 +416,7 @@ def test_a_region_of_boxes_of_different_dimensionality_is_refused():
     r = Region([Box((0, 0), (1, 1)), Box((0,), (0,)), Region.empty_region(1), Box((2, 2), (3, 3))])
     assert r.dims == 2 and r.area == 2
 
+
 def test_behaviours_item_13_region_normalization():
     # BEHAVIOURS.md 13: "Region normalization: the 2-D boxes {[0,0]-[8,2], [0,2]-[2,4],
     # [6,2]-[8,4], [0,4]-[8,6]} form the same region as {[0,0]-[2,6], [2,0]-[6,2],

@@ -376,24 +376,21 @@ class Region:
                 nregions += 1
                 lone = b
                 pairs.extend(b._pairs)
-                if b.dims > d:
-                    d = b.dims
-                if b._pairs:
-                    if nd != b.dims and nd >= 0:
-                        _mixed_dims(nd, b)
-                    nd = b.dims
-                continue
-            if not isinstance(b, Box):
+                nonempty = bool(b._pairs)
+            elif isinstance(b, Box):
+                nonempty = not b.empty
+                if nonempty:
+                    pairs.append((b.lo, b.hi))
+            else:
                 raise GeometryError(f"Region takes Box objects, got {type(b).__name__}")
             if b.dims > d:
                 d = b.dims
-            if not b.empty:
-                # (boxes are stored padded to 3-D: a 1-D box among 2-D ones would silently
-                # mean a one-wide 2-D box)
-                if nd != b.dims and nd >= 0:
+            # (boxes are stored padded to 3-D: a 1-D box among 2-D ones would silently mean a
+            # one-wide 2-D box)
+            if nonempty and nd != b.dims:
+                if nd >= 0:
                     _mixed_dims(nd, b)
                 nd = b.dims
-                pairs.append((b.lo, b.hi))
         if nregions == 1 and len(pairs) == len(lone._pairs):
             self._pairs = lone._pairs
             self._sf = lone._sf
