@@ -23,7 +23,7 @@ import numpy as np
 from . import command_graph as cg
 from . import task_graph as tg
 from .bounded_cache import BoundedCache
-from .geometry import Box, Region, RegionMap
+from .geometry import Box, Region, RegionMap, split_overlapping
 from .horizons import EpochTracker, collapse_access, collapse_map
 from .device_chunks import ChunkPlan, ChunkPlanning
 from .instruction_replay import InstructionReplayMixin
@@ -414,12 +414,18 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         cache.put(key, (steps, newest.snapshot()))
 
     # ---- receives ---------------------------------------------------------------
-    def _materialize(self, b: _Buffer, touched: list[Region], memories: list[int] | None = None) -> None:
+    def _materialize(self, b: _Buffer, touched: list[Region], memories: list[int] | None = None,
+                     accessed: list[Region] | None = None) -> None:
         """Turn pending await-pushes that ``touched`` regions intersect into receives.
 
         ``memories[i]`` is the memory that reads ``touched[i]``: a receive that
         one reader consumes whole lands straight in that reader's memory when the
         communicator can write there (CUDA-aware MPI), else in host memory.
+        ``accessed[i]``, where given, is what reader i reads or writes of the buffer
+        (within ``touched[i]``, its allocation groups).  Where several readers touch one
+        receive, its awaits are the parts ``split_overlapping`` makes of what they access
+        (and one for the rest of what they touch), so each waits for the data it accesses
+        and no more, as concurrent receives are split in Celerity.
         """
         if not b.pending:
             return
@@ -429,21 +435,28 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             Box.touching_groups([box for reg, m in zip(touched, memories) if m == HOST_MEMORY for box in reg.boxes])
         keep = []
         for p in b.pending:
-            parts: list[Region] = []
-            covered = Region.empty_region(p.region.dims)
-            consumer = None
-            whole = None
-            for i, reg in enumerate(touched):
-                part = (reg & p.region) - covered
-                if part:
-                    parts.append(part)
-                    covered = covered | part
-                    if memories is not None:
-                        consumer = memories[i] if len(parts) == 1 and part == p.region else None
-                        whole = reg if consumer is not None else None
-            if not parts:
+            region = p.region
+            hit = [i for i, reg in enumerate(touched) if reg.intersects(region)]
+            if not hit:
                 keep.append(p)
                 continue
+            if len(hit) == 1:
+                parts = [touched[hit[0]] & region]
+            elif accessed is None:
+                parts = split_overlapping([touched[i] & region for i in hit])
+            else:
+                parts = split_overlapping([accessed[i] & region for i in hit])
+                rest = region.intersection(touched[hit[0]])
+                for i in hit[1:]:
+                    rest = rest | (touched[i] & region)
+                for part in parts:
+                    rest = rest - part
+                if rest:
+                    parts.append(rest)
+            consumer = whole = None
+            if memories is not None and len(parts) == 1 and parts[0] == region:
+                consumer = memories[hit[0]]
+                whole = touched[hit[0]]
             self._receive(b, p, parts, consumer, whole, host)
         b.pending = keep
 
@@ -655,7 +668,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             b = buffers[bid]
             if b.pending:
                 readers = [p for p in plans if bid in p.bbox]
-                self._materialize(b, [_group_region(p.groups[bid]) for p in readers], [p.memory for p in readers])
+                self._materialize(b, [_group_region(p.groups[bid]) for p in readers], [p.memory for p in readers],
+                                  [_accessed(p, bid) for p in readers] if len(readers) > 1 else None)
         # allocations first (a resize later in this command would free what a chunk uses)
         bounded = self._capacity
         if bounded:   # (growth of one allocation must leave room for the command's others)
@@ -1140,6 +1154,15 @@ def _discard(b, bid: int, memory: int, plans) -> Region | None:
             dis = prod - p.consumed[bid] if bid in p.consumed else prod
             discard = discard | dis if discard is not None else dis
     return discard
+
+
+def _accessed(p: ChunkPlan, bid: int) -> Region:
+    """What chunk ``p`` reads or writes of buffer ``bid``."""
+    got = p.consumed.get(bid)
+    put = p.produced.get(bid)
+    if got is None or not got:
+        return put if put is not None else Region.empty_region(p.bbox[bid].dims)
+    return got if put is None or not put else got | put
 
 
 def _group_region(groups: tuple) -> Region:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from scheduler.geometry import Box, Region, RegionMap, Subrange, as_region
+from scheduler.geometry import Box, Region, RegionMap, Subrange, as_region, split_overlapping
 
 # GEOMETRY_EXAMPLES=5000 for a longer local stress run
 SETTINGS = settings(max_examples=int(os.environ.get("GEOMETRY_EXAMPLES", 200)), deadline=None,
@@ -850,3 +850,56 @@ def test_regression_box_and_region_operands():
     assert b - r == Region([b]) - r
     assert hash(Region([b])) == hash(b) and Region([b]) == b and b == Region([b])
     assert {Region([b]), b} == {b}
+
+
+# ---- split_overlapping: concurrent readers' parts ------------------------------------------
+def _r2(*corners) -> Region:
+    return Region([Box(lo, hi) for lo, hi in corners])
+
+
+@pytest.mark.parametrize("given_regions,expected", [
+    # the four cases of Celerity's instruction_graph_grid_tests.cc "computes concurrent splits
+    # for potentially-overlapping receive- and copy regions" (its order is implementation-defined)
+    ([_r2(((0, 0), (10, 10))), _r2(((10, 0), (20, 10))), _r2(((0, 10), (10, 20))), _r2(((10, 10), (20, 20)))],
+     [_r2(((0, 0), (10, 10))), _r2(((10, 0), (20, 10))), _r2(((0, 10), (10, 20))), _r2(((10, 10), (20, 20)))]),
+    ([_r2(((0, 0), (10, 10)))] * 3, [_r2(((0, 0), (10, 10)))]),
+    ([_r2(((0, 0), (20, 20))), _r2(((0, 0), (15, 15))), _r2(((5, 5), (15, 15))), _r2(((8, 8), (12, 12)))],
+     [_r2(((0, 15), (15, 20)), ((15, 0), (20, 20))),
+      _r2(((0, 0), (5, 15)), ((5, 0), (15, 5))),
+      _r2(((5, 5), (8, 15)), ((8, 5), (12, 8)), ((8, 12), (12, 15)), ((12, 5), (15, 15))),
+      _r2(((8, 8), (12, 12)))]),
+    ([_r2(((0, 8), (10, 18)), ((8, 0), (18, 10))), _r2(((5, 13), (15, 23)), ((13, 5), (23, 15)))],
+     [_r2(((0, 8), (5, 18)), ((5, 8), (8, 13)), ((8, 0), (10, 13)), ((10, 0), (13, 10)), ((13, 0), (18, 5))),
+      _r2(((5, 18), (10, 23)), ((10, 13), (13, 23)), ((13, 10), (15, 23)), ((15, 10), (18, 15)), ((18, 5), (23, 15))),
+      _r2(((5, 13), (10, 18)), ((13, 5), (18, 10)))]),
+], ids=["disjoint", "duplicate", "nested", "partially overlapping"])
+def test_split_overlapping_gives_celeritys_concurrent_parts(given_regions, expected):
+    got = split_overlapping(given_regions)
+    assert len(got) == len(expected)
+    assert set(got) == set(expected)
+
+
+def test_split_overlapping_keeps_the_inputs_order_and_skips_empty_ones():
+    a, b = _r2(((0, 0), (4, 4))), _r2(((2, 0), (6, 4)))
+    assert split_overlapping([]) == []
+    assert split_overlapping([Region.empty_region(2), a]) == [a]
+    assert split_overlapping([a, Region.empty_region(2), b]) == [_r2(((0, 0), (2, 4))), _r2(((2, 0), (4, 4))),
+                                                                 _r2(((4, 0), (6, 4)))]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3).flatmap(lambda d: st.lists(regions(d, max_size=4), max_size=5)))
+def test_split_overlapping_parts_are_disjoint_and_make_up_every_input(inputs):
+    parts = split_overlapping(inputs)
+    for p, q in itertools.combinations(parts, 2):
+        assert not p.intersects(q)
+    assert all(parts)
+    for r in inputs:
+        inside = [p for p in parts if p.intersects(r)]
+        assert all(r.contains(p) for p in inside)        # no part reaches outside an input it meets
+        union = Region.empty_region(r.dims) if r.dims else r
+        for p in inside:
+            union = union | p
+        assert union == r
+    everything = [p for r in inputs for p in r.boxes]
+    assert sum(p.area for p in parts) == (Region(everything).area if everything else 0)

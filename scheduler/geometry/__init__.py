@@ -5,7 +5,7 @@ Sealed value types: modules outside this package use their public methods only
 or ``RegionMap.snapshot``, are methods of the types, tuned here once).
 """
 from .box import Box, Subrange
-from .region import Region, as_region
+from .region import Region, as_region, split_overlapping
 from .region_map import RegionMap
 
-__all__ = ["Box", "Region", "RegionMap", "Subrange", "as_region"]
+__all__ = ["Box", "Region", "RegionMap", "Subrange", "as_region", "split_overlapping"]

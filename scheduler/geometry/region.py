@@ -917,3 +917,36 @@ def as_region(x: "Region | Box | Iterable[Box]") -> Region:
     if isinstance(x, Box):
         return Region.from_box(x)
     return Region(x)
+
+
+def split_overlapping(regions: Iterable[Region]) -> list[Region]:
+    """Pairwise disjoint, non-empty regions such that each non-empty input is the union of
+    some of them (and no output partly overlaps any input): the parts of concurrent
+    readers' regions that each can wait for on its own.  Receiving the readers' regions one
+    after the other, each taking what the readers before it did not, makes a later reader
+    wait for an earlier reader's whole part, data it may not read; receiving these parts
+    instead, a reader waits for exactly what it reads (Celerity splits concurrent receive
+    and copy regions the same way).  Duplicates give one part, disjoint inputs themselves;
+    the order follows the inputs'.  Empty inputs are skipped."""
+    parts: list[Region] = []
+    for r in regions:
+        rest = r
+        if not rest:
+            continue
+        out: list[Region] = []
+        for a in parts:
+            if rest and a.intersects(rest):
+                common = a & rest
+                if common == a:
+                    out.append(a)
+                else:       # a splits into what lies outside r and what r shares with it
+                    out.append(a - common)
+                    out.append(common)
+                rest = rest - common
+            else:
+                out.append(a)
+        if rest:
+            out.append(rest)
+        parts = out
+    return parts
+
