@@ -700,6 +700,8 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             self._allocate(b, mem, box, _discard(b, bid, mem, (p for p in plans if p.batch is None)))
             self._pending_groups = []
         direct = bool(task.reductions) and self._reduces_in_place(cmd, plans)
+        if len(plans) > 1:
+            self._coherent_parts(plans)
         # coherence, then one kernel / host task per chunk
         kernels: list[tuple[ChunkPlan, Instruction, list[Allocation]]] = []
         for p in plans:
@@ -809,6 +811,28 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     self._buffers[bid].newest.update(reg, self._only[p.memory])
         if task.reductions and not direct:
             self._local_reductions(cmd, kernels)
+
+    def _coherent_parts(self, plans) -> None:
+        """Where chunks on one memory read overlapping parts of a buffer, make the parts that
+        ``split_overlapping`` gives of their reads coherent first, one set of copies per part,
+        so that each chunk depends on the copies of what it reads only.  Chunk by chunk, a
+        later chunk found its overlap copied along with an earlier chunk's whole read and
+        waited for all of that copy; Celerity splits concurrent copies the same way.  Chunks
+        whose reads are disjoint, and batches (their allocations come one by one), are left
+        to the chunk loop."""
+        by_memory: dict[int, list[ChunkPlan]] = {}
+        for p in plans:
+            if p.batch is None and p.consumed:
+                by_memory.setdefault(p.memory, []).append(p)
+        for memory, ps in by_memory.items():
+            if len(ps) < 2:
+                continue
+            for bid in sorted({bid for p in ps for bid in p.consumed}):
+                regs = [r for r in (p.consumed.get(bid) for p in ps) if r]
+                if len(regs) > 1 and any(a.intersects(c) for i, a in enumerate(regs) for c in regs[i + 1:]):
+                    b = self._buffers[bid]
+                    for part in split_overlapping(regs):
+                        self._make_coherent(b, memory, part)
 
     def _missing_first(self, need: list) -> list:
         """``Plans.need`` with, per buffer and bounded memory, a box that no allocation holds but

@@ -841,3 +841,50 @@ def test_overlapping_remote_reads_are_received_once_per_element(pattern):
                 have = have | a.region
                 assert need.contains(a.region), (k.box, a.region, need)
         assert have.contains(need)
+
+
+@pytest.mark.parametrize("pattern", [_DISJOINT, _DUPLICATE, _NESTED, _PARTIAL],
+                         ids=["disjoint", "duplicate", "nested", "partially overlapping"])
+def test_overlapping_local_reads_are_copied_once_per_element(pattern):
+    """The copy half of the same Celerity case: four chunks on one device (oversubscribed)
+    read the four regions of data that lies in host memory.  Every element is copied to the
+    device once (the copies' regions are pairwise disjoint and make up what the chunks read),
+    every reader depends on copies covering what it reads and on none that brings data it
+    does not read: the concurrent copies are split symmetrically, as Celerity splits them."""
+    ctx = GraphContext(1, devices=1)
+    b = ctx.buffer((40, 40), dtype="int32")
+    ctx.task((), kind=MASTER, accesses=[(b, rm.all(), DW)], name="writer")
+
+    def mapper(chunk, shape):
+        out = Region.empty_region(2)
+        for i in range(chunk.offset[0], chunk.offset[0] + chunk.range[0]):
+            r = pattern[i % 4]
+            out = out | (r if isinstance(r, Region) else Region.from_box(r))
+        return out
+
+    ctx.task((4,), [(b, mapper, R)], name="reader", oversubscribe=4)
+    ctx.finish()
+    validate(ctx, 0)
+    readers = ctx.instrs(0, "device_kernel", name="reader")
+    assert len(readers) == 4
+    copies = [c for c in ctx.instrs(0, "copy") if c.dest_memory >= 2]
+    wanted = Region.empty_region(2)
+    for r in pattern:
+        wanted = wanted | (r if isinstance(r, Region) else Region.from_box(r))
+    got = Region.empty_region(2)
+    for c in copies:
+        region = Region.from_box(c.box)
+        assert not got.intersects(region)
+        got = got | region
+    assert got == wanted
+    for k in readers:
+        need = Region.empty_region(2)
+        for acc in k.accesses:
+            need = need | (acc.region if acc.region is not None else Region.from_box(acc.box))
+        have = Region.empty_region(2)
+        for c in copies:
+            if ctx.depends_on(k, c, 0):
+                region = Region.from_box(c.box)
+                have = have | region
+                assert need.contains(region), (k.box, region, need)
+        assert have.contains(need)
