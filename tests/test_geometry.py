@@ -853,8 +853,12 @@ def test_regression_box_and_region_operands():
 
 
 # ---- split_overlapping: concurrent readers' parts ------------------------------------------
-def _r2(*corners) -> Region:
-    return Region([Box(lo, hi) for lo, hi in corners])
+class _r2(Region):
+    """A region that also keeps its boxes as written (Celerity's, in the cases below)."""
+
+    def __init__(self, *corners):
+        super().__init__([Box(lo, hi) for lo, hi in corners])
+        self.written = tuple(Box(lo, hi) for lo, hi in corners)
 
 
 @pytest.mark.parametrize("given_regions,expected", [
@@ -877,6 +881,8 @@ def test_split_overlapping_gives_celeritys_concurrent_parts(given_regions, expec
     got = split_overlapping(given_regions)
     assert len(got) == len(expected)
     assert set(got) == set(expected)
+    # in the same boxes, in the same order, as Celerity's expected regions list them
+    assert {r.boxes for r in got} == {r.written for r in expected}
 
 
 def test_split_overlapping_keeps_the_inputs_order_and_skips_empty_ones():
