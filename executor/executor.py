@@ -493,7 +493,9 @@ class Executor(InstructionHandlers):
     #     30-70 us before the thread runs again on this kind of machine; when they
     #     last longer (the peer is computing), spinning would only burn a core.
     #     Then it sleeps between polls, ``poll_min`` growing by a quarter per empty
-    #     poll up to ``poll_max``, so a rank that waits long costs little CPU.
+    #     poll up to ``poll_max`` and, once it has waited 32 times that, up to a 32nd of
+    #     the wait so far (an arrival is seen at most ~3 % late), so a rank that waits
+    #     long costs little CPU.
     #   * Lane work in flight: the lane's completion wakes the loop, and what an
     #     arrival lets it issue could rarely run much sooner than that (the next
     #     step needs the running kernel too): it polls rarely, from a quarter of
@@ -531,7 +533,7 @@ class Executor(InstructionHandlers):
                     return
                 delay = self._poll_min
             else:
-                delay = min(delay * 1.25, self._poll_max)
+                delay = min(delay * 1.25, self._long_wait_cap())
             self._poll_delay = delay
             inbox.wait(delay)
             return
@@ -540,11 +542,23 @@ class Executor(InstructionHandlers):
             # poll_max (a fixed 1 ms saw a peer that came at once up to 1 ms late, and cost a
             # rank waiting at a barrier behind a slow peer ~930 wake-ups a second, 4.7 % of a core)
             delay = self._poll_delay
-            delay = self._poll_min if delay == 0.0 else min(delay * 1.25, self._poll_max)
+            delay = self._poll_min if delay == 0.0 else min(delay * 1.25, self._long_wait_cap())
             self._poll_delay = delay
             inbox.wait(min(self._idle_timeout, delay))
             return
         inbox.wait(self._idle_timeout)
+
+    def _long_wait_cap(self) -> float:
+        """The longest sleep between polls while only the network (or a peer's epoch) is
+        waited for: ``poll_max``, and once the loop has waited 32 times that long, a 32nd of
+        the wait so far.  A rank waiting for a peer that computes for seconds woke every
+        ``poll_max`` (2 ms: ~480 wake-ups and 4-5 % of a core a second, taken from the peer
+        where ranks share cores); now an arrival is seen at most ~3 % of the wait late."""
+        since = self._stalled_since
+        cap = self._poll_max
+        if since:
+            cap = max(cap, (_perf_ns() - since) * 3.125e-11)
+        return cap
 
     def _end_idle_wait(self) -> None:
         """Something happened after the loop waited: learn how long idle waits last."""

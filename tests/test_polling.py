@@ -11,6 +11,7 @@ about measured times.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -187,7 +188,7 @@ def test_spin_gives_way_to_sleeps_once_its_time_is_up():
     _ex, waits, result = run(comm)
     np.testing.assert_array_equal(result, comm.payload)
     got = polling_waits(waits)
-    assert got and got[0] == 1e-3 and max(got) == 2e-3
+    np.testing.assert_allclose(got[:5], [1e-3, 1.25e-3, 1.5625e-3, 1.953125e-3, 2e-3])
 
 
 def _lane_kernel(launcher, name: str):
@@ -243,6 +244,31 @@ def test_during_a_long_kernel_the_sleeps_grow_past_poll_max_to_an_eighth_of_the_
     elapsed = 0.0
     for w in got:                               # never more than an eighth of the wait so far (plus
         assert w <= max(2e-3, (elapsed + 0.05) / 8) + 1e-9   # slack for time the loop spent between waits)
+        elapsed += w
+
+
+def test_a_long_wait_for_the_network_alone_polls_a_32nd_of_the_wait_apart():
+    """Nothing in flight but a receive whose data comes only after 0.5 s (a peer computing):
+    past 32 x ``poll_max`` of waiting the sleeps grow with the wait, at most a 32nd of it,
+    so the loop polls about a hundred times instead of every ``poll_max`` (250 times here),
+    and sees the arrival at most ~3 % of the wait late."""
+    comm = ScriptedComm(spin=0.0, pmin=1e-4, pmax=2e-3, arrive_after=10 ** 9)
+    real_poll = comm.poll_pilots
+    t0 = time.perf_counter()
+
+    def poll_pilots():
+        real_poll()
+        return [(1, Pilot(msg_id=7, to=0, transfer=(1, 0, 0), box=BOX))] if time.perf_counter() - t0 > 0.5 else []
+
+    comm.poll_pilots = poll_pilots
+    _ex, waits, result = run(comm)
+    np.testing.assert_array_equal(result, comm.payload)
+    got = polling_waits(waits)
+    assert max(got) > 2e-3 * 4                  # well past poll_max
+    assert len(got) < 150                       # (every poll_max: 250)
+    elapsed = 0.0
+    for w in got:                               # never more than a 32nd of the wait so far (plus
+        assert w <= max(2e-3, (elapsed + 0.05) / 32) + 1e-9   # slack for time the loop spent between waits)
         elapsed += w
 
 
@@ -496,3 +522,35 @@ def test_polled_backend_completions_are_asked_only_up_to_the_first_unfinished_on
     # each poll asks at most one unfinished item per lane (a handful of lanes), and each item is
     # asked once more when it is done; asking every item in flight at every poll was ~steps x 100
     assert asked[0] <= 4 * steps[0] + 2 * len(created), (asked[0], steps[0], len(created))
+
+
+def test_a_long_blocking_mpi_wait_sleeps_up_to_a_32nd_of_the_wait(monkeypatch):
+    """``MpiCommunicator._wait`` (a barrier, a communicator clone) sleeps between tests from
+    20 us growing by half up to 1 ms and, once it has waited 32 ms, up to a 32nd of the wait:
+    a rank in a barrier behind a peer that computes for 2 s tests ~250 times, not ~2000
+    (each wake-up costs CPU a peer sharing the cores could use).  Clock and sleep are faked."""
+    from executor.mpi import communicator as mc
+    clock = [0.0]
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(s)
+        clock[0] += s
+
+    monkeypatch.setattr(mc.time, "sleep", sleep)
+    monkeypatch.setattr(mc.time, "monotonic", lambda: clock[0])
+
+    class Waiter:
+        _rank = 0
+
+        def _divergence_poll(self, stalled):
+            pass
+
+    mc.MpiCommunicator._wait(Waiter(), lambda: clock[0] >= 2.0, "the barrier")
+    np.testing.assert_allclose(sleeps[:3], [2e-5, 3e-5, 4.5e-5])
+    assert max(sleeps) > 0.01
+    assert len(sleeps) < 300
+    waited = 0.0
+    for s in sleeps:                # never past 1 ms or a 32nd of the wait so far
+        assert s <= max(1e-3, waited / 32) * 1.5 + 1e-12
+        waited += s
