@@ -790,6 +790,46 @@ _DISJOINT = [_b((0, 0), (10, 10)), _b((10, 0), (20, 10)), _b((0, 10), (10, 20)),
 _DUPLICATE = [_b((0, 0), (10, 10))] * 4
 
 
+def _as_reg(r) -> Region:
+    return r if isinstance(r, Region) else Region.from_box(r)
+
+
+def _pattern_mapper(pattern):
+    """Item i maps to ``pattern[i % 4]``; a chunk to the union of what its items map to."""
+    def mapper(chunk, shape):
+        out = Region.empty_region(2)
+        for i in range(chunk.offset[0], chunk.offset[0] + chunk.range[0]):
+            out = out | _as_reg(pattern[i % 4])
+        return out
+    return mapper
+
+
+def _check_arrivals_per_reader(ctx, rank: int, pattern, arrivals: list[tuple]) -> None:
+    """``arrivals``: (instruction, region) of the receives or copies bringing the readers' data.
+    They are pairwise disjoint and make up what the pattern reads; every reader depends on
+    arrivals covering what it reads, and on none that brings data it does not read."""
+    readers = ctx.instrs(rank, "device_kernel", name="reader")
+    assert len(readers) == 4
+    wanted = Region.empty_region(2)
+    for r in pattern:
+        wanted = wanted | _as_reg(r)
+    got = Region.empty_region(2)
+    for _ins, region in arrivals:
+        assert not got.intersects(region)
+        got = got | region
+    assert got == wanted
+    for k in readers:
+        need = Region.empty_region(2)
+        for acc in k.accesses:
+            need = need | (acc.region if acc.region is not None else Region.from_box(acc.box))
+        have = Region.empty_region(2)
+        for ins, region in arrivals:
+            if ctx.depends_on(k, ins, rank):
+                have = have | region
+                assert need.contains(region), (k.box, region, need)
+        assert have.contains(need)
+
+
 @pytest.mark.parametrize("pattern", [_DISJOINT, _DUPLICATE, _NESTED, _PARTIAL],
                          ids=["disjoint", "duplicate", "nested", "partially overlapping"])
 def test_overlapping_remote_reads_are_received_once_per_element(pattern):
@@ -805,42 +845,14 @@ def test_overlapping_remote_reads_are_received_once_per_element(pattern):
     ctx = GraphContext(2, devices=4, compile_ranks=[1])
     b = ctx.buffer((40, 40), dtype="int32")
     ctx.task((), kind=MASTER, accesses=[(b, rm.all(), DW)], name="writer")
-
-    def mapper(chunk, shape):   # (a rank's chunk maps to the union of what its items map to)
-        out = Region.empty_region(2)
-        for i in range(chunk.offset[0], chunk.offset[0] + chunk.range[0]):
-            r = pattern[i % 4]
-            out = out | (r if isinstance(r, Region) else Region.from_box(r))
-        return out
-
-    ctx.task((8,), [(b, mapper, R)], name="reader")
+    ctx.task((8,), [(b, _pattern_mapper(pattern), R)], name="reader")   # rank 1: items 4-7
     ctx.finish()
     validate(ctx, 1)
-    readers = ctx.instrs(1, "device_kernel", name="reader")
-    assert len(readers) == 4
-    wanted = Region.empty_region(2)
-    for r in pattern:
-        wanted = wanted | (r if isinstance(r, Region) else Region.from_box(r))
     arrivals = ctx.instrs(1, "receive") + ctx.instrs(1, "await_receive")
-    splits = ctx.instrs(1, "split_receive")
-    got = Region.empty_region(2)
-    for a in arrivals:
-        assert not got.intersects(a.region)
-        got = got | a.region
-    assert got == wanted
-    for s in splits:
+    _check_arrivals_per_reader(ctx, 1, pattern, [(a, a.region) for a in arrivals])
+    for s in ctx.instrs(1, "split_receive"):
         parts = [a for a in ctx.instrs(1, "await_receive") if a.transfer == s.transfer and ctx.depends_on(a, s, 1)]
         assert Region(tuple(x for p in parts for x in p.region.boxes)) == s.region
-    for k in readers:
-        need = Region.empty_region(2)
-        for acc in k.accesses:
-            need = need | (acc.region if acc.region is not None else Region.from_box(acc.box))
-        have = Region.empty_region(2)
-        for a in arrivals:
-            if ctx.depends_on(k, a, 1):
-                have = have | a.region
-                assert need.contains(a.region), (k.box, a.region, need)
-        assert have.contains(need)
 
 
 @pytest.mark.parametrize("pattern", [_DISJOINT, _DUPLICATE, _NESTED, _PARTIAL],
@@ -850,41 +862,13 @@ def test_overlapping_local_reads_are_copied_once_per_element(pattern):
     read the four regions of data that lies in host memory.  Every element is copied to the
     device once (the copies' regions are pairwise disjoint and make up what the chunks read),
     every reader depends on copies covering what it reads and on none that brings data it
-    does not read: the concurrent copies are split symmetrically, as Celerity splits them."""
+    does not read: the concurrent copies are split symmetrically, as Celerity splits them.
+    (Until 2026-11-28 a later chunk waited for its neighbour's whole copy.)"""
     ctx = GraphContext(1, devices=1)
     b = ctx.buffer((40, 40), dtype="int32")
     ctx.task((), kind=MASTER, accesses=[(b, rm.all(), DW)], name="writer")
-
-    def mapper(chunk, shape):
-        out = Region.empty_region(2)
-        for i in range(chunk.offset[0], chunk.offset[0] + chunk.range[0]):
-            r = pattern[i % 4]
-            out = out | (r if isinstance(r, Region) else Region.from_box(r))
-        return out
-
-    ctx.task((4,), [(b, mapper, R)], name="reader", oversubscribe=4)
+    ctx.task((4,), [(b, _pattern_mapper(pattern), R)], name="reader", oversubscribe=4)
     ctx.finish()
     validate(ctx, 0)
-    readers = ctx.instrs(0, "device_kernel", name="reader")
-    assert len(readers) == 4
     copies = [c for c in ctx.instrs(0, "copy") if c.dest_memory >= 2]
-    wanted = Region.empty_region(2)
-    for r in pattern:
-        wanted = wanted | (r if isinstance(r, Region) else Region.from_box(r))
-    got = Region.empty_region(2)
-    for c in copies:
-        region = Region.from_box(c.box)
-        assert not got.intersects(region)
-        got = got | region
-    assert got == wanted
-    for k in readers:
-        need = Region.empty_region(2)
-        for acc in k.accesses:
-            need = need | (acc.region if acc.region is not None else Region.from_box(acc.box))
-        have = Region.empty_region(2)
-        for c in copies:
-            if ctx.depends_on(k, c, 0):
-                region = Region.from_box(c.box)
-                have = have | region
-                assert need.contains(region), (k.box, region, need)
-        assert have.contains(need)
+    _check_arrivals_per_reader(ctx, 0, pattern, [(c, Region.from_box(c.box)) for c in copies])
