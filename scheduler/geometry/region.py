@@ -949,4 +949,3 @@ def split_overlapping(regions: Iterable[Region]) -> list[Region]:
             out.append(rest)
         parts = out
     return parts
-
