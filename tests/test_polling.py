@@ -345,7 +345,6 @@ def test_spin_only_while_recent_idle_waits_were_short():
     (nothing is known yet), the second does not, since the first lasted longer than the
     (tiny) spin time."""
     comm = ScriptedComm(spin=1e-9, pmin=1e-4, pmax=1e-4, arrive_after=6)
-    second = {"at": None}
     real_poll = comm.poll_pilots
 
     def poll_pilots():
