@@ -829,7 +829,14 @@ class _Launcher:
         try:
             r = None
             if self.plain:
-                r = self.fn(Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset), *self.args)
+                # The chunk of a context the executor keeps (a repeating step's direct runs: same
+                # box, device and array module every time) is made once: it holds nothing else
+                # that changes, and a Chunk made per launch cost ~0.35 us of a ~1.6 us launch.
+                c = ctx.chunk
+                if c is None or c.global_range is not self.global_range or c.global_offset is not self.global_offset:
+                    c = ctx.chunk = Chunk(ctx.box, ctx.xp, ctx.device, self.global_range, self.global_offset)
+                args = self.args
+                r = self.fn(c, *args) if args else self.fn(c)
             elif self.device:
                 if self.red_ops:
                     reducers = []

@@ -367,6 +367,7 @@ class LaunchContext:
     accesses: list = field(default_factory=list)  # the instruction's AccessAllocation list
     task: int = -1                 # task id, for error messages
     reductions: list = field(default_factory=list)  # the instruction's ReductionAllocation list
+    chunk: Any = None              # the kernel's last Chunk, kept by its launcher (see handler._Launcher)
 
 
 @dataclass(frozen=True, slots=True)

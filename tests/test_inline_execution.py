@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from concurrent.futures import Future
 
 import numpy as np
@@ -320,6 +321,41 @@ def test_many_tiny_tasks_end_to_end_with_inline_execution():
         q.submit(cgf)
     np.testing.assert_array_equal(q.fence(b).result(TIMEOUT), np.full(64, 200))
     q.shutdown()
+
+
+def test_a_repeating_kernel_run_directly_gets_its_chunk_made_once_with_the_launchs_values():
+    """The executor keeps the launch context of a repeating step's direct runs, and the
+    launcher keeps the chunk it made for it: every launch of one chunk sees the same values
+    (box, device, array module, global range and offset); a task of another range (another
+    geometry) gets its own chunk."""
+    q = cl.Queue(devices="host:2")
+    seen: list = []
+
+    def cgf_of(n, offset):
+        def cgf(cgh):
+            cgh.parallel_for((n,), lambda chunk: seen.append((chunk, chunk.box, chunk.device, chunk.global_range,
+                                                               chunk.global_offset, chunk.xp)),
+                             offset=(offset,), name="look")
+        return cgf
+
+    for _ in range(30):
+        q.submit(cgf_of(8, 0))
+    q.wait()
+    first = list(seen)
+    seen.clear()
+    for _ in range(30):
+        q.submit(cgf_of(8, 4))
+    q.wait()
+    q.shutdown()
+    for runs, offset in ((first, 0), (seen, 4)):
+        assert len(runs) == 60
+        for chunk, box, device, global_range, global_offset, xp in runs:
+            assert chunk.box == box and chunk.device == device and xp is np
+            assert tuple(global_range) == (8,) and tuple(global_offset) == (offset,)
+            assert box.lo[0] in (offset, offset + 4) and box.hi[0] - box.lo[0] == 4
+        assert {(c.offset, c.device) for c, *_ in runs} == {((offset,), 0), ((offset + 4,), 1)}
+        # (the objects held here stay alive, so equal ids are one object used again)
+        assert max(Counter(id(c) for c, *_ in runs).values()) > 1
 
 
 @pytest.mark.parametrize("nbytes,queued", [(64, False), (4096, True)])
