@@ -520,11 +520,7 @@ class Executor(InstructionHandlers):
             delay = self._poll_delay
             if self._by_completion:     # lane work in flight
                 # (beyond poll_max once the loop has waited long: an eighth of that wait)
-                cap = self._poll_max
-                since = self._stalled_since
-                if since:
-                    cap = max(cap, (_perf_ns() - since) * 1.25e-10)
-                delay = min(max(delay * 1.25, self._poll_max / 4), cap)
+                delay = min(max(delay * 1.25, self._poll_max / 4), self._long_wait_cap(8))
                 self._idle_start = 0
             elif delay == 0.0 or self._idle_start == 0:   # the first idle wait since something happened
                 self._idle_start = _perf_ns()
@@ -533,31 +529,33 @@ class Executor(InstructionHandlers):
                     return
                 delay = self._poll_min
             else:
-                delay = min(delay * 1.25, self._long_wait_cap())
+                delay = min(delay * 1.25, self._long_wait_cap(32))
             self._poll_delay = delay
             inbox.wait(delay)
             return
         if self._unverified_epoch is not None:     # waiting for a peer's epoch (divergence check)
             # polled as the network is: from poll_min, a quarter longer per empty poll, up to
-            # poll_max (a fixed 1 ms saw a peer that came at once up to 1 ms late, and cost a
-            # rank waiting at a barrier behind a slow peer ~930 wake-ups a second, 4.7 % of a core)
+            # poll_max and in a long wait a 32nd of it (a fixed 1 ms saw a peer that came at once
+            # up to 1 ms late, and cost a rank waiting at a barrier behind a slow peer ~930
+            # wake-ups a second, 4.7 % of a core)
             delay = self._poll_delay
-            delay = self._poll_min if delay == 0.0 else min(delay * 1.25, self._long_wait_cap())
+            delay = self._poll_min if delay == 0.0 else min(delay * 1.25, self._long_wait_cap(32))
             self._poll_delay = delay
             inbox.wait(min(self._idle_timeout, delay))
             return
         inbox.wait(self._idle_timeout)
 
-    def _long_wait_cap(self) -> float:
-        """The longest sleep between polls while only the network (or a peer's epoch) is
-        waited for: ``poll_max``, and once the loop has waited 32 times that long, a 32nd of
-        the wait so far.  A rank waiting for a peer that computes for seconds woke every
-        ``poll_max`` (2 ms: ~480 wake-ups and 4-5 % of a core a second, taken from the peer
-        where ranks share cores); now an arrival is seen at most ~3 % of the wait late."""
+    def _long_wait_cap(self, parts: int) -> float:
+        """The longest sleep between polls: ``poll_max``, and once the loop has waited
+        ``parts`` times that long, the ``parts``-th part of the wait so far (an arrival is seen
+        at most that share of the wait late).  8 while lane work runs (its completion wakes the
+        loop anyway), 32 while only the network (or a peer's epoch) is waited for: a rank
+        waiting for a peer that computes for seconds woke every ``poll_max`` (2 ms: ~480
+        wake-ups and 4-5 % of a core a second, taken from the peer where ranks share cores)."""
         since = self._stalled_since
         cap = self._poll_max
         if since:
-            cap = max(cap, (_perf_ns() - since) * 3.125e-11)
+            cap = max(cap, (_perf_ns() - since) * 1e-9 / parts)
         return cap
 
     def _end_idle_wait(self) -> None:

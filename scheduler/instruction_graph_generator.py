@@ -1184,9 +1184,9 @@ def _accessed(p: ChunkPlan, bid: int) -> Region:
     """What chunk ``p`` reads or writes of buffer ``bid``."""
     got = p.consumed.get(bid)
     put = p.produced.get(bid)
-    if got is None or not got:
+    if not got:
         return put if put is not None else Region.empty_region(p.bbox[bid].dims)
-    return got if put is None or not put else got | put
+    return got | put if put else got
 
 
 def _group_region(groups: tuple) -> Region:

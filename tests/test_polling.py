@@ -164,6 +164,15 @@ def polling_waits(waits: list[float]) -> list[float]:
     return [w for w in waits if w != IDLE]
 
 
+def assert_sleeps_within_part_of_the_wait(got: list[float], poll_max: float, parts: int) -> None:
+    """Each sleep is at most ``poll_max`` or the ``parts``-th part of the wait so far (plus
+    50 ms of slack for the time the loop spent between waits)."""
+    elapsed = 0.0
+    for w in got:
+        assert w <= max(poll_max, (elapsed + 0.05) / parts) + 1e-9
+        elapsed += w
+
+
 def test_idle_rank_polls_without_pause_while_it_spins():
     comm = ScriptedComm(spin=60.0, pmin=1e-3, pmax=4e-3, arrive_after=300)
     _ex, waits, result = run(comm)
@@ -241,10 +250,7 @@ def test_during_a_long_kernel_the_sleeps_grow_past_poll_max_to_an_eighth_of_the_
     got = polling_waits(waits)
     assert max(got) > 2e-3 * 4                  # well past poll_max
     assert len(got) < 80                        # (every poll_max: 300)
-    elapsed = 0.0
-    for w in got:                               # never more than an eighth of the wait so far (plus
-        assert w <= max(2e-3, (elapsed + 0.05) / 8) + 1e-9   # slack for time the loop spent between waits)
-        elapsed += w
+    assert_sleeps_within_part_of_the_wait(got, 2e-3, 8)
 
 
 def test_a_long_wait_for_the_network_alone_polls_a_32nd_of_the_wait_apart():
@@ -266,10 +272,7 @@ def test_a_long_wait_for_the_network_alone_polls_a_32nd_of_the_wait_apart():
     got = polling_waits(waits)
     assert max(got) > 2e-3 * 4                  # well past poll_max
     assert len(got) < 150                       # (every poll_max: 250)
-    elapsed = 0.0
-    for w in got:                               # never more than a 32nd of the wait so far (plus
-        assert w <= max(2e-3, (elapsed + 0.05) / 32) + 1e-9   # slack for time the loop spent between waits)
-        elapsed += w
+    assert_sleeps_within_part_of_the_wait(got, 2e-3, 32)
 
 
 class _DoneAfter(Request):
