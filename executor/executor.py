@@ -492,16 +492,19 @@ class Executor(InstructionHandlers):
     #     loop polls without pause for up to ``poll_spin``, since a sleep costs
     #     30-70 us before the thread runs again on this kind of machine; when they
     #     last longer (the peer is computing), spinning would only burn a core.
-    #     Then it sleeps between polls, ``poll_min`` growing by a quarter per empty
-    #     poll up to ``poll_max`` and, once it has waited 32 times that, up to a 32nd of
-    #     the wait so far (an arrival is seen at most ~3 % late), so a rank that waits
-    #     long costs little CPU.
+    #     Then it sleeps between polls, from ``poll_min`` (or a 32nd of how long such
+    #     waits took lately, if more) growing by a quarter per empty poll up to
+    #     ``poll_max`` and, once it has waited 32 times that, up to a 32nd of the wait
+    #     so far (an arrival is seen at most ~3 % late), so a rank that waits long
+    #     costs little CPU.
     #   * Lane work in flight: the lane's completion wakes the loop, and what an
     #     arrival lets it issue could rarely run much sooner than that (the next
     #     step needs the running kernel too): it polls rarely, from a quarter of
     #     ``poll_max`` up to ``poll_max``, and once it has waited longer, up to an
     #     eighth of how long it has waited (so an arrival is seen at most an eighth
-    #     late).  Every poll wakes a thread whose caches the kernel has cleared:
+    #     late); where every running item is a kernel of a kind seen before, from
+    #     the start every eighth of the shortest one's expected time
+    #     (``_running_kernels_ns``).  Every poll wakes a thread whose caches the kernel has cleared:
     #     measured on wave_sim 4096² on 2 ranks (130 ms kernels), 54 polls per step
     #     cost the executor 13 ms of CPU per step (~245 us each: a timed sleep's
     #     wake-up alone is ~27 us of CPU on this VM), 10 % of a core the kernels
@@ -519,15 +522,22 @@ class Executor(InstructionHandlers):
         if not comm.notifies and (self._sends or self._receives):
             delay = self._poll_delay
             if self._by_completion:     # lane work in flight
-                # (beyond poll_max once the loop has waited long: an eighth of that wait)
-                delay = min(max(delay * 1.25, self._poll_max / 4), self._long_wait_cap(8))
+                # (beyond poll_max once the loop has waited long: an eighth of that wait, or
+                # from the start an eighth of the shortest running kernel's expected time)
+                eighth = self._running_kernels_ns() * 1.25e-10
+                cap = self._long_wait_cap(8)
+                if eighth > cap:
+                    cap = eighth
+                delay = min(max(delay * 1.25, self._poll_max / 4, eighth), cap)
                 self._idle_start = 0
             elif delay == 0.0 or self._idle_start == 0:   # the first idle wait since something happened
                 self._idle_start = _perf_ns()
                 if self._spin_ns and self._idle_estimate <= self._spin_ns and self._spin():
                     self._end_idle_wait()
                     return
-                delay = self._poll_min
+                # (from a 32nd of how long such waits took lately: a rank waiting ~40 ms a step
+                # for a computing peer polled ~20 times in the first 5 ms ramping up from poll_min)
+                delay = min(max(self._poll_min, self._idle_estimate * 3.125e-11), self._poll_max)
             else:
                 delay = min(delay * 1.25, self._long_wait_cap(32))
             self._poll_delay = delay
@@ -557,6 +567,29 @@ class Executor(InstructionHandlers):
         if since:
             cap = max(cap, (_perf_ns() - since) * 1e-9 / parts)
         return cap
+
+    def _running_kernels_ns(self) -> int:
+        """The shortest expected run time (ns) of the kernels in flight on lanes: 0 where
+        none runs or one is of a kind not seen before (it might end any moment).  Other lane
+        work (copies, host tasks) does not count: its completion wakes the loop, which then
+        looks again.  Polling more often than an eighth of it would
+        see an arrival sooner than anything it enables could run (the next step needs the
+        running kernel too), and on a machine whose ranks share cores each wake-up takes
+        the CPU from a kernel: measured on wave_sim 4096² on 2 ranks (~90 ms kernels),
+        ramping from ``poll_max / 4`` woke the executor ~27 times a kernel, ~200 us of CPU
+        each with the caches the kernel emptied."""
+        costs = self._costs
+        shortest = 0
+        for active in self._by_completion.values():
+            key = active.cost_key
+            if key is None:
+                continue
+            est = costs.get(key)
+            if est is None:
+                return 0
+            if shortest == 0 or est < shortest:
+                shortest = est
+        return shortest
 
     def _end_idle_wait(self) -> None:
         """Something happened after the loop waited: learn how long idle waits last."""

@@ -221,7 +221,8 @@ def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
     comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=4e-3, arrive_after=12, on_arrival=arrived)
     ran = []
     kernel = _lane_kernel(lambda ctx: ran.append(arrived.wait(TIMEOUT)), "blocks")
-    _ex, waits, result = run(comm, kernel, costs={"blocks": 10 ** 9})
+    # (3 ms: past the inline thresholds, an eighth of it below poll_max / 4)
+    _ex, waits, result = run(comm, kernel, costs={"blocks": 3 * 10 ** 6})
     np.testing.assert_array_equal(result, comm.payload)
     assert ran == [True]
     got = polling_waits(waits)
@@ -245,12 +246,46 @@ def test_during_a_long_kernel_the_sleeps_grow_past_poll_max_to_an_eighth_of_the_
 
     comm.poll_pilots = poll_pilots
     kernel = _lane_kernel(lambda ctx: (done.wait(0.6), done.set()), "long")
-    _ex, waits, result = run(comm, kernel, costs={"long": 10 ** 9})
+    # (estimated at 3 ms: the sleeps grow with the wait, not with the estimate)
+    _ex, waits, result = run(comm, kernel, costs={"long": 3 * 10 ** 6})
     np.testing.assert_array_equal(result, comm.payload)
     got = polling_waits(waits)
     assert max(got) > 2e-3 * 4                  # well past poll_max
     assert len(got) < 80                        # (every poll_max: 300)
     assert_sleeps_within_part_of_the_wait(got, 2e-3, 8)
+
+
+def _long_kernel_run(estimate_ns: int) -> list[float]:
+    """The polling sleeps while a 0.4 s lane kernel (``estimate_ns``: its kind's estimate)
+    runs with a receive outstanding that arrives only after it."""
+    done = threading.Event()
+    comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=2e-3, arrive_after=10 ** 9)
+    real_poll = comm.poll_pilots
+
+    def poll_pilots():
+        real_poll()
+        return [(1, Pilot(msg_id=7, to=0, transfer=(1, 0, 0), box=BOX))] if done.is_set() else []
+
+    comm.poll_pilots = poll_pilots
+    kernel = _lane_kernel(lambda ctx: (done.wait(0.4), done.set()), "long")
+    _ex, waits, result = run(comm, kernel, costs={"long": estimate_ns})
+    np.testing.assert_array_equal(result, comm.payload)
+    return polling_waits(waits)
+
+
+def test_a_kernel_known_to_be_long_is_polled_beside_an_eighth_of_its_estimate_apart():
+    """A running kernel of a kind that took 0.4 s before: the loop sleeps an eighth of that
+    (50 ms) between polls from the start, instead of ramping up from ``poll_max / 4`` (each
+    wake-up costs the CPU a kernel on another rank of the same cores needed: wave_sim 4096²
+    on 2 ranks polled ~27 times per 90 ms kernel).  A kind that ran shorter ramps up as
+    before."""
+    got = _long_kernel_run(4 * 10 ** 8)
+    assert got[0] == pytest.approx(0.05)
+    assert all(w == pytest.approx(0.05) or w > 0.05 for w in got[:-1])
+    assert len(got) <= 10                       # (0.4 s / 50 ms, and the last one cut short)
+    short = _long_kernel_run(3 * 10 ** 6)       # (a kind that took 3 ms: an eighth is below poll_max / 4)
+    assert short[0] == pytest.approx(5e-4)      # poll_max / 4
+    assert len(short) > 2 * len(got)
 
 
 def test_a_long_wait_for_the_network_alone_polls_a_32nd_of_the_wait_apart():
@@ -273,6 +308,45 @@ def test_a_long_wait_for_the_network_alone_polls_a_32nd_of_the_wait_apart():
     assert max(got) > 2e-3 * 4                  # well past poll_max
     assert len(got) < 150                       # (every poll_max: 250)
     assert_sleeps_within_part_of_the_wait(got, 2e-3, 32)
+
+
+def test_a_wait_for_the_network_starts_from_a_32nd_of_how_long_such_waits_took_lately():
+    """Nothing in flight but a receive, on an executor whose recent waits for the network
+    lasted 64 ms: the first sleep is 2 ms (a 32nd), not ``poll_min`` (a rank waiting ~40 ms
+    a step for a computing peer polled ~20 times in the first 5 ms), and never above
+    ``poll_max``; without such a history it starts from ``poll_min``."""
+    def first_sleeps(estimate_ns: int) -> list[float]:
+        comm = ScriptedComm(spin=0.0, pmin=1e-4, pmax=4e-3, arrive_after=6)
+
+        class Learned(Executor):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                self._idle_estimate = estimate_ns
+
+        backend = HostBackend(1)
+        ex = Learned(backend, comm, idle_timeout=IDLE)
+        inbox = ex._inbox = RecordingInbox()
+        g = Graph()
+        init = g.add(EpochInstruction, task=0, action="init")
+        a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,),
+                  dtype=np.float64)
+        r = g.add(ReceiveInstruction, a, transfer=(1, 0, 0), region=Region.from_box(BOX), dest=1,
+                  dest_box=BOX, dtype=np.float64)
+        fut = Future()
+        fence = g.add(FenceInstruction, r, task=3, promise=fut, allocation=1)
+        g.add(EpochInstruction, fence, task=4, action="shutdown")
+        try:
+            ex.start()
+            ex.submit(g.batch())
+            np.testing.assert_array_equal(fut.result(TIMEOUT), comm.payload)
+            assert ex.join(TIMEOUT)
+        finally:
+            backend.close()
+        return polling_waits(inbox.waits)
+
+    np.testing.assert_allclose(first_sleeps(64 * 10 ** 6)[:3], [2e-3, 2.5e-3, 3.125e-3])
+    np.testing.assert_allclose(first_sleeps(10 ** 9)[:2], [4e-3, 4e-3])    # (at most poll_max)
+    np.testing.assert_allclose(first_sleeps(0)[:2], [1e-4, 1.25e-4])
 
 
 class _DoneAfter(Request):
