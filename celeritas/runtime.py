@@ -416,14 +416,17 @@ class Runtime:
         self.scheduler.start()
         self.mappers = MapperWrappers()   # built-in mappers' wrappers, shared by this runtime's tasks
         self.geometries: dict = {}        # (global range, offset) as submitted -> TaskGeometry
+        check = getattr(self.communicator, "epoch_check", None)
+        if check is not None and not check.enabled:
+            check = None
         self.task_manager = tg.TaskManager(horizon_step=config.horizon_step,
                                            horizon_max_parallelism=config.horizon_max_parallelism,
                                            on_task=self.scheduler.notify_task,
                                            diagnostics=config.diagnostics if self.rank == 0 else
                                            ("error" if config.diagnostics == "error" else "off"),
                                            recorder=rec.tasks if rec else None,
-                                           replay=Replay() if config.replay else None)
-        check = getattr(self.communicator, "epoch_check", None)
+                                           replay=Replay() if config.replay else None,
+                                           stream=check is not None)    # (what the check compares)
         if check is not None:       # lets the divergence check name a task before this rank's next epoch
             check.pending_tasks = self._pending_tasks
             check.stream_checkpoints = self.task_manager.stream_checkpoints

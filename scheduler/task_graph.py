@@ -268,8 +268,12 @@ class TaskManager:
 
     def __init__(self, *, horizon_step: int = 4, horizon_max_parallelism: int = 64,
                  on_task: Callable[[Task], None] | None = None, diagnostics: str = DIAG_WARN,
-                 recorder: TaskRecorder | None = None, replay: Replay | None = None):
+                 recorder: TaskRecorder | None = None, replay: Replay | None = None, stream: bool = True):
         self.horizon_step = horizon_step
+        # whether to keep the task stream the divergence check compares between ranks (stream
+        # hash, folds, digests: ~90 opcodes of every commit): not on a single rank, where
+        # nothing compares it (every epoch's hash is then 0 and its digest empty)
+        self.stream = stream
         self.horizon_max_parallelism = horizon_max_parallelism
         self.on_task = on_task
         self.diagnostics = diagnostics
@@ -320,14 +324,16 @@ class TaskManager:
         self.buffers[bid] = info
         # (a buffer another rank makes with another shape or dtype, or not at all, diverges
         # as a task would: in the stream hash, and in the digest before the next task)
-        dt = str(dtype)
-        self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt], host_initialized))
-        entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", info.shape,
-                 ((bid, HOST_DATA),) if host_initialized else ())
-        if len(self._digest) < DIGEST_LIMIT:
-            self._digest.append(entry)
-        else:
-            self._overflow(entry)
+        if self.stream:
+            dt = str(dtype)
+            self._stream.append((self._str_ids[BUFFER_CREATED], bid, info.shape, self._str_ids[dt],
+                                 host_initialized))
+            entry = (self.next_task_id, BUFFER_CREATED, f"B{bid} {dt}", info.shape,
+                     ((bid, HOST_DATA),) if host_initialized else ())
+            if len(self._digest) < DIGEST_LIMIT:
+                self._digest.append(entry)
+            else:
+                self._overflow(entry)
         box = info.box
         init = self._horizons.epoch if host_initialized else None
         self._access[bid] = RegionMap(box, (init, _NO_READERS))
@@ -641,42 +647,44 @@ class TaskManager:
         self.tasks[t.id] = t
         if t.critical_path_length > self._max_cpl:
             self._max_cpl = t.critical_path_length
-        geom = t.geometry
-        rng = geom.global_range if geom else ()
-        stream = self._stream
-        sid = self._str_ids
-        accesses = t.accesses
-        accessed = ()
-        if accesses:                     # (a loop: a comprehension is a call in CPython 3.11)
-            acc = []
-            for a in accesses:
-                acc.append((a.buffer, sid[a.mode]))
-            accessed = tuple(acc)
-        if t.collective_group is not None or t.side_effects or t.reductions:
-            accessed += _effects(t)      # (the group among them: ints only, hash(None) differs between processes)
-        stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed))
-        digest = self._digest
-        if t.kind == EPOCH:
-            self._fold_stream()
-            self._checkpoint(t.id)
-            t.stream_hash = self.stream_hash
-            if self._digest_more is not None:
-                digest.append(self._digest_more)
-            t.digest = digest
-            prev = self.latest_epoch
-            self._closed = (None if prev is None else prev.id, t)   # (before _digest: see pending_digest)
-            self._digest = []
-            self._digest_more = None
-            self._tail = None
-        else:
-            if len(stream) >= 1024:
+        if self.stream:
+            geom = t.geometry
+            rng = geom.global_range if geom else ()
+            stream = self._stream
+            sid = self._str_ids
+            accesses = t.accesses
+            accessed = ()
+            if accesses:                     # (a loop: a comprehension is a call in CPython 3.11)
+                acc = []
+                for a in accesses:
+                    acc.append((a.buffer, sid[a.mode]))
+                accessed = tuple(acc)
+            if t.collective_group is not None or t.side_effects or t.reductions:
+                # (the group among them: ints only, hash(None) differs between processes)
+                accessed += _effects(t)
+            stream.append((sid[t.kind], sid[t.name], t.id, rng, accessed))
+            digest = self._digest
+            if t.kind == EPOCH:
                 self._fold_stream()
                 self._checkpoint(t.id)
-            entry = (t.id, t.kind, t.name, rng, accessed)   # (a tuple: the stream entry above hashes it)
-            if len(digest) < DIGEST_LIMIT:
-                digest.append(entry)
+                t.stream_hash = self.stream_hash
+                if self._digest_more is not None:
+                    digest.append(self._digest_more)
+                t.digest = digest
+                prev = self.latest_epoch
+                self._closed = (None if prev is None else prev.id, t)   # (before _digest: see pending_digest)
+                self._digest = []
+                self._digest_more = None
+                self._tail = None
             else:
-                self._overflow(entry)
+                if len(stream) >= 1024:
+                    self._fold_stream()
+                    self._checkpoint(t.id)
+                entry = (t.id, t.kind, t.name, rng, accessed)   # (a tuple: the stream entry above hashes it)
+                if len(digest) < DIGEST_LIMIT:
+                    digest.append(entry)
+                else:
+                    self._overflow(entry)
         if self.recorder is not None:
             self.recorder.record_task(t, self.buffers)
         if self.on_task is not None:

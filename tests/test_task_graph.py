@@ -206,6 +206,45 @@ def test_divergence_digest_is_bounded_and_the_rest_still_hashed():
     assert a.pending_digest() == [] and horizons > 0
 
 
+def test_without_a_stream_the_graph_is_the_same_and_nothing_is_kept_to_compare():
+    """A single rank has no neighbour to compare its task stream with: its task manager
+    keeps neither the stream hash nor the digests (~90 opcodes of every commit), and
+    builds the same tasks with the same dependencies."""
+    def build(stream: bool):
+        tm = tg.TaskManager(stream=stream, horizon_step=2)
+        tm.create_buffer(0, (8,), "float32", "a", True)
+        geom = tg.TaskGeometry(1, (8,), (0,), (8,))
+        for i in range(6):
+            tm.submit(tg.DEVICE_COMPUTE, name=f"k{i % 2}", geometry=geom,
+                      accesses=[tg.BufferAccess(0, RW if i % 2 else R, rm.one_to_one())])
+        ep = tm.epoch()
+        return tm, ep, {t.id: (t.kind, dict(t.deps)) for t in tm.tasks.values()}
+
+    kept, ep_kept, graph_kept = build(True)
+    bare, ep_bare, graph_bare = build(False)
+    assert graph_bare == graph_kept
+    # (the buffer, then every task since the init epoch: the 6 and their horizons)
+    assert ep_kept.stream_hash != 0 and len(ep_kept.digest) == 1 + sum(t.kind != tg.EPOCH for t in kept.tasks.values())
+    assert ep_bare.stream_hash == 0 and ep_bare.digest == [] and bare.pending_digest() == []
+    assert bare.stream_checkpoints()[2] == [] and kept.stream_checkpoints()[2] != []
+
+
+def test_only_a_runtime_with_neighbours_keeps_the_task_stream():
+    import celeritas as cl
+    from celeritas.testing import run_cluster
+    q = cl.Queue(devices="host:1")
+    try:
+        assert q.runtime.task_manager.stream is False
+    finally:
+        q.shutdown()
+
+    def program(rank):
+        q = cl.Queue()
+        return q.runtime.task_manager.stream
+
+    assert run_cluster(program, nodes=2, devices=1, timeout=60) == [True, True]
+
+
 def test_a_buffer_destroyed_while_horizons_collapse_the_access_maps(monkeypatch):
     """A cl.Buffer's finalizer can run on the application thread in the middle of any loop
     (the cyclic GC collects it there; the runtime's lock is re-entrant) and destroy its buffer.
