@@ -192,6 +192,7 @@ class Executor(InstructionHandlers):
                  trace: bool = False, idle_timeout: float = 0.1,
                  poll_interval: float = 20e-6, inline_threshold: float = 100e-6,
                  inline_copy_bytes: int = 128 * 1024, inline_alone_threshold: float = 2e-3,
+                 inline_quiet_threshold: float = 10e-3,
                  inline_alone_copy_bytes: int = 8 << 20, name: str = "celeritas-executor",
                  host_object_copy: Callable[[Any], Any] | None = None):
         self._backend = backend
@@ -238,6 +239,7 @@ class Executor(InstructionHandlers):
         self._inline_bytes = inline_copy_bytes if self._inline_ns else -1
         self._alone_ns = max(int(inline_alone_threshold * 1e9), self._inline_ns) if self._inline_ns else 0
         self._alone_bytes = max(inline_alone_copy_bytes, self._inline_bytes) if self._inline_ns else -1
+        self._quiet_ns = max(int(inline_quiet_threshold * 1e9), self._alone_ns) if self._inline_ns else 0
         # asynchronous device lanes (CUDA streams): a kernel whose enqueue took at most the
         # alone threshold is enqueued from this thread when its lane is idle (Backend.enqueue_now).
         # Not the inline threshold: the work is only an enqueue, the device runs it, and a
@@ -1001,7 +1003,14 @@ class Executor(InstructionHandlers):
     # ``inline_alone_threshold`` and copies up to ``inline_alone_copy_bytes`` run inline
     # too.  That is the common case of one device per rank, where every step waits for
     # the previous one: measured on wave_sim 256² (110 us kernels), the two hand-offs
-    # cost 30-40 us per step.
+    # cost 30-40 us per step.  Kernels up to ``inline_quiet_threshold`` (10 ms) run inline
+    # when, besides, no send is in flight (a large one may need this rank's progress for
+    # the peer to get its data; a small one completes as it is issued).  An arrival
+    # meanwhile is seen up to that late, but it can only enable work that was not ready
+    # when the kernel started, and the hand-offs cost more than at 256²: on wave_sim
+    # 1024² on 2 ranks (2.5 ms kernels) the kernel's lane thread, the wake-ups that
+    # issue and retire it and the executor's polls while it ran took 3.9-4.1 ms of the
+    # rank's CPU per step, 2.7-2.8 ms run inline.
     # Host tasks always go to their lane: they may block (collectives, I/O, user waits).
 
     def _eager_ok(self, instr: Instruction, lane: Any) -> bool:
@@ -1096,9 +1105,12 @@ class Executor(InstructionHandlers):
                 if est is None:         # the first of its kind, timed in CPU time (see inline execution)
                     self._suspect.add(key)
                     cheap = True
+                elif est <= self._inline_ns:
+                    cheap = True
+                elif est <= self._alone_ns:
+                    cheap = self._alone() or self._probe(key)
                 else:
-                    cheap = est <= self._inline_ns or (est <= self._alone_ns
-                                                       and (self._alone() or self._probe(key)))
+                    cheap = est <= self._quiet_ns and not self._sends and self._alone()
             else:
                 cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
             if cheap:

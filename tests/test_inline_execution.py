@@ -116,7 +116,8 @@ def test_inline_is_off_with_a_zero_threshold():
 
 
 def test_long_kernels_and_host_tasks_stay_on_their_lanes():
-    h = Harness(inline_threshold=1e-3)
+    # (the quiet threshold as low: a kernel of a few ms alone runs inline under the default)
+    h = Harness(inline_threshold=1e-3, inline_quiet_threshold=2e-3)
     try:
         slow, host = [], []
 
@@ -627,7 +628,7 @@ def test_a_kernel_timed_slow_once_inline_still_runs_inline():
 
 
 def test_a_kernel_that_became_slow_moves_to_its_lane_after_its_cpu_time_confirmed_it():
-    h = Harness(trace=False, inline_threshold=100e-6, inline_alone_threshold=100e-6)
+    h = Harness(trace=False, inline_threshold=100e-6, inline_alone_threshold=100e-6, inline_quiet_threshold=100e-6)
     try:
         threads = []
         slow = [False]

@@ -108,16 +108,19 @@ class ScriptedComm(Communicator):
         return InProcessCollective(_CollectiveGroup(1), 0, 1, None)
 
 
-def _execute(comm: Communicator, build, costs=None) -> tuple[Executor, list[float], np.ndarray]:
+def _execute(comm: Communicator, build, costs=None, quiet: float = 2e-3) -> tuple[Executor, list[float], np.ndarray]:
     """Run ``build(g, init, alloc)``'s instructions (a host allocation of ``BOX`` made
     first), then fence the allocation after what it returned; ``costs``: kernel cost
-    estimates to start from (name -> ns, for a 1-element chunk).
+    estimates to start from (name -> ns, for a 1-element chunk); ``quiet``: the executor's
+    ``inline_quiet_threshold`` (by default the alone threshold: the kernels these tests
+    estimate at a few ms, to keep lane work in flight, run on their lanes).
 
     Returns the executor (joined; ``in_flight``: the kinds it tracked as in flight), the
     timeouts of every inbox wait, the fence result."""
     backend = HostBackend(1)
     errors = []
-    ex = Executor(backend, comm, idle_timeout=IDLE, on_error=lambda e, i: errors.append(e))
+    ex = Executor(backend, comm, idle_timeout=IDLE, on_error=lambda e, i: errors.append(e),
+                  inline_quiet_threshold=quiet)
     for name, ns in (costs or {}).items():
         ex._costs[(name, 1)] = ns
     inbox = ex._inbox = RecordingInbox()
@@ -407,6 +410,37 @@ def test_a_send_not_done_at_once_is_polled_until_it_is():
     ((_to, _msg_id, _data, req),) = comm.sent
     assert req.tested == 25                     # once at issue, then at each poll until done
     assert "send" in ex.in_flight
+
+
+def _kernel_beside_a_send(tests: int, estimate_ms: float) -> str:
+    """The thread that ran a kernel of a kind estimated at ``estimate_ms``, issued right after
+    a send (which goes first: it has the higher priority) whose request completes at its
+    ``tests``-th test, on an executor with the default thresholds."""
+    comm = SendingComm(tests=tests)
+    ran = []
+    kernel = _lane_kernel(lambda ctx: ran.append(threading.current_thread().name), "k")
+
+    def build(g, _init, a):
+        send = g.add(SendInstruction, a, to=1, msg_id=5, transfer=(2, 0, 0), box=BOX, source=1,
+                     source_box=BOX, dtype=np.float64, size_bytes=32)
+        return [send, kernel(g, a)]
+
+    ex, _waits, _result = _execute(comm, build, costs={"k": int(estimate_ms * 1e6)},
+                                   quiet=Executor.__init__.__kwdefaults__["inline_quiet_threshold"])
+    assert len(ran) == 1
+    return "executor" if ran[0] == ex._thread.name else "lane"
+
+
+def test_a_kernel_of_a_few_ms_runs_inline_when_alone_and_no_send_is_in_flight():
+    """Between ``inline_alone_threshold`` (2 ms) and ``inline_quiet_threshold`` (10 ms) a
+    kernel runs on the executor thread when nothing else runs and no send is in flight
+    (wave_sim 1024² on 2 ranks: 3.9-4.1 -> 2.7-2.8 ms of a rank's CPU per step), and on its
+    lane beside a send still in flight (a large one may need this rank's progress for the
+    peer to get its data); a longer one always goes to its lane."""
+    assert _kernel_beside_a_send(tests=1, estimate_ms=5) == "executor"    # (the send done at once)
+    assert _kernel_beside_a_send(tests=40, estimate_ms=5) == "lane"
+    assert _kernel_beside_a_send(tests=1, estimate_ms=50) == "lane"
+    assert _kernel_beside_a_send(tests=1, estimate_ms=1) == "executor"    # (under the alone threshold)
 
 
 class CountingExecutor(Executor):
