@@ -108,12 +108,14 @@ class ScriptedComm(Communicator):
         return InProcessCollective(_CollectiveGroup(1), 0, 1, None)
 
 
-def _execute(comm: Communicator, build, costs=None, quiet: float = 2e-3) -> tuple[Executor, list[float], np.ndarray]:
+def _execute(comm: Communicator, build, costs=None, quiet: float = 2e-3,
+             network_waits_ns: int = 0) -> tuple[Executor, list[float], np.ndarray]:
     """Run ``build(g, init, alloc)``'s instructions (a host allocation of ``BOX`` made
     first), then fence the allocation after what it returned; ``costs``: kernel cost
     estimates to start from (name -> ns, for a 1-element chunk); ``quiet``: the executor's
     ``inline_quiet_threshold`` (by default the alone threshold: the kernels these tests
-    estimate at a few ms, to keep lane work in flight, run on their lanes).
+    estimate at a few ms, to keep lane work in flight, run on their lanes);
+    ``network_waits_ns``: how long the executor's recent waits for the network took, as if learned.
 
     Returns the executor (joined; ``in_flight``: the kinds it tracked as in flight), the
     timeouts of every inbox wait, the fence result."""
@@ -123,6 +125,7 @@ def _execute(comm: Communicator, build, costs=None, quiet: float = 2e-3) -> tupl
                   inline_quiet_threshold=quiet)
     for name, ns in (costs or {}).items():
         ex._costs[(name, 1)] = ns
+    ex._idle_estimate = network_waits_ns
     inbox = ex._inbox = RecordingInbox()
     ex.in_flight = []
     start = ex._start_async
@@ -150,7 +153,7 @@ def _execute(comm: Communicator, build, costs=None, quiet: float = 2e-3) -> tupl
     return ex, inbox.waits, result
 
 
-def run(comm: ScriptedComm, extra=None, costs=None) -> tuple[Executor, list[float], np.ndarray]:
+def run(comm: ScriptedComm, extra=None, costs=None, **kw) -> tuple[Executor, list[float], np.ndarray]:
     """Receive rank 1's box into host memory and fence it; ``extra(g, init)`` adds work
     (see ``_execute``)."""
     def build(g, init, a):
@@ -160,7 +163,7 @@ def run(comm: ScriptedComm, extra=None, costs=None) -> tuple[Executor, list[floa
             last.append(extra(g, init))
         return last
 
-    return _execute(comm, build, costs)
+    return _execute(comm, build, costs, **kw)
 
 
 def polling_waits(waits: list[float]) -> list[float]:
@@ -233,33 +236,8 @@ def test_while_lane_work_is_in_flight_it_polls_rarely_and_never_spins():
     np.testing.assert_allclose(got[:8], [min(1e-3 * 1.25 ** i, 4e-3) for i in range(8)])
 
 
-def test_during_a_long_kernel_the_sleeps_grow_past_poll_max_to_an_eighth_of_the_wait():
-    """Lane work running for 0.6 s and a receive that arrives only after it: past ``poll_max``
-    the sleeps grow with the wait (at most an eighth of it), so the loop polls a few dozen
-    times instead of every ``poll_max`` (300 times here).  Each poll wakes a thread the
-    kernel has pushed out of the caches: 54 polls per 130 ms step of wave_sim 4096² cost
-    the executor 13 ms of CPU per step."""
-    done = threading.Event()
-    comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=2e-3, arrive_after=10 ** 9)
-    real_poll = comm.poll_pilots
-
-    def poll_pilots():
-        real_poll()
-        return [(1, Pilot(msg_id=7, to=0, transfer=(1, 0, 0), box=BOX))] if done.is_set() else []
-
-    comm.poll_pilots = poll_pilots
-    kernel = _lane_kernel(lambda ctx: (done.wait(0.6), done.set()), "long")
-    # (estimated at 3 ms: the sleeps grow with the wait, not with the estimate)
-    _ex, waits, result = run(comm, kernel, costs={"long": 3 * 10 ** 6})
-    np.testing.assert_array_equal(result, comm.payload)
-    got = polling_waits(waits)
-    assert max(got) > 2e-3 * 4                  # well past poll_max
-    assert len(got) < 80                        # (every poll_max: 300)
-    assert_sleeps_within_part_of_the_wait(got, 2e-3, 8)
-
-
-def _long_kernel_run(estimate_ns: int) -> list[float]:
-    """The polling sleeps while a 0.4 s lane kernel (``estimate_ns``: its kind's estimate)
+def _long_kernel_run(estimate_ns: int, seconds: float = 0.4) -> list[float]:
+    """The polling sleeps while a lane kernel of ``seconds`` (``estimate_ns``: its kind's estimate)
     runs with a receive outstanding that arrives only after it."""
     done = threading.Event()
     comm = ScriptedComm(spin=60.0, pmin=1e-4, pmax=2e-3, arrive_after=10 ** 9)
@@ -270,10 +248,23 @@ def _long_kernel_run(estimate_ns: int) -> list[float]:
         return [(1, Pilot(msg_id=7, to=0, transfer=(1, 0, 0), box=BOX))] if done.is_set() else []
 
     comm.poll_pilots = poll_pilots
-    kernel = _lane_kernel(lambda ctx: (done.wait(0.4), done.set()), "long")
+    kernel = _lane_kernel(lambda ctx: (done.wait(seconds), done.set()), "long")
     _ex, waits, result = run(comm, kernel, costs={"long": estimate_ns})
     np.testing.assert_array_equal(result, comm.payload)
     return polling_waits(waits)
+
+
+def test_during_a_long_kernel_the_sleeps_grow_past_poll_max_to_an_eighth_of_the_wait():
+    """Lane work running for 0.6 s and a receive that arrives only after it: past ``poll_max``
+    the sleeps grow with the wait (at most an eighth of it), so the loop polls a few dozen
+    times instead of every ``poll_max`` (300 times here).  Each poll wakes a thread the
+    kernel has pushed out of the caches: 54 polls per 130 ms step of wave_sim 4096² cost
+    the executor 13 ms of CPU per step."""
+    # (estimated at 3 ms: the sleeps grow with the wait, not with the estimate)
+    got = _long_kernel_run(3 * 10 ** 6, 0.6)
+    assert max(got) > 2e-3 * 4                  # well past poll_max
+    assert len(got) < 80                        # (every poll_max: 300)
+    assert_sleeps_within_part_of_the_wait(got, 2e-3, 8)
 
 
 def test_a_kernel_known_to_be_long_is_polled_beside_an_eighth_of_its_estimate_apart():
@@ -320,32 +311,9 @@ def test_a_wait_for_the_network_starts_from_a_32nd_of_how_long_such_waits_took_l
     ``poll_max``; without such a history it starts from ``poll_min``."""
     def first_sleeps(estimate_ns: int) -> list[float]:
         comm = ScriptedComm(spin=0.0, pmin=1e-4, pmax=4e-3, arrive_after=6)
-
-        class Learned(Executor):
-            def __init__(self, *a, **k):
-                super().__init__(*a, **k)
-                self._idle_estimate = estimate_ns
-
-        backend = HostBackend(1)
-        ex = Learned(backend, comm, idle_timeout=IDLE)
-        inbox = ex._inbox = RecordingInbox()
-        g = Graph()
-        init = g.add(EpochInstruction, task=0, action="init")
-        a = g.add(AllocInstruction, init, allocation=1, memory=HOST_MEMORY, box=BOX, shape=(4,),
-                  dtype=np.float64)
-        r = g.add(ReceiveInstruction, a, transfer=(1, 0, 0), region=Region.from_box(BOX), dest=1,
-                  dest_box=BOX, dtype=np.float64)
-        fut = Future()
-        fence = g.add(FenceInstruction, r, task=3, promise=fut, allocation=1)
-        g.add(EpochInstruction, fence, task=4, action="shutdown")
-        try:
-            ex.start()
-            ex.submit(g.batch())
-            np.testing.assert_array_equal(fut.result(TIMEOUT), comm.payload)
-            assert ex.join(TIMEOUT)
-        finally:
-            backend.close()
-        return polling_waits(inbox.waits)
+        _ex, waits, result = run(comm, network_waits_ns=estimate_ns)
+        np.testing.assert_array_equal(result, comm.payload)
+        return polling_waits(waits)
 
     np.testing.assert_allclose(first_sleeps(64 * 10 ** 6)[:3], [2e-3, 2.5e-3, 3.125e-3])
     np.testing.assert_allclose(first_sleeps(10 ** 9)[:2], [4e-3, 4e-3])    # (at most poll_max)
