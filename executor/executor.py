@@ -504,10 +504,9 @@ class Executor(InstructionHandlers):
     #     step needs the running kernel too): it polls rarely, from a quarter of
     #     ``poll_max`` up to ``poll_max``, and once it has waited longer, up to an
     #     eighth of how long it has waited (so an arrival is seen at most an eighth
-    #     late); where every running item is a kernel of a kind seen before, from
-    #     the start every eighth of the shortest one's expected time
-    #     (``_running_kernels_ns``).  Every poll wakes a thread whose caches the kernel has cleared:
-    #     measured on wave_sim 4096² on 2 ranks (130 ms kernels), 54 polls per step
+    #     late); where the kernels running are of kinds seen before, from the start
+    #     every eighth of the shortest one's expected time (``_running_kernels_ns``).
+    #     Every poll wakes a thread whose caches the kernel has cleared: measured on wave_sim 4096² on 2 ranks (130 ms kernels), 54 polls per step
     #     cost the executor 13 ms of CPU per step (~245 us each: a timed sleep's
     #     wake-up alone is ~27 us of CPU on this VM), 10 % of a core the kernels
     #     of two ranks on two cores needed.
@@ -574,10 +573,9 @@ class Executor(InstructionHandlers):
         """The shortest expected run time (ns) of the kernels in flight on lanes: 0 where
         none runs or one is of a kind not seen before (it might end any moment).  Other lane
         work (copies, host tasks) does not count: its completion wakes the loop, which then
-        looks again.  Polling more often than an eighth of it would
-        see an arrival sooner than anything it enables could run (the next step needs the
-        running kernel too), and on a machine whose ranks share cores each wake-up takes
-        the CPU from a kernel: measured on wave_sim 4096² on 2 ranks (~90 ms kernels),
+        looks again.  Polling more often than an eighth of it would see an arrival sooner
+        than anything it enables could run (the next step needs the running kernel too),
+        and on a machine whose ranks share cores each wake-up takes the CPU from a kernel: measured on wave_sim 4096² on 2 ranks (~90 ms kernels),
         ramping from ``poll_max / 4`` woke the executor ~27 times a kernel, ~200 us of CPU
         each with the caches the kernel emptied."""
         costs = self._costs

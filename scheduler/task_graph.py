@@ -271,7 +271,7 @@ class TaskManager:
                  recorder: TaskRecorder | None = None, replay: Replay | None = None, stream: bool = True):
         self.horizon_step = horizon_step
         # whether to keep the task stream the divergence check compares between ranks (stream
-        # hash, folds, digests: ~90 opcodes of every commit): not on a single rank, where
+        # hash, folds, digests: ~85 opcodes of every commit): not on a single rank, where
         # nothing compares it (every epoch's hash is then 0 and its digest empty)
         self.stream = stream
         self.horizon_max_parallelism = horizon_max_parallelism
