@@ -506,10 +506,11 @@ class Executor(InstructionHandlers):
     #     eighth of how long it has waited (so an arrival is seen at most an eighth
     #     late); where the kernels running are of kinds seen before, from the start
     #     every eighth of the shortest one's expected time (``_running_kernels_ns``).
-    #     Every poll wakes a thread whose caches the kernel has cleared: measured on wave_sim 4096² on 2 ranks (130 ms kernels), 54 polls per step
-    #     cost the executor 13 ms of CPU per step (~245 us each: a timed sleep's
-    #     wake-up alone is ~27 us of CPU on this VM), 10 % of a core the kernels
-    #     of two ranks on two cores needed.
+    #     Every poll wakes a thread whose caches the kernel has cleared: measured
+    #     on wave_sim 4096² on 2 ranks (130 ms kernels), 54 polls per step cost the
+    #     executor 13 ms of CPU per step (~245 us each: a timed sleep's wake-up
+    #     alone is ~27 us of CPU on this VM), 10 % of a core the kernels of two
+    #     ranks on two cores needed.
     #   * Nothing outstanding: it sleeps until woken.
     # (Measured, wave_sim 1024² on 2 ranks on 2 cores: polling from 20 us during
     # every 1 ms kernel cost each executor 0.2-0.35 ms of CPU per step.)
