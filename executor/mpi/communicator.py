@@ -42,6 +42,7 @@ from scheduler.errors import ConfigError
 from scheduler.instruction_graph import Pilot
 
 from ..communicator import Communicator, CommunicatorError, Request
+from . import wire
 from .abort import abort_world, failure_origin, install_excepthook
 from .collective import collective_comm
 from .cuda_aware import mpi_cuda_support
@@ -363,7 +364,8 @@ class MpiCommunicator(Communicator):
                                     f"failed: {exc}") from exc
         return MpiRequest(req, keep, status=self._mpi.Status(), expect=nbytes, finish=finish,
                           what=("receive of message %d from rank %d", msg_id, from_rank),
-                          handle=handle_of(self._mpi, req))
+                          handle=handle_of(self._mpi, req),
+                          expect_type=spec[2] if nbytes > wire.MAX_COUNT else None)
 
     # ---- groups, barrier, collectives
     def clone(self, key: Hashable | None = None) -> "MpiCommunicator":

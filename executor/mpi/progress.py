@@ -174,10 +174,11 @@ class MpiRequest(FlagRequest):
     ``test`` reports it (the staging copy-back).
     """
 
-    __slots__ = ("_req", "_keep", "_status", "_expect", "_finish", "_what", "_handle")
+    __slots__ = ("_req", "_keep", "_status", "_expect", "_expect_type", "_finish", "_what", "_handle")
 
     def __init__(self, req: Any, keep: Any, *, status: Any = None, expect: int = -1,
-                 finish: Callable[[], None] | None = None, what: str | tuple = "", handle: int | None = None):
+                 finish: Callable[[], None] | None = None, what: str | tuple = "", handle: int | None = None,
+                 expect_type: Any = None):
         self._req = req
         self._handle = handle           # for QuickTest
         self._keep = keep
@@ -185,6 +186,9 @@ class MpiRequest(FlagRequest):
         self._error: BaseException | None = None
         self._status = status
         self._expect = expect
+        # (past MAX_COUNT bytes: the receive's datatype, whose elements are counted, since an
+        # MPI-3 library's byte count of such a message is MPI_UNDEFINED)
+        self._expect_type = expect_type
         self._finish = finish
         self._what = what
 
@@ -209,7 +213,8 @@ class MpiRequest(FlagRequest):
             if flag:
                 try:
                     if self._status is not None and self._expect >= 0:
-                        got = self._status.Get_count(_MPI_BYTE[0])
+                        t = self._expect_type
+                        got = self._status.Get_count(_MPI_BYTE[0]) if t is None else self._status.Get_elements(t)
                         if got != self._expect:
                             raise CommunicatorError(f"{self.what}: received {got} bytes, expected {self._expect}")
                     if self._finish is not None:

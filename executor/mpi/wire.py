@@ -5,9 +5,10 @@
 * **payloads** go straight from / into the allocation: contiguous boxes as raw
   bytes, strided boxes through a cached ``hvector`` datatype over the view's
   memory or through a contiguous staging copy, whichever the size says is
-  faster (see ``use_datatype``).  Everything is sent as ``MPI.BYTE`` so a gather
-  slot (raw bytes) may receive a typed partial result without a type-signature
-  mismatch; the receiver checks the byte count.
+  faster (see ``use_datatype``); 2 GiB and more as one element of a datatype of
+  1 GiB blocks (``bytes_type``: an MPI-3 count is a C int).  Everything is sent as
+  ``MPI.BYTE`` so a gather slot (raw bytes) may receive a typed partial result
+  without a type-signature mismatch; the receiver checks the byte count.
 """
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ _AUTO_DATATYPE_MAX_BLOCKS = 1024
 
 # (buffer spec for mpi4py, what must stay alive until completion, completion hook, byte count)
 Spec = tuple[Any, Any, "Callable[[], None] | None", int]
+
+# Every count handed to MPI stays at most MAX_COUNT: an MPI-3 library (Open MPI 4, most
+# vendor MPIs of today's clusters) takes counts as C ints, so a message or contiguous run
+# of 2 GiB or more goes as one element of a datatype of CHUNK-byte blocks and a remainder
+# (``bytes_type``), as Celerity splits such transfers for its communicator.  MPI-4 libraries
+# (MPICH 4+) take larger counts, but the datatype works with every library alike.
+MAX_COUNT = (1 << 31) - 1
+CHUNK = 1 << 30
 
 
 # --------------------------------------------------------------------------------------
@@ -151,9 +160,8 @@ class DatatypeCache:
         if layout is None:
             return None
         run, outer = layout
-        t = self._mpi.BYTE.Create_contiguous(run)
+        t, created = bytes_type(self._mpi, run)
         span = run
-        created = [t]
         for n, s in reversed(outer):            # innermost first
             t = t.Create_hvector(n, 1, s)
             created.append(t)
@@ -165,6 +173,21 @@ class DatatypeCache:
             self._types[key] = (t, span)
         return t, span
 
+    def contiguous(self, nbytes: int) -> Any:
+        """The committed datatype of ``nbytes`` contiguous bytes (``bytes_type``), for a
+        message past ``MAX_COUNT`` bytes."""
+        key = ("bytes", nbytes)
+        hit = self._types.get(key)
+        if hit is not None:
+            return hit[0]
+        t, created = bytes_type(self._mpi, nbytes)
+        t.Commit()
+        for old in created[:-1]:
+            old.Free()
+        with self._lock:
+            self._types[key] = (t, nbytes)
+        return t
+
     def free(self) -> None:
         with self._lock:
             types, self._types = list(self._types.values()), {}
@@ -175,6 +198,23 @@ class DatatypeCache:
                 pass
 
 
+def bytes_type(mpi: Any, nbytes: int) -> tuple[Any, list]:
+    """An uncommitted datatype of ``nbytes`` contiguous bytes whose counts all stay within
+    ``MAX_COUNT`` (``nbytes // CHUNK`` blocks of ``CHUNK`` bytes and the remainder, where it
+    is larger), and every datatype made for it, itself last (the caller commits it and
+    frees the others)."""
+    if nbytes <= MAX_COUNT:
+        t = mpi.BYTE.Create_contiguous(nbytes)
+        return t, [t]
+    blocks, rest = divmod(nbytes, CHUNK)
+    chunk = mpi.BYTE.Create_contiguous(CHUNK)
+    if not rest:
+        t = chunk.Create_contiguous(blocks)
+    else:
+        t = mpi.Datatype.Create_struct([blocks, rest], [0, blocks * CHUNK], [chunk, mpi.BYTE])
+    return t, [chunk, t]
+
+
 # --------------------------------------------------------------------------------------
 # payload buffer specs
 
@@ -183,13 +223,13 @@ def buffer_spec(mpi: Any, arr: Any, receive: bool, policy: str, types: DatatypeC
     """How mpi4py sends or receives ``arr`` (a numpy view, or a CUDA array)."""
     if not isinstance(arr, np.ndarray):
         if hasattr(arr, "__cuda_array_interface__"):
-            return device_spec(mpi, arr, receive)
+            return device_spec(mpi, arr, receive, types)
         arr = np.asarray(arr)
     nbytes = arr.nbytes
     if arr.flags.c_contiguous or nbytes == 0:
         if receive and not arr.flags.writeable:
             raise CommunicatorError("receive buffer is read-only")
-        return [arr, nbytes, mpi.BYTE], arr, None, nbytes
+        return _contiguous(mpi, arr, nbytes, types), arr, None, nbytes
     if use_datatype(arr, policy):
         hit = types.get(arr.shape, arr.strides, arr.itemsize)
         if hit is not None:
@@ -202,12 +242,21 @@ def buffer_spec(mpi: Any, arr: Any, receive: bool, policy: str, types: DatatypeC
         def land(view=arr, tmp=staging) -> None:
             view[...] = tmp
 
-        return [staging, nbytes, mpi.BYTE], staging, land, nbytes
+        return _contiguous(mpi, staging, nbytes, types), staging, land, nbytes
     staging = np.ascontiguousarray(arr)
-    return [staging, nbytes, mpi.BYTE], staging, None, nbytes
+    return _contiguous(mpi, staging, nbytes, types), staging, None, nbytes
 
 
-def device_spec(mpi: Any, arr: Any, receive: bool) -> Spec:
+def _contiguous(mpi: Any, buf: Any, nbytes: int, types: DatatypeCache | None) -> list:
+    """mpi4py's spec of ``nbytes`` contiguous bytes at ``buf`` (one element of a datatype
+    past ``MAX_COUNT``, from ``types``; a caller without a cache gets one whose types are
+    never freed)."""
+    if nbytes > MAX_COUNT:
+        return [buf, 1, (types or DatatypeCache(mpi)).contiguous(nbytes)]
+    return [buf, nbytes, mpi.BYTE]
+
+
+def device_spec(mpi: Any, arr: Any, receive: bool, types: DatatypeCache | None = None) -> Spec:
     """Buffer spec for a device (CUDA) array, for a CUDA-aware MPI library.
 
     A box inside a larger allocation is strided; rather than trusting every MPI
@@ -219,7 +268,7 @@ def device_spec(mpi: Any, arr: Any, receive: bool) -> Spec:
     """
     nbytes = int(arr.nbytes)
     if arr.flags.c_contiguous or nbytes == 0:
-        return [arr, nbytes, mpi.BYTE], arr, None, nbytes
+        return _contiguous(mpi, arr, nbytes, types), arr, None, nbytes
     import cupy  # only device arrays get here, and only the CUDA backend makes them
     if receive:
         staging = cupy.empty(arr.shape, dtype=arr.dtype)
@@ -228,7 +277,7 @@ def device_spec(mpi: Any, arr: Any, receive: bool) -> Spec:
             view[...] = tmp
             cupy.cuda.get_current_stream().synchronize()
 
-        return [staging, nbytes, mpi.BYTE], staging, land, nbytes
+        return _contiguous(mpi, staging, nbytes, types), staging, land, nbytes
     staging = cupy.ascontiguousarray(arr)
     cupy.cuda.get_current_stream().synchronize()
-    return [staging, nbytes, mpi.BYTE], staging, None, nbytes
+    return _contiguous(mpi, staging, nbytes, types), staging, None, nbytes

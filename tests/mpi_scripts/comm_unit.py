@@ -200,6 +200,44 @@ elif rank == 2:
     except CommunicatorError as exc:
         expect("receive of message 9 from rank 1" in str(exc) and "trunc" in str(exc).lower(),
                f"long message error: {exc}")
+# ---- messages past an MPI count: one element of a datatype of CHUNK-byte blocks (and the
+# rest), so that an MPI-3 library (C int counts) can carry 2 GiB and more; here the limits
+# are lowered so that small messages take that path, through this MPI library for real
+from executor.mpi import wire  # noqa: E402
+
+saved = wire.MAX_COUNT, wire.CHUNK
+wire.MAX_COUNT, wire.CHUNK = 1000, 256
+try:
+    big = np.arange(5000, dtype=np.uint8) * 7                      # 19 blocks and 136 bytes
+    whole = np.arange(4096, dtype=np.uint8)                          # 16 blocks exactly
+    rows = (np.arange(40 * 600, dtype=np.int32) % 251).reshape(40, 600)[3:9, 50:550]   # runs of 2000 bytes
+    sent = [("remainder", big, np.zeros(5000, np.uint8)), ("whole blocks", whole, np.zeros(4096, np.uint8))]
+    for policy in ("datatype", "staging"):
+        sent.append((f"strided/{policy}", rows, np.zeros((6, 500), np.int32)))
+    msg = 3000
+    for name, src, dst in sent:
+        msg += 1
+        comm._strided = "datatype" if name == "strided/datatype" else "staging"
+        spec = comm._spec(src, receive=False)[0]
+        expect(spec[1] <= wire.MAX_COUNT, f"{name}: count {spec[1]} past the limit")
+        if rank == 0:
+            wait_all([comm.send_payload(1, msg, src)])
+        elif rank == 1:
+            wait_all([comm.receive_payload(0, msg, dst)])
+            expect(np.array_equal(dst, src), f"{name}: wrong data past the count limit")
+    if rank == 0:     # a short message into a large receive is still found out
+        wait_all([comm.send_payload(1, msg + 1, big[:4000])])
+    elif rank == 1:
+        r = comm.receive_payload(0, msg + 1, np.zeros(5000, np.uint8))
+        try:
+            wait_all([r])
+            expect(False, "short message past the count limit accepted")
+        except CommunicatorError as exc:
+            expect("received 4000 bytes, expected 5000" in str(exc), f"short large message error: {exc}")
+    comm.barrier()
+finally:
+    wire.MAX_COUNT, wire.CHUNK = saved
+    comm._strided = "auto"
 try:
     comm.send_pilot(rank, Pilot(0, rank, (0, 0, 0), Box((0,), (1,))))
     expect(False, "pilot to self accepted")
