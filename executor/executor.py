@@ -1005,8 +1005,9 @@ class Executor(InstructionHandlers):
     # cost 30-40 us per step.  Kernels up to ``inline_quiet_threshold`` (10 ms) run inline
     # when, besides, no send is in flight (a large one may need this rank's progress for
     # the peer to get its data; a small one completes as it is issued).  An arrival
-    # meanwhile is seen up to that late, but it can only enable work that was not ready
-    # when the kernel started, and the hand-offs cost more than at 256²: on wave_sim
+    # meanwhile is seen up to that late (and a peer's large send into a receive posted
+    # here may complete that late on its side), but it can only enable work that was not
+    # ready when the kernel started, and the hand-offs cost more than at 256²: on wave_sim
     # 1024² on 2 ranks (2.5 ms kernels) the kernel's lane thread, the wake-ups that
     # issue and retire it and the executor's polls while it ran took 3.9-4.1 ms of the
     # rank's CPU per step, 2.7-2.8 ms run inline.
