@@ -576,9 +576,10 @@ class Executor(InstructionHandlers):
         work (copies, host tasks) does not count: its completion wakes the loop, which then
         looks again.  Polling more often than an eighth of it would see an arrival sooner
         than anything it enables could run (the next step needs the running kernel too),
-        and on a machine whose ranks share cores each wake-up takes the CPU from a kernel: measured on wave_sim 4096² on 2 ranks (~90 ms kernels),
-        ramping from ``poll_max / 4`` woke the executor ~27 times a kernel, ~200 us of CPU
-        each with the caches the kernel emptied."""
+        and on a machine whose ranks share cores each wake-up takes the CPU from a kernel:
+        measured on wave_sim 4096² on 2 ranks (~90 ms kernels), ramping from
+        ``poll_max / 4`` woke the executor ~27 times a kernel, ~200 us of CPU each with the
+        caches the kernel emptied."""
         costs = self._costs
         shortest = 0
         for active in self._by_completion.values():

@@ -70,21 +70,22 @@ def test_strided_device_boxes_are_packed_on_the_device_for_cuda_aware_mpi():
     """What MpiCommunicator hands to a CUDA-aware MPI: contiguous device memory, landed back."""
     from types import SimpleNamespace
 
-    from executor.mpi.wire import device_spec
+    from executor.mpi.wire import DatatypeCache, device_spec
     mpi = SimpleNamespace(BYTE="BYTE")
+    types = DatatypeCache(mpi)          # (small messages take no datatype from it)
     alloc = cupy.arange(8 * 10, dtype=cupy.float32).reshape(8, 10)
     view = alloc[2:5, 3:7]                               # a box inside a larger allocation
-    spec, keep, finish, nbytes = device_spec(mpi, view, receive=False)
+    spec, keep, finish, nbytes = device_spec(mpi, view, receive=False, types=types)
     assert finish is None and nbytes == 3 * 4 * 4
     assert isinstance(spec[0], cupy.ndarray) and spec[0].flags.c_contiguous
     np.testing.assert_array_equal(cupy.asnumpy(spec[0]), cupy.asnumpy(view))
-    spec, keep, finish, nbytes = device_spec(mpi, view, receive=True)
+    spec, keep, finish, nbytes = device_spec(mpi, view, receive=True, types=types)
     spec[0][...] = -1                                    # "MPI" writes the staging buffer
     finish()
     np.testing.assert_array_equal(cupy.asnumpy(alloc[2:5, 3:7]), -np.ones((3, 4), np.float32))
     assert float(alloc[0, 0]) == 0 and float(alloc[7, 9]) == 79   # nothing outside the box
     whole = alloc[4:6]                                   # contiguous rows: passed as they are
-    spec, keep, finish, _ = device_spec(mpi, whole, receive=True)
+    spec, keep, finish, _ = device_spec(mpi, whole, receive=True, types=types)
     assert spec[0] is whole and finish is None
 
 

@@ -166,12 +166,7 @@ class DatatypeCache:
             t = t.Create_hvector(n, 1, s)
             created.append(t)
             span += (n - 1) * s
-        t.Commit()
-        for old in created[:-1]:
-            old.Free()
-        with self._lock:
-            self._types[key] = (t, span)
-        return t, span
+        return self._keep(key, t, created, span)
 
     def contiguous(self, nbytes: int) -> Any:
         """The committed datatype of ``nbytes`` contiguous bytes (``bytes_type``), for a
@@ -181,12 +176,17 @@ class DatatypeCache:
         if hit is not None:
             return hit[0]
         t, created = bytes_type(self._mpi, nbytes)
+        return self._keep(key, t, created, nbytes)[0]
+
+    def _keep(self, key: tuple, t: Any, created: list, span: int) -> tuple[Any, int]:
+        """Commit ``t`` (the last of the datatypes ``created`` for it, which are freed) and
+        keep it under ``key`` with its byte span."""
         t.Commit()
         for old in created[:-1]:
             old.Free()
         with self._lock:
-            self._types[key] = (t, nbytes)
-        return t
+            self._types[key] = (t, span)
+        return t, span
 
     def free(self) -> None:
         with self._lock:
@@ -247,16 +247,15 @@ def buffer_spec(mpi: Any, arr: Any, receive: bool, policy: str, types: DatatypeC
     return _contiguous(mpi, staging, nbytes, types), staging, None, nbytes
 
 
-def _contiguous(mpi: Any, buf: Any, nbytes: int, types: DatatypeCache | None) -> list:
+def _contiguous(mpi: Any, buf: Any, nbytes: int, types: DatatypeCache) -> list:
     """mpi4py's spec of ``nbytes`` contiguous bytes at ``buf`` (one element of a datatype
-    past ``MAX_COUNT``, from ``types``; a caller without a cache gets one whose types are
-    never freed)."""
+    from ``types`` past ``MAX_COUNT``)."""
     if nbytes > MAX_COUNT:
-        return [buf, 1, (types or DatatypeCache(mpi)).contiguous(nbytes)]
+        return [buf, 1, types.contiguous(nbytes)]
     return [buf, nbytes, mpi.BYTE]
 
 
-def device_spec(mpi: Any, arr: Any, receive: bool, types: DatatypeCache | None = None) -> Spec:
+def device_spec(mpi: Any, arr: Any, receive: bool, types: DatatypeCache) -> Spec:
     """Buffer spec for a device (CUDA) array, for a CUDA-aware MPI library.
 
     A box inside a larger allocation is strided; rather than trusting every MPI
