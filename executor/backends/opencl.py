@@ -269,6 +269,9 @@ def _arguments_key(ctx: Any, args: tuple) -> tuple | None:
     return tuple(key)
 
 
+_NO_SYNCS: tuple = ()     # (a launch on a CPU device copies nothing back)
+
+
 class _Enqueued:
     """The OpenCL events of what one ``enqueue_now`` enqueued, with the copies back to host
     arrays that non-CPU devices need after each kernel; the lane's waiter waits for them
@@ -329,7 +332,7 @@ class OpenCLBackend(DeviceQueueBackend):
         self._queues: dict[Lane, Any] = {}
         self._programs: dict[tuple, Any] = {}
         self._kernels: dict[tuple, Any] = {}
-        self._kernel_args: dict[int, tuple] = {}     # id(kernel object) -> key of the arguments it holds
+        self._kernel_args: dict[int, tuple] = {}     # id(kernel object) -> (key of the arguments it holds, launch geometry)
         self._signatures: dict[int, tuple | None] = {}   # id(kernel object) -> its declared parameters
         self._wg_limits: dict[tuple, tuple] = {}     # (id(kernel object), device) -> work-group limits
         self._prog_lock = threading.Lock()
@@ -422,21 +425,26 @@ class OpenCLBackend(DeviceQueueBackend):
             k = self._kernel_object(kernel, device)
             self._signatures[id(k)] = _signature(k)
             self._kernels[kkey] = k
-        syncs = []
-
-        def pointer(_index: int, arr: Any):
-            if arr is None:   # (the accessor maps nothing of this chunk: a null pointer, extents 0)
-                return None
-            buf = self._buffer(arr, device)
-            if not self._cpu[device]:
-                syncs.append((buf, arr))
-            return buf
-
         # pyopencl's set_args converts every argument (20-60 us for a dozen): skipped when the
         # kernel object (one per queue) already holds these arguments, as a repeating step's
-        # launches on one chunk do
+        # launches on one chunk do; the launch geometry is kept beside them (the key holds
+        # the chunk's box)
         key = _arguments_key(ctx, args)
-        if key is None or self._kernel_args.get(id(k)) != key or not self._cpu[device]:
+        held = self._kernel_args.get(id(k))
+        if key is not None and held is not None and held[0] == key and self._cpu[device]:
+            syncs = _NO_SYNCS
+            gsize, goff = held[1]
+        else:
+            syncs = []
+
+            def pointer(_index: int, arr: Any):
+                if arr is None:   # (the accessor maps nothing of this chunk: a null pointer, extents 0)
+                    return None
+                buf = self._buffer(arr, device)
+                if not self._cpu[device]:
+                    syncs.append((buf, arr))
+                return buf
+
             check_argument_count(kernel.name, k.num_args, source_kernel_parameter_count(args), args)
             signature = self._signatures.get(id(k))
             scalar = None
@@ -452,9 +460,9 @@ class OpenCLBackend(DeviceQueueBackend):
                 m[...] = arr.reshape(-1).view(np.uint8)
                 m.base.release(queue)
             k.set_args(*cl_args)
-            self._kernel_args[id(k)] = key if key is not None else _arguments_key(ctx, args)
-        gsize = tuple(ctx.box.range) or (1,)
-        goff = tuple(ctx.box.offset) or None
+            box = ctx.box
+            gsize, goff = geometry = (tuple(box.range) or (1,), tuple(box.offset) or None)
+            self._kernel_args[id(k)] = (key if key is not None else _arguments_key(ctx, args), geometry)
         if local_range:
             self._check_local_range(kernel.name, k, device, tuple(local_range))
         ev = cl.enqueue_nd_range_kernel(queue, k, gsize, tuple(local_range) if local_range else None,
