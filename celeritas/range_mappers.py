@@ -345,20 +345,29 @@ def _function_key(fn, names_memo: dict | None = None, depth: int = 0) -> tuple |
     """
     code = fn.__code__
     parts = [code]
-    for v in (fn.__defaults__, fn.__kwdefaults__ and tuple(sorted(fn.__kwdefaults__.items()))):
-        if v is not None:
-            k = _value_key(v, depth, names_memo)
-            if k is None:
-                return None
-            parts.append(k)
+    v = fn.__defaults__
+    if v is not None:
+        k = _value_key(v, depth, names_memo)
+        if k is None:
+            return None
+        parts.append(k)
+    v = fn.__kwdefaults__       # (None where the function has none)
+    if v is not None:
+        k = _value_key(tuple(sorted(v.items())), depth, names_memo)
+        if k is None:
+            return None
+        parts.append(k)
     for cell in fn.__closure__ or ():
         try:
             v = cell.cell_contents
         except ValueError:   # (a cell not filled yet)
             return None
         t = type(v)
-        if t in _SCALARS:    # (_value_key's first case, without the call: most cells are ints)
-            parts.append((t, v))
+        if t in _SCALARS:    # (_value_key's first cases, without the call: most cells are ints
+            parts.append((t, v))     # or a module the mapper's factory imported)
+            continue
+        if t is _ModuleType and depth <= _KEY_DEPTH:
+            parts.append(v)
             continue
         k = _value_key(v, depth, names_memo)
         if k is None:
