@@ -76,9 +76,9 @@ def measure(topology: str, ranks: int, devices: int, *, steps: int, n: int = 512
         n_tasks[0] += 1
         if not commands:
             return
-        for cmd in cdag.build(t):
-            if instructions:
-                la.push(cmd, out)
+        cmds = cdag.build(t)
+        if instructions:
+            la.push_task(cmds, out)     # (as Scheduler._process does)
         out.clear()
 
     tm = tg.TaskManager(on_task=on_task, diagnostics="off", replay=Replay() if replay else None)

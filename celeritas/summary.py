@@ -228,7 +228,9 @@ def render(numbers: Mapping, console=None) -> None:
         rp = numbers.get("replay", {}).get(level)
         if rp:
             lowered = rp.get("misses", 0) + rp.get("bypassed", 0) + rp.get("first", 0)
-            over.add_row(f"replay, {level} graph", f"{rp.get('hits', 0)} replayed, {lowered} lowered "
+            grouped = rp.get("grouped", 0)
+            together = f" ({grouped} of them a task's commands together)" if grouped else ""
+            over.add_row(f"replay, {level} graph", f"{rp.get('hits', 0)} replayed{together}, {lowered} lowered "
                                                     f"({rp.get('templates', 0)} templates)")
     mem = numbers.get("memory", {})
     if mem.get("evictions") or mem.get("batches"):

@@ -133,6 +133,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self.memory_stats = {"evictions": 0, "bytes_evicted": 0, "bytes_written_back": 0, "batches": 0,
                              "batched_chunks": 0}
         self._warned = False       # a diagnostic was logged while lowering (not memoized then)
+        self._anticipation_misses = 0   # anticipate calls that found a box not allocated (see record_group)
         self._mapper_warned: set = set()   # (task name, buffer) already told of a mapper (_report_outside)
         # every device memory takes receives directly (CUDA-aware MPI or host devices asked
         # to): await-pushes then need no host allocation of their own
@@ -571,11 +572,14 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     lst.append(box)
                     new_need = True
                     self._shapes.pop(bid, None)
-        if all_hit and under is not None:
-            known = plans.allocated_under
-            if len(known) >= 64:        # (buffer states that keep changing: start over)
-                known.clear()
-            known.add(under)
+        if all_hit:
+            if under is not None:
+                known = plans.allocated_under
+                if len(known) >= 64:        # (buffer states that keep changing: start over)
+                    known.clear()
+                known.add(under)
+        else:
+            self._anticipation_misses += 1
         return new_need
 
     def clear_anticipation(self) -> None:

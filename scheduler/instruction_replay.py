@@ -28,8 +28,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import command_graph as cg
-from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
-                                ReductionAllocation)
+from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Instruction,
+                                Pilot, ReductionAllocation)
 from .memory import Allocation
 from .replay import absolute_epoch, newest_named, relative_epoch
 from .replay import absolute_id as _abs
@@ -46,6 +46,7 @@ _ROLES = {"id": "iid", "deps": "deps", "allocation": "aid", "source": "aid", "de
 
 
 _USER_KEYED = ("user-keyed",)   # stored under a key whose templates touch a user allocation (see above)
+_GROUP = ("task group",)        # a signature of a task's commands together (see group_probe)
 
 
 class TemplateMismatch(Exception):
@@ -123,6 +124,142 @@ class InstructionReplayMixin:
         used_epoch = cmd.kind != cg.HORIZON and epoch is not None and any(
             d == epoch and o != DEP_LAST_EPOCH for ins in self._out[n_out:] for d, o in ins.deps)
         replay.keep(key, tpl, epoch_rel, used_epoch)
+
+    # ---- a task's commands as one template ----------------------------------------------
+    # A task on several ranks gives each rank a few commands: the execution, and a push
+    # and an await-push per neighbour.  Replayed one by one, each pays a key, a lookup and
+    # an instantiation (~600 opcodes of the scheduler thread per command on the ping-pong).
+    # Together, their lowering is a function of their signatures and of the state of the
+    # union of the buffers they touch: each command's own key is determined by it (the
+    # state before it is the state before the task, changed by the commands before it,
+    # which are determined the same way).  So the task's commands are also kept as one
+    # template, recorded from what lowering them one by one gave (replayed or not: the
+    # same instructions), and a task whose key finds it replays it in one step.
+    def group_probe(self, cmds: list, anticipating: bool):
+        """``(key, touched, shapes, epoch_rel, template)`` of ``cmds`` (this rank's commands of
+        one task) as one template, the template None where none is kept yet; None where the
+        group does not qualify: reductions, collectives and bounded memories stay with the
+        per-command path, as does a task any of whose commands was not lowered twice yet.
+        ``anticipating``: whether lookahead asks ``anticipate`` about every command (a
+        template recorded so skips those questions: see ``record_group``)."""
+        if self._capacity:
+            return None
+        task = cmds[0].task
+        if task.reductions or task.collective_group is not None:
+            return None
+        replay = self.replay
+        sigs = []
+        bids: set = set()
+        for c in cmds:
+            kind = c.kind
+            if kind == cg.EXECUTION:
+                bids.update(self._touched_buffers(c))     # (plans the command: its signature holds them)
+                memo = c.memo
+                if memo is not None and memo[1] is c.plans and memo[2] is not None:
+                    sigs.append(memo[2])
+                    continue
+                for a in task.accesses:
+                    if not a.pure:
+                        return None
+                # (as _replay_key makes it, for a task without reductions)
+                sig = (kind, c.plans, c.include_current_reductions, (), tuple(task.side_effects), None)
+            elif kind == cg.PUSH or kind == cg.AWAIT_PUSH:
+                if c.transfer[2]:
+                    return None
+                bid = c.transfer[1]
+                bids.add(bid)
+                sig = ((kind, bid, False, tuple(c.targets), c.contributes) if kind == cg.PUSH
+                       else (kind, bid, False, c.region))
+            else:
+                return None
+            sid = replay.known(sig)
+            if sid is None:
+                return None
+            sigs.append(sid)
+        gsig = replay.signature((_GROUP, anticipating, tuple(sigs)))
+        if gsig is None:
+            return None
+        touched = tuple(sorted(bids))
+        ibase = self._next_instr
+        tid = task.id
+        shapes = []
+        parts = []
+        store = self._shapes
+        buffers = self._buffers
+        for bid in touched:
+            sh = store.get(bid)
+            if sh is None:
+                sh = store[bid] = self._shape_of(buffers[bid])
+            shapes.append(sh)
+            ib, tb = sh.ibase, sh.tbase
+            parts.append((sh.sid, None if ib is None else ib - ibase, None if tb is None else tb - tid))
+        epoch = self._horizons.epoch
+        hos = self._host_objects
+        extras = (epoch is None,
+                  tuple([_rel(hos.get(ho), ibase) for ho in task.side_effects]) if task.side_effects else ())
+        key = (gsig, touched, tuple(parts), extras)
+        epoch_rel = None if epoch is None else epoch - ibase
+        return key, touched, shapes, epoch_rel, replay.find(key, epoch_rel)
+
+    def compile_group(self, probe: tuple, cmds: list) -> tuple[list[Instruction], list[Pilot], int]:
+        """``compile`` of a task's commands by the template ``group_probe`` found."""
+        _key, touched, shapes, _epoch_rel, tpl = probe
+        out = self._out = []
+        pilots = self._pilots = []
+        self._compiling_task = cmds[0].task
+        replay = self.replay
+        replay.hits += 1
+        replay.grouped += 1
+        serial = self._instantiate(cmds[0], touched, shapes, tpl)
+        self._out = []
+        self._pilots = []
+        return out, pilots, serial
+
+    def begin_group(self, probe: tuple, cmds: list) -> tuple:
+        """What ``record_group`` needs of the state before the task's commands are lowered."""
+        _key, touched, shapes, _epoch_rel, _tpl = probe
+        return (_Env(self, cmds[0], touched, shapes), tuple([(sh.usid, sh.ubase) for sh in shapes]),
+                self.replay.bypassed, self._anticipation_misses)
+
+    def record_group(self, probe: tuple, mark: tuple, cmds: list, compiled: list) -> None:
+        """Keep the template of a task's commands from what compiling them one by one gave
+        (``compiled``: their ``compile`` results), unless a lowering was not memoizable
+        (``bypassed`` moved), lookahead found a box not allocated (``anticipate`` recorded
+        a need or had one: skipping it would not be the same), or a user allocation's
+        state changed (a per-command template keys on it then)."""
+        key, touched, _shapes, epoch_rel, _tpl = probe
+        env, users, bypassed, anticipation_misses = mark
+        if self.replay.bypassed != bypassed or self._anticipation_misses != anticipation_misses:
+            return
+        store = self._shapes
+        post = []
+        try:
+            for k, bid in enumerate(touched):
+                sh = store.get(bid)
+                if sh is None:
+                    self._sync_buffers((bid,))
+                    sh = store[bid] = self._shape_of(self._buffers[bid])
+                if (sh.usid, sh.ubase) != users[k]:
+                    return
+                post.append((sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations]),
+                             _rel(sh.ibase, env.ibase), _rel(sh.tbase, env.tid), None))
+            made = [ins for instrs, _p, _t in compiled for ins in instrs]
+            instrs = tuple([_compact(_encode(ins, env)) for ins in made])
+            pilots = tuple([(env.mid(p.msg_id), p.to, env.transfer(p.transfer), p.box)
+                            for _i, ps, _t in compiled for p in ps])
+        except TemplateMismatch:
+            return
+        task = cmds[0].task
+        effects = ()
+        if any(c.kind == cg.EXECUTION for c in cmds):
+            hos = self._host_objects
+            effects = (tuple([_rel(hos.get(ho), env.ibase) for ho in task.side_effects]), None)
+        tpl = (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
+               self._next_msg - env.mbase, tuple(post), effects, None,
+               [None, 0, None, next(self._template_serials)])
+        epoch = self._horizons.epoch
+        used_epoch = epoch is not None and any(d == epoch and o != DEP_LAST_EPOCH for ins in made for d, o in ins.deps)
+        self.replay.keep(key, tpl, epoch_rel, used_epoch)
 
     def _forget_shapes(self, bids) -> None:
         shapes = self._shapes

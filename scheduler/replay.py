@@ -32,6 +32,11 @@ it:
   nodes of the current state.  The touched buffers take the template's new state.
 * **Miss.**  The task is lowered normally and a template is recorded by writing the
   output and the new state relative to the base.
+* **A task's commands together.**  On several ranks a task gives each rank a few
+  commands (the execution, pushes, await-pushes).  Their lowering together is a function
+  of their signatures and of the union of the buffers they touch, so the instruction
+  graph also keeps them as one template (recorded from lowering them one by one) and a
+  repeating step replays them in one step (``InstructionReplayMixin.group_probe``).
 
 Exactness: ids are compared only for equality and order by the generators, and a
 relative encoding preserves both; everything else that a lowering reads is in the
@@ -57,7 +62,7 @@ _EPOCH_KEYED = ("epoch-keyed",)   # stored under a key whose templates are kept 
 class Replay:
     """One generator's memo of lowerings, with its hit counts."""
 
-    __slots__ = ("templates", "hits", "misses", "bypassed", "first", "_shapes", "_next_shape", "_seen")
+    __slots__ = ("templates", "hits", "misses", "bypassed", "first", "grouped", "_shapes", "_next_shape", "_seen")
 
     def __init__(self, limit: int = DEFAULT_TEMPLATES):
         self.templates = BoundedCache(limit)
@@ -65,6 +70,7 @@ class Replay:
         self.misses = 0        # lowerings done normally and recorded
         self.bypassed = 0      # lowerings that cannot be replayed (user mappers, diagnostics, ...)
         self.first = 0         # first sightings of a signature: lowered without keying or recording
+        self.grouped = 0       # hits of a template of a task's commands together (counted in hits too)
         self._shapes = BoundedCache(4 * limit)
         self._next_shape = 0
         self._seen = BoundedCache(4 * limit)
@@ -81,6 +87,11 @@ class Replay:
         self._next_shape += 1
         self.first += 1
         return None
+
+    def known(self, signature: tuple) -> int | None:
+        """``signature``'s int where it has been lowered before, None otherwise (remembering
+        nothing: a look that must not count as a sighting)."""
+        return self._seen.get(signature)
 
     def intern(self, shape: tuple) -> int:
         """A small int standing for ``shape`` (equal shapes, equal ints), so that keys hash
@@ -119,7 +130,7 @@ class Replay:
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,
-                "templates": len(self.templates)}
+                "grouped": self.grouped, "templates": len(self.templates)}
 
 
 def newest_named(access, top: int | None = None, skip: int | None = None) -> int | None:

@@ -73,6 +73,32 @@ class Lookahead:
         elif cmd.kind in (cg.EPOCH, cg.FENCE):
             self.flush(out)
 
+    def push_task(self, cmds: list[cg.Command], out: list) -> None:
+        """``push`` of a task's commands: by one template of them all where the instruction
+        generator keeps one (``group_probe``), else one by one, recording such a template
+        when they were all compiled at once."""
+        igg = self.igg
+        if len(cmds) < 2 or self._holding or igg.replay is None:
+            for c in cmds:
+                self.push(c, out)
+            return
+        probe = igg.group_probe(cmds, self.mode != LOOKAHEAD_NONE)
+        if probe is None:
+            for c in cmds:
+                self.push(c, out)
+            return
+        if probe[4] is not None:
+            # (recorded with every anticipate answered from allocations already made, which
+            # the key's buffer states make so again: the questions are skipped)
+            out.append(igg.compile_group(probe, cmds))
+            return
+        mark = igg.begin_group(probe, cmds)
+        n = len(out)
+        for c in cmds:
+            self.push(c, out)
+        if not self._holding and len(out) - n == len(cmds):
+            igg.record_group(probe, mark, cmds, out[n:])
+
     def flush(self, out: list) -> None:
         held, self.held = self.held, []
         for c in held:
@@ -302,8 +328,11 @@ class Scheduler:
         kind = type(ev)
         if kind is TaskSubmitted:
             self.num_tasks += 1
-            for cmd in self.cdag.build(ev.task):
-                self.lookahead.push(cmd, out)
+            cmds = self.cdag.build(ev.task)
+            if len(cmds) == 1:      # (most tasks on one rank)
+                self.lookahead.push(cmds[0], out)
+            else:
+                self.lookahead.push_task(cmds, out)
         elif kind is BufferCreated:
             self.cdag.create_buffer(ev.info)
             aid = self.igg.create_buffer(ev.info)

@@ -121,9 +121,30 @@ def own_pocl_cache() -> None:
     os.environ["CELERITAS_FUZZ_POCL_PID"] = str(os.getpid())
 
 
+_REPLAYS: list = []     # the Replay memos made by this worker's current run (see _keep_replays)
+
+
+def _keep_replays() -> None:
+    """Make this worker keep every ``Replay`` memo the runtime makes, so that a run can
+    report what replay reached (``reached:`` features: the program's record does not say
+    whether its steps repeated often enough)."""
+    from scheduler import replay
+    init = replay.Replay.__init__
+    if getattr(init, "kept_by_fuzz", False):
+        return
+
+    def keep(self, *a, **kw):
+        init(self, *a, **kw)
+        _REPLAYS.append(self)
+    keep.kept_by_fuzz = True
+    replay.Replay.__init__ = keep
+
+
 def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None, timeout: float) -> Result:
     quiet_runtime_logs()
     own_pocl_cache()
+    _keep_replays()
+    _REPLAYS.clear()
     p, cfg = program_for(seed, kind, groups, pinned)
     t0 = time.perf_counter()
     tag, msg = None, ""
@@ -154,6 +175,9 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
     if cfg.backend == "opencl" and any(t.source for t in p.tasks):
         dims.append("config:backend:opencl:source_kernels")
     dims += expected_outcome(p, cfg)
+    if any(r.grouped for r in _REPLAYS):
+        dims.append("reached:replay:grouped")    # (a task's commands replayed as one template)
+    _REPLAYS.clear()
     if dry:
         dims.append("config:dry_run")
     if p.kind == "main" and split_caches_overflow(p):

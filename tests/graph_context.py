@@ -133,8 +133,7 @@ class GraphContext:
             self.commands[r].extend(cmds)
             if r in self.iggs:
                 out: list = []
-                for cmd in cmds:
-                    self.lookaheads[r].push(cmd, out)
+                self.lookaheads[r].push_task(cmds, out)     # (as Scheduler._process does)
                 self._collect(r, out)
 
     def _collect(self, r: int, out: list) -> None:

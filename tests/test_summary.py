@@ -174,3 +174,35 @@ def test_titles_do_not_wrap_in_an_80_column_terminal(traced):
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     if not traced:
         assert "need the execution trace" in out.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_the_summary_counts_a_tasks_commands_replayed_together(capfd):
+    """On two ranks a stencil step is an execution, a push and an await-push per rank:
+    once it repeats, they replay as one template, which the summary's instruction replay
+    row counts among its replays."""
+    def program(rank):
+        q = cl.Queue()
+        up = cl.Buffer(np.zeros((32, 32), np.float32))
+        u = cl.Buffer(np.ones((32, 32), np.float32))
+        for _ in range(40):
+            def step(cgh, up=up, u=u):
+                w = up.access(cgh, cl.one_to_one(), cl.read_write)
+                r = u.access(cgh, cl.neighborhood(1, 1, shape="along_axes"), cl.read)
+
+                @cgh.parallel_for(up.shape)
+                def kernel(chunk):
+                    w[chunk] = r[chunk] + 1
+            q.submit(step)
+            up, u = u, up
+        got = q.fence(u).result()
+        q.shutdown()
+        return got, summary.rank_numbers(q.runtime.outputs())
+
+    res = run_cluster(program, nodes=2, devices=1, CELERITAS_SUMMARY="1")
+    for got, numbers in res:
+        assert np.all(got == 41)     # (u starts at 1: one more per step)
+        rp = numbers["replay"]["instruction"]
+        assert rp["grouped"] >= 20 and rp["hits"] >= rp["grouped"], rp
+    err = " ".join(capfd.readouterr().err.replace("│", " ").split())    # (rich wraps the row)
+    assert "of them a task's commands together)" in err
