@@ -1,6 +1,6 @@
 """CPU instructions per task of the application and scheduler threads, counted, not timed.
 
-    python -m benchmarks.bench_instructions [--base REV] [--programs noop,tiny,hop]
+    python -m benchmarks.bench_instructions [--base REV] [--programs noop,tiny,hop,wave]
 
 Wall and CPU time on a shared 2-core VM move by ±30 % from one hour to the next, which
 hides any change to the per-task path smaller than that.  Counting instructions does
@@ -23,7 +23,9 @@ Programs (per step):
   command, 4 kernels and 6 halo copies; a horizon every few steps);
 * ``tiny``: a ``parallel_for((4,))`` task with no accesses on ``host:4``;
 * ``hop``: a push/await_push round trip (two tasks with user-function range mappers)
-  as rank 0 of two ranks, ``host:1``: ``bench_mpi``'s ping-pong.
+  as rank 0 of two ranks, ``host:1``: ``bench_mpi``'s ping-pong;
+* ``wave``: ``apps.wave_sim``'s step on a 256² grid as rank 0 of two ranks, ``host:1``
+  (an execution, a push and an await-push per step on that rank): ``bench_mpi``'s wave_sim.
 
 Needs valgrind (``apt-get install valgrind``); each program takes about half a minute.
 """
@@ -48,6 +50,7 @@ PROGRAMS = {
     "noop": ({"CELERITAS_DRY_RUN_NODES": "1", "CELERITAS_DEVICES": "host:4"}, 200, 600),
     "tiny": ({"CELERITAS_DRY_RUN_NODES": "1", "CELERITAS_DEVICES": "host:4"}, 500, 1500),
     "hop": ({"CELERITAS_DRY_RUN_NODES": "2", "CELERITAS_DEVICES": "host:1"}, 200, 600),
+    "wave": ({"CELERITAS_DRY_RUN_NODES": "2", "CELERITAS_DEVICES": "host:1"}, 200, 600),
 }
 
 _CHILD = r"""
@@ -64,6 +67,18 @@ elif what == "hop":
     q = cl.Queue()
     x = cl.Buffer(np.zeros((1, 8), np.uint8), name="pingpong")
     _round_trips(q, _hop(x), n)
+    q.wait()
+    q.shutdown()
+elif what == "wave":
+    import numpy as np
+    import celeritas as cl
+    from apps.wave_sim import submit_step
+    q = cl.Queue()
+    u = cl.Buffer(np.zeros((256, 256), np.float32), name="u")
+    up = cl.Buffer(np.zeros((256, 256), np.float32), name="up")
+    for _ in range(n):
+        submit_step(q, up, u, 1.0, 1.0, 0.1, 256)
+        up, u = u, up
     q.wait()
     q.shutdown()
 else:
