@@ -33,10 +33,13 @@ def main(first: int, count: int, groups: str) -> int:
     rank = q.rank
     failures = run_batch(q, range(first, first + count), rank=rank, groups=sel,
                          repeat=int(os.environ.get("FUZZ_REPEAT", "1")))
+    igg_replay = q.runtime.scheduler.igg.replay     # (what replay reached on this rank)
     q.shutdown()
     for f in failures:
         print(f"rank {rank}: FAIL {f}", flush=True)
-    print(f"rank {rank}: {count - len(failures)}/{count} programs match numpy", flush=True)
+    reached = "" if igg_replay is None else (f" (instruction replay: {igg_replay.hits} replays, "
+                                             f"{igg_replay.grouped} of a task's commands together)")
+    print(f"rank {rank}: {count - len(failures)}/{count} programs match numpy{reached}", flush=True)
     return 1 if failures else 0
 
 
