@@ -139,7 +139,7 @@ class InstructionReplayMixin:
         """``(key, touched, shapes, epoch_rel, template)`` of ``cmds`` (this rank's commands of
         one task) as one template, the template None where none is kept yet; None where the
         group does not qualify: reductions, collectives and bounded memories stay with the
-        per-command path, as does a task any of whose commands was not lowered twice yet.
+        per-command path, as does a task any of whose commands was not lowered before.
         ``anticipating``: whether lookahead asks ``anticipate`` about every command (a
         template recorded so skips those questions: see ``record_group``)."""
         if self._capacity:
@@ -176,9 +176,9 @@ class InstructionReplayMixin:
             if sid is None:
                 return None
             sigs.append(sid)
-        gsig = replay.signature((_GROUP, anticipating, tuple(sigs)))
-        if gsig is None:
-            return None
+        # (every command's signature was lowered before: the task has repeated, so its
+        # group is keyed and recorded from this sighting on)
+        gsig = replay.identify((_GROUP, anticipating, tuple(sigs)))
         touched = tuple(sorted(bids))
         ibase = self._next_instr
         tid = task.id

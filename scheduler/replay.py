@@ -88,6 +88,16 @@ class Replay:
         self.first += 1
         return None
 
+    def identify(self, signature: tuple) -> int:
+        """``signature``'s int, made now where it has none (no first sighting counted: for
+        signatures whose parts were each seen before, see ``group_probe``)."""
+        sid = self._seen.get(signature)
+        if sid is None:
+            sid = self._next_shape
+            self._next_shape += 1
+            self._seen.put(signature, sid)
+        return sid
+
     def known(self, signature: tuple) -> int | None:
         """``signature``'s int where it has been lowered before, None otherwise (remembering
         nothing: a look that must not count as a sighting)."""
