@@ -64,16 +64,14 @@ class InstructionReplayMixin:
         touched = self._touched_buffers(cmd)
         if cmd.kind == cg.HORIZON:
             touched = tuple(sorted(self._buffers))   # a horizon collapses every buffer's state
-        key = self._replay_key(cmd, touched) if cmd.kind in _REPLAYABLE else None
+        shapes: list = []        # (the touched buffers' shapes, as the key takes them)
+        key = self._replay_key(cmd, touched, shapes) if cmd.kind in _REPLAYABLE else None
         if key is None or len(key) == 1:
             if key is None:
                 replay.bypassed += 1
             self._compile_now(cmd)
             self._forget_shapes(touched)
             return
-        shapes = []
-        for bid in touched:      # (a loop: a comprehension is a call in CPython 3.11)
-            shapes.append(self._shapes[bid])
         epoch = self._horizons.epoch
         epoch_rel = None if epoch is None else epoch - self._next_instr
         tpl = replay.find(key, epoch_rel)
@@ -181,18 +179,8 @@ class InstructionReplayMixin:
         gsig = replay.identify((_GROUP, anticipating, tuple(sigs)))
         touched = tuple(sorted(bids))
         ibase = self._next_instr
-        tid = task.id
-        shapes = []
-        parts = []
-        store = self._shapes
-        buffers = self._buffers
-        for bid in touched:
-            sh = store.get(bid)
-            if sh is None:
-                sh = store[bid] = self._shape_of(buffers[bid])
-            shapes.append(sh)
-            ib, tb = sh.ibase, sh.tbase
-            parts.append((sh.sid, None if ib is None else ib - ibase, None if tb is None else tb - tid))
+        shapes: list = []
+        parts = self._shape_parts(touched, ibase, task.id, shapes)
         epoch = self._horizons.epoch
         hos = self._host_objects
         extras = (epoch is None,
@@ -329,7 +317,7 @@ class InstructionReplayMixin:
             return () if b is None else (b,)
         return None
 
-    def _replay_key(self, cmd: cg.Command, bids: tuple) -> tuple | None:
+    def _replay_key(self, cmd: cg.Command, bids: tuple, shapes_out: list) -> tuple | None:
         kind = cmd.kind
         task = cmd.task
         sig_id = memo = None
@@ -369,16 +357,8 @@ class InstructionReplayMixin:
             if memo is not None:
                 memo[2] = sig_id
         ibase = self._next_instr
-        tid = task.id
-        parts = []
         shapes = self._shapes
-        buffers = self._buffers
-        for bid in bids:
-            sh = shapes.get(bid)
-            if sh is None:
-                sh = shapes[bid] = self._shape_of(buffers[bid])
-            ib, tb = sh.ibase, sh.tbase
-            parts.append((sh.sid, None if ib is None else ib - ibase, None if tb is None else tb - tid))
+        parts = self._shape_parts(bids, ibase, task.id, shapes_out) if bids else []
         if kind == cg.HORIZON:   # (it collapses the user allocations' ids too)
             parts.append(_user_parts([shapes[bid] for bid in bids], ibase))
         epoch = self._horizons.epoch
@@ -403,6 +383,22 @@ class InstructionReplayMixin:
         if self._capacity:
             extras = (extras, self._memory_state(ibase))
         return (sig_id, bids, tuple(parts), extras)
+
+    def _shape_parts(self, bids: tuple, ibase: int, tid: int, shapes: list | None = None) -> list:
+        """A key's part per buffer: its interned shape and how far its bases lie behind the
+        lowering's (instruction ids, task ids); the shapes themselves go to ``shapes``."""
+        parts = []
+        store = self._shapes
+        buffers = self._buffers
+        for bid in bids:
+            sh = store.get(bid)
+            if sh is None:
+                sh = store[bid] = self._shape_of(buffers[bid])
+            if shapes is not None:
+                shapes.append(sh)
+            ib, tb = sh.ibase, sh.tbase
+            parts.append((sh.sid, None if ib is None else ib - ibase, None if tb is None else tb - tid))
+        return parts
 
     def _memory_state(self, ibase: int) -> tuple:
         """What the lowering of anything that allocates depends on, per bounded memory: the

@@ -91,12 +91,7 @@ class Replay:
     def identify(self, signature: tuple) -> int:
         """``signature``'s int, made now where it has none (no first sighting counted: for
         signatures whose parts were each seen before, see ``group_probe``)."""
-        sid = self._seen.get(signature)
-        if sid is None:
-            sid = self._next_shape
-            self._next_shape += 1
-            self._seen.put(signature, sid)
-        return sid
+        return self._number(self._seen, signature)
 
     def known(self, signature: tuple) -> int | None:
         """``signature``'s int where it has been lowered before, None otherwise (remembering
@@ -107,12 +102,17 @@ class Replay:
         """A small int standing for ``shape`` (equal shapes, equal ints), so that keys hash
         and compare in O(1) however large a buffer's state is.  Ints are never reused:
         a forgotten shape just gets a new one."""
-        sid = self._shapes.get(shape)
-        if sid is None:
-            sid = self._next_shape
+        return self._number(self._shapes, shape)
+
+    def _number(self, cache: BoundedCache, key: tuple) -> int:
+        """``key``'s int in ``cache``, a new one where it has none (one counter for shapes and
+        signatures: an int is never reused for anything else)."""
+        n = cache.get(key)
+        if n is None:
+            n = self._next_shape
             self._next_shape += 1
-            self._shapes.put(shape, sid)
-        return sid
+            cache.put(key, n)
+        return n
 
     def find(self, key: tuple, epoch_rel: int | None):
         """The template for ``key``, or None.  ``epoch_rel`` is where the epoch for new nodes
