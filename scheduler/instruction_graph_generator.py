@@ -619,11 +619,13 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                 out[kind] = out.get(kind, 0) + k * n
         return out
 
-    def compile(self, cmd: cg.Command) -> tuple[list[Instruction], list[Pilot], int | None]:
+    def compile(self, cmd: cg.Command, group=None) -> tuple[list[Instruction], list[Pilot], int | None]:
         """The command's instructions and pilots, and the serial number of the replay template
         they were made from (None: lowered, not replayed).  Equal serials mean instructions of
         the same kinds, priorities, boxes, memories and sizes, in the same order; their ids,
-        tasks, names and launchers differ (what InstructionBatch.shape tells the executor)."""
+        tasks, names and launchers differ (what InstructionBatch.shape tells the executor).
+        ``group``: a ``group_probe`` that found a template: ``cmd`` and the rest of its task's
+        commands are made by it."""
         out = self._out = []     # (_begin/_end inlined: once per command)
         pilots = self._pilots = []
         self._compiling_task = cmd.task
@@ -632,7 +634,9 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         if self._coming:
             self._coming.clear()
         template = None
-        if self.replay is not None:
+        if group is not None:
+            template = self._replay_group(group, cmd)
+        elif self.replay is not None:
             template = self._compile_replayed(cmd)
         else:
             self._compile_now(cmd)

@@ -28,8 +28,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import command_graph as cg
-from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Instruction,
-                                Pilot, ReductionAllocation)
+from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
+                                ReductionAllocation)
 from .memory import Allocation
 from .replay import absolute_epoch, newest_named, relative_epoch
 from .replay import absolute_id as _abs
@@ -47,6 +47,25 @@ _ROLES = {"id": "iid", "deps": "deps", "allocation": "aid", "source": "aid", "de
 
 _USER_KEYED = ("user-keyed",)   # stored under a key whose templates touch a user allocation (see above)
 _GROUP = ("task group",)        # a signature of a task's commands together (see group_probe)
+
+
+class GroupProbe(NamedTuple):
+    """``group_probe``'s answer: the key of a task's commands as one template, the buffers
+    they touch (sorted) with their shapes before, where the epoch lies relative to the
+    lowering's base, and the template kept under the key (None: none yet)."""
+
+    key: tuple
+    touched: tuple
+    shapes: list
+    epoch_rel: int | None
+    template: tuple | None
+
+
+def _names_epoch(made: list, epoch: int | None) -> bool:
+    """Whether a lowering gave an instruction a true dependency on the epoch (its template
+    is then kept per epoch distance: ``Replay.keep``); the epoch dependency of an
+    instruction without another is written symbolically (see _encode)."""
+    return epoch is not None and any(d == epoch and o != DEP_LAST_EPOCH for ins in made for d, o in ins.deps)
 
 
 class TemplateMismatch(Exception):
@@ -111,17 +130,20 @@ class InstructionReplayMixin:
             self._forget_shapes(touched)
             return
         try:
-            tpl = self._record(cmd, touched, env, n_out, n_pilots, user_keyed or cmd.kind == cg.HORIZON)
+            after = []
+            for bid in touched:
+                sh = self._shapes[bid] = self._shape_of(self._buffers[bid])
+                after.append(sh)
+            made = self._out[n_out:]
+            tpl = self._template(cmd, env, made, self._pilots[n_pilots:], after,
+                                 user_keyed or cmd.kind == cg.HORIZON)
         except TemplateMismatch:
             replay.bypassed += 1
             self._forget_shapes(touched)
             return
         replay.misses += 1
-        # (a horizon's key holds the epoch itself: its lowering moves it; the epoch dependency
-        # of an instruction without another is written symbolically, see _encode)
-        used_epoch = cmd.kind != cg.HORIZON and epoch is not None and any(
-            d == epoch and o != DEP_LAST_EPOCH for ins in self._out[n_out:] for d, o in ins.deps)
-        replay.keep(key, tpl, epoch_rel, used_epoch)
+        # (a horizon's key holds the epoch itself: its lowering moves it)
+        replay.keep(key, tpl, epoch_rel, cmd.kind != cg.HORIZON and _names_epoch(made, epoch))
 
     # ---- a task's commands as one template ----------------------------------------------
     # A task on several ranks gives each rank a few commands: the execution, and a push
@@ -133,11 +155,11 @@ class InstructionReplayMixin:
     # which are determined the same way).  So the task's commands are also kept as one
     # template, recorded from what lowering them one by one gave (replayed or not: the
     # same instructions), and a task whose key finds it replays it in one step.
-    def group_probe(self, cmds: list, anticipating: bool):
-        """``(key, touched, shapes, epoch_rel, template)`` of ``cmds`` (this rank's commands of
-        one task) as one template, the template None where none is kept yet; None where the
-        group does not qualify: reductions, collectives and bounded memories stay with the
-        per-command path, as does a task any of whose commands was not lowered before.
+    def group_probe(self, cmds: list, anticipating: bool) -> "GroupProbe | None":
+        """The key of ``cmds`` (this rank's commands of one task) as one template, and the
+        template where one is kept (``GroupProbe``); None where the group does not qualify:
+        reductions, collectives and bounded memories stay with the per-command path, as does
+        a task any of whose commands was not lowered before.
         ``anticipating``: whether lookahead asks ``anticipate`` about every command (a
         template recorded so skips those questions: see ``record_group``)."""
         if self._capacity:
@@ -146,31 +168,25 @@ class InstructionReplayMixin:
         if task.reductions or task.collective_group is not None:
             return None
         replay = self.replay
+        known = replay.known
         sigs = []
         bids: set = set()
         for c in cmds:
             kind = c.kind
+            sid = None
             if kind == cg.EXECUTION:
                 bids.update(self._touched_buffers(c))     # (plans the command: its signature holds them)
-                memo = c.memo
-                if memo is not None and memo[1] is c.plans and memo[2] is not None:
-                    sigs.append(memo[2])
-                    continue
-                for a in task.accesses:
-                    if not a.pure:
-                        return None
-                # (as _replay_key makes it, for a task without reductions)
-                sig = (kind, c.plans, c.include_current_reductions, (), tuple(task.side_effects), None)
+                memo = c.memo                             # (_signature_id's hit, inline)
+                if memo is not None and memo[1] is c.plans:
+                    sid = memo[2]
             elif kind == cg.PUSH or kind == cg.AWAIT_PUSH:
                 if c.transfer[2]:
                     return None
-                bid = c.transfer[1]
-                bids.add(bid)
-                sig = ((kind, bid, False, tuple(c.targets), c.contributes) if kind == cg.PUSH
-                       else (kind, bid, False, c.region))
+                bids.add(c.transfer[1])
             else:
                 return None
-            sid = replay.known(sig)
+            if sid is None:
+                sid = self._signature_id(c, known)[0]
             if sid is None:
                 return None
             sigs.append(sid)
@@ -187,67 +203,47 @@ class InstructionReplayMixin:
                   tuple([_rel(hos.get(ho), ibase) for ho in task.side_effects]) if task.side_effects else ())
         key = (gsig, touched, tuple(parts), extras)
         epoch_rel = None if epoch is None else epoch - ibase
-        return key, touched, shapes, epoch_rel, replay.find(key, epoch_rel)
+        return GroupProbe(key, touched, shapes, epoch_rel, replay.find(key, epoch_rel))
 
-    def compile_group(self, probe: tuple, cmds: list) -> tuple[list[Instruction], list[Pilot], int]:
-        """``compile`` of a task's commands by the template ``group_probe`` found."""
-        _key, touched, shapes, _epoch_rel, tpl = probe
-        out = self._out = []
-        pilots = self._pilots = []
-        self._compiling_task = cmds[0].task
+    def _replay_group(self, probe: "GroupProbe", cmd: cg.Command) -> int:
+        """``compile``'s lowering of a task's commands (``cmd`` the first) by the template
+        ``group_probe`` found; the template's serial number."""
         replay = self.replay
         replay.hits += 1
         replay.grouped += 1
-        serial = self._instantiate(cmds[0], touched, shapes, tpl)
-        self._out = []
-        self._pilots = []
-        return out, pilots, serial
+        return self._instantiate(cmd, probe.touched, probe.shapes, probe.template)
 
-    def begin_group(self, probe: tuple, cmds: list) -> tuple:
+    def begin_group(self, probe: "GroupProbe", cmds: list) -> tuple:
         """What ``record_group`` needs of the state before the task's commands are lowered."""
-        _key, touched, shapes, _epoch_rel, _tpl = probe
-        return (_Env(self, cmds[0], touched, shapes), tuple([(sh.usid, sh.ubase) for sh in shapes]),
-                self.replay.bypassed, self._anticipation_misses)
+        return _Env(self, cmds[0], probe.touched, probe.shapes), self.replay.bypassed, self._anticipation_misses
 
-    def record_group(self, probe: tuple, mark: tuple, cmds: list, compiled: list) -> None:
+    def record_group(self, probe: "GroupProbe", mark: tuple, cmds: list, compiled: list) -> None:
         """Keep the template of a task's commands from what compiling them one by one gave
         (``compiled``: their ``compile`` results), unless a lowering was not memoizable
         (``bypassed`` moved), lookahead found a box not allocated (``anticipate`` recorded
         a need or had one: skipping it would not be the same), or a user allocation's
         state changed (a per-command template keys on it then)."""
-        key, touched, _shapes, epoch_rel, _tpl = probe
-        env, users, bypassed, anticipation_misses = mark
+        env, bypassed, anticipation_misses = mark
         if self.replay.bypassed != bypassed or self._anticipation_misses != anticipation_misses:
             return
         store = self._shapes
-        post = []
+        after = []
+        for bid, before in zip(probe.touched, probe.shapes):
+            sh = store.get(bid)
+            if sh is None:
+                self._sync_buffers((bid,))
+                sh = store[bid] = self._shape_of(self._buffers[bid])
+            if sh.usid != before.usid or sh.ubase != before.ubase:
+                return
+            after.append(sh)
+        made = [ins for instrs, _p, _t in compiled for ins in instrs]
         try:
-            for k, bid in enumerate(touched):
-                sh = store.get(bid)
-                if sh is None:
-                    self._sync_buffers((bid,))
-                    sh = store[bid] = self._shape_of(self._buffers[bid])
-                if (sh.usid, sh.ubase) != users[k]:
-                    return
-                post.append((sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations]),
-                             _rel(sh.ibase, env.ibase), _rel(sh.tbase, env.tid), None))
-            made = [ins for instrs, _p, _t in compiled for ins in instrs]
-            instrs = tuple([_compact(_encode(ins, env)) for ins in made])
-            pilots = tuple([(env.mid(p.msg_id), p.to, env.transfer(p.transfer), p.box)
-                            for _i, ps, _t in compiled for p in ps])
+            # (the execution command, where there is one, has the task's effects: see _template)
+            tpl = self._template(next((c for c in cmds if c.kind == cg.EXECUTION), cmds[0]), env, made,
+                                 [p for _i, ps, _t in compiled for p in ps], after, False)
         except TemplateMismatch:
             return
-        task = cmds[0].task
-        effects = ()
-        if any(c.kind == cg.EXECUTION for c in cmds):
-            hos = self._host_objects
-            effects = (tuple([_rel(hos.get(ho), env.ibase) for ho in task.side_effects]), None)
-        tpl = (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
-               self._next_msg - env.mbase, tuple(post), effects, None,
-               [None, 0, None, next(self._template_serials)])
-        epoch = self._horizons.epoch
-        used_epoch = epoch is not None and any(d == epoch and o != DEP_LAST_EPOCH for ins in made for d, o in ins.deps)
-        self.replay.keep(key, tpl, epoch_rel, used_epoch)
+        self.replay.keep(probe.key, tpl, probe.epoch_rel, _names_epoch(made, self._horizons.epoch))
 
     def _forget_shapes(self, bids) -> None:
         shapes = self._shapes
@@ -320,42 +316,15 @@ class InstructionReplayMixin:
     def _replay_key(self, cmd: cg.Command, bids: tuple, shapes_out: list) -> tuple | None:
         kind = cmd.kind
         task = cmd.task
-        sig_id = memo = None
-        if kind == cg.EXECUTION:
-            # the template entry's cell (see _plan_chunks) holds the signature of the plans it
-            # holds; a command planned before the plan cache was dropped (held by lookahead
-            # while a buffer was created) has other plans than its cell, whose signature is
-            # then neither read nor written
-            memo = cmd.memo
-            if memo is not None:
-                if memo[1] is cmd.plans:
-                    sig_id = memo[2]
-                else:
-                    memo = None
-            if sig_id is None:
-                for a in task.accesses:
-                    if not a.pure:
-                        return None
-                sig = (kind, cmd.plans, cmd.include_current_reductions,
-                       tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]) if task.reductions
-                       else (), tuple(task.side_effects), task.collective_group)
-        elif kind == cg.PUSH:
-            sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, tuple(cmd.targets), cmd.contributes)
-        elif kind == cg.AWAIT_PUSH:
-            sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, cmd.region)
-        elif kind == cg.REDUCTION:
-            red = cmd.reduction
-            sig = (kind, cmd.buffer, cmd.contributes, red.op)
-        else:   # HORIZON
-            if self._garbage:
-                return None   # (user allocations to drop: rare, lowered normally)
-            sig = (kind,)
+        # (an execution command's template cell, peeked at first: _signature_id's hit, inline)
+        memo = cmd.memo if kind == cg.EXECUTION else None
+        sig_id = memo[2] if memo is not None and memo[1] is cmd.plans else None
         if sig_id is None:
-            sig_id = self.replay.signature(sig)
+            sig_id, sig = self._signature_id(cmd, self.replay.signature)
             if sig_id is None:
-                return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
-            if memo is not None:
-                memo[2] = sig_id
+                # (None: lowered every time; a first sighting: lowered normally, nothing
+                # shaped or recorded)
+                return None if sig is None else (sig,)
         ibase = self._next_instr
         shapes = self._shapes
         parts = self._shape_parts(bids, ibase, task.id, shapes_out) if bids else []
@@ -383,6 +352,52 @@ class InstructionReplayMixin:
         if self._capacity:
             extras = (extras, self._memory_state(ibase))
         return (sig_id, bids, tuple(parts), extras)
+
+    def _signature_id(self, cmd: cg.Command, look) -> tuple:
+        """``(int, signature)`` of what a command's lowering depends on besides its buffers'
+        states: the int ``look`` gives for the signature (``Replay.signature``, or
+        ``Replay.known`` for a look that is no sighting), the signature itself None where
+        the execution command's template cell held the int; ``(None, None)`` where the
+        lowering is not memoized (a mapper that is no pure function, a horizon dropping
+        user allocations).
+
+        The template entry's cell of a replayed execution command (see _plan_chunks) holds
+        the signature of the plans it holds; a command planned before the plan cache was
+        dropped (held by lookahead while a buffer was created) has other plans than its
+        cell, whose signature is then neither read nor written."""
+        kind = cmd.kind
+        if kind == cg.PUSH:     # (a task group's commands first: group_probe asks for each)
+            sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, tuple(cmd.targets), cmd.contributes)
+            return look(sig), sig
+        if kind == cg.AWAIT_PUSH:
+            sig = (kind, cmd.transfer[1], cmd.transfer[2] != 0, cmd.region)
+            return look(sig), sig
+        if kind == cg.EXECUTION:
+            memo = cmd.memo
+            if memo is not None:
+                if memo[1] is cmd.plans:
+                    if memo[2] is not None:
+                        return memo[2], None
+                else:
+                    memo = None
+            task = cmd.task
+            for a in task.accesses:
+                if not a.pure:
+                    return None, None
+            sig = (kind, cmd.plans, cmd.include_current_reductions,
+                   tuple([(r.buffer, r.include_current, r.op) for r in task.reductions]) if task.reductions
+                   else (), tuple(task.side_effects), task.collective_group)
+            sig_id = look(sig)
+            if sig_id is not None and memo is not None:
+                memo[2] = sig_id
+            return sig_id, sig
+        if kind == cg.REDUCTION:
+            sig = (kind, cmd.buffer, cmd.contributes, cmd.reduction.op)
+        else:   # HORIZON
+            if self._garbage:
+                return None, None   # (user allocations to drop: rare, lowered normally)
+            sig = (kind,)
+        return look(sig), sig
 
     def _shape_parts(self, bids: tuple, ibase: int, tid: int, shapes: list | None = None) -> list:
         """A key's part per buffer: its interned shape and how far its bases lie behind the
@@ -441,21 +456,19 @@ class InstructionReplayMixin:
         return _BufferShape(self.replay.intern(shape), ibase, tbase, tuple(ids), shape, usid, ubase, ushape)
 
     # ---- recording ---------------------------------------------------------------------
-    def _record(self, cmd: cg.Command, bids: tuple, env: "_Env", n_out: int, n_pilots: int,
-                user_keyed: bool) -> tuple:
-        """``user_keyed``: the key holds the user allocations' shapes, and the template
-        their new ones; else they stay as they are (and the key does not hold them)."""
-        instrs = tuple([_compact(_encode(ins, env)) for ins in self._out[n_out:]])
-        pilots = tuple([(env.mid(p.msg_id), p.to, env.transfer(p.transfer), p.box)
-                        for p in self._pilots[n_pilots:]])
-        post = []
-        for k, bid in enumerate(bids):
-            b = self._buffers[bid]
-            sh = self._shape_of(b)
-            self._shapes[bid] = sh
-            post.append((sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations]),
-                         _rel(sh.ibase, env.ibase), _rel(sh.tbase, env.tid),
-                         (sh.usid, sh.ushape, _rel(sh.ubase, env.ibase)) if user_keyed else None))
+    def _template(self, cmd: cg.Command, env: "_Env", made: list, pilots: list, after: list,
+                  user_keyed: bool) -> tuple:
+        """The template of a lowering just done: its instructions ``made`` and ``pilots``, the
+        touched buffers' new shapes ``after``, and ``cmd``'s effects (of its kind), all
+        relative to ``env``.  ``user_keyed``: the key holds the user allocations' shapes, and
+        the template their new ones; else they stay as they are (and the key does not hold
+        them)."""
+        instrs = tuple([_compact(_encode(ins, env)) for ins in made])
+        pilots = tuple([(env.mid(p.msg_id), p.to, env.transfer(p.transfer), p.box) for p in pilots])
+        post = tuple([(sh.sid, sh.shape, tuple([env.aid(a) for a in sh.allocations]),
+                       _rel(sh.ibase, env.ibase), _rel(sh.tbase, env.tid),
+                       (sh.usid, sh.ushape, _rel(sh.ubase, env.ibase)) if user_keyed else None)
+                      for sh in after])
         effects = ()
         if cmd.kind == cg.EXECUTION:
             task = cmd.task
@@ -470,7 +483,7 @@ class InstructionReplayMixin:
                        _rel(self._horizons.current_horizon, ib), _rel(self._horizons.epoch, ib))
         memory = self._memory_state(env.ibase) if self._capacity else None
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
-                self._next_msg - env.mbase, tuple(post), effects, memory,
+                self._next_msg - env.mbase, post, effects, memory,
                 [None, 0, None, next(self._template_serials)])
 
     # ---- instantiation -----------------------------------------------------------------

@@ -83,8 +83,7 @@ class Replay:
         sid = self._seen.get(signature)
         if sid is not None:
             return sid
-        self._seen.put(signature, self._next_shape)
-        self._next_shape += 1
+        self._number(self._seen, signature)
         self.first += 1
         return None
 

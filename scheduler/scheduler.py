@@ -87,10 +87,10 @@ class Lookahead:
             for c in cmds:
                 self.push(c, out)
             return
-        if probe[4] is not None:
+        if probe.template is not None:
             # (recorded with every anticipate answered from allocations already made, which
             # the key's buffer states make so again: the questions are skipped)
-            out.append(igg.compile_group(probe, cmds))
+            out.append(igg.compile(cmds[0], probe))
             return
         mark = igg.begin_group(probe, cmds)
         n = len(out)
