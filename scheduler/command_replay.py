@@ -9,6 +9,9 @@ Horizons have templates of their own, keyed on every buffer's shape and the fron
 """
 from __future__ import annotations
 
+from typing import Callable
+
+from . import replay as _replay_module
 from . import task_graph as tg
 from .horizons import forget_before
 from .replay import absolute, absolute_id, own_base_shape, relative_id
@@ -165,12 +168,44 @@ class CommandReplayMixin:
             effects = (tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
                        None if task.collective_group is None else
                        _rel_command(self._last_collective.get(task.collective_group), base, live))
-        return tuple(cmds), tuple(post), effects
+        # (builder: [compiled builder, replays so far]; see _replay)
+        return tuple(cmds), tuple(post), effects, [None, 0]
 
     # ---- replay ------------------------------------------------------------------------
     def _replay(self, task, bids: tuple, tpl: tuple, out: list) -> None:
+        cmds, post, effects, builder = tpl
+        build = builder[0]
+        if build is None and task.kind != tg.HORIZON:
+            # compiled at the template's COMPILE_AFTER-th replay, as instruction templates are
+            # (a horizon's template is interpreted: it replays once per horizon step and
+            # moves the epoch)
+            builder[1] += 1
+            if builder[1] >= _replay_module.COMPILE_AFTER:
+                build = builder[0] = _command_builder(cmds, post, self._COMMAND_CLASSES, self._builder_code)
+        if build is None:
+            self._replay_interpreted(task, cmds, post, effects, out)
+            return
+        base = self._next_id
+        n = len(cmds)
+        self._next_id = base + n
+        made = build(base, self._horizons.epoch, task, task.id, self._buffers, self._live, self._horizons.front,
+                     out, self._shapes, self._stale)
+        self.num_commands += n
+        recorder = self.recorder
+        if recorder is not None:
+            for c in made:
+                recorder.record_command(c)
+        se, coll = effects
+        if se:
+            live = self._live
+            for ho, rel in zip(task.side_effects, se):
+                if rel is not None:
+                    self._last_side_effect[ho] = live[base + rel]
+        if coll is not None:
+            self._last_collective[task.collective_group] = self._live[base + coll]
+
+    def _replay_interpreted(self, task, cmds: tuple, post: tuple, effects: tuple, out: list) -> None:
         AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand = self._COMMAND_CLASSES
-        cmds, post, effects = tpl
         base = self._next_id
         buffers = self._buffers
         live = self._live
@@ -237,6 +272,80 @@ class CommandReplayMixin:
                     self._last_side_effect[ho] = live[base + rel]
             if coll is not None:
                 self._last_collective[task.collective_group] = live[base + coll]
+
+
+def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callable:
+    """A function that replays a (non-horizon) command template: ``_replay_interpreted``
+    written out for this template's commands and buffers, compiled once per template (at
+    its ``COMPILE_AFTER``-th replay).  Each command is one constructor call with its
+    dependencies as a dict display, then its execution-front update and registration,
+    in the interpreted order; then the buffers' new states.  Every value is a name bound
+    in the closure, so templates of one structure share the compiled code (``codes``:
+    source -> ``make``), as instruction templates' builders do (``_builder`` in
+    ``instruction_replay``).  Returns the commands made."""
+    AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand = classes
+    ns: dict = {}
+
+    def const(v) -> str:
+        if v is None or type(v) is bool:
+            return repr(v)
+        name = f"k{len(ns)}"
+        ns[name] = v
+        return name
+
+    lines = []
+    names = []
+    for i, (cls, rel, deps, fields) in enumerate(cmds):
+        cid = f"base + {const(rel)}"
+        keys = ["epoch" if d is None else f"base + {const(d)}" for d, _kd in deps]
+        dd = "{" + "".join(f"{k}: {const(kd)}, " for k, (_d, kd) in zip(keys, deps)) + "}"
+        ns[f"C{i}"] = cls
+        if cls is ExecutionCommand:
+            box, include, memo = fields
+            call = f"C{i}({cid}, task, {dd}, {const(box)}, {const(include)}, None, {const(memo)})"
+        elif cls is PushCommand or cls is AwaitPushCommand:
+            bid, pend = fields[0], fields[1]
+            transfer = f"(tid, {const(bid)}, {f'buffers[{const(bid)}].pending[0].id' if pend else '0'})"
+            if cls is PushCommand:
+                call = f"C{i}({cid}, task, {dd}, {transfer}, [*{const(fields[2])}], {const(fields[3])})"
+            else:
+                call = f"C{i}({cid}, task, {dd}, {transfer}, {const(fields[2])})"
+        elif cls is ReductionCommand:
+            bid, contributes = fields
+            b = const(bid)
+            call = f"C{i}({cid}, task, {dd}, (_r := buffers[{b}].pending[0]), {b}, (tid, {b}, _r.id), {const(contributes)})"
+        else:
+            call = f"C{i}({cid}, task, {dd})"
+        lines.append(f"        c{i} = {call}")
+        names.append(f"c{i}")
+    for i, (_cls, rel, deps, _fields) in enumerate(cmds):
+        # (EpochTracker.add, then CommandGraphGenerator._register less its count and recorder)
+        for d, _kd in deps:
+            lines.append(f"        pop({'epoch' if d is None else f'base + {const(d)}'}, None)")
+        lines.append(f"        front[c{i}.id] = live[c{i}.id] = c{i}")
+    for bid, sid, shape, pend, top in post:
+        b = const(bid)
+        if pend is None:
+            lines.append(f"        buffers[{b}].pending = None")
+        elif pend != "kept":
+            lines.append(f"        buffers[{b}].pending = (task.reductions[{const(pend[0])}], {const(pend[1])})")
+        at = "None" if top is None else f"base + {const(top)}"
+        lines.append(f"        shapes[{b}] = stale[{b}] = ({const(sid)}, {at}, {const(shape)})")
+    made = "(" + "".join(f"{c}, " for c in names) + ")"
+    src = (f"def make({', '.join(ns)}):\n"
+           "    def build(base, epoch, task, tid, buffers, live, front, out, shapes, stale):\n"
+           "        pop = front.pop\n"
+           + "\n".join(lines) + "\n"
+           f"        made = {made}\n"
+           "        out += made\n"
+           "        return made\n"
+           "    return build\n")
+    make = codes.get(src)
+    if make is None:
+        scope: dict = {}
+        exec(compile(src, "<command template>", "exec"), scope)   # noqa: S102 - source built above from names only
+        make = codes.put(src, scope["make"])
+    return make(*ns.values())
 
 
 def _touched(task) -> tuple:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import command_graph as cg
+from . import replay as _replay_module
 from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
                                 ReductionAllocation)
 from .memory import Allocation
@@ -504,7 +505,7 @@ class InstructionReplayMixin:
             # 100-130 per buffer, 8-10 ms per rank)
             # (builder: [compiled builder, replays so far, interpreter, serial number])
             builder[1] += 1
-            if builder[1] >= COMPILE_AFTER:
+            if builder[1] >= _replay_module.COMPILE_AFTER:
                 build = builder[0] = _builder(instrs, post, self._builder_code)
                 builder[2] = None
             else:
@@ -785,9 +786,6 @@ def _compact(encoded: tuple) -> tuple:
         else:
             patches.append((pos, _OTHER, (role, val)))
     return cls, tuple(proto), tuple(patches)
-
-
-COMPILE_AFTER = 8     # replays of a template before its builder is compiled (see _instantiate)
 
 
 def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:

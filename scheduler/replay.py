@@ -54,6 +54,10 @@ from __future__ import annotations
 from .bounded_cache import BoundedCache
 
 DEFAULT_TEMPLATES = 4096
+# replays of a template before its builder is compiled (instruction templates: see
+# ``InstructionReplayMixin._instantiate``; command templates: ``CommandReplayMixin._replay``);
+# read at each replay before that, so that a test or the fuzzer may set it
+COMPILE_AFTER = 8
 
 
 _EPOCH_KEYED = ("epoch-keyed",)   # stored under a key whose templates are kept per epoch distance

@@ -4136,7 +4136,7 @@ class Config:
                                         # lanes' workers and waiters fall behind the executor)
     cuda_driver: str | None = None  # cuda: "off" runs the stand-in without its GIL-keeping driver calls
                                     # (as where libcuda cannot be bound: CuPy's calls alone)
-    compile_after: int | None = None  # scheduler.instruction_replay.COMPILE_AFTER for the run: 1 compiles a
+    compile_after: int | None = None  # scheduler.replay.COMPILE_AFTER for the run: 1 compiles a
                                       # template's builder at its first replay, so that short programs reach
                                       # the compiled builders (and the accesses lists they keep, which direct
                                       # kernel runs keep launch contexts for); None: the default (8 replays)
@@ -4228,19 +4228,19 @@ REPEAT_CHOICES = (1, 1, 4)                           # the fuzzer's loops as gen
 
 @contextlib.contextmanager
 def compiled_builders_after(n: int | None):
-    """``scheduler.instruction_replay.COMPILE_AFTER`` at ``n`` while the block runs (None: as it
+    """``scheduler.replay.COMPILE_AFTER`` at ``n`` while the block runs (None: as it
     is).  A module setting, not a configuration variable: the fuzzer's runs of one process
     run one program at a time."""
     if n is None:
         yield
         return
-    import scheduler.instruction_replay as ir
-    old = ir.COMPILE_AFTER
-    ir.COMPILE_AFTER = n
+    import scheduler.replay as rp
+    old = rp.COMPILE_AFTER
+    rp.COMPILE_AFTER = n
     try:
         yield
     finally:
-        ir.COMPILE_AFTER = old
+        rp.COMPILE_AFTER = old
 
 
 def random_config(rng: random.Random) -> Config:

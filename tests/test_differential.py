@@ -2350,20 +2350,28 @@ def test_random_config_compiles_replay_builders_at_once_and_repeats_loops_in_a_t
     short programs run compiled builders (and the accesses lists they keep, which direct
     kernel runs keep their launch contexts for); the setting holds while the program runs
     and is put back after, and the results stay the model's."""
+    import scheduler.command_replay as cr
     import scheduler.instruction_replay as ir
+    import scheduler.replay as rp
     from differential import COMPILE_AFTER_CHOICES
     cfgs = [random_config(random.Random(s * 7919 + 17)) for s in range(600)]
     assert {c.compile_after for c in cfgs} == set(COMPILE_AFTER_CHOICES)
     assert 140 <= sum(c.compile_after == 1 for c in cfgs) <= 260
-    default = ir.COMPILE_AFTER
+    default = rp.COMPILE_AFTER
     built = []
-    real = ir._builder
+    commands_built = []
+    real, real_commands = ir._builder, cr._command_builder
 
     def builder(*a):
-        built.append(ir.COMPILE_AFTER)
+        built.append(rp.COMPILE_AFTER)
         return real(*a)
 
+    def command_builder(*a):
+        commands_built.append(rp.COMPILE_AFTER)
+        return real_commands(*a)
+
     monkeypatch.setattr(ir, "_builder", builder)
+    monkeypatch.setattr(cr, "_command_builder", command_builder)
     # (a third of the configurations make the program's loops four times longer: there
     # steps replay and hit, and compiled builders run)
     from differential import REPEAT_CHOICES
@@ -2372,7 +2380,9 @@ def test_random_config_compiles_replay_builders_at_once_and_repeats_loops_in_a_t
     p = generate(random.Random(1453), kind="main", repeat=4)
     run_and_check(p, Config(devices=2, inline="1000000", compile_after=1))
     assert len(built) >= 3 and set(built) == {1}
-    assert ir.COMPILE_AFTER == default
+    assert len(commands_built) >= 3 and set(commands_built) == {1}     # (command templates too)
+    assert rp.COMPILE_AFTER == default
     built.clear()
+    commands_built.clear()
     run_and_check(p, Config(devices=2, inline="1000000"))
-    assert not built
+    assert not built and not commands_built

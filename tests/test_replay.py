@@ -731,9 +731,9 @@ def test_compiled_and_interpreted_templates_make_the_same_graphs(monkeypatch, co
     """A template's instructions come from an interpreter for its first replays and from a
     compiled builder after ``COMPILE_AFTER`` of them: each alone, over the fuzzer's
     programs, gives the graphs of replay off."""
-    import scheduler.instruction_replay as ir
+    import scheduler.replay as rp
     from differential import generate
-    monkeypatch.setattr(ir, "COMPILE_AFTER", compile_after)
+    monkeypatch.setattr(rp, "COMPILE_AFTER", compile_after)
     for seed in (11, 2799, 40503):
         p = generate(random.Random(seed), kind="main", repeat=4)
         on = _differential_graphs(p, 2, 2, "auto", "on", 1, None)
@@ -748,8 +748,8 @@ def test_templates_of_one_structure_share_their_compiled_builder(monkeypatch):
     objects, and each of them gets its own values (the graphs stay those of replay off:
     ``test_compiled_and_interpreted_templates_make_the_same_graphs``)."""
     import celeritas as cl
-    import scheduler.instruction_replay as ir
-    monkeypatch.setattr(ir, "COMPILE_AFTER", 1)
+    import scheduler.replay as rp
+    monkeypatch.setattr(rp, "COMPILE_AFTER", 1)
     q = cl.Queue(devices="host:2")
     try:
         _submit_windows(q, 12)
@@ -759,6 +759,40 @@ def test_templates_of_one_structure_share_their_compiled_builder(monkeypatch):
         assert len(built) >= 16 and len(igg._builder_code) <= len(built) // 4, (len(built), len(igg._builder_code))
     finally:
         q.shutdown()
+
+
+@pytest.mark.parametrize("compile_after", [1, 8])
+@pytest.mark.parametrize("extra", [False, True])
+def test_command_templates_replay_through_compiled_builders_with_the_same_graphs(monkeypatch, compile_after, extra):
+    """A command template replays through a compiled builder from its ``COMPILE_AFTER``-th
+    replay (horizons' templates stay interpreted): every rank's graphs are those of replay
+    off, with pushes, await-pushes, reductions and side effects among the commands made
+    that way, and the templates of a step's two phases share one code object."""
+    import scheduler.command_replay as cr
+    import scheduler.replay as rp
+    monkeypatch.setattr(rp, "COMPILE_AFTER", compile_after)
+    built = []
+    real = cr._command_builder
+
+    def builder(cmds, *a):
+        built.append(tuple(c[0].__name__ for c in cmds))
+        return real(cmds, *a)
+
+    monkeypatch.setattr(cr, "_command_builder", builder)
+    prog = lambda ctx: _stencil(ctx, steps=150 if extra else 60, extra=extra)  # noqa: E731
+    off = _compile(prog, 2, 2, "auto", None, True, False)
+    assert not built
+    on = _compile(prog, 2, 2, "auto", None, True, True)
+    assert _canonical(on) == _canonical(off)
+    kinds = {k for b in built for k in b}
+    assert {"ExecutionCommand", "PushCommand", "AwaitPushCommand"} <= kinds, built
+    if extra:
+        assert "ReductionCommand" in kinds, built
+    for cdag in on.cdags:
+        compiled = [t for t in cdag.replay.templates.values() if type(t) is tuple and t[3][0] is not None]
+        assert compiled and len(cdag._builder_code) < len(compiled), (len(compiled), len(cdag._builder_code))
+        # (the builder ran: every replay after the compile went through it)
+        assert all(t[3][1] == compile_after for t in compiled)
 
 
 def _evicts_a_buffer_replay_left_stale(replay: str, monkeypatch) -> tuple[list, tuple]:
@@ -959,8 +993,8 @@ def test_a_compiled_builder_hands_out_the_same_accesses_while_the_allocations_st
     builder must give a replayed kernel the list of its last replay exactly while the
     allocations it names are the same (equal to what a lowering makes), and a new one,
     naming the new allocation, once one changed."""
-    import scheduler.instruction_replay as ir
-    monkeypatch.setattr(ir, "COMPILE_AFTER", 1)
+    import scheduler.replay as rp
+    monkeypatch.setattr(rp, "COMPILE_AFTER", 1)
     n = 32
     ctx = GraphContext(1, devices=2, lookahead="none", diagnostics="off", replay=True)
     bufs = [ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)]

@@ -5,7 +5,7 @@ GROUPS: ``all`` (default), ``none``, or a comma-separated list of differential.G
 ``FUZZ_PILOT_WINDOW=K`` in the environment narrows the MPI communicator's pilot window
 (``wire.PILOT_WINDOW``) to K, so that pilots wait for room and payloads take theirs along
 out of turn in nearly every transfer.  ``FUZZ_COMPILE_AFTER=K`` compiles a replay template's
-builder at its K-th replay (``scheduler.instruction_replay.COMPILE_AFTER``; 1: at once), and
+builder at its K-th replay (``scheduler.replay.COMPILE_AFTER``, instruction and command templates; 1: at once), and
 ``FUZZ_REPEAT=N`` makes the programs' loops N times longer (``generate``'s ``repeat``), so that
 steps replay and the compiled builders run.
 Prints every failing seed with its tag and features; exit status 1 on a rank where
@@ -27,8 +27,8 @@ def main(first: int, count: int, groups: str) -> int:
         import executor.mpi.communicator as mpi_communicator
         mpi_communicator.PILOT_WINDOW = int(os.environ["FUZZ_PILOT_WINDOW"])
     if os.environ.get("FUZZ_COMPILE_AFTER"):
-        import scheduler.instruction_replay as instruction_replay
-        instruction_replay.COMPILE_AFTER = int(os.environ["FUZZ_COMPILE_AFTER"])
+        import scheduler.replay as replay
+        replay.COMPILE_AFTER = int(os.environ["FUZZ_COMPILE_AFTER"])
     q = cl.Queue()
     rank = q.rank
     failures = run_batch(q, range(first, first + count), rank=rank, groups=sel,
