@@ -210,6 +210,8 @@ DISJOINT_READ_SHARE = 0.2   # of main programs
 RELEASE_DRAWS = True        # main: buffers and host objects released by dropping them (``_draw_releases``)
 FANCY_DRAWS = True          # main: some kernels and host tasks index with integer arrays / lists (``_draw_fancy``)
 REPLACE_DRAWS = True        # main: extra host objects replaced by the host tasks that record there (``_draw_replacements``)
+STEP_LOOP_DRAWS = True      # main: a step of 1-3 kernels over new buffers repeated 10-30 times (``_draw_step_loop``)
+STEP_LOOP_SHARE = 0.25      # of main programs
 RELEASE_FORMS = ("drop", "thread")   # the last reference dropped on the application thread / another thread
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
                             # an entry per split (and mapper) a rank's command graph has seen
@@ -1042,7 +1044,8 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
                          ("EMPTY_TARGET_DRAWS", _draw_empty_target), ("MANY_DRAWS", _draw_many),
                          ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order),
                          ("DISJOINT_READ_DRAWS", _draw_disjoint_reads), ("RELEASE_DRAWS", _draw_releases),
-                         ("FANCY_DRAWS", _draw_fancy), ("REPLACE_DRAWS", _draw_replacements)):
+                         ("FANCY_DRAWS", _draw_fancy), ("REPLACE_DRAWS", _draw_replacements),
+                         ("STEP_LOOP_DRAWS", _draw_step_loop)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1442,6 +1445,55 @@ def _draw_long(g: _Gen, p: Program) -> None:
     at = rng.randint(0, len(p.tasks))
     p.tasks[at:at] = part
     p.features.add("long")
+
+
+def _draw_step_loop(g: _Gen, p: Program) -> None:
+    """Sometimes (drawn after every other draw, so that every seed keeps what it drew before) a
+    step over new buffers repeated 10-30 times, inserted anywhere: a ping-pong neighborhood
+    kernel between two buffers, then maybe a kernel that reads the new state through ``all``,
+    ``mirror`` or ``shift`` into a third, then maybe a host task that reads it.  Each task's
+    chunks read other ranks' rows, so on several ranks a rank's commands of one task (its
+    execution, pushes and await-pushes) repeat often enough, with the same buffer states,
+    that replay keeps them as one template (``reached:replay:grouped``); the main programs'
+    own loops are mostly too short for it (``loop:step``)."""
+    rng = g.rng
+    if rng.random() >= STEP_LOOP_SHARE:
+        return
+    shape = (rng.randint(6, 16), rng.randint(2, 6))
+    dtype = rng.choice(("int64", "int32", "float64"))
+    a, b = _add_buffer_pair(p, rng, shape, dtype)
+    c = len(p.shapes)
+    p.shapes.append(shape)
+    p.dtypes.append(dtype)
+    p.init.append(_init_data(rng, shape, dtype))
+    extent = (rng.randint(1, 2), rng.randint(0, 1))
+    nbh = rng.choice(("bounding_box", "along_axes"))
+    split2d = rng.random() < 0.4
+    mode = rng.choice(("discard_write", "read_write"))
+    second = rng.choice(("all", "mirror", "shift", None))
+    shift = rng.randrange(1, shape[0])
+    host = second is not None and rng.random() < 0.3
+    side_effect = rng.random() < 0.5
+    index = rng.choice(INDEX_DRAW)
+    part: list[Task] = []
+    for step in range(rng.randint(10, 30)):
+        src, dst = (a, b) if step % 2 == 0 else (b, a)
+        part.append(Task("kernel", shape, [Read("data", src, "neighborhood", extent=extent, shape=nbh)],
+                         Write("data", dst, "one_to_one", mode), c0=step % 2, split2d=split2d,
+                         name="step_stencil", index=index))
+        if second is not None:
+            rd = Read("data", dst, second, dim=0, shift=shift if second == "shift" else 0)
+            part.append(Task("kernel", shape, [rd, Read("data", c, "one_to_one")],
+                             Write("data", c, "one_to_one", "read_write"), c0=1, name="step_gather", index=index))
+        if host:
+            part.append(Task("host", shape, [Read("data", c, "all")], side_effect=side_effect, name="step_host"))
+    at = rng.randint(0, len(p.tasks))
+    p.tasks[at:at] = part
+    p.features.update(("loop:step", f"loop:step:{second or 'stencil'}", f"read:neighborhood:{nbh}"))
+    if host:
+        p.features.add("loop:step:host")
+    if split2d:
+        p.features.add("split_2d:stencil")
 
 
 def _draw_source(g: _Gen, p: Program) -> None:

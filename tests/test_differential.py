@@ -1345,6 +1345,39 @@ def test_long_programs_fixed_seeds(monkeypatch, seed, cfg, feature):
         assert seen["width"] >= cfg.ranks, seen["width"]      # (every rank's task graph)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed,cfg,feature", [
+    (19, Config(ranks=2, devices=2), "loop:step:host"),                     # then all rows, then a host task
+    (53, Config(ranks=3, devices=1, lookahead="none"), "loop:step:shift"),
+    (3, Config(ranks=4, devices=1, horizon_step=1), "loop:step:mirror"),
+    (14, Config(ranks=2, devices=1, lookahead="infinite"), "loop:step:stencil"),
+])
+def test_step_loops_fixed_seeds(monkeypatch, seed, cfg, feature):
+    """A step of one to three tasks over new buffers repeated 10-30 times (``_draw_step_loop``)
+    matches the model, and on several ranks each rank replays its commands of a step's task
+    (the execution, pushes and await-pushes) as one template: the fuzzer's programs reach
+    ``reached:replay:grouped`` through it, not only through the rare long stencils."""
+    p = generate(random.Random(seed), kind="main")
+    assert {"loop:step", feature} <= p.features
+    assert sum(t.name == "step_stencil" for t in p.tasks) >= 10
+    seen = _horizons_and_replays(monkeypatch)
+    run_and_check(p, cfg)
+    grouped = [r.grouped for r in seen["replays"] if r.grouped]
+    assert len(grouped) >= cfg.ranks and min(grouped) >= 10, [r.stats() for r in seen["replays"]]
+
+
+def test_a_step_loop_that_lost_a_step_is_caught():
+    """A run of a step-loop program without one of its steps (the model's with it) differs."""
+    p = generate(random.Random(19), kind="main")
+    q = copy.deepcopy(p)
+    steps = [i for i, t in enumerate(q.tasks) if t.name == "step_stencil"]
+    del q.tasks[steps[len(steps) // 2]]
+    cfg = Config(ranks=2, devices=1)
+    with pytest.raises(Mismatch) as err:
+        check(p, run_model(p), run_on_cluster(q, cfg), cfg)
+    assert {"buffer", "fence", "host_range"} & {tag for tag, _msg in err.value.problems}, err.value
+
+
 @pytest.mark.parametrize("seed,feature", [(1688, "long:stencil"), (88, "long:wide")])
 def test_long_program_check_fails(seed, feature):
     """A run that lost one step of the long part (the run's program without it, the model's
