@@ -127,7 +127,21 @@ class Communicator(abc.ABC):
 
     @abc.abstractmethod
     def collective_handle(self) -> Any:
-        """An mpi4py-like communicator object for collective host tasks."""
+        """An mpi4py-like communicator object for collective host tasks (a clone's, once
+        ``clone_completed``: before that, it waits for the other ranks to clone)."""
+
+    def clone_completed(self) -> bool:
+        """Whether this clone is usable without waiting for the other ranks: never blocks.
+        The executor asks before it issues a collective host task and otherwise leaves the
+        wait (``wait_cloned``) to the host task's lane: a rank whose executor thread waits
+        for a clone stops issuing what the other ranks may need first to reach their own
+        clone (a collective of another group they are in).  Clones that are ready at once
+        answer True."""
+        return True
+
+    def wait_cloned(self) -> None:
+        """Block until ``clone_completed`` (a host lane, which may block; no divergence
+        check meanwhile: the executor keeps doing that)."""
 
     def set_notifier(self, notifier: Callable[[], None] | None) -> None:
         """See ``notifies``; ignored by polling-only communicators."""

@@ -232,6 +232,10 @@ class Executor(InstructionHandlers):
         self._copy_host_object = host_object_copy or copy.deepcopy
         self._groups: dict[int, Communicator] = {}
         self._group_handles: dict[int, Any] = {}
+        # clones whose duplicate has yet to complete, tested with the network's requests: a
+        # communicator posts the Idup of its next clone only once a test found the one before
+        # complete (see MpiCommunicator.clone), and the other ranks may wait for it
+        self._cloning: list[Communicator] = []
         # Inline execution (see _dispatch): whether lanes' work may run on this thread
         # (per lane, in _LaneInfo), and per kind of work (kernel name / copy size class)
         # an estimate of its run time
@@ -391,6 +395,10 @@ class Executor(InstructionHandlers):
             i = active.instr
             out.append(f"send of {label(i.transfer[1])} for task T{i.transfer[0]} to rank {i.to} "
                        f"(until rank {i.to} receives it)")
+        cloning = len(self._cloning)
+        if cloning:
+            out.append(f"{cloning} collective group communicator clone(s) that the other ranks have yet to make "
+                       f"(their host tasks wait on their lanes)")
         now = _perf_ns()
         for active in list(self._by_completion.values()) + list(self._polled):
             i = active.instr
@@ -521,7 +529,7 @@ class Executor(InstructionHandlers):
             inbox.wait(self._poll_interval)
             return
         comm = self._comm
-        if not comm.notifies and (self._sends or self._receives):
+        if (not comm.notifies and (self._sends or self._receives)) or self._cloning:
             delay = self._poll_delay
             if self._by_completion:     # lane work in flight
                 # (beyond poll_max once the loop has waited long: an eighth of that wait, or
@@ -799,6 +807,8 @@ class Executor(InstructionHandlers):
                 if active is not None:
                     progress = True
                     self._retire(active, active.completion.error())
+        if self._cloning:
+            self._cloning = [c for c in self._cloning if not c.clone_completed()]
         if self._sends:
             still = []
             for a in self._sends:

@@ -49,6 +49,14 @@ def _noop() -> None:
     pass
 
 
+def _once_cloned(clone: Any, ctx: LaunchContext, launcher: Any) -> None:
+    """A collective host task whose group's clone had not completed when it was issued: its
+    lane waits for the other ranks to clone, then runs it."""
+    clone.wait_cloned()
+    ctx.communicator = clone.collective_handle()
+    launcher(ctx)
+
+
 def cost_key(instr: DeviceKernelInstruction) -> tuple:
     """What a kernel's run-time estimate is kept under: its name and its chunk's size class."""
     box = instr.box
@@ -265,8 +273,16 @@ class InstructionHandlers:
         lane = self._lane(a)
         allocs = self._allocs
         comm = None
-        if instr.collective_group is not None:
-            comm = self._collective_handle(instr.collective_group)
+        cloning = None      # the group's clone, where the other ranks have yet to clone it too
+        group = instr.collective_group
+        if group is not None:
+            comm = self._group_handles.get(group)
+            if comm is None:
+                clone = self._group_communicator(group)
+                if clone.clone_completed():
+                    comm = self._group_handles[group] = clone.collective_handle()
+                else:
+                    cloning = clone
         ctx = LaunchContext(
             box=instr.box, device=None,
             arrays=[allocs[acc.allocation] if acc.allocation >= 0 else None for acc in instr.accesses],
@@ -276,20 +292,24 @@ class InstructionHandlers:
             rank=self._comm.rank, stream=lane.stream,
             accesses=instr.accesses, task=instr.task)
         launcher = instr.launcher
-        fn = _noop if launcher is None else functools.partial(launcher, ctx)
+        if launcher is None:
+            fn = _noop
+        elif cloning is not None:    # (the lane waits for the clone: see Communicator.clone_completed)
+            fn = functools.partial(_once_cloned, cloning, ctx, launcher)
+        else:
+            fn = functools.partial(launcher, ctx)
         self._track_backend(instr, lane.lane, self._backend.launch(lane.lane, fn, dependent=a.eager))
 
-    def _collective_handle(self, group: int) -> Any:
-        h = self._group_handles.get(group)
-        if h is None:
-            comm = self._groups.get(group)
-            if comm is None:
-                # no clone instruction seen for this group: clone from the root, keyed by
-                # the group id so ranks agree regardless of the order they get here
-                log.debug("collective group %d used before being cloned; cloning now", group)
-                comm = self._groups[group] = self._comm.clone(key=group)
-            h = self._group_handles[group] = comm.collective_handle()
-        return h
+    def _group_communicator(self, group: int) -> Any:
+        comm = self._groups.get(group)
+        if comm is None:
+            # no clone instruction seen for this group: clone from the root, keyed by
+            # the group id so ranks agree regardless of the order they get here
+            log.debug("collective group %d used before being cloned; cloning now", group)
+            comm = self._groups[group] = self._comm.clone(key=group)
+            if not comm.clone_completed():
+                self._cloning.append(comm)
+        return comm
 
     def _issue_send(self, a: Assignment) -> None:
         instr: SendInstruction = a.instruction
@@ -373,8 +393,10 @@ class InstructionHandlers:
         instr: CloneCollectiveGroupInstruction = a.instruction
         t0 = _perf_ns()
         original = self._groups.get(instr.original, self._comm)
-        self._groups[instr.new] = original.clone(key=instr.new)
+        clone = self._groups[instr.new] = original.clone(key=instr.new)
         self._group_handles.pop(instr.new, None)
+        if not clone.clone_completed():
+            self._cloning.append(clone)      # (tested by _poll_comm until it completes)
         self._complete_sync(instr, "immediate", t0)
 
     def _collect_garbage(self, garbage: list[int]) -> None:

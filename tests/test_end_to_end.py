@@ -221,6 +221,51 @@ def test_collective_host_tasks_get_a_communicator():
     assert [r["box"] for r in res] == [(0,), (1,), (2,)]
 
 
+def test_a_collective_task_whose_clone_is_incomplete_waits_on_its_lane_not_the_executor(monkeypatch):
+    """A collective group's clone may complete only once every rank has tested it (an MPI
+    ``Idup``): the executor issues the group's task anyway and its host lane waits for the
+    clone, while the executor keeps testing it with the network's requests and keeps issuing
+    other work.  (An executor that waited itself stopped issuing what the other ranks needed
+    to reach their clone: Open MPI left a job hanging so.)  Stand-in: every in-process clone
+    completes only at the 4th test; the two groups' tasks run in the model's order of values."""
+    import threading
+    import time
+
+    from executor.communicator import InProcessCommunicator
+    tests: dict = {}
+    waiters: list = []
+    lock = threading.Lock()
+
+    def clone_completed(self):
+        with lock:
+            n = tests[id(self)] = tests.get(id(self), 0) + 1
+        return n >= 4
+
+    def wait_cloned(self):
+        waiters.append(threading.current_thread().name)
+        while not self.clone_completed():
+            time.sleep(0.001)
+
+    monkeypatch.setattr(InProcessCommunicator, "clone_completed", clone_completed)
+    monkeypatch.setattr(InProcessCommunicator, "wait_cloned", wait_cloned)
+
+    def program(rank):
+        q = cl.Queue()
+        ho = cl.HostObject([])
+        groups = (cl.CollectiveGroup(), cl.CollectiveGroup())
+        for step in range(6):
+            def cgf(cgh, g=groups[step % 2], step=step):
+                log = cl.side_effect(ho, cgh)
+                cgh.host_task(lambda part: log.append((step, part.comm.allreduce(rank + step))), on=cl.collective(g))
+            q.submit(cgf)
+        return q.fence(ho).result()
+
+    res = run_cluster(program, nodes=2)
+    assert res == [[(s, 2 * s + 1) for s in range(6)]] * 2
+    assert waiters and not [w for w in waiters if "executor" in w], waiters   # (lanes only)
+    assert tests and all(n >= 4 for n in tests.values()), tests
+
+
 def test_host_task_with_range_and_once():
     q = cl.Queue()
     buf = cl.Buffer(shape=(10,), dtype=np.int32)

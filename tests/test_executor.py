@@ -414,6 +414,76 @@ def test_collective_host_task_and_gather_across_ranks():
 
 
 @pytest.mark.timeout(60)
+def test_the_executor_goes_on_while_a_collective_groups_clone_is_incomplete(monkeypatch):
+    """A clone that the other ranks have yet to complete (an MPI Idup): its collective host
+    task goes to its lane, which waits for it, and the executor meanwhile runs independent
+    work, tests the clone with its polls and says what it waits for; once the clone
+    completes, the collective runs on every rank."""
+    import time
+
+    from executor.communicator import InProcessCommunicator
+    n = 2
+    cluster = InProcessCluster(n, timeout=TIMEOUT)
+    release = threading.Event()
+    tests = []
+
+    def clone_completed(self):
+        tests.append(threading.current_thread().name)
+        return release.is_set()
+
+    def wait_cloned(self):
+        while not self.clone_completed():
+            time.sleep(0.001)
+
+    monkeypatch.setattr(InProcessCommunicator, "clone_completed", clone_completed)
+    monkeypatch.setattr(InProcessCommunicator, "wait_cloned", wait_cloned)
+    results = [dict() for _ in range(n)]
+    independent = [threading.Event() for _ in range(n)]
+    execs, backends = [], []
+    try:
+        for r in range(n):
+            b = HostBackend(1)
+            ex = Recorder().executor(b, cluster.communicator(r))
+            g = Graph()
+            clone = g.add(CloneCollectiveGroupInstruction, original=0, new=1)
+
+            def collective(ctx, r=r):
+                results[r]["sum"] = ctx.communicator.allreduce(ctx.rank + 1)
+
+            ht = g.add(HostTaskInstruction, clone, task=1, box=Box((r,), (r + 1,)), collective_group=1,
+                       launcher=collective)
+            other = g.add(HostTaskInstruction, task=2, box=Box((0,), (1,)),
+                          launcher=lambda ctx, r=r: independent[r].set())
+            g.add(EpochInstruction, ht, other, task=3, action="shutdown")
+            ex.start()
+            ex.submit(g.batch())
+            execs.append(ex)
+            backends.append(b)
+        for r in range(n):
+            assert independent[r].wait(TIMEOUT), f"rank {r}: independent work did not run"
+        deadline = time.monotonic() + TIMEOUT
+        while not all(ex._cloning for ex in execs) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for r, ex in enumerate(execs):
+            waits = ex.describe_waits()
+            assert any("1 collective group communicator clone(s) that the other ranks have yet to make" in w
+                       for w in waits), (r, waits)
+            assert any(w.startswith("host_task of task T1") for w in waits), (r, waits)
+        polled = sum("executor" in t for t in tests)
+        time.sleep(0.05)
+        assert sum("executor" in t for t in tests) > polled     # (the executors keep testing)
+        release.set()
+        for ex in execs:
+            assert ex.join(TIMEOUT) and ex.error is None
+        assert results == [{"sum": 3}] * n
+        assert all(not ex._cloning for ex in execs)
+    finally:
+        cluster.abort()
+        for b in backends:
+            b.close()
+
+
+@pytest.mark.timeout(60)
 def test_split_receive_awaits_do_not_wait_for_the_whole_region():
     cluster = InProcessCluster(2, timeout=TIMEOUT)
     full = Box((0,), (8,))

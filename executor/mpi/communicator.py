@@ -21,11 +21,14 @@ Wire protocol, on a private duplicate of ``COMM_WORLD`` so nothing a user does o
   ``poll_spin`` seconds, then sleeps between polls from ``poll_min`` up to
   ``poll_max`` (further while its lane work runs: see the executor's wait
   policy); with nothing outstanding it does not poll at all.  The only blocking
-  waits (``barrier``, a clone's ``Idup``) are ``Test`` loops with short sleeps on
-  the executor thread, so the GIL is never held while waiting and divergence
-  messages keep being checked.
-* collective groups are ``Idup`` clones: cloning never blocks, the first use of
-  the clone's handle waits for the duplicate to complete.
+  waits (``barrier``, a clone's ``Idup``) are ``Test`` loops with short sleeps,
+  so the GIL is never held while waiting and divergence messages keep being
+  checked.
+* collective groups are ``Idup`` clones: cloning never blocks, and a communicator
+  has one ``Idup`` of itself in flight at a time, posted in the order the clones
+  were made (the next once the one before completed).  The executor tests the
+  pending clones with its other requests and never waits for one: a collective
+  host task whose clone is incomplete is issued anyway, and its host lane waits.
 * **divergence check** (``EpochCheck``): ranks compare their task streams at
   every epoch (see ``divergence``).
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 import time
 from collections import deque
 from itertools import islice
@@ -53,6 +57,8 @@ from .wire import (PAYLOAD_TAG_BASE, PILOT_BATCH, PILOT_TAG, PILOT_WINDOW, STRID
                    Spec, buffer_spec, encode_pilots)
 
 log = logging.getLogger("celeritas.mpi")
+
+_UNSTARTED = object()   # a clone whose Idup its parent has yet to post (see MpiCommunicator.clone)
 
 _UNKNOWN = object()    # MpiCommunicator.cuda_aware not asked yet
 
@@ -131,7 +137,15 @@ class MpiCommunicator(Communicator):
         self._mpi = mpi
         self._comm = comm
         self._root = root
-        self._pending_dup = pending               # Idup request of a clone
+        # a clone's Idup request (_UNSTARTED until its parent posts it; None once complete), its
+        # parent and this communicator's clones whose Idup has yet to complete, oldest first: a
+        # parent has one Idup in flight at a time (see clone)
+        self._pending_dup = pending
+        self._parent: MpiCommunicator | None = None
+        self._clones: deque[MpiCommunicator] = deque()
+        # (one lock for a process's tree of clones: the executor and a host lane may test one
+        # clone at once, and an MPI request must not be tested from two threads at once)
+        self._dup_lock = threading.Lock() if root is None else root._dup_lock
         self._types = types
         self._strided = strided
         self._cuda_aware: Any = root._cuda_aware if root is not None else _UNKNOWN
@@ -190,17 +204,19 @@ class MpiCommunicator(Communicator):
         if chk is not None:
             chk.poll(stalled)
 
-    def _wait(self, test: Callable[[], bool], what: str) -> None:
-        """Poll ``test`` with short sleeps; keep checking for divergence meanwhile.  (A long
-        wait is reported by the runtime's application thread, which says what it waits for.)"""
+    def _wait(self, test: Callable[[], bool], what: str, divergence: bool = True) -> None:
+        """Poll ``test`` with short sleeps; keep checking for divergence meanwhile (not on a
+        host lane: ``divergence`` False; the executor checks).  (A long wait is reported by the
+        runtime's application thread, which says what it waits for.)"""
         delay = 2e-5
         t0 = time.monotonic()
         next_note = t0 + 30.0
         now = t0
         while not test():
-            # (stalled for as long as it waits here: a rank blocked in a barrier or a clone's
-            # Idup shows its neighbour its pending tasks, as a rank waiting for data does)
-            self._divergence_poll(now - t0)
+            # (stalled for as long as it waits here: a rank blocked in a barrier shows its
+            # neighbour its pending tasks, as a rank waiting for data does)
+            if divergence:
+                self._divergence_poll(now - t0)
             time.sleep(delay)
             # (up to 1 ms, and in a long wait up to a 32nd of it: a rank blocked in a barrier
             # behind a peer that computes for seconds woke ~930 times a second, 5-7 % of a core)
@@ -211,11 +227,46 @@ class MpiCommunicator(Communicator):
                 log.debug("rank %d has been waiting %.0f s for %s", self._rank, now - t0, what)
 
     def _ensure_ready(self) -> None:
-        req = self._pending_dup
-        if req is None:
-            return
-        self._wait(req.Test, "the other ranks to clone a collective group communicator")
-        self._pending_dup = None
+        if self._pending_dup is not None:
+            self._wait(self.clone_completed, "the other ranks to clone a collective group communicator")
+
+    def clone_completed(self) -> bool:
+        with self._dup_lock:
+            return self._dup_progress()
+
+    def _dup_progress(self) -> bool:
+        """(``_dup_lock`` held) Whether this communicator is complete, after posting and
+        testing what comes before it: its parent's own duplicate, then its parent's older
+        clones, one at a time."""
+        if self._pending_dup is None:
+            return True
+        parent = self._parent
+        if parent is None or not parent._dup_progress():
+            return False
+        parent._advance_clones()
+        return self._pending_dup is None
+
+    def _advance_clones(self) -> None:
+        """(``_dup_lock`` held; this communicator complete) Post the oldest pending clone's
+        ``Idup`` where it has not been posted yet and test it; the next one only once it
+        completed."""
+        clones = self._clones
+        while clones:
+            c = clones[0]
+            if c._pending_dup is _UNSTARTED:
+                try:
+                    c._comm, c._pending_dup = self._comm.Idup()
+                except Exception as exc:  # noqa: BLE001
+                    raise CommunicatorError(f"rank {self._rank}: cloning the communicator failed: {exc}") from exc
+            if not c._pending_dup.Test():
+                return
+            c._pending_dup = None
+            clones.popleft()
+
+    def wait_cloned(self) -> None:
+        if self._pending_dup is not None:
+            self._wait(self.clone_completed, "the other ranks to clone a collective group communicator",
+                       divergence=False)
 
     # ---- pilots
     def _start_ring(self) -> None:
@@ -369,21 +420,37 @@ class MpiCommunicator(Communicator):
 
     # ---- groups, barrier, collectives
     def clone(self, key: Hashable | None = None) -> "MpiCommunicator":
-        """An ``Idup`` of this communicator: returns at once; the duplicate completes
-        in the background and is waited for on first use (every rank clones in the
-        same order, which the deterministic instruction stream guarantees).  A clone
+        """An ``Idup`` of this communicator: returns at once, never waiting; the duplicate
+        completes in the background (``clone_completed`` tests it) and is waited for on first
+        use.  Every rank clones in the same order, which the deterministic instruction stream
+        guarantees, and each communicator has one ``Idup`` in flight at a time: the next is
+        posted once the one before completed (Open MPI 4.1 left a rank's second of two
+        outstanding ``Idup``s incomplete for ever while its peer had completed both: a
+        collective of the new group then waited for a rank that never got there).  A clone
         posts pilot receives only once it is asked for pilots."""
-        self._ensure_ready()
-        try:
-            newcomm, req = self._comm.Idup()
-        except Exception as exc:  # noqa: BLE001
-            raise CommunicatorError(f"rank {self._rank}: cloning the communicator failed: {exc}") from exc
         root = self._root if self._root is not None else self
         log.debug("rank %d: clone %s of the communicator", self._rank, key)
-        return MpiCommunicator._clone_of(root, newcomm, req)
+        c = MpiCommunicator._clone_of(root, None, _UNSTARTED)
+        c._parent = self
+        with self._dup_lock:
+            self._clones.append(c)
+            if self._dup_progress():
+                self._advance_clones()
+        return c
+
+    def _clones_completed(self) -> bool:
+        with self._dup_lock:
+            if self._dup_progress():
+                self._advance_clones()
+                return not self._clones
+            return False
 
     def barrier(self) -> None:
         self._ensure_ready()
+        # (the clones made before it first: no other collective on a communicator while an
+        # Idup of it is in flight, which Open MPI does not always tell apart)
+        if self._clones:
+            self._wait(self._clones_completed, "the other ranks to clone a collective group communicator")
         req = self._comm.Ibarrier()
         self._wait(req.Test, "the other ranks to reach the barrier")
 

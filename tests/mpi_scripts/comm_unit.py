@@ -255,6 +255,39 @@ expect(MPI.Comm.Compare(h1, world) == MPI.CONGRUENT and MPI.Comm.Compare(h1, h2)
 expect(h2.bcast("x" if rank == 0 else None) == "x", "second clone bcast")
 c2.barrier()
 
+# ---- several clones of one communicator: one Idup in flight at a time, posted in order
+# (Open MPI left a rank's second of two outstanding Idups incomplete for ever), each rank
+# waiting for them in its own order, none waiting for a clone made after the one it needs
+from executor.mpi.communicator import _UNSTARTED  # noqa: E402
+
+clones = [comm.clone(key=10 + k) for k in range(4)]
+
+
+def in_flight():
+    return sum(c._pending_dup is not None and c._pending_dup is not _UNSTARTED for c in clones)
+
+
+expect(in_flight() <= 1 and all(c._pending_dup is _UNSTARTED for c in clones[1:]), "clones posted one at a time")
+order = [3, 1, 0, 2] if rank == 0 else [0, 1, 2, 3] if rank == 1 else [2, 3, 0, 1]
+if rank == 1:
+    time.sleep(0.2)      # (the others wait meanwhile, testing what comes first)
+for k in order:
+    t0 = time.monotonic()
+    while not clones[k].clone_completed():
+        expect(in_flight() <= 1, "one Idup in flight")
+        if time.monotonic() - t0 > 20:
+            problems.append(f"clone {k} did not complete")
+            break
+        time.sleep(1e-4)
+    expect(all(c.clone_completed() for c in clones[:k]), f"clone {k} completed before an older one")
+for k, c in enumerate(clones):
+    expect(c.collective_handle().allreduce(k * (rank + 1)) == k * size * (size + 1) // 2, f"clone {k} allreduce")
+late = comm.clone(key=20)       # (made after the others completed: posted at once)
+expect(late._pending_dup is not _UNSTARTED, "a clone with none before it is posted at once")
+late.wait_cloned()
+expect(late.collective_handle().bcast(rank if rank == 0 else None) == 0, "late clone bcast")
+comm.barrier()
+
 
 # ---- divergence check on fresh duplicates
 def epoch(task, action, digest, h):
