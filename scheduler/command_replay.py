@@ -14,7 +14,7 @@ from typing import Callable
 from . import replay as _replay_module
 from . import task_graph as tg
 from .horizons import forget_before
-from .replay import absolute, absolute_id, own_base_shape, relative_id
+from .replay import absolute, absolute_id, bind_value, compiled_builder, own_base_shape, relative_id
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
 
@@ -287,11 +287,7 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
     ns: dict = {}
 
     def const(v) -> str:
-        if v is None or type(v) is bool:
-            return repr(v)
-        name = f"k{len(ns)}"
-        ns[name] = v
-        return name
+        return bind_value(ns, v)
 
     lines = []
     names = []
@@ -340,12 +336,7 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
            "        out += made\n"
            "        return made\n"
            "    return build\n")
-    make = codes.get(src)
-    if make is None:
-        scope: dict = {}
-        exec(compile(src, "<command template>", "exec"), scope)   # noqa: S102 - source built above from names only
-        make = codes.put(src, scope["make"])
-    return make(*ns.values())
+    return compiled_builder(src, "<command template>", codes, ns)
 
 
 def _touched(task) -> tuple:

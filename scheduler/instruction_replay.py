@@ -32,7 +32,7 @@ from . import replay as _replay_module
 from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
                                 ReductionAllocation)
 from .memory import Allocation
-from .replay import absolute_epoch, newest_named, relative_epoch
+from .replay import absolute_epoch, bind_value, compiled_builder, newest_named, relative_epoch
 from .replay import absolute_id as _abs
 from .replay import relative_id as _rel
 
@@ -879,11 +879,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
         return f"s{a[1]}[{const(a[2])}]"
 
     def const(v) -> str:
-        if v is None or type(v) is bool:
-            return repr(v)
-        name = f"k{len(ns)}"
-        ns[name] = v
-        return name
+        return bind_value(ns, v)
 
     for i, (cls, proto, patches) in enumerate(instrs):
         args = [const(v) for v in proto]
@@ -951,12 +947,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
            f"{slots}"
            f"        return ({''.join(e + ', ' for e in exprs)}), KINDS, ({''.join(after)}), EXT, SINKS\n"
            "    return build\n")
-    make = codes.get(src)
-    if make is None:
-        scope: dict = {}
-        exec(compile(src, "<replay template>", "exec"), scope)   # noqa: S102 - source built above from names only
-        make = codes.put(src, scope["make"])
-    return make(*ns.values())
+    return compiled_builder(src, "<replay template>", codes, ns)
 
 
 def _remember_accesses(memo: list, ids: tuple, accesses: list) -> list:

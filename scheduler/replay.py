@@ -146,6 +146,29 @@ class Replay:
                 "grouped": self.grouped, "templates": len(self.templates)}
 
 
+def bind_value(ns: dict, v) -> str:
+    """A compiled builder's source names every value it uses (``ns``: name -> value, the
+    ``make`` function's parameters), so templates of one structure share one code object;
+    None and booleans are written as themselves."""
+    if v is None or type(v) is bool:
+        return repr(v)
+    name = f"k{len(ns)}"
+    ns[name] = v
+    return name
+
+
+def compiled_builder(src: str, filename: str, codes: BoundedCache, ns: dict):
+    """The ``build`` function ``src`` (``def make(<the names of ns>): ... return build``)
+    makes from ``ns``'s values, its code compiled once per source (``codes``: source ->
+    ``make``, a generator's own cache)."""
+    make = codes.get(src)
+    if make is None:
+        scope: dict = {}
+        exec(compile(src, filename, "exec"), scope)   # noqa: S102 - source built from names only
+        make = codes.put(src, scope["make"])
+    return make(*ns.values())
+
+
 def newest_named(access, top: int | None = None, skip: int | None = None) -> int | None:
     """The newest id (writer or reader) an access map of ``(writer, readers)`` values
     names, ``skip`` aside, or ``top`` if that is newer.  A shape's ids are relative to
