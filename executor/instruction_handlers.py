@@ -306,10 +306,17 @@ class InstructionHandlers:
             # no clone instruction seen for this group: clone from the root, keyed by
             # the group id so ranks agree regardless of the order they get here
             log.debug("collective group %d used before being cloned; cloning now", group)
-            comm = self._groups[group] = self._comm.clone(key=group)
-            if not comm.clone_completed():
-                self._cloning.append(comm)
+            comm = self._clone(self._comm, group)
         return comm
+
+    def _clone(self, original: Any, group: int) -> Any:
+        """Group ``group``'s clone of ``original``, kept; one the other ranks have yet to
+        complete is tested by ``_poll_comm`` until it is."""
+        clone = self._groups[group] = original.clone(key=group)
+        self._group_handles.pop(group, None)
+        if not clone.clone_completed():
+            self._cloning.append(clone)
+        return clone
 
     def _issue_send(self, a: Assignment) -> None:
         instr: SendInstruction = a.instruction
@@ -392,11 +399,7 @@ class InstructionHandlers:
     def _issue_clone_collective_group(self, a: Assignment) -> None:
         instr: CloneCollectiveGroupInstruction = a.instruction
         t0 = _perf_ns()
-        original = self._groups.get(instr.original, self._comm)
-        clone = self._groups[instr.new] = original.clone(key=instr.new)
-        self._group_handles.pop(instr.new, None)
-        if not clone.clone_completed():
-            self._cloning.append(clone)      # (tested by _poll_comm until it completes)
+        self._clone(self._groups.get(instr.original, self._comm), instr.new)
         self._complete_sync(instr, "immediate", t0)
 
     def _collect_garbage(self, garbage: list[int]) -> None:

@@ -168,6 +168,8 @@ class CommandReplayMixin:
             effects = (tuple([_rel_command(self._last_side_effect.get(ho), base, live) for ho in task.side_effects]),
                        None if task.collective_group is None else
                        _rel_command(self._last_collective.get(task.collective_group), base, live))
+            if not effects[0] and effects[1] is None:
+                effects = None      # (most tasks: nothing for a replay to apply)
         # (builder: [compiled builder, replays so far]; see _replay)
         return tuple(cmds), tuple(post), effects, [None, 0]
 
@@ -195,14 +197,8 @@ class CommandReplayMixin:
         if recorder is not None:
             for c in made:
                 recorder.record_command(c)
-        se, coll = effects
-        if se:
-            live = self._live
-            for ho, rel in zip(task.side_effects, se):
-                if rel is not None:
-                    self._last_side_effect[ho] = live[base + rel]
-        if coll is not None:
-            self._last_collective[task.collective_group] = self._live[base + coll]
+        if effects is not None:
+            self._replay_effects(task, effects, base)
 
     def _replay_interpreted(self, task, cmds: tuple, post: tuple, effects: tuple, out: list) -> None:
         AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand = self._COMMAND_CLASSES
@@ -265,13 +261,19 @@ class CommandReplayMixin:
                 eid = horizons.epoch
                 # (as _set_epoch forgets them; ids were registered in increasing order)
                 forget_before(live, eid)
-        else:
-            se, coll = effects
-            for ho, rel in zip(task.side_effects, se):
-                if rel is not None:
-                    self._last_side_effect[ho] = live[base + rel]
-            if coll is not None:
-                self._last_collective[task.collective_group] = live[base + coll]
+        elif effects is not None:
+            self._replay_effects(task, effects, base)
+
+    def _replay_effects(self, task, effects: tuple, base: int) -> None:
+        """A (non-horizon) template's side effect and collective commands become the last ones
+        (a template without either keeps None)."""
+        se, coll = effects
+        live = self._live
+        for ho, rel in zip(task.side_effects, se):
+            if rel is not None:
+                self._last_side_effect[ho] = live[base + rel]
+        if coll is not None:
+            self._last_collective[task.collective_group] = live[base + coll]
 
 
 def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callable:
@@ -291,17 +293,19 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
 
     lines = []
     names = []
+    dep_keys = []       # per command, its dependencies' id expressions (the dict's, then the pops')
     for i, (cls, rel, deps, fields) in enumerate(cmds):
         cid = f"base + {const(rel)}"
         keys = ["epoch" if d is None else f"base + {const(d)}" for d, _kd in deps]
+        dep_keys.append(keys)
         dd = "{" + "".join(f"{k}: {const(kd)}, " for k, (_d, kd) in zip(keys, deps)) + "}"
         ns[f"C{i}"] = cls
         if cls is ExecutionCommand:
             box, include, memo = fields
             call = f"C{i}({cid}, task, {dd}, {const(box)}, {const(include)}, None, {const(memo)})"
         elif cls is PushCommand or cls is AwaitPushCommand:
-            bid, pend = fields[0], fields[1]
-            transfer = f"(tid, {const(bid)}, {f'buffers[{const(bid)}].pending[0].id' if pend else '0'})"
+            b, pend = const(fields[0]), fields[1]
+            transfer = f"(tid, {b}, {f'buffers[{b}].pending[0].id' if pend else '0'})"
             if cls is PushCommand:
                 call = f"C{i}({cid}, task, {dd}, {transfer}, [*{const(fields[2])}], {const(fields[3])})"
             else:
@@ -314,10 +318,10 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
             call = f"C{i}({cid}, task, {dd})"
         lines.append(f"        c{i} = {call}")
         names.append(f"c{i}")
-    for i, (_cls, rel, deps, _fields) in enumerate(cmds):
+    for i, keys in enumerate(dep_keys):
         # (EpochTracker.add, then CommandGraphGenerator._register less its count and recorder)
-        for d, _kd in deps:
-            lines.append(f"        pop({'epoch' if d is None else f'base + {const(d)}'}, None)")
+        for k in keys:
+            lines.append(f"        pop({k}, None)")
         lines.append(f"        front[c{i}.id] = live[c{i}.id] = c{i}")
     for bid, sid, shape, pend, top in post:
         b = const(bid)

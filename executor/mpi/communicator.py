@@ -59,6 +59,7 @@ from .wire import (PAYLOAD_TAG_BASE, PILOT_BATCH, PILOT_TAG, PILOT_WINDOW, STRID
 log = logging.getLogger("celeritas.mpi")
 
 _UNSTARTED = object()   # a clone whose Idup its parent has yet to post (see MpiCommunicator.clone)
+_CLONING = "the other ranks to clone a collective group communicator"   # (what a clone's wait is for)
 
 _UNKNOWN = object()    # MpiCommunicator.cuda_aware not asked yet
 
@@ -226,25 +227,27 @@ class MpiCommunicator(Communicator):
                 next_note = now + 60.0
                 log.debug("rank %d has been waiting %.0f s for %s", self._rank, now - t0, what)
 
-    def _ensure_ready(self) -> None:
+    def _ensure_ready(self, divergence: bool = True) -> None:
         if self._pending_dup is not None:
-            self._wait(self.clone_completed, "the other ranks to clone a collective group communicator")
+            self._wait(self.clone_completed, _CLONING, divergence)
 
     def clone_completed(self) -> bool:
         with self._dup_lock:
             return self._dup_progress()
 
+    def wait_cloned(self) -> None:
+        self._ensure_ready(divergence=False)
+
     def _dup_progress(self) -> bool:
         """(``_dup_lock`` held) Whether this communicator is complete, after posting and
-        testing what comes before it: its parent's own duplicate, then its parent's older
-        clones, one at a time."""
-        if self._pending_dup is None:
-            return True
-        parent = self._parent
-        if parent is None or not parent._dup_progress():
-            return False
-        parent._advance_clones()
-        return self._pending_dup is None
+        testing what comes before it (its parent's own duplicate, then its parent's older
+        clones, one at a time); once it is, its own clones are advanced too."""
+        if self._pending_dup is not None:
+            parent = self._parent
+            if parent is None or not parent._dup_progress() or self._pending_dup is not None:
+                return False
+        self._advance_clones()
+        return True
 
     def _advance_clones(self) -> None:
         """(``_dup_lock`` held; this communicator complete) Post the oldest pending clone's
@@ -262,11 +265,6 @@ class MpiCommunicator(Communicator):
                 return
             c._pending_dup = None
             clones.popleft()
-
-    def wait_cloned(self) -> None:
-        if self._pending_dup is not None:
-            self._wait(self.clone_completed, "the other ranks to clone a collective group communicator",
-                       divergence=False)
 
     # ---- pilots
     def _start_ring(self) -> None:
@@ -434,23 +432,19 @@ class MpiCommunicator(Communicator):
         c._parent = self
         with self._dup_lock:
             self._clones.append(c)
-            if self._dup_progress():
-                self._advance_clones()
+            self._dup_progress()
         return c
 
     def _clones_completed(self) -> bool:
         with self._dup_lock:
-            if self._dup_progress():
-                self._advance_clones()
-                return not self._clones
-            return False
+            return self._dup_progress() and not self._clones
 
     def barrier(self) -> None:
         self._ensure_ready()
         # (the clones made before it first: no other collective on a communicator while an
         # Idup of it is in flight, which Open MPI does not always tell apart)
         if self._clones:
-            self._wait(self._clones_completed, "the other ranks to clone a collective group communicator")
+            self._wait(self._clones_completed, _CLONING)
         req = self._comm.Ibarrier()
         self._wait(req.Test, "the other ranks to reach the barrier")
 
