@@ -1394,14 +1394,14 @@ def _draw_partial_raise(g: _Gen, p: Program) -> None:
     p.features |= {f"misuse:partial:{rd.form}", f"misuse:sync:{p.sync}"}
 
 
-def _add_buffer_pair(p: Program, rng: random.Random, shape: tuple, dtype: str) -> tuple[int, int]:
-    """Two new data buffers of ``shape`` and ``dtype``, host-initialized (their ids)."""
+def _add_buffers(p: Program, rng: random.Random, shape: tuple, dtype: str, n: int = 2) -> tuple[int, ...]:
+    """``n`` new data buffers of ``shape`` and ``dtype``, host-initialized (their ids)."""
     a = len(p.shapes)
-    for _ in range(2):
+    for _ in range(n):
         p.shapes.append(shape)
         p.dtypes.append(dtype)
         p.init.append(_init_data(rng, shape, dtype))
-    return a, a + 1
+    return tuple(range(a, a + n))
 
 
 def _draw_long(g: _Gen, p: Program) -> None:
@@ -1422,7 +1422,7 @@ def _draw_long(g: _Gen, p: Program) -> None:
     rows = rng.randint(65, 96) if wide else rng.randint(8, 24)
     shape = (rows, rng.randint(1, 4) if wide else rng.randint(4, 8))
     dtype = rng.choice(("int64", "int32", "float64"))
-    a, b = _add_buffer_pair(p, rng, shape, dtype)
+    a, b = _add_buffers(p, rng, shape, dtype)
     if wide:
         nbh = rng.random() < 0.4
         part = []
@@ -1461,11 +1461,7 @@ def _draw_step_loop(g: _Gen, p: Program) -> None:
         return
     shape = (rng.randint(6, 16), rng.randint(2, 6))
     dtype = rng.choice(("int64", "int32", "float64"))
-    a, b = _add_buffer_pair(p, rng, shape, dtype)
-    c = len(p.shapes)
-    p.shapes.append(shape)
-    p.dtypes.append(dtype)
-    p.init.append(_init_data(rng, shape, dtype))
+    a, b, c = _add_buffers(p, rng, shape, dtype, 3)
     extent = (rng.randint(1, 2), rng.randint(0, 1))
     nbh = rng.choice(("bounding_box", "along_axes"))
     split2d = rng.random() < 0.4
@@ -1782,7 +1778,7 @@ def _draw_many(g: _Gen, p: Program) -> None:
     rows = rng.randint(SPLIT_CACHE_ENTRIES + 4, 300)
     shape = (rows, rng.randint(1, 2))
     dtype = rng.choice(("int64", "int32"))
-    a, b = _add_buffer_pair(p, rng, shape, dtype)
+    a, b = _add_buffers(p, rng, shape, dtype)
     order = list(range(rows))
     rng.shuffle(order)
     part = [Task("kernel", (1, shape[1]), [Read("data", a, "one_to_one")], Write("data", b, "one_to_one",
@@ -1839,7 +1835,7 @@ def _draw_ooc(g: _Gen, p: Program) -> None:
         return
     shape = (rng.randint(16, 48), rng.randint(4, 8))
     dtype = rng.choice(("int64", "int32"))
-    a, b = _add_buffer_pair(p, rng, shape, dtype)
+    a, b = _add_buffers(p, rng, shape, dtype)
     first = Task("kernel", shape, [Read("data", a, "one_to_one")], Write("data", a, "one_to_one", "read_write"),
                  c0=rng.randint(0, 9), name="ooc_rw")
     second = Task("kernel", shape, [Read("data", a, "neighborhood", extent=(1, 1))],
