@@ -356,6 +356,25 @@ def test_launcher_openmpi_flags_only_where_needed():
     assert cmd.argv == ["/usr/bin/mpiexec", "-n", "8", "/py", "-m", "apps.wave_sim", "-N", "64"]
 
 
+def test_the_test_jobs_speak_each_launchers_language(monkeypatch):
+    """The test harness runs its mpiexec jobs under MPICH or Open MPI (CI does both): an
+    Open MPI session gets root and oversubscription through the environment its jobs
+    inherit, without overriding a caller's own settings, and a per-program setting of an
+    A : B command line is MPICH's -env K V or Open MPI's -x K=V."""
+    root = jobs.open_mpi_session_env({}, is_root=True)
+    assert root == {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+                    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+                    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    user = jobs.open_mpi_session_env({"PRTE_MCA_rmaps_default_mapping_policy": ":slot"}, is_root=False)
+    assert user == {"OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    settings = {"CELERITAS_DEVICES": "host:0", "CELERITAS_LOOKAHEAD": "none"}
+    monkeypatch.setattr(jobs, "_FLAVOR", ["openmpi"])
+    assert jobs.rank_env_args(settings) == ["-x", "CELERITAS_DEVICES=host:0", "-x", "CELERITAS_LOOKAHEAD=none"]
+    monkeypatch.setattr(jobs, "_FLAVOR", ["mpich"])
+    assert jobs.rank_env_args(settings) == ["-env", "CELERITAS_DEVICES", "host:0",
+                                            "-env", "CELERITAS_LOOKAHEAD", "none"]
+
+
 def test_launcher_prefers_the_interpreters_mpiexec():
     from celeritas import launcher
     found = launcher.find_mpiexec()
