@@ -23,6 +23,9 @@ MPICH = "mpich"
 INTEL = "intel"
 UNKNOWN = "unknown"
 
+# what stands for Open MPI's --allow-run-as-root in the environment (the ranks need it too)
+OPENMPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
 
 @dataclass(frozen=True, slots=True)
 class Mpiexec:
@@ -101,8 +104,8 @@ def build_command(n: int, target: str, args: Sequence[str] = (), *, mpiexec: Mpi
             cores = os.cpu_count() or 1
         if is_root:
             argv.append("--allow-run-as-root")
-            child_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            child_env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            for k, v in OPENMPI_ROOT_ENV.items():
+                child_env.setdefault(k, v)
         if n > cores:
             argv.append("--oversubscribe")
         for var in sorted(k for k in child_env if k.startswith("CELERITAS_")):

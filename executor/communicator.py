@@ -16,6 +16,7 @@ import logging
 import operator
 import pickle
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
@@ -142,6 +143,8 @@ class Communicator(abc.ABC):
     def wait_cloned(self) -> None:
         """Block until ``clone_completed`` (a host lane, which may block; no divergence
         check meanwhile: the executor keeps doing that)."""
+        while not self.clone_completed():
+            time.sleep(1e-3)
 
     def set_notifier(self, notifier: Callable[[], None] | None) -> None:
         """See ``notifies``; ignored by polling-only communicators."""

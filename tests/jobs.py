@@ -67,7 +67,8 @@ def open_mpi_session_env(environ: dict, is_root: bool) -> dict:
     want = {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
             "OMPI_MCA_rmaps_base_oversubscribe": "1"}
     if is_root:
-        want.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        from celeritas.launcher import OPENMPI_ROOT_ENV
+        want.update(OPENMPI_ROOT_ENV)
     return {k: v for k, v in want.items() if k not in environ}
 
 

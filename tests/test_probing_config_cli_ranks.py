@@ -47,11 +47,6 @@ from celeritas.testing import run_cluster
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_environment")]
 
 
-
-
-
-
-
 _env = clean_env
 
 

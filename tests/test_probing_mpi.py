@@ -43,10 +43,6 @@ from jobs import MPIEXEC, ROOT, clean_env, mpi_flavor, needs_mpi, needs_rank_env
 pytestmark = [pytest.mark.timeout(180), pytest.mark.mpi]
 
 
-
-
-
-
 # What every script starts with: numpy, celeritas, the folder the test gave it (argv[1]),
 # and save(tag, value), which stores a rank's result there for the test to compare.
 PRELUDE = """import sys, os, time
