@@ -793,9 +793,9 @@ class Executor(InstructionHandlers):
     def _poll_comm(self) -> bool:
         """Take in arrived pilots and retire completed receives and sends; True if any."""
         progress = False
-        # pilots matter only to active receives (one that is issued later finds the
-        # pilots taken in by then, and the next poll takes in the rest)
-        pilots = self._comm.poll_pilots() if self._receives or self._comm.notifies else None
+        # pilots matter only to active receives that lack one (one that is issued later
+        # finds the pilots taken in by then, and the next poll takes in the rest)
+        pilots = self._comm.poll_pilots() if self._arbiter.wants_pilots or self._comm.notifies else None
         if pilots:
             progress = True
             on_pilot = self._arbiter.on_pilot

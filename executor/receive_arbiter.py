@@ -57,6 +57,7 @@ class _Request:
     dest: Any
     dest_box: Box | None
     split: bool
+    unannounced: Region        # no pilot for it taken in yet (see ReceiveArbiter.wants_pilots)
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +124,8 @@ class ReceiveArbiter:
         self._inflight: list[_Fragment] = []
         self._completed: list[int] = []
         self._num_active = 0
+        # handles of the receives and gathers that still wait for a pilot (wants_pilots)
+        self._wanting: set[ReceiveHandle] = set()
 
     # ---- queries
 
@@ -135,6 +138,16 @@ class ReceiveArbiter:
     def has_active(self) -> bool:
         """True while any receive-like instruction waits for pilots or payloads."""
         return self._num_active > 0
+
+    @property
+    def wants_pilots(self) -> bool:
+        """True while an active receive (or gather) lacks a pilot for part of its region:
+        only then is it worth taking in pilots.  One whose every box is in flight waits
+        for payloads alone, and a receive issued later takes in what arrived meanwhile.
+        (The ping-pong's pilots travel ahead of their payloads, so most of its waits
+        are for a payload: looking at the pilot ring as well cost a rank ~2 ring polls a
+        hop.)"""
+        return bool(self._wanting)
 
     def _transfer(self, tid: TransferId) -> _Transfer:
         t = self._transfers.get(tid)
@@ -165,6 +178,9 @@ class ReceiveArbiter:
         box = pilot.box
         if box.empty:  # nothing will be sent for it
             return
+        unannounced = req.unannounced = req.unannounced - box
+        if not unannounced:
+            self._wanting.discard(req.handle)
         try:
             view = box_view(req.dest, req.dest_box, box)
             if self._strided_ok or view.flags.c_contiguous:
@@ -204,7 +220,7 @@ class ReceiveArbiter:
         split = isinstance(instr, SplitReceiveInstruction)
         handle = self._new_handle(instr.id)
         region = instr.region
-        req = _Request(handle, region, region, dest, instr.dest_box, split)
+        req = _Request(handle, region, region, dest, instr.dest_box, split, region)
         t = self._transfer(tuple(instr.transfer))
         if split and t.split_received is None:
             t.split_received = Region.empty_region(region.dims)
@@ -213,6 +229,7 @@ class ReceiveArbiter:
             self._finish(handle)
         else:
             t.requests.append(req)
+            self._wanting.add(handle)
             if t.pilots:
                 pending, t.pilots = t.pilots, []
                 for fr, p in pending:
@@ -249,6 +266,7 @@ class ReceiveArbiter:
             return handle
         g = _Gather(handle, dest_bytes, instr.chunk_bytes, instr.num_ranks - 1, instr.num_ranks)
         t.gather = g
+        self._wanting.add(handle)        # (until it completes: a gather's pilots are few)
         pending, t.pilots = t.pilots, []
         for fr, p in pending:
             self._begin_gather_fragment(t, g, fr, p)
@@ -329,6 +347,8 @@ class ReceiveArbiter:
         handle.done = True
         self._num_active -= 1
         self._completed.append(handle.instruction_id)
+        if self._wanting:
+            self._wanting.discard(handle)
 
     def _fail(self, handle: ReceiveHandle, exc: BaseException) -> None:
         log.debug("receive instruction I%d failed: %s", handle.instruction_id, exc)   # reported by the executor

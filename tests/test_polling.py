@@ -632,3 +632,35 @@ def test_a_long_blocking_mpi_wait_sleeps_up_to_a_32nd_of_the_wait(monkeypatch):
     for s in sleeps:                # never past 1 ms or a 32nd of the wait so far
         assert s <= max(1e-3, waited / 32) * 1.5 + 1e-12
         waited += s
+
+
+class LatePayloadComm(ScriptedComm):
+    """The pilot arrives at the 3rd poll, its payload's request completes at its 40th test."""
+
+    def __init__(self) -> None:
+        super().__init__(spin=60.0, pmin=1e-4, pmax=1e-3, arrive_after=3)
+        self.payload_tests = 0
+
+    def receive_payload(self, from_rank: int, msg_id: int, out_array: Any) -> Request:
+        out_array[...] = self.payload
+        comm = self
+
+        class Late(Request):
+            def test(self) -> bool:
+                comm.payload_tests += 1
+                return comm.payload_tests >= 40
+
+            def wait(self, timeout=None) -> bool:
+                return True
+
+        return Late()
+
+
+def test_once_every_box_of_a_receive_is_announced_only_its_payload_is_polled():
+    """The pilot ring is looked at only while an issued receive lacks a pilot: in a
+    ping-pong the pilots travel ahead, and a wait for the payload polled both."""
+    comm = LatePayloadComm()
+    ex, _waits, result = run(comm)
+    np.testing.assert_array_equal(result, comm.payload)
+    assert comm.payload_tests == 40
+    assert comm.polls == 3          # none after the pilot came: 37 polls of the payload alone

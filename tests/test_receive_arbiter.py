@@ -134,6 +134,8 @@ def test_receive_every_order(strided):
             should = len(seen) == len(events)
             assert (handle is not None and handle.is_done()) == should, order
             assert done_ids == ([5] if should else []), order
+            # pilots are worth taking in only while the issued receive lacks one
+            assert arb.wants_pilots == ("instr" in seen and not all(("pilot", i) in seen for i in range(3))), order
         assert handle.error() is None
         np.testing.assert_array_equal(dest, want)
         assert comm.receive_calls == 3
@@ -187,6 +189,8 @@ def test_split_receive_with_awaits_every_order():
                     assert handles[aid].done == (n <= arrived), order
             if 30 in handles:
                 assert handles[30].done == (arrived == everything), order
+            # (the awaits take no pilots themselves: only the split receive's unannounced boxes count)
+            assert arb.wants_pilots == (30 in handles and seen_pilot != everything), order
         assert np.array_equal(dest, want), order
         assert all(h.done and h.error_ is None for h in handles.values())
         assert not arb.has_active
@@ -223,6 +227,7 @@ def test_gather_every_order():
             arb.poll()
             should = len(seen) == len(events)
             assert (handle is not None and handle.is_done()) == should, order
+            assert arb.wants_pilots == (handle is not None and not should), order
         np.testing.assert_array_equal(dest, [1.25, 7.0, 0.0, -4.5])
         assert handle.error() is None
         assert comm.receive_calls == 2
@@ -284,9 +289,11 @@ def test_payload_error_fails_the_receive():
     arb = ReceiveArbiter(Broken())
     h = arb.begin_receive(ReceiveInstruction(id=1, transfer=TRANSFER, region=REGION, dest=1,
                                              dest_box=DEST_BOX), np.zeros(DEST_BOX.shape, np.float32))
+    assert arb.wants_pilots
     arb.on_pilot(*pilot(0))
     assert arb.poll() == [1]
     assert h.is_done() and isinstance(h.error(), RuntimeError)
+    assert not arb.wants_pilots         # (a failed receive takes no more pilots)
 
 
 @pytest.mark.parametrize("pilot_first", [False, True])
