@@ -202,7 +202,7 @@ class Executor(InstructionHandlers):
         self._on_error = on_error
         self._engine = OutOfOrderEngine(max_host_lanes=max_host_lanes,
                                         max_device_lanes=max_device_lanes, eager_filter=self._eager_ok)
-        self._arbiter = ReceiveArbiter(communicator)
+        self._arbiter = ReceiveArbiter(communicator, self._view)
         self._inbox = _Inbox()
         self._idle_timeout = idle_timeout
         self._poll_interval = poll_interval

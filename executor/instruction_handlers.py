@@ -179,9 +179,12 @@ class InstructionHandlers:
         key = self._cost_key(instr)
         if lane.inline and not a.eager and self._trace is None:
             est = self._costs.get(key)
-            if est is not None and est <= self._inline_ns:
-                # the common case, _dispatch's inline path without its generality; run here,
-                # like a direct run, so it may take the context kept for its accesses
+            # the common case, _dispatch's inline path without its generality (a cheap kernel,
+            # or one of a few ms with nothing else to run: see _dispatch, whose first runs of a
+            # kind and probes still decide); run here, like a direct run, so it may take the
+            # context kept for its accesses (wave_sim 256² on 2 ranks built one a step)
+            if est is not None and (est <= self._inline_ns or (
+                    (est <= self._alone_ns or (est <= self._quiet_ns and not self._sends)) and self._alone())):
                 if self._direct_kernel_lanes.get(instr.device) is not lane:
                     self._direct_kernel_lanes[instr.device] = lane
                     self._contexts.clear()      # (made for the device's other lane)

@@ -58,6 +58,8 @@ class _Request:
     dest_box: Box | None
     split: bool
     unannounced: Region        # no pilot for it taken in yet (see ReceiveArbiter.wants_pilots)
+    whole: tuple | None        # (lo, hi) of the region's one box (Region.sole_bounds), else None
+    allocation: int            # the destination's allocation id (ReceiveArbiter's ``view``)
 
 
 @dataclass(slots=True, eq=False)
@@ -89,6 +91,7 @@ class _Fragment:
     staging: Any = None        # contiguous buffer to copy into ``view`` on completion
     view: Any = None
     rank: int = -1             # the sender
+    whole: bool = False        # ``box`` is the owner's whole region: it lands with no region arithmetic
 
 
 @dataclass(slots=True, eq=False)
@@ -106,6 +109,14 @@ class _Transfer:
         return not (self.pilots or self.requests or self.awaits or self.gather is not None)
 
 
+_NOTHING = {d: Region.empty_region(d) for d in range(4)}
+
+
+def _nothing(region: Region) -> Region:
+    """The empty region of ``region``'s dimensionality (shared: regions are immutable)."""
+    return _NOTHING[region.dims]
+
+
 class ReceiveArbiter:
     """Per-rank matcher; driven from the executor thread only (not thread-safe).
 
@@ -114,8 +125,12 @@ class ReceiveArbiter:
     ``handle.error()``).
     """
 
-    def __init__(self, communicator: Communicator):
+    def __init__(self, communicator: Communicator, view: Callable[[int, Box | None, Box], Any] | None = None):
+        """``view(allocation, extent, box)``, where given, makes the view a payload lands in
+        (the executor's, which keeps a repeating step's views; else ``box_view`` of the
+        destination array each time)."""
         self._comm = communicator
+        self._view = view
         self._strided_ok = communicator.accepts_strided
         self._transfers: dict[TransferId, _Transfer] = {}
         # transfers kept for their split-receive history once idle (prune() drops them);
@@ -169,20 +184,28 @@ class ReceiveArbiter:
             return True
         box = pilot.box
         for req in t.requests:
-            if req.region.contains(box):
+            w = req.whole
+            if (w is not None and box.lo == w[0] and box.hi == w[1]) or req.region.contains(box):
                 self._begin_fragment(t, req, from_rank, pilot)
                 return True
         return False
 
     def _begin_fragment(self, t: _Transfer, req: _Request, from_rank: int, pilot: Pilot) -> None:
         box = pilot.box
-        if box.empty:  # nothing will be sent for it
-            return
-        unannounced = req.unannounced = req.unannounced - box
-        if not unannounced:
+        w = req.whole
+        whole = w is not None and box.lo == w[0] and box.hi == w[1]
+        if whole:           # (a halo's one message: no region arithmetic here or when it lands)
+            req.unannounced = _nothing(req.region)
             self._wanting.discard(req.handle)
+        else:
+            if box.empty:  # nothing will be sent for it
+                return
+            unannounced = req.unannounced = req.unannounced - box
+            if not unannounced:
+                self._wanting.discard(req.handle)
         try:
-            view = box_view(req.dest, req.dest_box, box)
+            view = (box_view(req.dest, req.dest_box, box) if self._view is None
+                    else self._view(req.allocation, req.dest_box, box))
             if self._strided_ok or view.flags.c_contiguous:
                 staging = None
                 target = view
@@ -193,7 +216,7 @@ class ReceiveArbiter:
         except Exception as exc:  # noqa: BLE001 - reported through the instruction
             self._fail(req.handle, exc)
             return
-        self._inflight.append(_Fragment(request, t, box, req, staging, view, from_rank))
+        self._inflight.append(_Fragment(request, t, box, req, staging, view, from_rank, whole))
 
     def _begin_gather_fragment(self, t: _Transfer, g: _Gather, from_rank: int, pilot: Pilot) -> None:
         if pilot.box.empty:   # "no contribution": the slot keeps its identity value
@@ -220,7 +243,7 @@ class ReceiveArbiter:
         split = isinstance(instr, SplitReceiveInstruction)
         handle = self._new_handle(instr.id)
         region = instr.region
-        req = _Request(handle, region, region, dest, instr.dest_box, split, region)
+        req = _Request(handle, region, region, dest, instr.dest_box, split, region, region.sole_bounds(), instr.dest)
         t = self._transfer(tuple(instr.transfer))
         if split and t.split_received is None:
             t.split_received = Region.empty_region(region.dims)
@@ -232,8 +255,11 @@ class ReceiveArbiter:
             self._wanting.add(handle)
             if t.pilots:
                 pending, t.pilots = t.pilots, []
+                w = req.whole
                 for fr, p in pending:
-                    if req.handle.done or not req.region.contains(p.box):
+                    b = p.box
+                    if req.handle.done or not ((w is not None and b.lo == w[0] and b.hi == w[1])
+                                               or req.region.contains(b)):
                         t.pilots.append((fr, p))
                     else:
                         self._begin_fragment(t, req, fr, p)
@@ -315,7 +341,7 @@ class ReceiveArbiter:
             except Exception as exc:  # noqa: BLE001
                 self._fail(owner.handle, exc)
                 return
-        owner.remaining = owner.remaining - f.box
+        owner.remaining = _nothing(owner.region) if f.whole else owner.remaining - f.box
         if owner.split:
             t.split_received = t.split_received | f.box
             self._check_awaits(t)

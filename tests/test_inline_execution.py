@@ -782,3 +782,37 @@ def test_a_direct_kernel_keeps_its_launch_context_while_its_accesses_list_is_the
         assert h.errors == []
     finally:
         h.close()
+
+
+def test_a_longer_kernel_run_inline_alone_keeps_its_launch_context():
+    """A kernel over ``inline_threshold`` that runs inline because nothing else can run (as
+    wave_sim's step does on 2 ranks at 256²) takes the context kept for its accesses list, as
+    a cheap one does, instead of a new one each run; its first run (which measures it) and the
+    probe of a kind measured slow still go through the general path."""
+    h = Harness(trace=False, inline_threshold=1e-4, inline_alone_threshold=0.5)
+    try:
+        box = _host_and_device_arrays(h, 16)
+        acc = [AccessAllocation(0, 2, box, box)]
+        seen = []
+
+        def kernel(ctx):
+            seen.append((ctx, ctx.task, threading.current_thread().name))
+            ctx.arrays[0][...] += 1.0
+            _burn(1e-3)(ctx)                 # 1 ms of CPU: over 100 us, under 500 ms
+
+        ks = []
+        for _ in range(4):
+            k = h.kernel(kernel, name="mid", box=box)
+            k.accesses = acc
+            ks.append(k)
+            h.run()
+        assert h.errors == []
+        assert [t for _c, t, _n in seen] == [k.task for k in ks]
+        assert {n for _c, _t, n in seen} == {h.ex._thread.name}
+        assert h.ex._costs[("mid", (16).bit_length())] >= 1_000_000
+        # the first run built a context of its own (measured through _dispatch); from the
+        # second on, one kept context serves every run
+        assert seen[1][0] is seen[2][0] is seen[3][0] and seen[0][0] is not seen[1][0]
+        np.testing.assert_array_equal(h.ex._allocs[2], np.full(16, 4.0))
+    finally:
+        h.close()

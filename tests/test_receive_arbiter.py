@@ -318,3 +318,50 @@ def test_a_receive_of_exactly_one_pilots_box_completes_with_its_one_payload(pilo
     want[box.slices] = TRUTH[box.slices]
     np.testing.assert_array_equal(dest, want)
     assert not arb.has_active and not arb.has_inflight
+
+
+@pytest.mark.parametrize("pilot_first", [False, True])
+def test_a_one_box_receive_announced_in_two_parts_waits_for_both(pilot_first):
+    """A one-box region whose pilots split it (two senders): neither part is the whole, so
+    the receive stays active (and wants pilots) until both parts are announced and landed."""
+    box = Box((0,), (8,))
+    halves = [(1, 41, Box((0,), (3,))), (2, 42, Box((3,), (8,)))]
+    comm = FakeComm(accepts_strided=True)
+    arb = ReceiveArbiter(comm)
+    dest = np.zeros(8)
+    instr = ReceiveInstruction(id=4, transfer=(3, 1, 0), region=Region.from_box(box), dest=1, dest_box=box)
+    if pilot_first:
+        arb.on_pilot(halves[0][0], Pilot(msg_id=41, to=0, transfer=(3, 1, 0), box=halves[0][2]))
+        handle = arb.begin_receive(instr, dest)
+    else:
+        handle = arb.begin_receive(instr, dest)
+        arb.on_pilot(halves[0][0], Pilot(msg_id=41, to=0, transfer=(3, 1, 0), box=halves[0][2]))
+    comm.deliver(1, 41, np.arange(3.0))
+    assert arb.poll() == [] and not handle.is_done() and arb.wants_pilots
+    arb.on_pilot(2, Pilot(msg_id=42, to=0, transfer=(3, 1, 0), box=halves[1][2]))
+    assert not arb.wants_pilots and arb.poll() == []
+    comm.deliver(2, 42, np.arange(3.0, 8.0))
+    assert arb.poll() == [4] and handle.is_done() and handle.error() is None
+    np.testing.assert_array_equal(dest, np.arange(8.0))
+
+
+def test_payloads_land_in_the_views_the_executor_keeps():
+    """Given ``view(allocation, extent, box)`` (the executor's cached views), the arbiter
+    receives into what it returns, asked with the receive's allocation id."""
+    fr, msg, box = FRAGMENTS[0]
+    comm = FakeComm()
+    dest = np.full(DEST_BOX.shape, -1, dtype=np.float32)
+    asked = []
+
+    def view(aid, extent, b):
+        asked.append((aid, extent, b))
+        return dest[tuple(slice(lo, hi) for lo, hi in zip(b.min, b.max))]
+
+    arb = ReceiveArbiter(comm, view)
+    handle = arb.begin_receive(ReceiveInstruction(id=6, transfer=TRANSFER, region=Region.from_box(box), dest=3,
+                                                  dest_box=DEST_BOX), dest)
+    arb.on_pilot(*pilot(0))
+    comm.deliver(fr, msg, payload(0))
+    assert arb.poll() == [6] and handle.error() is None
+    assert asked == [(3, DEST_BOX, box)]
+    np.testing.assert_array_equal(dest[box.slices], TRUTH[box.slices])

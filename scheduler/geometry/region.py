@@ -548,6 +548,13 @@ class Region:
     def empty_region(cls, dims: int = 0) -> "Region":
         return cls._from_pairs((), dims, True)
 
+    def sole_bounds(self) -> tuple | None:
+        """``(lo, hi)`` of the region's one box (3-D padded, as ``Box.lo`` / ``Box.hi``), or None
+        when it has none or several: lets a hot path compare a box with a one-box region
+        (a halo receive and the one pilot that announces it) without region arithmetic."""
+        p = self._pairs
+        return p[0] if len(p) == 1 else None
+
     @property
     def boxes(self) -> tuple[Box, ...]:
         if self._boxes is None:
