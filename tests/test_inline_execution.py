@@ -797,7 +797,7 @@ def test_a_longer_kernel_run_inline_alone_keeps_its_launch_context():
 
         def kernel(ctx):
             seen.append((ctx, ctx.task, threading.current_thread().name))
-            ctx.arrays[0][...] += 1.0
+            ctx.arrays[0][...] = ctx.task    # (a new allocation is not initialized: not +=)
             _burn(1e-3)(ctx)                 # 1 ms of CPU: over 100 us, under 500 ms
 
         ks = []
@@ -813,6 +813,6 @@ def test_a_longer_kernel_run_inline_alone_keeps_its_launch_context():
         # the first run built a context of its own (measured through _dispatch); from the
         # second on, one kept context serves every run
         assert seen[1][0] is seen[2][0] is seen[3][0] and seen[0][0] is not seen[1][0]
-        np.testing.assert_array_equal(h.ex._allocs[2], np.full(16, 4.0))
+        np.testing.assert_array_equal(h.ex._allocs[2], np.full(16, float(ks[-1].task)))
     finally:
         h.close()
