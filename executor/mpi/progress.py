@@ -206,6 +206,11 @@ class MpiRequest(FlagRequest):
             raise self._error
         return True
 
+    def tested_done(self) -> bool:
+        """Test once (``MPI_Test``, after a ``QuickTest``); True once complete or failed (a
+        failure then surfaces through ``test``)."""
+        return self._done or self._progress()
+
     def _progress(self) -> bool:
         """One MPI_Test (preceded by a QuickTest where there is one); True once complete (or failed)."""
         handle = self._handle
