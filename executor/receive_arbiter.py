@@ -117,6 +117,13 @@ def _nothing(region: Region) -> Region:
     return _NOTHING[region.dims]
 
 
+def _is_whole(req: _Request, box: Box) -> bool:
+    """``box`` is ``req``'s whole region, a single box (a halo row's or a hop's one pilot):
+    it is matched, announced and landed by comparing bounds, with no region arithmetic."""
+    w = req.whole
+    return w is not None and box.lo == w[0] and box.hi == w[1]
+
+
 class ReceiveArbiter:
     """Per-rank matcher; driven from the executor thread only (not thread-safe).
 
@@ -184,16 +191,15 @@ class ReceiveArbiter:
             return True
         box = pilot.box
         for req in t.requests:
-            w = req.whole
-            if (w is not None and box.lo == w[0] and box.hi == w[1]) or req.region.contains(box):
-                self._begin_fragment(t, req, from_rank, pilot)
+            whole = _is_whole(req, box)
+            if whole or req.region.contains(box):
+                self._begin_fragment(t, req, from_rank, pilot, whole)
                 return True
         return False
 
-    def _begin_fragment(self, t: _Transfer, req: _Request, from_rank: int, pilot: Pilot) -> None:
+    def _begin_fragment(self, t: _Transfer, req: _Request, from_rank: int, pilot: Pilot, whole: bool) -> None:
+        """``whole``: the pilot's box is the receive's whole region (``_is_whole``)."""
         box = pilot.box
-        w = req.whole
-        whole = w is not None and box.lo == w[0] and box.hi == w[1]
         if whole:           # (a halo's one message: no region arithmetic here or when it lands)
             req.unannounced = _nothing(req.region)
             self._wanting.discard(req.handle)
@@ -255,14 +261,12 @@ class ReceiveArbiter:
             self._wanting.add(handle)
             if t.pilots:
                 pending, t.pilots = t.pilots, []
-                w = req.whole
                 for fr, p in pending:
-                    b = p.box
-                    if req.handle.done or not ((w is not None and b.lo == w[0] and b.hi == w[1])
-                                               or req.region.contains(b)):
+                    whole = _is_whole(req, p.box)
+                    if req.handle.done or not (whole or req.region.contains(p.box)):
                         t.pilots.append((fr, p))
                     else:
-                        self._begin_fragment(t, req, fr, p)
+                        self._begin_fragment(t, req, fr, p, whole)
         if split:
             self._check_awaits(t)
         self._cleanup(t)
