@@ -1053,6 +1053,12 @@ class Executor(InstructionHandlers):
         """Nothing but the instruction being issued could run now (see inline execution)."""
         return not self._by_completion and not self._polled and not self._engine.has_ready()
 
+    def _inline_alone(self, est: int) -> bool:
+        """Whether a kernel estimated at ``est`` ns, over the inline threshold, runs inline
+        anyway: up to ``inline_alone_threshold`` while nothing else could run, up to
+        ``inline_quiet_threshold`` while no send is in flight either."""
+        return (est <= self._alone_ns or (est <= self._quiet_ns and not self._sends)) and self._alone()
+
     def _note_cost(self, key: Any, ns: int, wall: bool = False) -> None:
         """``wall``: ``ns`` is an inline run's wall time, which counts whatever held this
         thread off the CPU or the GIL meanwhile (a preemption, another thread's switch
@@ -1118,10 +1124,8 @@ class Executor(InstructionHandlers):
                     cheap = True
                 elif est <= self._inline_ns:
                     cheap = True
-                elif est <= self._alone_ns:
-                    cheap = self._alone() or self._probe(key)
-                else:
-                    cheap = est <= self._quiet_ns and not self._sends and self._alone()
+                else:   # (a kind estimated up to the alone threshold is re-measured inline once: _probe)
+                    cheap = self._inline_alone(est) or (est <= self._alone_ns and self._probe(key))
             else:
                 cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
             if cheap:

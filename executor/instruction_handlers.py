@@ -183,8 +183,7 @@ class InstructionHandlers:
             # or one of a few ms with nothing else to run: see _dispatch, whose first runs of a
             # kind and probes still decide); run here, like a direct run, so it may take the
             # context kept for its accesses (wave_sim 256² on 2 ranks built one a step)
-            if est is not None and (est <= self._inline_ns or (
-                    (est <= self._alone_ns or (est <= self._quiet_ns and not self._sends)) and self._alone())):
+            if est is not None and (est <= self._inline_ns or self._inline_alone(est)):
                 if self._direct_kernel_lanes.get(instr.device) is not lane:
                     self._direct_kernel_lanes[instr.device] = lane
                     self._contexts.clear()      # (made for the device's other lane)
