@@ -372,12 +372,9 @@ class MpiCommunicator(Communicator):
         return buffer_spec(self._mpi, arr, receive, self._strided, self._types)
 
     def send_payload(self, to: int, msg_id: int, array: Any) -> Request:
-        # (the checks and the spec written out: every halo row and hop pays for this path)
-        if not 0 <= to < self._size or to == self._rank:
-            self._check_rank(to)
-        if self._pending_dup is not None:
-            self._ensure_ready()
-        spec, keep, _finish, _n = buffer_spec(self._mpi, array, False, self._strided, self._types)
+        self._check_rank(to)
+        self._ensure_ready()
+        spec, keep, _finish, _n = self._spec(array, receive=False)
         ahead = self._ahead.get(to)
         held = self._held.get(to)
         if ahead is not None and msg_id in ahead:
@@ -410,11 +407,9 @@ class MpiCommunicator(Communicator):
         return r
 
     def receive_payload(self, from_rank: int, msg_id: int, out_array: Any) -> Request:
-        if not 0 <= from_rank < self._size or from_rank == self._rank:
-            self._check_rank(from_rank)
-        if self._pending_dup is not None:
-            self._ensure_ready()
-        spec, keep, finish, nbytes = buffer_spec(self._mpi, out_array, True, self._strided, self._types)
+        self._check_rank(from_rank)
+        self._ensure_ready()
+        spec, keep, finish, nbytes = self._spec(out_array, receive=True)
         try:
             req = self._comm.Irecv(spec, from_rank, self._payload_tag(msg_id))
         except Exception as exc:  # noqa: BLE001
