@@ -53,7 +53,7 @@ class Plans(list):
     (buffer, memory) in sorted order, the boxes allocated contiguously (the chunks' groups
     on that memory, those that touch merged: one box in the common case)."""
 
-    __slots__ = ("bids", "need", "overlap", "outside", "requirements", "allocated_under")
+    __slots__ = ("bids", "touch", "need", "overlap", "outside", "requirements", "allocated_under")
 
     # identity semantics: a plan stands for its cache key (replay keys on the object)
     __hash__ = object.__hash__
@@ -71,6 +71,10 @@ class Plans(list):
         # requirement was found allocated, so a repeating step asks one set, not per box
         self.allocated_under: set[tuple] = set()
         self.bids = tuple(sorted({bid for p in plans for bid in p.bbox}))
+        # the same buffers in the order the task's accesses name them: replay's order (keys,
+        # shapes, compiled builders), so that two steps whose buffers swap roles record
+        # templates of one structure and share one compiled builder
+        self.touch = tuple(dict.fromkeys([bid for p in plans for bid in p.bbox]))
         need: dict[tuple[int, int], tuple[Box, ...]] = {}
         for p in plans:
             if p.batch is not None:

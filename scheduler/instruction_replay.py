@@ -171,19 +171,19 @@ class InstructionReplayMixin:
         replay = self.replay
         known = replay.known
         sigs = []
-        bids: set = set()
+        bids: dict = {}     # (an ordered set: the commands' order, each one's own, see _touched_buffers)
         for c in cmds:
             kind = c.kind
             sid = None
             if kind == cg.EXECUTION:
-                bids.update(self._touched_buffers(c))     # (plans the command: its signature holds them)
+                bids.update(dict.fromkeys(self._touched_buffers(c)))     # (plans the command: its signature holds them)
                 memo = c.memo                             # (_signature_id's hit, inline)
                 if memo is not None and memo[1] is c.plans:
                     sid = memo[2]
             elif kind == cg.PUSH or kind == cg.AWAIT_PUSH:
                 if c.transfer[2]:
                     return None
-                bids.add(c.transfer[1])
+                bids[c.transfer[1]] = None
             else:
                 return None
             if sid is None:
@@ -194,7 +194,7 @@ class InstructionReplayMixin:
         # (every command's signature was lowered before: the task has repeated, so its
         # group is keyed and recorded from this sighting on)
         gsig = replay.identify((_GROUP, anticipating, tuple(sigs)))
-        touched = tuple(sorted(bids))
+        touched = tuple(bids)
         ibase = self._next_instr
         shapes: list = []
         parts = self._shape_parts(touched, ibase, task.id, shapes)
@@ -303,8 +303,8 @@ class InstructionReplayMixin:
             plans = self._plan_chunks(cmd)
             reds = cmd.task.reductions
             if not reds:
-                return plans.bids
-            return tuple(sorted(set(plans.bids) | {r.buffer for r in reds}))
+                return plans.touch
+            return tuple(dict.fromkeys(plans.touch + tuple([r.buffer for r in reds])))
         if kind in (cg.PUSH, cg.AWAIT_PUSH):
             return (cmd.transfer[1],)
         if kind == cg.REDUCTION:
