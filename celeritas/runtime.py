@@ -259,6 +259,33 @@ class _WaitWatch:
             self.rt._warn_waiting(self.call, self.target, waited, self.hint)
 
 
+class _FencePromise:
+    """What the fence's task and instruction hold of its future: a weak reference.  They live
+    on until the task graph prunes the task (a horizon or two later), and holding the
+    future itself kept the fetched array alive after the user had dropped it.  Until it is
+    resolved the runtime's fence list holds the future (to fail it if the runtime fails);
+    after that only the user does, and a future nobody holds has no one to tell."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = weakref.ref(future)
+
+    def done(self) -> bool:
+        f = self._future()
+        return f is None or f.done()
+
+    def set_result(self, result: Any) -> None:
+        f = self._future()
+        if f is not None:
+            f.set_result(result)
+
+    def set_exception(self, exc: BaseException) -> None:
+        f = self._future()
+        if f is not None:
+            f.set_exception(exc)
+
+
 class _FenceFuture(concurrent.futures.Future):
     """A fence's future: a ``result()`` that blocks long says what the rank waits for, and
     an error it hands to the user counts as shown (not printed again at exit)."""
@@ -276,6 +303,18 @@ class _FenceFuture(concurrent.futures.Future):
         if self.shape is not None and isinstance(result, np.ndarray) and result.size == 0:
             result = result.reshape(self.shape)
         super().set_result(result)
+        self._resolved()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self._resolved()
+
+    def _resolved(self) -> None:
+        rt = self._rt()
+        if rt is not None:
+            # (a resolved fence needs no failing: kept in the runtime's list until the next
+            # fence, its result stayed alive after the user had dropped it)
+            rt._fence_resolved(self)
 
     def _wait(self, timeout: float | None) -> float | None:
         """Block like ``result(timeout)`` would, with the wait warning; the time left."""
@@ -491,6 +530,13 @@ class Runtime:
             except concurrent.futures.InvalidStateError:    # resolved meanwhile
                 pass
 
+    def _fence_resolved(self, fut: concurrent.futures.Future) -> None:
+        with self._cond:
+            try:
+                self._fences.remove(fut)
+            except ValueError:      # (resolved before it was registered, or failed meanwhile)
+                pass
+
     def _register_fence(self, fut: concurrent.futures.Future) -> None:
         """Track a fence's future so that a failure resolves it.
 
@@ -501,9 +547,8 @@ class Runtime:
         120 s timeout).  Registering and failing both hold ``_cond``: either ``_fail``
         sees the future, or the future sees ``_error``."""
         with self._cond:
-            self._fences = [f for f in self._fences if not f.done()]
             err = self._error
-            if err is None:
+            if err is None and not fut.done():     # (one resolved already has left the list)
                 self._fences.append(fut)
         if err is not None:
             self._fail_fence(fut, err)
@@ -811,13 +856,13 @@ class Runtime:
                     box = sbox
                 if box.empty:
                     fut.shape = tuple(extents)
-                fut.task = self.task_manager.fence(buffer=obj.id, box=box, promise=fut).id
+                fut.task = self.task_manager.fence(buffer=obj.id, box=box, promise=_FencePromise(fut)).id
             elif isinstance(obj, HostObject):
                 obj._require_alive()
                 if subrange is not None:
                     raise CeleritasError(f"fence of host object H{obj.id}: a subrange {subrange!r} applies to "
                                          f"buffers only")
-                fut.task = self.task_manager.fence(host_object=obj.id, promise=fut).id
+                fut.task = self.task_manager.fence(host_object=obj.id, promise=_FencePromise(fut)).id
             else:
                 raise CeleritasError(f"fence takes a cl.Buffer or cl.HostObject, got {type(obj).__name__}")
             self._register_fence(fut)

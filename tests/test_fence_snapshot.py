@@ -75,3 +75,26 @@ def test_a_host_object_that_cannot_be_copied_fails_its_fence_clearly():
     q.shutdown()    # (quiet: the fence raised the failure; a later call raises it again)
     with pytest.raises(cl.CeleritasError, match="lock cannot be copied"):
         q.wait()
+
+
+def test_a_fence_result_the_user_dropped_is_freed():
+    """The runtime kept every fence's future until the next fence (to fail it if the runtime
+    failed), and with it the fetched array: a large result the user had dropped stayed
+    in memory.  A resolved future leaves that list."""
+    import gc
+    import weakref
+
+    import numpy as np
+    q = cl.Queue(devices="host:1")
+    try:
+        b = cl.Buffer(np.arange(1 << 20, dtype=np.float32), name="big")
+        for _ in range(3):      # (a fence, then one with a fence before it)
+            r = q.fence(b).result()
+            assert r[-1] == (1 << 20) - 1 and r.dtype == np.float32
+            gone = weakref.ref(r)
+            del r
+            gc.collect()
+            assert gone() is None
+        q.wait()
+    finally:
+        q.shutdown()

@@ -332,6 +332,25 @@ def test_lanes_run_concurrently(backend):
 
 
 @pytest.mark.timeout(60)
+def test_a_lane_keeps_nothing_of_the_work_it_finished(backend):
+    """A copy run on a lane holds its arrays in the work item; the worker kept its last item
+    while it waited for the next, so an allocation freed after the copy stayed alive, and its
+    mapping out of the pool (wave_sim's fields, copied in from host data on two lanes,
+    were mapped anew by every later run instead of taken from the pool)."""
+    import time
+    shape = (HUGE_PAGE // 4,)
+    src = np.arange(shape[0], dtype=np.float32)
+    dst = backend.allocate(device_memory(0), shape, np.float32)
+    assert backend.copy(src, None, dst, None, Box((0,), shape), D0).wait(10)
+    assert dst[-1] == shape[0] - 1
+    backend.free(device_memory(0), dst)
+    del dst
+    deadline = time.monotonic() + 5
+    while backend.memory_pool.pooled_bytes == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)       # (the worker lets go of the item just after completing it)
+    assert backend.memory_pool.pooled_bytes > 0
+
+
 def test_lane_threads_are_reused(backend):
     idents = {H0: set(), D0: set()}
     for i in range(50):

@@ -254,6 +254,10 @@ class _LaneWorker:
                 return
             c = item[1]
             run(*item)
+            # (the finished work's closure holds its arrays: kept in ``item`` while this
+            # thread waits for the next, a freed allocation's memory stayed alive, and its
+            # mapping out of the pool, until the lane ran something else)
+            item = None
             self.finished += 1
             if self.waiters:
                 with cond:
