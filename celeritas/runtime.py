@@ -302,18 +302,20 @@ class _FenceFuture(concurrent.futures.Future):
         # (0, 0) for a (0, 4) buffer: the fence's array keeps the shape the user fenced)
         if self.shape is not None and isinstance(result, np.ndarray) and result.size == 0:
             result = result.reshape(self.shape)
+        self._resolving()
         super().set_result(result)
-        self._resolved()
 
     def set_exception(self, exception: BaseException | None) -> None:
+        self._resolving()
         super().set_exception(exception)
-        self._resolved()
 
-    def _resolved(self) -> None:
+    def _resolving(self) -> None:
         rt = self._rt()
         if rt is not None:
             # (a resolved fence needs no failing: kept in the runtime's list until the next
-            # fence, its result stayed alive after the user had dropped it)
+            # fence, its result stayed alive after the user had dropped it.  It leaves the list
+            # first, so that whoever its result wakes finds it gone; a failure in between
+            # no longer reaches it, and needs not: it is being resolved)
             rt._fence_resolved(self)
 
     def _wait(self, timeout: float | None) -> float | None:

@@ -3901,6 +3901,9 @@ class _Run:
         out["geometry"] = list(self.geometry)
         out["source"] = list(self.source_tasks)
         out["cg_errors"] = list(self.cg_errors)
+        # every fence above is resolved: the runtime holds none of them any more (it kept the
+        # last one, and its result, until the next fence)
+        out["held_fences"] = [getattr(f, "task", None) for f in q.runtime._fences]
         return out
 
 
@@ -4778,6 +4781,9 @@ def _rank_problems(p: Program, want: dict, r: int, o: dict, oversubscribe: int,
         probs.append(("geometry", f"rank {r}: kernel chunks outside their task's index space, empty, or "
                                   f"with another global range / offset (task, rank, chunk, (range, offset) "
                                   f"seen, index space): {o['kernel_geometry'][:4]}"))
+    if o.get("held_fences"):
+        probs.append(("fence_release", f"rank {r}: the runtime still holds resolved fences (tasks "
+                                       f"{o['held_fences'][:4]}), and so their results"))
     if o["violations"]:
         probs.append(("local_range", f"rank {r}: chunks not made of whole work groups "
                                      f"(task, rank, chunk, local_range): {o['violations'][:4]}"))
