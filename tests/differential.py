@@ -4740,6 +4740,7 @@ def compare_observations(p: Program, want: dict, per_rank: list[dict], oversubsc
 # the order in which ``compare_observations`` reports its problems (the first one's tag is the mismatch's)
 _RANK_PROBLEM_ORDER = ["bad_mapper:stale_read", "reduction", "geometry", "split", "local_range", "host_object_fence", "host_range",
                        "master", "collective", "host_object", "log_order", "epoch", "host_oversubscribe", "fence",
+                       "fence_release",
                        "buffer"]
 
 
