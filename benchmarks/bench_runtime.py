@@ -214,27 +214,27 @@ def main(argv=None) -> None:
 
     if "tiny" in only:
         runs: list = []
-        us, dk = _best(rep, _with_cpu(runs, lambda cpu: tiny_tasks(args.tasks, cpu=cpu)),
+        us, dk = best_alternating(rep, _with_cpu(runs, lambda cpu: tiny_tasks(args.tasks, cpu=cpu)),
                        lambda: dask_tiny_tasks(args.tasks))
         t.add_row(f"{args.tasks} tiny tasks, host:4", f"{us:.1f} µs/task\n(CPU {_cpu_of(runs)})",
                   f"{dk:.1f} µs/task (dask threads)" if dk else "dask not installed",
                   f"{dk / us:.2f}× faster" if dk else "-", "≤ 40 µs/task, ≥ 6× dask")
     if "stencil" in only:
         runs = []
-        it, base = _best(rep, _with_cpu(runs, lambda cpu: stencil(128, args.iterations, cpu=cpu)),
+        it, base = best_alternating(rep, _with_cpu(runs, lambda cpu: stencil(128, args.iterations, cpu=cpu)),
                          lambda: numpy_stencil(128, args.iterations))
-        _, blk = _best(rep, lambda: 0.0, lambda: numpy_blocks_stencil(128, args.iterations))
+        _, blk = best_alternating(rep, lambda: 0.0, lambda: numpy_blocks_stencil(128, args.iterations))
         t.add_row(f"128² stencil × {args.iterations}, host:4", f"{it:.1f} µs/iter\n(CPU {_cpu_of(runs)})",
                   f"{base:.1f} µs/iter (numpy, whole array); {blk:.1f} (numpy, the 4 blocks of host:4)",
                   f"{blk / it:.2f} of the 4-block loop", "≤ 150 µs/iter")
     if "noop" in only:
         runs = []
-        it, _ = _best(rep, _with_cpu(runs, lambda cpu: stencil(128, args.iterations, noop=True, cpu=cpu)),
+        it, _ = best_alternating(rep, _with_cpu(runs, lambda cpu: stencil(128, args.iterations, noop=True, cpu=cpu)),
                       lambda: None)
         t.add_row(f"128² stencil × {args.iterations}, no-op kernels, host:4",
                   f"{it:.1f} µs/iter\n(CPU {_cpu_of(runs)})", "-", "-", "≤ 60 µs/iter")
     if "wave" in only:
-        w, nw = _best(rep, lambda: wave(args.wave_size, args.wave_steps),
+        w, nw = best_alternating(rep, lambda: wave(args.wave_size, args.wave_steps),
                       lambda: numpy_wave(args.wave_size, args.wave_steps))
         t.add_row(f"wave_sim {args.wave_size}² × {args.wave_steps}, 1 rank", f"{w:.3f} s", f"{nw:.3f} s (numpy)",
                   f"{nw / w:.3f} of numpy", "≥ 0.97")
@@ -242,7 +242,7 @@ def main(argv=None) -> None:
 
 
 def _with_cpu(runs: list, fn):
-    """``fn(cpu)`` as a run for ``_best`` that keeps (time, CPU by thread role) in ``runs``."""
+    """``fn(cpu)`` as a run for ``best_alternating`` that keeps (time, CPU by thread role) in ``runs``."""
     def run() -> float:
         cpu: dict = {}
         t = fn(cpu)
@@ -256,7 +256,7 @@ def _cpu_of(runs: list) -> str:
     return format_cpu(min(runs, key=lambda r: r[0])[1])
 
 
-def _best(repeat: int, ours, baseline) -> tuple[float, float | None]:
+def best_alternating(repeat: int, ours, baseline) -> tuple[float, float | None]:
     """Minimum of ``repeat`` alternating runs of ``ours`` and ``baseline`` (None stays None)."""
     a: list[float] = []
     b: list[float] = []

@@ -536,7 +536,7 @@ class Runtime:
         with self._cond:
             try:
                 self._fences.remove(fut)
-            except ValueError:      # (resolved before it was registered, or failed meanwhile)
+            except ValueError:      # (resolved before registering, never registered, or taken by shutdown)
                 pass
 
     def _register_fence(self, fut: concurrent.futures.Future) -> None:
