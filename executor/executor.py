@@ -267,6 +267,9 @@ class Executor(InstructionHandlers):
 
         self._by_completion: dict[Completion, _Active] = {}   # notifying backend completions
         self._polled: list[_Active] = []                      # backend completions to poll
+        # what enqueue_now enqueued from this thread and the backend keeps for it to look at
+        # (see DeviceQueueBackend.keep_waits; None: the lanes' waiters notify all)
+        self._kept: list | None = None
         self._sends: list[_Active] = []
         self._receives: dict[int, _Active] = {}
         self._inflight = 0
@@ -311,6 +314,9 @@ class Executor(InstructionHandlers):
             raise RuntimeError("executor already started")
         put = self._inbox.put_urgent
         self._backend.set_notifier(put)
+        keep = getattr(self._backend, "keep_waits", None) if self._enqueues else None
+        if keep is not None:
+            self._kept = keep()
         self._comm.set_notifier(functools.partial(put, _WAKE))
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
@@ -524,6 +530,8 @@ class Executor(InstructionHandlers):
     # every 1 ms kernel cost each executor 0.2-0.35 ms of CPU per step.)
 
     def _wait(self) -> None:
+        if self._kept:      # (the lanes' waiters notify what is still on the device: see keep_waits)
+            self._backend.pass_kept_on()
         inbox = self._inbox
         if self._polled:                # backend completions that cannot notify
             inbox.wait(self._poll_interval)
@@ -860,6 +868,13 @@ class Executor(InstructionHandlers):
                     else:
                         running.add(a.lane)
             self._polled = still
+        if self._kept:
+            by_completion = self._by_completion
+            for c in self._backend.take_finished():
+                active = by_completion.pop(c, None)
+                if active is not None:
+                    progress = True
+                    self._retire(active, c.error())
         if self._issue_ready():
             progress = True
         if self._unverified_epoch is not None and (self._failed or self._epoch_verified(self._unverified_epoch[0])):

@@ -3,12 +3,15 @@
 What only a GPU shows (kernels compiled and run, coalescing, CUDA-aware MPI) is in
 ``test_cuda.py``.  Here: work is enqueued from the executor's thread when the lane
 allows it, in the lane's order, completions arrive as notifications from the lane's
-waiter once the "device" finished (nobody polls events), failures reach the work's
-completion and skip dependent work, and whole programs compute the right values.
+waiter once the "device" finished, or, with the driver, the executor keeps what it
+enqueued and asks the device about the oldest item of each lane (``keep_waits``),
+failures reach the work's completion and skip dependent work, and whole programs
+compute the right values.
 """
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -73,18 +76,118 @@ def test_a_failed_enqueue_fails_its_completion_and_dependent_work_on_the_lane_is
     check_failed_enqueue_skips_dependent_work(backend, LANE)
 
 
+def _track_queries(monkeypatch, fake) -> list:
+    """Per event query, whether an event recorded before it on the same stream was still
+    unfinished then (a query behind a lane's first unfinished item: wasted)."""
+    events = fake.cuda.Event
+    plain_record, plain_done = events.record, events.done.fget
+    behind: list = []
+
+    def record(self, stream=None):
+        plain_record(self, stream)
+        s = stream or fake.current_stream()
+        self._before = list(getattr(s, "_recorded", ()))
+        s._recorded = self._before + [self]
+
+    def done(self):
+        now = time.perf_counter_ns()
+        behind.append(any(e.at > now for e in getattr(self, "_before", ())))
+        return plain_done(self)
+
+    monkeypatch.setattr(events, "record", record)
+    monkeypatch.setattr(events, "done", property(done))
+    return behind
+
+
 @pytest.mark.parametrize("driver", [True, False])
 @pytest.mark.parametrize("devices", ["cuda", "cuda:0,0"])
-def test_wave_sim_on_the_cuda_backend_matches_numpy_without_polling_events(monkeypatch, devices, driver):
+def test_wave_sim_on_the_cuda_backend_matches_numpy_and_events_are_asked_only_at_a_lanes_head(
+        monkeypatch, devices, driver):
     fake = fake_cupy.install(monkeypatch, delay_ns=30_000, driver=driver)
+    behind = _track_queries(monkeypatch, fake)
     from apps import wave_sim
     q = cl.Queue(devices=devices)
     assert q.runtime.backend_name == "cuda"
     np.testing.assert_allclose(wave_sim.run(q, 40, 8), wave_sim.reference(40, 8), rtol=1e-6, atol=1e-6)
     q.shutdown()
-    # completions came from the waiters: the executor never queried an event (a GPU
-    # query costs 1-2 us, and a burst of eagerly queued kernels polled one per kernel)
-    assert fake.queries == 0
+    if driver:
+        # the executor asked about what it enqueued itself (the driver's query keeps the GIL),
+        # never about an item behind an unfinished one on its stream (a burst of eagerly
+        # queued kernels would cost a query each, every look)
+        assert fake.queries == len(behind) > 0
+        assert not any(behind)
+    else:
+        # CuPy's query gives the GIL away: completions came from the waiters alone
+        assert fake.queries == 0
+
+
+def test_kept_completions_are_taken_in_lane_order_and_passed_to_the_waiters_before_a_sleep(backend, fake):
+    """``keep_waits``: the executor's look asks the device about each lane's oldest item
+    only; what the device finished comes back in order; what is left goes to the waiters,
+    which notify as before."""
+    kept = backend.keep_waits()
+    if backend._driver is None:
+        assert kept is None                 # (CuPy's event query gives the GIL away)
+        return
+    other = Lane("device", 0, 1)
+    a = [backend.enqueue_now(LANE, lambda: None, direct=True) for _ in range(3)]
+    b = backend.enqueue_now(other, lambda: None, direct=True)
+    assert [c for _lane, c in kept] == [*a, b]
+    queries = fake.queries
+    assert backend.take_finished() == []          # 20 ms per item: nothing done yet
+    assert fake.queries - queries == 2            # one question per lane, not per item
+    time.sleep(0.025)                   # a[0] and b are done, a[1] is not
+    assert backend.take_finished() == [a[0], b]
+    assert [c for _lane, c in kept] == a[1:]
+    assert a[0].error() is None and a[0].end_ns >= a[0].start_ns
+    backend.pass_kept_on()
+    assert kept == []
+    for c in a[1:]:
+        _wait_notified(backend, c)
+    assert a[0] not in backend.notified and b not in backend.notified
+
+
+def test_a_kept_completion_whose_event_query_fails_carries_the_error(backend, fake):
+    kept = backend.keep_waits()
+    if kept is None:
+        return
+    c = backend.enqueue_now(LANE, lambda: None, direct=True)
+
+    class Fault(RuntimeError):
+        pass
+
+    class Broken:
+        @property
+        def done(self):
+            raise Fault("illegal address")
+
+    c._event = Broken()
+    assert backend.take_finished() == [c]
+    assert isinstance(c.error(), Fault) and kept == []
+
+
+@pytest.mark.parametrize("delay_us", [0, 5_000])
+def test_a_program_whose_kernels_outlast_the_hosts_work_ends_through_the_waiters(monkeypatch, delay_us):
+    """With items of 5 ms the executor runs out of work while the device runs, passes what
+    it kept to the waiters and sleeps; with none it finds everything done at its looks."""
+    from executor.backends.device_queue import DeviceQueueBackend
+    fake = fake_cupy.install(monkeypatch, delay_ns=delay_us * 1000, driver=True)
+    passed = []
+    plain = DeviceQueueBackend.pass_kept_on
+    monkeypatch.setattr(DeviceQueueBackend, "pass_kept_on",
+                        lambda self: (passed.extend(c for _lane, c in self.kept), plain(self))[1])
+    q = cl.Queue(devices="cuda")
+    up = cl.Buffer(np.zeros((16, 8), np.float32))
+    u = cl.Buffer(np.ones((16, 8), np.float32))
+    _source_steps(q, up, u, 6)
+    out = q.fence(u).result()
+    q.shutdown()
+    np.testing.assert_array_equal(out, np.ones((16, 8), np.float32))   # (the stand-in's kernels compute nothing)
+    assert len([k for k in fake.kernels if k[0] == "step"]) == 6
+    # the executor sleeps only after a look that found nothing done: with items that take no
+    # time it never passes one on; with 5 ms ones it does (and the waiters notify them)
+    assert (len(passed) > 0) == (delay_us > 0)
+    assert all(c.is_done() for c in passed)
 
 
 def test_source_kernels_launch_with_the_last_index_dimension_along_x(monkeypatch):

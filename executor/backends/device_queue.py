@@ -6,7 +6,10 @@ is idle, by the executor itself (``enqueue_now``), and what the device must fini
 before the work counts as done is recorded as the completion's ``event``.  The lane's
 waiter thread takes the completions in enqueue order (a queue completes in order),
 blocks until the device finished each one with the GIL released, and notifies the
-executor, so nobody polls the device and the executor never waits for it.
+executor, so the executor never waits for the device.  What the executor enqueued
+itself it may keep instead (``keep_waits``, CUDA with the driver): while it is busy it
+asks the device about the oldest item of each lane at each look (an event query that
+keeps the GIL), and it passes what is left to the waiters before it sleeps.
 """
 from __future__ import annotations
 
@@ -123,15 +126,21 @@ class Waiter:
                     ev.synchronize()        # (also after a failed enqueue: what it did enqueue finishes)
                 except Exception as exc:  # noqa: BLE001 - a device fault: the work's error
                     c._device_error = exc
-                now = c._seen_done_ns = _perf_ns()
-                if self.device_time and host._end_ns is not None:
-                    c._device_ns = max(now - host._end_ns, 0)
+                _seen_done(c, self.device_time)
             notifier = self.backend._notifier
             if notifier is not None:
                 try:
                     notifier(c)
                 except Exception:  # noqa: BLE001 - a broken notifier must not kill the waiter
                     log.exception("completion notifier failed")
+
+
+def _seen_done(c: QueueCompletion, device_time: bool) -> None:
+    """Note when the device was seen to finish ``c`` (and, with ``device_time``, its time)."""
+    now = c._seen_done_ns = _perf_ns()
+    end = c._host._end_ns
+    if device_time and end is not None:
+        c._device_ns = max(now - end, 0)
 
 
 class DeviceQueueBackend(HostBackend):
@@ -141,10 +150,14 @@ class DeviceQueueBackend(HostBackend):
 
     DEVICE_TIME = False
     DRAIN_WAIT_S = 1e-3
+    KEEPS_WAITS = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._waiters: dict[Lane, Waiter] = {}
+        # (lane, completion) of enqueue_now's work not handed to the lane's waiter yet, in
+        # enqueue order, while the executor keeps them (None: it does not, see keep_waits)
+        self.kept: list | None = None
 
     def _waiter(self, lane: Lane) -> Waiter:
         w = self._waiters.get(lane)
@@ -189,8 +202,78 @@ class DeviceQueueBackend(HostBackend):
             return None
         c, run = self._enqueuing(lane, w, fn, direct)
         w.run(run, c._host, dependent)
-        self._waiter(lane).queue.put(c)
+        kept = self.kept
+        if kept is not None:
+            kept.append((lane, c))
+        else:
+            self._waiter(lane).queue.put(c)
         return c
+
+    # ---- completions the executor looks at itself ----------------------------------------
+    # A waiter wakes for every item: it takes the completion from its queue, waits for the
+    # device, takes the GIL back and notifies the executor, which wakes (or takes the item
+    # from its inbox) and retires it; a thread hand-off each way, with the GIL, for every
+    # kernel.  A busy executor (the host's work per step is longer than the device's, as in
+    # a stencil of short kernels) would find the device done at its next look anyway: it
+    # keeps what it enqueued itself, asks the device (an event query, the GIL kept), and
+    # hands what is left to the waiters only when it is about to sleep.
+
+    def keep_waits(self) -> list | None:
+        """From now on ``enqueue_now`` keeps its completions in ``kept`` (returned) for the
+        caller (the executor's thread, the only one that calls it), which must take them
+        with ``take_finished`` and pass the rest on with ``pass_kept_on`` before it blocks.
+        None where the backend does not (``KEEPS_WAITS``: an OpenCL completion with copies
+        back to host is done only once its waiter made them)."""
+        if not self.KEEPS_WAITS:
+            return None
+        if self.kept is None:
+            self.kept = []
+        return self.kept
+
+    def take_finished(self) -> list:
+        """The kept completions the device finished (a failed event query counts, as the
+        work's error), in enqueue order per lane; the others stay kept.  A lane's queue
+        runs in order: behind its first unfinished item nothing is asked."""
+        kept = self.kept
+        done = []
+        still = None        # (the items left, once one is done: most looks find none)
+        busy = None
+        device_time = self.DEVICE_TIME
+        for k, item in enumerate(kept):
+            lane, c = item
+            if busy is not None and lane in busy:
+                if still is not None:
+                    still.append(item)
+                continue
+            ev = c._event
+            if ev is not None:      # (after a failed enqueue too: what it did enqueue finishes)
+                try:
+                    finished = ev.done
+                except Exception as exc:  # noqa: BLE001 - a device fault: the work's error
+                    c._device_error = exc
+                    finished = True
+                if not finished:
+                    if still is not None:
+                        still.append(item)
+                    if busy is None:
+                        busy = {lane}
+                    else:
+                        busy.add(lane)
+                    continue
+                _seen_done(c, device_time)
+            if still is None:
+                still = kept[:k]
+            done.append(c)
+        if still is not None:
+            kept[:] = still
+        return done
+
+    def pass_kept_on(self) -> None:
+        """The kept completions go to their lanes' waiters, which notify as usual."""
+        kept = self.kept
+        for lane, c in kept:
+            self._waiter(lane).queue.put(c)
+        kept.clear()
 
     def close(self) -> None:
         super().close()
