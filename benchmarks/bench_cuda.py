@@ -13,7 +13,9 @@ best of ``--reps`` alternating runs after a warm-up (kernel builds, pool allocat
   per-step cost.  Also: the celeritas run with every step compiled before the first one
   runs (the scheduler off the critical path), and on ``cuda:0,0`` (two logical devices
   sharing the GPU: two chunks and a halo copy per step, against the same 1-launch
-  baseline).
+  baseline).  Under the celeritas figure: the CPU per step of its application,
+  scheduler, executor and waiter threads (``benchmarks.threads``) in its fastest run,
+  which at ``--small`` add up to the step.
 * **wave_sim, array kernel**: ``apps.wave_sim`` as users write it (a Python kernel of
   CuPy array operations on its chunk) against the same CuPy array operations in a plain
   loop over the whole grid.
@@ -39,6 +41,7 @@ import numpy as np
 import celeritas as cl
 from apps import wave_sim
 from benchmarks.gate import hold, launch_costs, release
+from benchmarks.threads import cpu_per_step, format_cpu, thread_cpu
 
 WAVE_SOURCE = """
 extern "C" __global__ void wave(CHUNK_PARAMS, ACCESSOR(float, up), ACCESSOR(float, u), float a, float b, float c,
@@ -95,10 +98,12 @@ def submit_wave_step(q: cl.Queue, up: cl.Buffer, u: cl.Buffer, s: int, n: int) -
 
 
 def wave_celeritas(q: cl.Queue, n: int, steps: int, compiled: bool = False,
-                   submit=submit_wave_step) -> tuple[float, np.ndarray]:
+                   submit=submit_wave_step, cpu: dict | None = None) -> tuple[float, np.ndarray]:
     """Seconds for ``steps`` steps and the final field.  ``compiled``: every step compiled
     first behind a gate; the gate is a host task on one element of ``u`` (a host task on the
-    whole grid would time a copy of it to the GPU)."""
+    whole grid would time a copy of it to the GPU).  ``cpu``, where given, gets the CPU µs
+    per step by thread role (``benchmarks.threads``): on a GPU a short step is the Python
+    of the application, scheduler and executor threads under one GIL."""
     init = _initial(n).copy()
     u = cl.Buffer(init, name="u")
     up = cl.Buffer(init, name="up")
@@ -112,6 +117,7 @@ def wave_celeritas(q: cl.Queue, n: int, steps: int, compiled: bool = False,
     if compiled:
         # a host task on one element of ``u``: its copy back to the GPU is the only work the gate adds
         gate = hold(q, steps, lambda cgh: u.access(cgh, cl.fixed(cl.Subrange((0, 0), (1, 1))), cl.read_write))
+    c0 = thread_cpu() if cpu is not None else None
     t0 = time.perf_counter()
     for s in range(steps):
         submit(q, up, u, s, n)
@@ -120,6 +126,9 @@ def wave_celeritas(q: cl.Queue, n: int, steps: int, compiled: bool = False,
         t0 = release(q, gate)
     q.wait()                                  # the last kernel has run: the fence's copy home is not timed
     t = time.perf_counter() - t0
+    if c0 is not None:
+        cpu.clear()
+        cpu.update(cpu_per_step(c0, thread_cpu(), steps))
     return t, q.fence(u).result()
 
 
@@ -243,7 +252,16 @@ def measure_wave(q: cl.Queue, n: int, steps: int, reps: int, *, compiled: bool) 
     hw = HandWritten(n)
     wave_celeritas(q, n, 2)                   # warm-up: kernel builds, pool allocations
     hw.run(2)
-    runs = {"celeritas_s": lambda: wave_celeritas(q, n, steps)}
+    cpu: dict = {}
+    best_cpu: list = [float("inf"), {}]       # (the CPU of the fastest celeritas run)
+
+    def celeritas():
+        t, field = wave_celeritas(q, n, steps, cpu=cpu)
+        if t < best_cpu[0]:
+            best_cpu[:] = [t, dict(cpu)]
+        return t, field
+
+    runs = {"celeritas_s": celeritas}
     if compiled:
         runs["compiled_s"] = lambda: wave_celeritas(q, n, steps, compiled=True)
     runs["cupy_s"] = lambda: hw.run(steps)
@@ -251,7 +269,8 @@ def measure_wave(q: cl.Queue, n: int, steps: int, reps: int, *, compiled: bool) 
     ref = fields["cupy_s"]
     out = {"size": n, "steps": steps, **best, "ratio": best["cupy_s"] / best["celeritas_s"],
            "equal": all(np.array_equal(ref, fields[k]) for k in fields),
-           "close": all(np.allclose(ref, fields[k], rtol=1e-5, atol=1e-6) for k in fields)}
+           "close": all(np.allclose(ref, fields[k], rtol=1e-5, atol=1e-6) for k in fields),
+           "cpu_us_per_step": best_cpu[1]}
     if compiled:
         out["compiled_ratio"] = best["cupy_s"] / best["compiled_s"]
     return out
@@ -375,7 +394,9 @@ def main(argv=None) -> dict:
         t.add_column(col, justify="left" if col == "benchmark" else "right")
     for w, w2 in zip(r["wave"], r["wave_two_devices"]):
         s = w["steps"]
-        t.add_row(f"wave_sim {w['size']}² × {s}, CUDA C kernel, µs/step", f"{w['celeritas_s'] / s * 1e6:.1f}",
+        cpu = w.get("cpu_us_per_step")
+        t.add_row(f"wave_sim {w['size']}² × {s}, CUDA C kernel, µs/step", f"{w['celeritas_s'] / s * 1e6:.1f}"
+                  + (f"\n(CPU {format_cpu(cpu)})" if cpu else ""),
                   f"{w['compiled_s'] / s * 1e6:.1f} ({w['compiled_ratio']:.2f}×)",
                   f"{w2['celeritas_s'] / s * 1e6:.1f} ({w2['ratio']:.2f}×)",
                   f"{w['cupy_s'] / s * 1e6:.1f} (RawKernel)", f"{w['ratio']:.2f}"

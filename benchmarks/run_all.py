@@ -37,6 +37,7 @@ from rich.table import Table
 
 import celeritas as cl
 from benchmarks.bench_cuda import gpu_name
+from benchmarks.threads import format_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -511,7 +512,9 @@ def cupy_rows(quick: bool) -> tuple[list[Row], str | None]:
         s = w["steps"]
         rows.append(Row("gpu", f"wave_sim {w['size']}² × {s}, CUDA C kernel, 1 GPU, µs/step",
                         f"{w['celeritas_s'] / s * 1e6:.1f} µs (compiled ahead: {w['compiled_s'] / s * 1e6:.1f}, "
-                        f"{w['compiled_ratio']:.2f}×; cuda:0,0: {w2['celeritas_s'] / s * 1e6:.1f}, {w2['ratio']:.2f}×)",
+                        f"{w['compiled_ratio']:.2f}×; cuda:0,0: {w2['celeritas_s'] / s * 1e6:.1f}, {w2['ratio']:.2f}×"
+                        + (f"; CPU per step {format_cpu(w['cpu_us_per_step'])}" if w.get("cpu_us_per_step") else "")
+                        + ")",
                         f"{w['cupy_s'] / s * 1e6:.1f} µs (the same kernel as a RawKernel loop)",
                         _ratio(w["cupy_s"], w["celeritas_s"]),
                         "≥ 0.9×" + ("" if w["close"] and w2["close"] else " (RESULTS DIFFER)"), w))

@@ -137,7 +137,9 @@ def test_run_all_gpu_rows_report_every_bench_cuda_figure(monkeypatch):
     its row, ratios are baseline over celeritas, and a transfer whose field differs says so."""
     from benchmarks import run_all
     wave = {"size": 64, "steps": 10, "celeritas_s": 2e-3, "compiled_s": 1e-3, "cupy_s": 1e-3, "ratio": 0.5,
-            "compiled_ratio": 1.0, "close": True}
+            "compiled_ratio": 1.0, "close": True,
+            "cpu_us_per_step": {"application": 51.2, "scheduler": 40.0, "executor": 70.4, "lanes": 0.0,
+                                "waiters": 0.2, "other": 0.0}}
     r = {"gpu": "G", "wave": [wave], "wave_two_devices": [dict(wave, celeritas_s=4e-3, ratio=0.25)],
          "array_wave": [dict(wave, celeritas_s=1e-3)],
          "launch_celeritas_us": 100.0, "launch_compiled_us": 50.0, "launch_bare_us": 10.0,
@@ -149,6 +151,9 @@ def test_run_all_gpu_rows_report_every_bench_cuda_figure(monkeypatch):
     assert failed is None
     by = {row.benchmark: row for row in rows}
     assert [row.ratio for row in rows] == ["0.50×", "1.00×", "0.10×", "0.25×", "1.00×"]   # baseline / ours
+    # where a short step's time goes: the threads' CPU per step (waiters under 0.5 µs left out)
+    assert by["wave_sim 64² × 10, CUDA C kernel, 1 GPU, µs/step"].celeritas.endswith(
+        "; CPU per step app 51 · sched 40 · exec 70)")
     up = by["64² float32 field to the GPU (a new buffer's first kernel), GB/s"]
     assert up.celeritas == "2.5 GB/s" and up.baseline == "10.0 GB/s (cupy.asarray)"
     home = by["64² float32 field fenced home after a kernel, GB/s"]
