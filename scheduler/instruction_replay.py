@@ -159,12 +159,12 @@ class InstructionReplayMixin:
     def group_probe(self, cmds: list, anticipating: bool) -> "GroupProbe | None":
         """The key of ``cmds`` (this rank's commands of one task) as one template, and the
         template where one is kept (``GroupProbe``); None where the group does not qualify:
-        reductions, collectives and bounded memories stay with the per-command path, as does
-        a task any of whose commands was not lowered before.
+        reductions and collectives stay with the per-command path, as does a task any of
+        whose commands was not lowered before.  With bounded memories the key holds their
+        state, as a command's does (a lowering that evicted is not recorded: see
+        ``record_group``).
         ``anticipating``: whether lookahead asks ``anticipate`` about every command (a
         template recorded so skips those questions: see ``record_group``)."""
-        if self._capacity:
-            return None
         task = cmds[0].task
         if task.reductions or task.collective_group is not None:
             return None
@@ -202,6 +202,8 @@ class InstructionReplayMixin:
         hos = self._host_objects
         extras = (epoch is None,
                   tuple([_rel(hos.get(ho), ibase) for ho in task.side_effects]) if task.side_effects else ())
+        if self._capacity:
+            extras = (extras, self._memory_state(ibase))
         key = (gsig, touched, tuple(parts), extras)
         epoch_rel = None if epoch is None else epoch - ibase
         return GroupProbe(key, touched, shapes, epoch_rel, replay.find(key, epoch_rel))
@@ -216,16 +218,19 @@ class InstructionReplayMixin:
 
     def begin_group(self, probe: "GroupProbe", cmds: list) -> tuple:
         """What ``record_group`` needs of the state before the task's commands are lowered."""
-        return _Env(self, cmds[0], probe.touched, probe.shapes), self.replay.bypassed, self._anticipation_misses
+        return (_Env(self, cmds[0], probe.touched, probe.shapes), self.replay.bypassed, self._anticipation_misses,
+                self.memory_stats["evictions"])
 
     def record_group(self, probe: "GroupProbe", mark: tuple, cmds: list, compiled: list) -> None:
         """Keep the template of a task's commands from what compiling them one by one gave
         (``compiled``: their ``compile`` results), unless a lowering was not memoizable
         (``bypassed`` moved), lookahead found a box not allocated (``anticipate`` recorded
-        a need or had one: skipping it would not be the same), or a user allocation's
-        state changed (a per-command template keys on it then)."""
-        env, bypassed, anticipation_misses = mark
-        if self.replay.bypassed != bypassed or self._anticipation_misses != anticipation_misses:
+        a need or had one: skipping it would not be the same), a bounded memory evicted
+        (that depends on buffers the key does not hold), or a user allocation's state
+        changed (a per-command template keys on it then)."""
+        env, bypassed, anticipation_misses, evictions = mark
+        if (self.replay.bypassed != bypassed or self._anticipation_misses != anticipation_misses
+                or self.memory_stats["evictions"] != evictions):
             return
         store = self._shapes
         after = []

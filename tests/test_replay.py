@@ -1078,6 +1078,26 @@ def test_a_tasks_commands_replay_as_one_template_with_the_same_graphs(ranks, dev
         assert sum(igg._replayed_kinds.values()) == st_["hits"], (r, st_)
 
 
+@pytest.mark.parametrize("capacity", [3 * 48 * 48 * 4 // 4, 8 * 48 * 48 * 4])
+@pytest.mark.parametrize("ranks,devices", [(2, 1), (3, 2)])
+def test_task_groups_replay_under_bounded_device_memory_with_the_same_graphs(capacity, ranks, devices):
+    """With bounded device memories a group's key holds their state, as a command's does,
+    and a group whose lowering evicted is not recorded: every graph is the one of replay
+    off, whether the memory holds the whole field (groups replay) or a part of it
+    (evictions: some groups stay unrecorded)."""
+    prog = lambda ctx: _halo_loop(ctx, steps=30)  # noqa: E731
+    off = _compile(prog, ranks, devices, "auto", None, True, False, capacity=capacity)
+    on = _compile(prog, ranks, devices, "auto", None, True, True, capacity=capacity)
+    assert _canonical(on) == _canonical(off)
+    grouped = [igg.replay.stats()["grouped"] for igg in on.iggs.values()]
+    evictions = sum(igg.memory_stats["evictions"] for igg in on.iggs.values())
+    if evictions == 0:
+        assert min(grouped) >= 10, grouped
+    # (2 ranks of one device each hold half the field and its halo rows: 3/4 of a field's
+    # bytes cannot hold both buffers' halves, so those steps evict)
+    assert (evictions > 0) == (ranks == 2 and capacity < 48 * 48 * 4), evictions
+
+
 def test_task_groups_after_a_stretch_that_lookahead_held():
     """A group template skips lookahead's questions, so it is used only while lookahead
     does not hold commands and recorded only where every command's boxes were allocated
