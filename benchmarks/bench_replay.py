@@ -12,8 +12,11 @@ alternated, and the best of ``--repeat`` runs is kept.
 * ``first``: the same, but every step uses buffers never seen before, so replay never
   hits: the cost of recording templates against lowering without replay.
 * ``--memory``: process RSS after 10 000 and after ``--memory-tasks`` tasks (replay on).
+* ``--device-memory LIMIT``: every device memory bounded (``CELERITAS_DEVICE_MEMORY_LIMIT``,
+  what a CUDA device has by default): the memories' state enters replay's keys.
 
     python -m benchmarks.bench_replay [--steps 400] [--repeat 3] [--configs 1x1,2x1,2x4,128x4] [--memory]
+                                      [--device-memory 1G]
 """
 from __future__ import annotations
 
@@ -81,11 +84,13 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def run(mode: str, ranks: int, devices: int, replay: bool, *, n: int, steps: int, warm: int = 40) -> dict:
-    return run_child(_CHILD, [mode, n, steps, warm],
-                     {"CELERITAS_DRY_RUN_NODES": str(ranks), "CELERITAS_DEVICES": f"host:{devices}",
-                      "CELERITAS_REPLAY": "on" if replay else "off"},
-                     f"{mode} {ranks}x{devices} replay={replay}")
+def run(mode: str, ranks: int, devices: int, replay: bool, *, n: int, steps: int, warm: int = 40,
+        device_memory: str | None = None) -> dict:
+    env = {"CELERITAS_DRY_RUN_NODES": str(ranks), "CELERITAS_DEVICES": f"host:{devices}",
+           "CELERITAS_REPLAY": "on" if replay else "off"}
+    if device_memory is not None:
+        env["CELERITAS_DEVICE_MEMORY_LIMIT"] = device_memory
+    return run_child(_CHILD, [mode, n, steps, warm], env, f"{mode} {ranks}x{devices} replay={replay}")
 
 
 def main(argv=None) -> None:
@@ -97,6 +102,7 @@ def main(argv=None) -> None:
     ap.add_argument("--memory", action="store_true", help="also the RSS of a long run")
     ap.add_argument("--memory-tasks", type=int, default=1_000_000)
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
+    ap.add_argument("--device-memory", default=None, help="bound every device memory (CELERITAS_DEVICE_MEMORY_LIMIT)")
     args = ap.parse_args(argv)
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     rows = []
@@ -107,7 +113,8 @@ def main(argv=None) -> None:
                 for replay in (True, False):   # alternated within each repetition
                     steps = args.steps if mode == "steady" else max(12, args.steps // 8)
                     # (fresh buffers every step: a smaller grid keeps their host copies cheap)
-                    r = run(mode, ranks, devices, replay, n=args.size if mode == "steady" else 1024, steps=steps)
+                    r = run(mode, ranks, devices, replay, n=args.size if mode == "steady" else 1024, steps=steps,
+                            device_memory=args.device_memory)
                     k = (mode, replay)
                     if k not in best or r["us_per_task"] < best[k]["us_per_task"]:
                         best[k] = r
@@ -125,15 +132,17 @@ def main(argv=None) -> None:
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title="replay through the public API (dry run, process CPU µs per task)")
+    bounded = f", device memories bounded at {args.device_memory}" if args.device_memory else ""
+    t = Table(title=f"replay through the public API (dry run, process CPU µs per task{bounded})")
     for col in ("ranks × devices", "replay on", "replay off", "on / off", "first step on", "first step off",
-                "first on / off", "hits / misses (instruction graph)"):
+                "first on / off", "hits / misses (of them a task's commands together), instruction graph"):
         t.add_column(col, justify="right")
     for r in rows:
         ig = r["replay"].get("instruction", {})
         t.add_row(r["config"], f"{r['steady_on']:.1f}", f"{r['steady_off']:.1f}",
                   f"{r['steady_on'] / r['steady_off']:.2f}", f"{r['first_on']:.1f}", f"{r['first_off']:.1f}",
-                  f"{r['first_on'] / r['first_off']:.2f}", f"{ig.get('hits', 0)} / {ig.get('misses', 0)}")
+                  f"{r['first_on'] / r['first_off']:.2f}",
+                  f"{ig.get('hits', 0)} / {ig.get('misses', 0)} ({ig.get('grouped', 0)})")
     Console().print(t)
     if memory is not None:
         marks = sorted((int(k), v) for k, v in memory.items())
