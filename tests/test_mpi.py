@@ -130,14 +130,16 @@ def test_every_app_verifies_through_its_cli_under_mpiexec(app, ranks, tmp_path):
 @pytest.mark.parametrize("ranks,devices,first,count,window,replayed,limit",
                          [(2, "host:2", 0, 80, None, False, None), (4, "host:1", 1000, 80, None, False, None),
                           (3, "host:2", 2000, 60, 1, False, None), (2, "host:2", 3000, 30, None, True, None),
-                          (2, "host:2", 4000, 30, None, True, "48K")])
+                          (2, "host:2", 4000, 30, None, True, "48K"), (2, "cuda:0,0", 5000, 30, None, True, None)])
 def test_random_programs_match_numpy(ranks, devices, first, count, window, replayed, limit):
     """Random programs on several ranks equal numpy; one batch with a pilot window of 1
     (``MpiCommunicator.send_pilot``), so most pilots wait and most payloads go out of turn;
     one with loops four times longer and replay builders compiled at a template's first
-    replay, so that steps replay through compiled builders; and the same with bounded
-    device memories (evictions, and a task's commands replayed together under a key that
-    holds the memories' state)."""
+    replay, so that steps replay through compiled builders; the same with bounded device
+    memories (evictions, and a task's commands replayed together under a key that holds
+    the memories' state); and the same on the CUDA backend over the CuPy stand-in (its
+    memory is bounded; the executor keeps the completions it enqueues, items of 300 µs
+    outlast the host's work so that the waiters notify the rest)."""
     env = {"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"}
     if window is not None:
         env["FUZZ_PILOT_WINDOW"] = str(window)
@@ -145,11 +147,15 @@ def test_random_programs_match_numpy(ranks, devices, first, count, window, repla
         env.update(FUZZ_REPEAT="4", FUZZ_COMPILE_AFTER="1")
     if limit is not None:
         env["CELERITAS_DEVICE_MEMORY_LIMIT"] = limit
+    cuda = devices.startswith("cuda")
+    if cuda:
+        env["FUZZ_CUDA_STAND_IN"] = "300"
     r = mpirun(ranks, "fuzz_programs.py", str(first), str(count), devices=devices, env=env)
     assert r.returncode == 0, _explain(r)
     for k in range(ranks):
         assert f"rank {k}: {count}/{count} programs match numpy" in r.stdout, _explain(r)
-    if limit is not None:
+        assert f"on {'cuda' if cuda else 'host'}" in r.stdout, _explain(r)
+    if limit is not None or cuda:
         together = [int(m) for m in re.findall(r"(\d+) of a task's commands together", r.stdout)]
         assert len(together) == ranks and min(together) > 0, _explain(r)
 

@@ -7,10 +7,14 @@ GROUPS: ``all`` (default), ``none``, or a comma-separated list of differential.G
 out of turn in nearly every transfer.  ``FUZZ_COMPILE_AFTER=K`` compiles a replay template's
 builder at its K-th replay (``scheduler.replay.COMPILE_AFTER``, instruction and command templates; 1: at once), and
 ``FUZZ_REPEAT=N`` makes the programs' loops N times longer (``generate``'s ``repeat``), so that
-steps replay and the compiled builders run.
+steps replay and the compiled builders run.  ``FUZZ_CUDA_STAND_IN=US`` runs the batch on the
+CUDA backend over the CuPy stand-in (``fake_cupy.stand_in``, items of US µs; with
+``CELERITAS_DEVICES=cuda`` or ``cuda:0,0``): the CUDA control flow (kept completions,
+waiters, staged transfers, a bounded device memory) under a real MPI.
 Prints every failing seed with its tag and features; exit status 1 on a rank where
 some program differed (after every rank finished the batch).
 """
+import contextlib
 import os
 import sys
 
@@ -29,17 +33,23 @@ def main(first: int, count: int, groups: str) -> int:
     if os.environ.get("FUZZ_COMPILE_AFTER"):
         import scheduler.replay as replay
         replay.COMPILE_AFTER = int(os.environ["FUZZ_COMPILE_AFTER"])
-    q = cl.Queue()
-    rank = q.rank
-    failures = run_batch(q, range(first, first + count), rank=rank, groups=sel,
-                         repeat=int(os.environ.get("FUZZ_REPEAT", "1")))
-    igg_replay = q.runtime.scheduler.igg.replay     # (what replay reached on this rank)
-    q.shutdown()
+    stand_in = contextlib.nullcontext()
+    if os.environ.get("FUZZ_CUDA_STAND_IN"):
+        import fake_cupy
+        stand_in = fake_cupy.stand_in(int(os.environ["FUZZ_CUDA_STAND_IN"]))
+    with stand_in:
+        q = cl.Queue()
+        rank = q.rank
+        failures = run_batch(q, range(first, first + count), rank=rank, groups=sel,
+                             repeat=int(os.environ.get("FUZZ_REPEAT", "1")))
+        igg_replay = q.runtime.scheduler.igg.replay     # (what replay reached on this rank)
+        backend = q.runtime.backend_name
+        q.shutdown()
     for f in failures:
         print(f"rank {rank}: FAIL {f}", flush=True)
     reached = "" if igg_replay is None else (f" (instruction replay: {igg_replay.hits} replays, "
                                              f"{igg_replay.grouped} of a task's commands together)")
-    print(f"rank {rank}: {count - len(failures)}/{count} programs match numpy{reached}", flush=True)
+    print(f"rank {rank}: {count - len(failures)}/{count} programs match numpy{reached} on {backend}", flush=True)
     return 1 if failures else 0
 
 
