@@ -161,8 +161,8 @@ class InstructionReplayMixin:
         template where one is kept (``GroupProbe``); None where the group does not qualify:
         reductions and collectives stay with the per-command path, as does a task any of
         whose commands was not lowered before.  With bounded memories the key holds their
-        state, as a command's does (a lowering that evicted is not recorded: see
-        ``record_group``).
+        state, as a command's does (a lowering that evicted is not recorded, as a command's
+        is not: see ``record_group``).
         ``anticipating``: whether lookahead asks ``anticipate`` about every command (a
         template recorded so skips those questions: see ``record_group``)."""
         task = cmds[0].task
@@ -218,19 +218,18 @@ class InstructionReplayMixin:
 
     def begin_group(self, probe: "GroupProbe", cmds: list) -> tuple:
         """What ``record_group`` needs of the state before the task's commands are lowered."""
-        return (_Env(self, cmds[0], probe.touched, probe.shapes), self.replay.bypassed, self._anticipation_misses,
-                self.memory_stats["evictions"])
+        return _Env(self, cmds[0], probe.touched, probe.shapes), self.replay.bypassed, self._anticipation_misses
 
     def record_group(self, probe: "GroupProbe", mark: tuple, cmds: list, compiled: list) -> None:
         """Keep the template of a task's commands from what compiling them one by one gave
         (``compiled``: their ``compile`` results), unless a lowering was not memoizable
         (``bypassed`` moved), lookahead found a box not allocated (``anticipate`` recorded
-        a need or had one: skipping it would not be the same), a bounded memory evicted
-        (that depends on buffers the key does not hold), or a user allocation's state
-        changed (a per-command template keys on it then)."""
-        env, bypassed, anticipation_misses, evictions = mark
-        if (self.replay.bypassed != bypassed or self._anticipation_misses != anticipation_misses
-                or self.memory_stats["evictions"] != evictions):
+        a need or had one: skipping it would not be the same), or a user allocation's
+        state changed (a per-command template keys on it then).  (A lowering that evicted
+        moved ``bypassed``: an eviction depends on buffers no key holds, see
+        ``_compile_replayed``.)"""
+        env, bypassed, anticipation_misses = mark
+        if self.replay.bypassed != bypassed or self._anticipation_misses != anticipation_misses:
             return
         store = self._shapes
         after = []

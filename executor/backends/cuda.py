@@ -208,12 +208,13 @@ def cuda_device_count() -> int:
 class CudaBackend(DeviceQueueBackend):
     """Logical device d = CUDA device ``device_ids[d]`` (several may share one GPU)."""
 
-    KEEPS_WAITS = True     # (see DeviceQueueBackend.keep_waits)
-
     def keep_waits(self) -> list | None:
-        """Only with the driver: its event query keeps the GIL, where CuPy's gives it away
-        (a query would then cost a GIL hand-off, what keeping the waits saves)."""
-        return None if self._driver is None else super().keep_waits()
+        """``DeviceQueueBackend.keep_waits``, with the driver only: its event query keeps the
+        GIL, where CuPy's gives it away (a query would then cost a GIL hand-off, what
+        keeping the waits saves)."""
+        if self._driver is not None:
+            self.kept = []
+        return self.kept
 
     def __init__(self, device_ids: list[int], *, rank: int | None = None):
         if cupy is None:

@@ -143,6 +143,20 @@ def _seen_done(c: QueueCompletion, device_time: bool) -> None:
         c._device_ns = max(now - end, 0)
 
 
+def _finished(c: QueueCompletion, device_time: bool) -> bool:
+    """Whether the device finished ``c`` (asked without waiting; a failed query is the work's
+    error, and it counts as finished), noted as the waiter notes it."""
+    ev = c._event
+    if ev is not None:      # (after a failed enqueue too: what it did enqueue finishes)
+        try:
+            if not ev.done:
+                return False
+        except Exception as exc:  # noqa: BLE001 - a device fault: the work's error
+            c._device_error = exc
+        _seen_done(c, device_time)
+    return True
+
+
 class DeviceQueueBackend(HostBackend):
     """A ``HostBackend`` whose device lanes are device queues: the waiters of those lanes
     and the rule for enqueueing on the caller's thread.  ``DEVICE_TIME``: whether
@@ -150,7 +164,6 @@ class DeviceQueueBackend(HostBackend):
 
     DEVICE_TIME = False
     DRAIN_WAIT_S = 1e-3
-    KEEPS_WAITS = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -222,50 +235,27 @@ class DeviceQueueBackend(HostBackend):
         """From now on ``enqueue_now`` keeps its completions in ``kept`` (returned) for the
         caller (the executor's thread, the only one that calls it), which must take them
         with ``take_finished`` and pass the rest on with ``pass_kept_on`` before it blocks.
-        None where the backend does not (``KEEPS_WAITS``: an OpenCL completion with copies
-        back to host is done only once its waiter made them)."""
-        if not self.KEEPS_WAITS:
-            return None
-        if self.kept is None:
-            self.kept = []
-        return self.kept
+        None here: an OpenCL completion with copies back to host is done only once its
+        waiter made them (``CudaBackend`` keeps them where its driver is bound)."""
+        return None
 
     def take_finished(self) -> list:
         """The kept completions the device finished (a failed event query counts, as the
         work's error), in enqueue order per lane; the others stay kept.  A lane's queue
         runs in order: behind its first unfinished item nothing is asked."""
-        kept = self.kept
         done = []
-        still = None        # (the items left, once one is done: most looks find none)
-        busy = None
+        still = []
+        busy = set()
         device_time = self.DEVICE_TIME
-        for k, item in enumerate(kept):
+        for item in self.kept:
             lane, c = item
-            if busy is not None and lane in busy:
-                if still is not None:
-                    still.append(item)
-                continue
-            ev = c._event
-            if ev is not None:      # (after a failed enqueue too: what it did enqueue finishes)
-                try:
-                    finished = ev.done
-                except Exception as exc:  # noqa: BLE001 - a device fault: the work's error
-                    c._device_error = exc
-                    finished = True
-                if not finished:
-                    if still is not None:
-                        still.append(item)
-                    if busy is None:
-                        busy = {lane}
-                    else:
-                        busy.add(lane)
-                    continue
-                _seen_done(c, device_time)
-            if still is None:
-                still = kept[:k]
-            done.append(c)
-        if still is not None:
-            kept[:] = still
+            if lane in busy or not _finished(c, device_time):
+                busy.add(lane)
+                still.append(item)
+            else:
+                done.append(c)
+        if done:
+            self.kept[:] = still
         return done
 
     def pass_kept_on(self) -> None:
