@@ -14,9 +14,11 @@ alternated, and the best of ``--repeat`` runs is kept.
 * ``--memory``: process RSS after 10 000 and after ``--memory-tasks`` tasks (replay on).
 * ``--device-memory LIMIT``: every device memory bounded (``CELERITAS_DEVICE_MEMORY_LIMIT``,
   what a CUDA device has by default): the memories' state enters replay's keys.
+* ``--residual``: every step also reduces into a residual buffer (``cl.maximum``, as
+  jacobi3d's convergence check): the task's own reduction in every template.
 
     python -m benchmarks.bench_replay [--steps 400] [--repeat 3] [--configs 1x1,2x1,2x4,128x4] [--memory]
-                                      [--device-memory 1G]
+                                      [--device-memory 1G] [--residual]
 """
 from __future__ import annotations
 
@@ -32,7 +34,19 @@ import celeritas as cl
 from apps.wave_sim import submit_step
 
 mode, n, steps, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+residual = sys.argv[5] == "1"
 q = cl.Queue()
+if residual:
+    # every step also reduces into a residual buffer, as jacobi3d's check does
+    res = cl.Buffer(np.zeros((1,), np.float32), name="residual")
+
+    def submit_step(q, up, u, a, b, c, n):
+        def cgf(cgh):
+            up.access(cgh, cl.one_to_one(), cl.read_write)
+            u.access(cgh, cl.neighborhood(1, 1, shape="along_axes"), cl.read)
+            red = cl.reduction(res, cgh, cl.maximum, initialize_to_identity=True)
+            cgh.parallel_for((n, n), lambda chunk, r: None, name="step", reductions=[red])
+        q.submit(cgf)
 
 def rss_mb():
     with open("/proc/self/statm") as f:
@@ -85,12 +99,12 @@ print("RESULT " + json.dumps(out))
 
 
 def run(mode: str, ranks: int, devices: int, replay: bool, *, n: int, steps: int, warm: int = 40,
-        device_memory: str | None = None) -> dict:
+        device_memory: str | None = None, residual: bool = False) -> dict:
     env = {"CELERITAS_DRY_RUN_NODES": str(ranks), "CELERITAS_DEVICES": f"host:{devices}",
            "CELERITAS_REPLAY": "on" if replay else "off"}
     if device_memory is not None:
         env["CELERITAS_DEVICE_MEMORY_LIMIT"] = device_memory
-    return run_child(_CHILD, [mode, n, steps, warm], env, f"{mode} {ranks}x{devices} replay={replay}")
+    return run_child(_CHILD, [mode, n, steps, warm, int(residual)], env, f"{mode} {ranks}x{devices} replay={replay}")
 
 
 def main(argv=None) -> None:
@@ -103,6 +117,8 @@ def main(argv=None) -> None:
     ap.add_argument("--memory-tasks", type=int, default=1_000_000)
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     ap.add_argument("--device-memory", default=None, help="bound every device memory (CELERITAS_DEVICE_MEMORY_LIMIT)")
+    ap.add_argument("--residual", action="store_true",
+                    help="every step also reduces into a residual buffer (jacobi3d's convergence check)")
     args = ap.parse_args(argv)
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     rows = []
@@ -114,7 +130,7 @@ def main(argv=None) -> None:
                     steps = args.steps if mode == "steady" else max(12, args.steps // 8)
                     # (fresh buffers every step: a smaller grid keeps their host copies cheap)
                     r = run(mode, ranks, devices, replay, n=args.size if mode == "steady" else 1024, steps=steps,
-                            device_memory=args.device_memory)
+                            device_memory=args.device_memory, residual=args.residual)
                     k = (mode, replay)
                     if k not in best or r["us_per_task"] < best[k]["us_per_task"]:
                         best[k] = r
@@ -133,6 +149,8 @@ def main(argv=None) -> None:
     from rich.console import Console
     from rich.table import Table
     bounded = f", device memories bounded at {args.device_memory}" if args.device_memory else ""
+    if args.residual:
+        bounded += ", every step reducing into a residual"
     t = Table(title=f"replay through the public API (dry run, process CPU µs per task{bounded})")
     for col in ("ranks × devices", "replay on", "replay off", "on / off", "first step on", "first step off",
                 "first on / off", "hits / misses (of them a task's commands together), instruction graph"):

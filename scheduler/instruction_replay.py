@@ -159,14 +159,19 @@ class InstructionReplayMixin:
     def group_probe(self, cmds: list, anticipating: bool) -> "GroupProbe | None":
         """The key of ``cmds`` (this rank's commands of one task) as one template, and the
         template where one is kept (``GroupProbe``); None where the group does not qualify:
-        reductions and collectives stay with the per-command path, as does a task any of
-        whose commands was not lowered before.  With bounded memories the key holds their
-        state, as a command's does (a lowering that evicted is not recorded, as a command's
-        is not: see ``record_group``).
+        collectives stay with the per-command path, as does a task any of whose commands
+        was not lowered before.  A task's own reductions qualify (a residual reduced every
+        step): a template refers to them as the task's, which every command of the group
+        shares.  The commands that gather an earlier task's pending reduction for a reader
+        (a reduction command, pushes and await-pushes of partial results) do not: their
+        template refers to a command's own reduction or transfer, which one instantiation
+        of a group cannot tell apart.  With bounded memories the key holds their state, as
+        a command's does (a lowering that evicted is not recorded, as a command's is not:
+        see ``record_group``).
         ``anticipating``: whether lookahead asks ``anticipate`` about every command (a
         template recorded so skips those questions: see ``record_group``)."""
         task = cmds[0].task
-        if task.reductions or task.collective_group is not None:
+        if task.collective_group is not None:
             return None
         replay = self.replay
         known = replay.known
@@ -214,6 +219,8 @@ class InstructionReplayMixin:
         replay = self.replay
         replay.hits += 1
         replay.grouped += 1
+        if cmd.task.reductions:
+            replay.grouped_reductions += 1
         return self._instantiate(cmd, probe.touched, probe.shapes, probe.template)
 
     def begin_group(self, probe: "GroupProbe", cmds: list) -> tuple:

@@ -66,7 +66,8 @@ _EPOCH_KEYED = ("epoch-keyed",)   # stored under a key whose templates are kept 
 class Replay:
     """One generator's memo of lowerings, with its hit counts."""
 
-    __slots__ = ("templates", "hits", "misses", "bypassed", "first", "grouped", "_shapes", "_next_shape", "_seen")
+    __slots__ = ("templates", "hits", "misses", "bypassed", "first", "grouped", "grouped_reductions", "_shapes",
+                 "_next_shape", "_seen")
 
     def __init__(self, limit: int = DEFAULT_TEMPLATES):
         self.templates = BoundedCache(limit)
@@ -75,6 +76,7 @@ class Replay:
         self.bypassed = 0      # lowerings that cannot be replayed (user mappers, diagnostics, ...)
         self.first = 0         # first sightings of a signature: lowered without keying or recording
         self.grouped = 0       # hits of a template of a task's commands together (counted in hits too)
+        self.grouped_reductions = 0   # those of tasks with reductions of their own (counted in grouped too)
         self._shapes = BoundedCache(4 * limit)
         self._next_shape = 0
         self._seen = BoundedCache(4 * limit)
@@ -143,7 +145,8 @@ class Replay:
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,
-                "grouped": self.grouped, "templates": len(self.templates)}
+                "grouped": self.grouped, "grouped_reductions": self.grouped_reductions,
+                "templates": len(self.templates)}
 
 
 def bind_value(ns: dict, v) -> str:

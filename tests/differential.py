@@ -211,6 +211,7 @@ RELEASE_DRAWS = True        # main: buffers and host objects released by droppin
 FANCY_DRAWS = True          # main: some kernels and host tasks index with integer arrays / lists (``_draw_fancy``)
 REPLACE_DRAWS = True        # main: extra host objects replaced by the host tasks that record there (``_draw_replacements``)
 STEP_LOOP_DRAWS = True      # main: a step of 1-3 kernels over new buffers repeated 10-30 times (``_draw_step_loop``)
+RESIDUAL_DRAWS = True       # main: the step loop's stencil steps also reduce into a new target (``_draw_step_residual``)
 STEP_LOOP_SHARE = 0.25      # of main programs
 RELEASE_FORMS = ("drop", "thread")   # the last reference dropped on the application thread / another thread
 SPLIT_CACHE_ENTRIES = 256   # scheduler/command_graph.py: BoundedCache(256) of _regions_cache and _mine_cache,
@@ -1045,7 +1046,7 @@ def generate(rng: random.Random, kind: str | None = None, groups=GROUPS, repeat:
                          ("REGION_FENCE_DRAWS", _draw_region_fences), ("BYTE_ORDER_DRAWS", _draw_byte_order),
                          ("DISJOINT_READ_DRAWS", _draw_disjoint_reads), ("RELEASE_DRAWS", _draw_releases),
                          ("FANCY_DRAWS", _draw_fancy), ("REPLACE_DRAWS", _draw_replacements),
-                         ("STEP_LOOP_DRAWS", _draw_step_loop)):
+                         ("STEP_LOOP_DRAWS", _draw_step_loop), ("RESIDUAL_DRAWS", _draw_step_residual)):
         if kind == "main" and globals()[switch]:
             draw(g, p)
     if kind == "misuse":
@@ -1490,6 +1491,47 @@ def _draw_step_loop(g: _Gen, p: Program) -> None:
         p.features.add("loop:step:host")
     if split2d:
         p.features.add("split_2d:stencil")
+
+
+STEP_RESIDUAL_SHARE = 0.5    # of the programs with a step loop (``_draw_step_residual``)
+
+
+def _draw_step_residual(g: _Gen, p: Program) -> None:
+    """Half of the step loops (drawn after every other draw, so that every seed keeps what it
+    drew before): every stencil step also reduces into a new int64 target, as jacobi3d's
+    convergence check reduces its residual (``loop:step:residual``), and in a third of them
+    a master-node host task reads it after every third step (``loop:step:residual:read``:
+    the partial results gathered there each time).  On several ranks a rank's commands of
+    such a step (its execution with the task's reduction, pushes and await-pushes) replay
+    as one template (``reached:replay:grouped:reduction``)."""
+    rng = g.rng
+    steps = [t for t in p.tasks if t.name == "step_stencil"]
+    if not steps or rng.random() >= STEP_RESIDUAL_SHARE:
+        return
+    op = rng.choice(("plus", "maximum"))
+    read_every = rng.choice((0, 0, 3))
+    k = len(p.targets)
+    p.targets.append(TargetSpec("int64", (1,), None))
+    old = list(p.tasks)
+    out = []
+    n = 0
+    for t in old:
+        out.append(t)
+        if t.name == "step_stencil":
+            t.reds = [RedSpec(k, op, "int64", True)]
+            n += 1
+            if read_every and n % read_every == 0:
+                out.append(Task("master", reads=[Read("target", k, "all")]))
+    p.tasks[:] = out
+    if lifecycle(p)[0] is not None:     # (not expected: the target is new, each step defines it)
+        for t in steps:
+            t.reds = []
+        p.tasks[:] = old
+        p.targets.pop()
+        return
+    p.features.update(("loop:step:residual", f"red:{op}", "red:target:int64"))
+    if read_every:
+        p.features.add("loop:step:residual:read")
 
 
 def _draw_source(g: _Gen, p: Program) -> None:

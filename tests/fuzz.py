@@ -177,6 +177,8 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
     dims += expected_outcome(p, cfg)
     if any(r.grouped for r in _REPLAYS):
         dims.append("reached:replay:grouped")    # (a task's commands replayed as one template)
+    if any(r.grouped_reductions for r in _REPLAYS):
+        dims.append("reached:replay:grouped:reduction")    # (the same, of a task with reductions of its own)
     _REPLAYS.clear()
     if dry:
         dims.append("config:dry_run")
@@ -547,6 +549,9 @@ def summarize(results: list[Result], out=print) -> None:
     newer = [(f, n) for f, n in sorted(present.items()) if f.split(":")[0] in NEWER_FAMILIES]
     if newer:
         out("index, geometry, split and batching features: " + ", ".join(f"{f} {n}" for f, n in newer))
+    reached = [(f[8:], n) for f, n in sorted(present.items()) if f.startswith("reached:")]
+    if reached:
+        out("reached: " + ", ".join(f"{f} {n}" for f, n in reached))
     expected = [(f[7:], n) for f, n in sorted(present.items()) if f.startswith("expect:")]
     if expected:
         out("expected outcomes: " + ", ".join(f"{f} {n}" for f, n in expected))

@@ -1123,3 +1123,40 @@ def test_task_groups_after_a_stretch_that_lookahead_held():
 def _sub(lo: int, hi: int, n: int):
     from scheduler.geometry import Subrange
     return Subrange((lo, 0), (hi - lo, n))
+
+
+def _halo_loop_with_residual(ctx, steps: int = 72, read_every: int = 0, n: int = 48):
+    """``_halo_loop`` whose every step also reduces into a residual buffer (jacobi3d's
+    pattern), and every ``read_every``-th step (0: never) a host task on the master node
+    reads the residual (its partial results pushed, awaited and reduced there)."""
+    up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n))
+    res = ctx.buffer((1,), host_init=True)
+    ctx.task((n, n), [(u, rm.one_to_one(), DW)])
+    for i in range(steps):
+        red = ctx.reduction(res, op=np.maximum, identity=-np.inf, include_current=i % 3 == 0)
+        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1, shape="along_axes"), R)],
+                 reductions=[red])
+        if read_every and i % read_every == read_every - 1:
+            ctx.task((1,), [(res, rm.all(), R)], kind=tg.MASTER_NODE)
+        up, u = u, up
+    ctx.fence(u)
+    ctx.fence(res)
+
+
+@pytest.mark.parametrize("ranks,devices,lookahead,read_every", [
+    (2, 1, "auto", 0), (2, 2, "none", 5), (3, 1, "auto", 2), (4, 2, "auto", 0)])
+def test_a_tasks_commands_with_a_reduction_replay_as_one_template_with_the_same_graphs(
+        ranks, devices, lookahead, read_every):
+    """A step that also reduces into a buffer (a residual) gives each rank an execution
+    with the task's reduction, pushes and await-pushes: those replay as one template too,
+    the reduction referred to as the task's.  The commands that gather a pending reduction
+    for a reader (pushes of partial results, their await and the reduction command) stay
+    with the per-command path.  Every graph is the one of replay off."""
+    prog = lambda ctx: _halo_loop_with_residual(ctx, read_every=read_every)  # noqa: E731
+    off = _compile(prog, ranks, devices, lookahead, None, True, False)
+    on = _compile(prog, ranks, devices, lookahead, None, True, True)
+    assert _canonical(on) == _canonical(off)
+    for r, igg in on.iggs.items():
+        st_ = igg.replay.stats()
+        assert st_["grouped"] >= 30 and st_["grouped_reductions"] >= 30, (r, st_)
+        assert sum(igg._replayed_kinds.values()) == st_["hits"], (r, st_)
