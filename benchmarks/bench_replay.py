@@ -14,11 +14,13 @@ alternated, and the best of ``--repeat`` runs is kept.
 * ``--memory``: process RSS after 10 000 and after ``--memory-tasks`` tasks (replay on).
 * ``--device-memory LIMIT``: every device memory bounded (``CELERITAS_DEVICE_MEMORY_LIMIT``,
   what a CUDA device has by default): the memories' state enters replay's keys.
-* ``--residual``: every step also reduces into a residual buffer (``cl.maximum``, as
-  jacobi3d's convergence check): the task's own reduction in every template.
+* ``--residual [read]``: every step also reduces into a residual buffer (``cl.maximum``, as
+  jacobi3d's convergence check): the task's own reduction in every template; ``read``:
+  and a host task on the master node reads it after every step (the partial results
+  gathered there: pushes, await-pushes and a reduction command).  A "task" is then a step.
 
     python -m benchmarks.bench_replay [--steps 400] [--repeat 3] [--configs 1x1,2x1,2x4,128x4] [--memory]
-                                      [--device-memory 1G] [--residual]
+                                      [--device-memory 1G] [--residual [read]]
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import celeritas as cl
 from apps.wave_sim import submit_step
 
 mode, n, steps, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-residual = sys.argv[5] == "1"
+residual = "" if sys.argv[5] == "none" else sys.argv[5]     # "", "step" or "read"
 q = cl.Queue()
 if residual:
     # every step also reduces into a residual buffer, as jacobi3d's check does
@@ -47,6 +49,11 @@ if residual:
             red = cl.reduction(res, cgh, cl.maximum, initialize_to_identity=True)
             cgh.parallel_for((n, n), lambda chunk, r: None, name="step", reductions=[red])
         q.submit(cgf)
+        if residual == "read":      # (a host task on the master node reads it: partial results gathered)
+            def read(cgh):
+                res.access(cgh, cl.all(), cl.read)
+                cgh.host_task(lambda: None, on=cl.on_master_node)
+            q.submit(read)
 
 def rss_mb():
     with open("/proc/self/statm") as f:
@@ -99,12 +106,12 @@ print("RESULT " + json.dumps(out))
 
 
 def run(mode: str, ranks: int, devices: int, replay: bool, *, n: int, steps: int, warm: int = 40,
-        device_memory: str | None = None, residual: bool = False) -> dict:
+        device_memory: str | None = None, residual: str = "") -> dict:
     env = {"CELERITAS_DRY_RUN_NODES": str(ranks), "CELERITAS_DEVICES": f"host:{devices}",
            "CELERITAS_REPLAY": "on" if replay else "off"}
     if device_memory is not None:
         env["CELERITAS_DEVICE_MEMORY_LIMIT"] = device_memory
-    return run_child(_CHILD, [mode, n, steps, warm, int(residual)], env, f"{mode} {ranks}x{devices} replay={replay}")
+    return run_child(_CHILD, [mode, n, steps, warm, residual or "none"], env, f"{mode} {ranks}x{devices} replay={replay}")
 
 
 def main(argv=None) -> None:
@@ -117,8 +124,9 @@ def main(argv=None) -> None:
     ap.add_argument("--memory-tasks", type=int, default=1_000_000)
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     ap.add_argument("--device-memory", default=None, help="bound every device memory (CELERITAS_DEVICE_MEMORY_LIMIT)")
-    ap.add_argument("--residual", action="store_true",
-                    help="every step also reduces into a residual buffer (jacobi3d's convergence check)")
+    ap.add_argument("--residual", nargs="?", const="step", default="", choices=("step", "read"),
+                    help="every step also reduces into a residual buffer (jacobi3d's convergence check); "
+                         "'read': and a host task on the master node reads it after every step")
     args = ap.parse_args(argv)
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     rows = []
@@ -150,7 +158,8 @@ def main(argv=None) -> None:
     from rich.table import Table
     bounded = f", device memories bounded at {args.device_memory}" if args.device_memory else ""
     if args.residual:
-        bounded += ", every step reducing into a residual"
+        bounded += ", every step reducing into a residual" + (" that the master node reads" if args.residual == "read"
+                                                              else "")
     t = Table(title=f"replay through the public API (dry run, process CPU µs per task{bounded})")
     for col in ("ranks × devices", "replay on", "replay off", "on / off", "first step on", "first step off",
                 "first on / off", "hits / misses (of them a task's commands together), instruction graph"):

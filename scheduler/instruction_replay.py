@@ -60,6 +60,24 @@ class GroupProbe(NamedTuple):
     shapes: list
     epoch_rel: int | None
     template: tuple | None
+    # the commands, where one of them gathers an earlier task's pending reduction (else None):
+    # what the template's instructions are made from in place of the first command
+    commands: "_GroupCommands | None" = None
+
+
+class _GroupCommands:
+    """What a group template is instantiated from in place of one command, where one of its
+    commands gathers an earlier task's pending reduction for a reader (a reduction command,
+    pushes and await-pushes of partial results): the task, and each command, whose own
+    reduction or transfer the instructions name (``("c", k)``, ``("x", k)``: command ``k``
+    of the group, see ``_Env.group``)."""
+
+    __slots__ = ("task", "kind", "cmds")
+
+    def __init__(self, cmds: list):
+        self.task = cmds[0].task
+        self.kind = cmds[0].kind
+        self.cmds = cmds
 
 
 def _names_epoch(made: list, epoch: int | None) -> bool:
@@ -160,14 +178,15 @@ class InstructionReplayMixin:
         """The key of ``cmds`` (this rank's commands of one task) as one template, and the
         template where one is kept (``GroupProbe``); None where the group does not qualify:
         collectives stay with the per-command path, as does a task any of whose commands
-        was not lowered before.  A task's own reductions qualify (a residual reduced every
-        step): a template refers to them as the task's, which every command of the group
-        shares.  The commands that gather an earlier task's pending reduction for a reader
-        (a reduction command, pushes and await-pushes of partial results) do not: their
-        template refers to a command's own reduction or transfer, which one instantiation
-        of a group cannot tell apart.  With bounded memories the key holds their state, as
-        a command's does (a lowering that evicted is not recorded, as a command's is not:
-        see ``record_group``).
+        was not lowered before.  Reductions qualify: a template refers to the task's own
+        (a residual reduced every step) as the task's, which every command of the group
+        shares, and to an earlier task's that its commands gather for a reader (a reduction
+        command, pushes and await-pushes of partial results) as that of command ``k`` of
+        the group (``_GroupCommands``), as a command's template refers to its own.  (The
+        commands of a task that gather one buffer's pending reduction all name that one
+        reduction: a buffer has one pending at a time.)  With bounded memories the key holds
+        their state, as a command's does (a lowering that evicted is not recorded, as a
+        command's is not: see ``record_group``).
         ``anticipating``: whether lookahead asks ``anticipate`` about every command (a
         template recorded so skips those questions: see ``record_group``)."""
         task = cmds[0].task
@@ -177,6 +196,7 @@ class InstructionReplayMixin:
         known = replay.known
         sigs = []
         bids: dict = {}     # (an ordered set: the commands' order, each one's own, see _touched_buffers)
+        gathers = False
         for c in cmds:
             kind = c.kind
             sid = None
@@ -186,9 +206,12 @@ class InstructionReplayMixin:
                 if memo is not None and memo[1] is c.plans:
                     sid = memo[2]
             elif kind == cg.PUSH or kind == cg.AWAIT_PUSH:
-                if c.transfer[2]:
-                    return None
+                if c.transfer[2]:           # (partial results of an earlier task's reduction)
+                    gathers = True
                 bids[c.transfer[1]] = None
+            elif kind == cg.REDUCTION:
+                gathers = True
+                bids[c.buffer] = None
             else:
                 return None
             if sid is None:
@@ -211,7 +234,8 @@ class InstructionReplayMixin:
             extras = (extras, self._memory_state(ibase))
         key = (gsig, touched, tuple(parts), extras)
         epoch_rel = None if epoch is None else epoch - ibase
-        return GroupProbe(key, touched, shapes, epoch_rel, replay.find(key, epoch_rel))
+        return GroupProbe(key, touched, shapes, epoch_rel, replay.find(key, epoch_rel),
+                          _GroupCommands(cmds) if gathers else None)
 
     def _replay_group(self, probe: "GroupProbe", cmd: cg.Command) -> int:
         """``compile``'s lowering of a task's commands (``cmd`` the first) by the template
@@ -221,11 +245,18 @@ class InstructionReplayMixin:
         replay.grouped += 1
         if cmd.task.reductions:
             replay.grouped_reductions += 1
+        commands = probe.commands
+        if commands is not None:
+            replay.grouped_gathers += 1
+            return self._instantiate(commands, probe.touched, probe.shapes, probe.template)
         return self._instantiate(cmd, probe.touched, probe.shapes, probe.template)
 
     def begin_group(self, probe: "GroupProbe", cmds: list) -> tuple:
         """What ``record_group`` needs of the state before the task's commands are lowered."""
-        return _Env(self, cmds[0], probe.touched, probe.shapes), self.replay.bypassed, self._anticipation_misses
+        env = _Env(self, cmds[0], probe.touched, probe.shapes)
+        if probe.commands is not None:
+            env.group(probe.commands)
+        return env, self.replay.bypassed, self._anticipation_misses
 
     def record_group(self, probe: "GroupProbe", mark: tuple, cmds: list, compiled: list) -> None:
         """Keep the template of a task's commands from what compiling them one by one gave
@@ -677,6 +708,25 @@ class _Env:
             red_of[transfer[2]] = ("x",)
         self.red_of = red_of
 
+    def group(self, commands: _GroupCommands) -> None:
+        """Record a group template of ``commands``: the reductions its commands gather (of
+        earlier tasks) are referred to as command ``k``'s own (``("c", k)``) or as its
+        transfer's (``("x", k)``), the task's own ones as before."""
+        self.cmd = commands
+        red_of = {r.id: ("t", i) for i, r in enumerate(commands.task.reductions)}
+        cmds = commands.cmds
+        # (a reduction command's first: an instruction that needs the reduction itself, not
+        # only its id, finds it there, whichever command's lowering made it)
+        for k, c in enumerate(cmds):
+            red = getattr(c, "reduction", None)
+            if red is not None and red.id not in red_of:
+                red_of[red.id] = ("c", k)
+        for k, c in enumerate(cmds):
+            transfer = getattr(c, "transfer", None)
+            if transfer is not None and transfer[2] and transfer[2] not in red_of:
+                red_of[transfer[2]] = ("x", k)
+        self.red_of = red_of
+
     def aid(self, a: int):
         s = self.slot_of.get(a)
         if s is not None:
@@ -982,7 +1032,7 @@ def _reduction_from(src, cmd):
     if src[0] == "t":
         return cmd.task.reductions[src[1]]
     if src[0] == "c":
-        return cmd.reduction
+        return (cmd if len(src) == 1 else cmd.cmds[src[1]]).reduction   # (("c", k): a group's command k)
     raise TemplateMismatch("reduction object")
 
 
@@ -1004,6 +1054,8 @@ def _dec_rid(r, ctx, _kw):
     cmd = ctx[5]
     if r[0] == "t":
         return cmd.task.reductions[r[1]].id
+    if len(r) > 1:      # (("c", k), ("x", k): command k of a group, see _Env.group)
+        cmd = cmd.cmds[r[1]]
     if r[0] == "c":
         return cmd.reduction.id
     return cmd.transfer[2]

@@ -36,7 +36,10 @@ it:
   commands (the execution, pushes, await-pushes).  Their lowering together is a function
   of their signatures and of the union of the buffers they touch, so the instruction
   graph also keeps them as one template (recorded from lowering them one by one) and a
-  repeating step replays them in one step (``InstructionReplayMixin.group_probe``).
+  repeating step replays them in one step (``InstructionReplayMixin.group_probe``); so
+  are a step's own reductions (a residual reduced every step) and the commands that
+  gather an earlier step's partial results (the template names the reduction as the
+  task's, or as the one of the group's command that gathers it).
 
 Exactness: ids are compared only for equality and order by the generators, and a
 relative encoding preserves both; everything else that a lowering reads is in the
@@ -66,8 +69,8 @@ _EPOCH_KEYED = ("epoch-keyed",)   # stored under a key whose templates are kept 
 class Replay:
     """One generator's memo of lowerings, with its hit counts."""
 
-    __slots__ = ("templates", "hits", "misses", "bypassed", "first", "grouped", "grouped_reductions", "_shapes",
-                 "_next_shape", "_seen")
+    __slots__ = ("templates", "hits", "misses", "bypassed", "first", "grouped", "grouped_reductions",
+                 "grouped_gathers", "_shapes", "_next_shape", "_seen")
 
     def __init__(self, limit: int = DEFAULT_TEMPLATES):
         self.templates = BoundedCache(limit)
@@ -77,6 +80,7 @@ class Replay:
         self.first = 0         # first sightings of a signature: lowered without keying or recording
         self.grouped = 0       # hits of a template of a task's commands together (counted in hits too)
         self.grouped_reductions = 0   # those of tasks with reductions of their own (counted in grouped too)
+        self.grouped_gathers = 0      # those that gather an earlier task's pending reduction (in grouped too)
         self._shapes = BoundedCache(4 * limit)
         self._next_shape = 0
         self._seen = BoundedCache(4 * limit)
@@ -146,7 +150,7 @@ class Replay:
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,
                 "grouped": self.grouped, "grouped_reductions": self.grouped_reductions,
-                "templates": len(self.templates)}
+                "grouped_gathers": self.grouped_gathers, "templates": len(self.templates)}
 
 
 def bind_value(ns: dict, v) -> str:

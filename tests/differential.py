@@ -1499,26 +1499,30 @@ STEP_RESIDUAL_SHARE = 0.5    # of the programs with a step loop (``_draw_step_re
 def _draw_step_residual(g: _Gen, p: Program) -> None:
     """Half of the step loops (drawn after every other draw, so that every seed keeps what it
     drew before): every stencil step also reduces into a new int64 target, as jacobi3d's
-    convergence check reduces its residual (``loop:step:residual``), and in a third of them
-    a master-node host task reads it after every third step (``loop:step:residual:read``:
-    the partial results gathered there each time).  On several ranks a rank's commands of
-    such a step (its execution with the task's reduction, pushes and await-pushes) replay
-    as one template (``reached:replay:grouped:reduction``)."""
+    convergence check reduces its residual (``loop:step:residual``), in half of them folding
+    the target's value in (``loop:step:residual:current``: the step before's partial results
+    gathered on the master node by each step), and in a third of them a master-node host
+    task reads it after every third step (``loop:step:residual:read``: the partial results
+    gathered there).  On several ranks a rank's commands of such a step (its execution with
+    the task's reduction, pushes and await-pushes, and on the master node the gathering
+    await-pushes and reduction command) replay as one template
+    (``reached:replay:grouped:reduction``)."""
     rng = g.rng
     steps = [t for t in p.tasks if t.name == "step_stencil"]
     if not steps or rng.random() >= STEP_RESIDUAL_SHARE:
         return
     op = rng.choice(("plus", "maximum"))
     read_every = rng.choice((0, 0, 3))
+    current = rng.random() < 0.5     # each step folds the residual's value in (the last step's gathered)
     k = len(p.targets)
-    p.targets.append(TargetSpec("int64", (1,), None))
+    p.targets.append(TargetSpec("int64", (1,), rng.randint(0, 50) if current else None))
     old = list(p.tasks)
     out = []
     n = 0
     for t in old:
         out.append(t)
         if t.name == "step_stencil":
-            t.reds = [RedSpec(k, op, "int64", True)]
+            t.reds = [RedSpec(k, op, "int64", not current)]
             n += 1
             if read_every and n % read_every == 0:
                 out.append(Task("master", reads=[Read("target", k, "all")]))
@@ -1532,6 +1536,8 @@ def _draw_step_residual(g: _Gen, p: Program) -> None:
     p.features.update(("loop:step:residual", f"red:{op}", "red:target:int64"))
     if read_every:
         p.features.add("loop:step:residual:read")
+    if current:
+        p.features.update(("loop:step:residual:current", "red:no_init"))
 
 
 def _draw_source(g: _Gen, p: Program) -> None:

@@ -179,6 +179,8 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
         dims.append("reached:replay:grouped")    # (a task's commands replayed as one template)
     if any(r.grouped_reductions for r in _REPLAYS):
         dims.append("reached:replay:grouped:reduction")    # (the same, of a task with reductions of its own)
+    if any(r.grouped_gathers for r in _REPLAYS):
+        dims.append("reached:replay:grouped:gather")    # (the same, gathering an earlier task's pending reduction)
     _REPLAYS.clear()
     if dry:
         dims.append("config:dry_run")

@@ -137,7 +137,8 @@ def test_random_programs_match_numpy(ranks, devices, first, count, window, repla
     one with loops four times longer and replay builders compiled at a template's first
     replay, so that steps replay through compiled builders; the same with bounded device
     memories (evictions, and a task's commands replayed together under a key that holds
-    the memories' state); and the same on the CUDA backend over the CuPy stand-in (its
+    the memories' state), both reaching steps replayed together with a reduction of their
+    own and with the gathering of an earlier one; and the same on the CUDA backend over the CuPy stand-in (its
     memory is bounded; the executor keeps the completions it enqueues, items of 300 µs
     outlast the host's work so that the waiters notify the rest)."""
     env = {"CELERITAS_HORIZON_STEP": "2", "CELERITAS_DIAGNOSTICS": "off"}
@@ -158,6 +159,12 @@ def test_random_programs_match_numpy(ranks, devices, first, count, window, repla
     if limit is not None or cuda:
         together = [int(m) for m in re.findall(r"(\d+) of a task's commands together", r.stdout)]
         assert len(together) == ranks and min(together) > 0, _explain(r)
+    if replayed and not cuda:
+        # (the batches' step loops reduce into a residual: every rank replays such steps, and
+        # the steps that gather the residual's partial results, as one template each)
+        for what in ("with the task's reductions", "gathering partial results"):
+            seen = [int(m) for m in re.findall(rf"(\d+) {what}", r.stdout)]
+            assert len(seen) == ranks and min(seen) > 0, (what, _explain(r))
 
 
 # ------------------------------------------------------------------------------- graphs, collectives

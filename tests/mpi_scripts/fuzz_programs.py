@@ -48,7 +48,9 @@ def main(first: int, count: int, groups: str) -> int:
     for f in failures:
         print(f"rank {rank}: FAIL {f}", flush=True)
     reached = "" if igg_replay is None else (f" (instruction replay: {igg_replay.hits} replays, "
-                                             f"{igg_replay.grouped} of a task's commands together)")
+                                             f"{igg_replay.grouped} of a task's commands together, "
+                                             f"{igg_replay.grouped_reductions} with the task's reductions, "
+                                             f"{igg_replay.grouped_gathers} gathering partial results)")
     print(f"rank {rank}: {count - len(failures)}/{count} programs match numpy{reached} on {backend}", flush=True)
     return 1 if failures else 0
 
