@@ -1061,6 +1061,18 @@ def _halo_loop(ctx, steps: int = 40, side_effect: bool = False, n: int = 48):
     ctx.fence(u)
 
 
+def _same_graphs_with_replay(prog, ranks, devices, lookahead, **kw):
+    """``prog`` compiled with replay off and on: every graph equal, and every rank's
+    replays (counted per template kind) as many as its hits; the replay-on context."""
+    off = _compile(prog, ranks, devices, lookahead, None, True, False, **kw)
+    on = _compile(prog, ranks, devices, lookahead, None, True, True, **kw)
+    assert _canonical(on) == _canonical(off)
+    for r, igg in on.iggs.items():
+        st_ = igg.replay.stats()
+        assert sum(igg._replayed_kinds.values()) == st_["hits"], (r, st_)
+    return on
+
+
 @pytest.mark.parametrize("ranks,devices,lookahead,side_effect", [
     (2, 1, "none", False), (2, 2, "auto", False), (3, 1, "auto", True), (4, 2, "none", True)])
 def test_a_tasks_commands_replay_as_one_template_with_the_same_graphs(ranks, devices, lookahead, side_effect):
@@ -1068,14 +1080,9 @@ def test_a_tasks_commands_replay_as_one_template_with_the_same_graphs(ranks, dev
     halo and the await-pushes of its neighbours') replay as one template
     (``group_probe``): every graph is the one lowering command by command gives, and
     every rank replays most steps that way."""
-    prog = lambda ctx: _halo_loop(ctx, side_effect=side_effect)  # noqa: E731
-    off = _compile(prog, ranks, devices, lookahead, None, True, False)
-    on = _compile(prog, ranks, devices, lookahead, None, True, True)
-    assert _canonical(on) == _canonical(off)
+    on = _same_graphs_with_replay(lambda ctx: _halo_loop(ctx, side_effect=side_effect), ranks, devices, lookahead)
     for r, igg in on.iggs.items():
-        st_ = igg.replay.stats()
-        assert st_["grouped"] >= 20, (r, st_)
-        assert sum(igg._replayed_kinds.values()) == st_["hits"], (r, st_)
+        assert igg.replay.stats()["grouped"] >= 20, (r, igg.replay.stats())
 
 
 @pytest.mark.parametrize("capacity", [3 * 48 * 48 * 4 // 4, 8 * 48 * 48 * 4])
@@ -1085,10 +1092,7 @@ def test_task_groups_replay_under_bounded_device_memory_with_the_same_graphs(cap
     and a group whose lowering evicted is not recorded: every graph is the one of replay
     off, whether the memory holds the whole field (groups replay) or a part of it
     (evictions: some groups stay unrecorded)."""
-    prog = lambda ctx: _halo_loop(ctx, steps=30)  # noqa: E731
-    off = _compile(prog, ranks, devices, "auto", None, True, False, capacity=capacity)
-    on = _compile(prog, ranks, devices, "auto", None, True, True, capacity=capacity)
-    assert _canonical(on) == _canonical(off)
+    on = _same_graphs_with_replay(lambda ctx: _halo_loop(ctx, steps=30), ranks, devices, "auto", capacity=capacity)
     grouped = [igg.replay.stats()["grouped"] for igg in on.iggs.values()]
     evictions = sum(igg.memory_stats["evictions"] for igg in on.iggs.values())
     if evictions == 0:
@@ -1114,9 +1118,7 @@ def test_task_groups_after_a_stretch_that_lookahead_held():
             f, g = g, f
         ctx.fence(f)
 
-    off = _compile(prog, 2, 1, "auto", None, True, False)
-    on = _compile(prog, 2, 1, "auto", None, True, True)
-    assert _canonical(on) == _canonical(off)
+    on = _same_graphs_with_replay(prog, 2, 1, "auto")
     assert all(igg.replay.stats()["grouped"] >= 10 for igg in on.iggs.values())
 
 
@@ -1154,14 +1156,11 @@ def test_a_tasks_commands_with_a_reduction_replay_as_one_template_with_the_same_
     its own (every third) or a host task that reads it: the await-pushes of the partial
     results and the reduction command, the reduction referred to as that command's.  Every
     graph is the one of replay off."""
-    prog = lambda ctx: _halo_loop_with_residual(ctx, read_every=read_every)  # noqa: E731
-    off = _compile(prog, ranks, devices, lookahead, None, True, False)
-    on = _compile(prog, ranks, devices, lookahead, None, True, True)
-    assert _canonical(on) == _canonical(off)
+    on = _same_graphs_with_replay(lambda ctx: _halo_loop_with_residual(ctx, read_every=read_every), ranks, devices,
+                                  lookahead)
     for r, igg in on.iggs.items():
         st_ = igg.replay.stats()
         assert st_["grouped"] >= 30 and st_["grouped_reductions"] >= 30, (r, st_)
-        assert sum(igg._replayed_kinds.values()) == st_["hits"], (r, st_)
     # (rank 0 gathers: with its gathering commands together it replays ~50-130 groups, ~30-60
     # without)
     st0 = on.iggs[0].replay.stats()
