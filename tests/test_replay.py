@@ -1165,3 +1165,38 @@ def test_a_tasks_commands_with_a_reduction_replay_as_one_template_with_the_same_
     # without)
     st0 = on.iggs[0].replay.stats()
     assert st0["grouped"] >= 50 and st0["grouped_gathers"] >= 15, st0
+
+
+def _two_residuals(ctx, steps: int = 48, n: int = 40):
+    """Steps that reduce into two residuals (one folding its current value in every other
+    step, one every step), a master-node host task reading both every third step and a
+    kernel reading one everywhere every fourth (every rank gathers then): tasks whose
+    commands gather two buffers' pending reductions at once."""
+    up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n))
+    r1, r2 = ctx.buffer((1,), host_init=True), ctx.buffer((1,), host_init=True)
+    ctx.task((n, n), [(u, rm.one_to_one(), DW)])
+    for i in range(steps):
+        reds = [ctx.reduction(r1, op=np.maximum, identity=-np.inf, include_current=i % 2 == 0),
+                ctx.reduction(r2, op=np.add, identity=0, include_current=True)]
+        ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1, shape="along_axes"), R)],
+                 reductions=reds)
+        if i % 3 == 2:
+            ctx.task((1,), [(r1, rm.all(), R), (r2, rm.all(), R)], kind=tg.MASTER_NODE)
+        if i % 4 == 3:
+            ctx.task((n, n), [(up, rm.one_to_one(), RW), (r2, rm.all(), R)])
+        up, u = u, up
+    ctx.fence(u)
+    ctx.fence(r1)
+    ctx.fence(r2)
+
+
+@pytest.mark.parametrize("ranks,devices,lookahead", [(2, 1, "auto"), (3, 2, "none"), (4, 1, "auto")])
+def test_tasks_gathering_two_pending_reductions_replay_as_one_template_with_the_same_graphs(ranks, devices,
+                                                                                           lookahead):
+    """A group's commands that gather two buffers' pending reductions name each reduction
+    as the command that gathers it: every graph is the one of replay off, and every rank
+    replays such groups."""
+    on = _same_graphs_with_replay(_two_residuals, ranks, devices, lookahead)
+    for r, igg in on.iggs.items():
+        st_ = igg.replay.stats()
+        assert st_["grouped_gathers"] >= 15 and st_["grouped_reductions"] >= 10, (r, st_)
