@@ -229,7 +229,10 @@ def render(numbers: Mapping, console=None) -> None:
         if rp:
             lowered = rp.get("misses", 0) + rp.get("bypassed", 0) + rp.get("first", 0)
             grouped = rp.get("grouped", 0)
-            together = f" ({grouped} of them a task's commands together)" if grouped else ""
+            kinds = "".join(f", {n} {what}" for n, what in ((rp.get("grouped_reductions", 0), "with the task's reductions"),
+                                                            (rp.get("grouped_gathers", 0), "gathering partial results"))
+                            if n)
+            together = f" ({grouped} of them a task's commands together{kinds})" if grouped else ""
             over.add_row(f"replay, {level} graph", f"{rp.get('hits', 0)} replayed{together}, {lowered} lowered "
                                                     f"({rp.get('templates', 0)} templates)")
     mem = numbers.get("memory", {})

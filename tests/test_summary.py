@@ -206,3 +206,45 @@ def test_the_summary_counts_a_tasks_commands_replayed_together(capfd):
         assert rp["grouped"] >= 20 and rp["hits"] >= rp["grouped"], rp
     err = " ".join(capfd.readouterr().err.replace("│", " ").split())    # (rich wraps the row)
     assert "of them a task's commands together)" in err
+
+
+def test_the_summary_counts_a_tasks_commands_with_reductions_replayed_together(capfd):
+    """A step that also reduces into a residual, read by a host task on the master node:
+    the summary's instruction replay row says how many replays of a task's commands
+    together had the task's reductions and how many gathered partial results."""
+    def program(rank):
+        q = cl.Queue()
+        up = cl.Buffer(np.zeros((32, 32), np.float32))
+        u = cl.Buffer(np.ones((32, 32), np.float32))
+        res = cl.Buffer(np.zeros((1,), np.float32))
+        seen = []
+        for _ in range(40):
+            def step(cgh, up=up, u=u):
+                w = up.access(cgh, cl.one_to_one(), cl.read_write)
+                r = u.access(cgh, cl.neighborhood(1, 1, shape="along_axes"), cl.read)
+                red = cl.reduction(res, cgh, cl.maximum, initialize_to_identity=True)
+
+                @cgh.parallel_for(up.shape, reductions=[red])
+                def kernel(chunk, top):
+                    w[chunk] = r[chunk] + 1
+                    top.combine(w[chunk].max())
+            q.submit(step)
+
+            def read(cgh):
+                a = res.access(cgh, cl.all(), cl.read)
+                cgh.host_task(lambda part: seen.append(float(a[0])), on=cl.on_master_node)
+            q.submit(read)
+            up, u = u, up
+        q.wait()
+        q.shutdown()
+        return seen, summary.rank_numbers(q.runtime.outputs())
+
+    res = run_cluster(program, nodes=2, devices=1, CELERITAS_SUMMARY="1")
+    seen = res[0][0]
+    assert seen == [float(k + 2) for k in range(40)], seen   # (u starts at 1: step k writes k + 2)
+    for _seen, numbers in res:
+        rp = numbers["replay"]["instruction"]
+        assert rp["grouped_reductions"] >= 20 and rp["grouped"] >= rp["grouped_reductions"], rp
+    assert res[0][1]["replay"]["instruction"]["grouped_gathers"] >= 20, res[0][1]["replay"]
+    err = " ".join(capfd.readouterr().err.replace("│", " ").split())
+    assert "with the task's reductions, " in err and "gathering partial results)" in err, err
