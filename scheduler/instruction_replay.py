@@ -699,33 +699,14 @@ class _Env:
         self.cmd = cmd
         self.tid = cmd.task.id
         self.slot_of = {aid: (k, j) for k, sh in enumerate(shapes) for j, aid in enumerate(sh.allocations)}
-        red_of = {r.id: ("t", i) for i, r in enumerate(cmd.task.reductions)}
-        red = getattr(cmd, "reduction", None)
-        if red is not None:
-            red_of[red.id] = ("c",)
-        transfer = getattr(cmd, "transfer", None)
-        if transfer is not None and transfer[2] and transfer[2] not in red_of:
-            red_of[transfer[2]] = ("x",)
-        self.red_of = red_of
+        self.red_of = _reduction_refs(cmd.task, (cmd,), False)
 
     def group(self, commands: _GroupCommands) -> None:
         """Record a group template of ``commands``: the reductions its commands gather (of
         earlier tasks) are referred to as command ``k``'s own (``("c", k)``) or as its
         transfer's (``("x", k)``), the task's own ones as before."""
         self.cmd = commands
-        red_of = {r.id: ("t", i) for i, r in enumerate(commands.task.reductions)}
-        cmds = commands.cmds
-        # (a reduction command's first: an instruction that needs the reduction itself, not
-        # only its id, finds it there, whichever command's lowering made it)
-        for k, c in enumerate(cmds):
-            red = getattr(c, "reduction", None)
-            if red is not None and red.id not in red_of:
-                red_of[red.id] = ("c", k)
-        for k, c in enumerate(cmds):
-            transfer = getattr(c, "transfer", None)
-            if transfer is not None and transfer[2] and transfer[2] not in red_of:
-                red_of[transfer[2]] = ("x", k)
-        self.red_of = red_of
+        self.red_of = _reduction_refs(commands.task, commands.cmds, True)
 
     def aid(self, a: int):
         s = self.slot_of.get(a)
@@ -750,6 +731,25 @@ class _Env:
 
     def transfer(self, t: tuple) -> tuple:
         return (t[0] - self.tid, t[1], self.rid(t[2]))
+
+
+def _reduction_refs(task, cmds, indexed: bool) -> dict:
+    """How a template names the reductions of the lowering of ``cmds`` (one command, or a
+    task's group of them: ``indexed``): the task's own as ``("t", i)``, a reduction
+    command's as ``("c",)`` (``("c", k)``: command ``k`` of the group), and another that a
+    transfer carries (partial results of an earlier task's) as ``("x",)`` / ``("x", k)``.
+    A reduction command's is taken first: an instruction that needs the reduction itself,
+    not only its id, finds it there, whichever command's lowering made it."""
+    red_of = {r.id: ("t", i) for i, r in enumerate(task.reductions)}
+    for k, c in enumerate(cmds):
+        red = getattr(c, "reduction", None)
+        if red is not None and red.id not in red_of:
+            red_of[red.id] = ("c", k) if indexed else ("c",)
+    for k, c in enumerate(cmds):
+        transfer = getattr(c, "transfer", None)
+        if transfer is not None and transfer[2] and transfer[2] not in red_of:
+            red_of[transfer[2]] = ("x", k) if indexed else ("x",)
+    return red_of
 
 
 def _encode(ins, env: _Env) -> tuple:
