@@ -256,7 +256,7 @@ class Executor(InstructionHandlers):
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
         self._suspect: set = set()      # kinds whose next inline run is timed in CPU time (_note_cost)
-        self._probed: set = set()       # kinds measured lane-side as too slow, then once inline (_probe)
+        self._probes: dict[Any, int] = {}   # kind -> inline runs it had as too slow for inline (_probe)
         # direct issue (see _accept): device -> an inline lane's info; (source, dest) memories
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
@@ -1091,23 +1091,40 @@ class Executor(InstructionHandlers):
             costs[key] = ns
             return
         new = old + (ns - old) // 4
-        if wall and old <= self._inline_ns < new:
-            self._suspect.add(key)
-            return
+        if old <= self._inline_ns < new:
+            if wall:
+                self._suspect.add(key)
+                return
+            # A measured run took an inline kind over the threshold: inline runs timed in
+            # CPU time may settle it again (``_probe``).  A lane run's CPU time counts its
+            # GIL hand-overs, and one slow inline run moves the estimate a quarter of the
+            # way: measured on the 128² stencil on host:4, a 25-40 us kernel rose from 86 to
+            # 102 us on one 147 us run, and its lane runs kept it there (see _probe).
+            self._probes.pop(key, None)
         costs[key] = new
 
     def _probe(self, key: Any) -> bool:
         """Run a kernel kind whose estimate lies between the inline threshold and
-        ``inline_alone_threshold`` inline once more, timed in CPU time?  Such estimates
-        come from lane runs, and a lane run's CPU time counts the GIL hand-overs its
+        ``inline_alone_threshold`` inline again, timed in CPU time?  Up to ``PROBES``
+        times (again after a measured run takes it over the threshold: ``_note_cost``).
+        Such estimates come from a kind's first runs, cold (fresh allocations touched
+        for the first time, empty caches: 100-230 us of CPU for a 25-40 us stencil
+        kernel), and from lane runs, whose CPU time counts the GIL hand-overs their
         numpy calls make (each call lets the GIL go and takes it back: a contended futex
-        wait while the application and scheduler threads run Python): measured at the
-        start of the 128² stencil on host:4, a 17 us kernel cost 70-220 us on its lane
-        and stayed on the lanes, starving for the GIL, for the first 25 ms.  One inline
-        run, bounded by that threshold, settles it either way."""
-        if key in self._probed:
+        wait while the application and scheduler threads run Python).  On the lanes such
+        a kernel stays: its run time is its numpy calls' waits for the GIL, a switch
+        interval each, and each late completion holds the next steps' work in the
+        engine.  Measured on the 128² stencil on host:4: a 17 us kernel cost 70-220 us on
+        its lane and stayed there for the first 25 ms with no probe; with one probe per
+        kind, a probe that was itself cold (102 us) left it there in 1 run of 15, and
+        those runs took 230-300 against 160-210 us an iteration, every batch issued
+        through the engine behind a backlog of thousands of instructions.  The runs are
+        bounded by the alone threshold, and run inline they cost what they would cost on a
+        lane, less the hand-off."""
+        n = self._probes.get(key, 0)
+        if n >= PROBES:
             return False
-        self._probed.add(key)
+        self._probes[key] = n + 1
         self._suspect.add(key)
         return True
 
@@ -1139,7 +1156,7 @@ class Executor(InstructionHandlers):
                     cheap = True
                 elif est <= self._inline_ns:
                     cheap = True
-                else:   # (a kind estimated up to the alone threshold is re-measured inline once: _probe)
+                else:   # (an estimate up to the alone threshold is re-measured inline: _probe)
                     cheap = self._inline_alone(est) or (est <= self._alone_ns and self._probe(key))
             else:
                 cheap = key <= self._inline_bytes or (key <= self._alone_bytes and self._alone())
@@ -1282,6 +1299,7 @@ class Executor(InstructionHandlers):
 
 
 _BATCHES_AT_ONCE = 16         # batches the loop takes without a step between them (see _loop)
+PROBES = 3                    # inline runs, timed in CPU time, that may settle a kind's estimate (_probe)
 _EPOCH_POLL_NS = 1_000_000      # the divergence check's messages are looked for once a millisecond
 
 
