@@ -82,10 +82,15 @@ class Accessor:
         acc = ctx.accesses[i]
         return ctx.arrays[i], acc.allocation_box, acc.region
 
+    # (array and offset: _slot's lookup written out, since kernels read them once per chunk and
+    # accessor: 0.20 -> 0.09 and 0.28 -> 0.13 us, measured inside a kernel)
     @property
     def array(self) -> Any:
         """The whole backing allocation (device-local array, allocation coordinates)."""
-        return self._slot()[0]
+        cur = _binding.cur
+        if cur[0] is self._hydration:
+            return cur[1].arrays[self.index]
+        return self._slot()[0]          # (outside its kernel: the error)
 
     @property
     def allocation_box(self) -> Box:
@@ -94,6 +99,10 @@ class Accessor:
     @property
     def offset(self) -> tuple[int, ...]:
         """Global coordinates of ``array[0, ...]``."""
+        cur = _binding.cur
+        if cur[0] is self._hydration:
+            box = cur[1].accesses[self.index].allocation_box
+            return box.lo[:box.dims]    # (Box.offset)
         return self._slot()[1].offset
 
     @property

@@ -513,24 +513,31 @@ def test_accessor_index_misuse_is_an_access_error_naming_the_kernel(queue, body,
         _run_kernel(queue, body, shape=shape, rng=rng, mapper=mapper)
 
 
+_USES = {"index": lambda acc, c: acc[c], "array": lambda acc, c: acc.array[0],
+         "offset": lambda acc, c: acc.offset[0]}
+
+
+@pytest.mark.parametrize("use", sorted(_USES))
 @pytest.mark.parametrize("where", ["later_kernel", "command_group_function"])
-def test_an_accessor_used_outside_its_own_task_is_an_access_error(queue, where):
-    """Input: an accessor kept from an earlier submit and read in a later kernel, or read in
-    the command group function itself.  Expected: cl.AccessError naming its buffer."""
+def test_an_accessor_used_outside_its_own_task_is_an_access_error(queue, where, use):
+    """Input: an accessor kept from an earlier submit and read (indexed, or its ``array`` or
+    ``offset``) in a later kernel, or in the command group function itself.  Expected:
+    cl.AccessError naming its buffer."""
     b = cl.Buffer(np.arange(8.0), name="kept")
     out = cl.Buffer(np.zeros(8), name="out")
     saved = {}
+    read = _USES[use]
 
     def first(cgh):
         saved["acc"] = b.access(cgh, cl.one_to_one(), cl.read)
         if where == "command_group_function":
-            saved["acc"][0]
+            read(saved["acc"], 0)
         cgh.parallel_for((8,), lambda c: None, name="first")
 
     def second(cgh):
         w = out.access(cgh, cl.one_to_one(), cl.discard_write)
         old = saved["acc"]
-        cgh.parallel_for((8,), lambda c: w.__setitem__(c, old[c]), name="second")
+        cgh.parallel_for((8,), lambda c: w.__setitem__(c, read(old, c)), name="second")
 
     match = r'accessor of buffer B\d+ "kept" used outside its kernel or host task'
     if where == "command_group_function":
