@@ -189,9 +189,10 @@ BAD_TASK = "bad_mapper"     # the name of a bad_mapper program's task with the b
 BAD_FORMS = ("offset_eq", "next_block", "prev_block", "first_only")
 # How a kernel or host task indexes its accessors (``acc_get`` / ``acc_set``): ``acc[box]``; the
 # chunk or partition itself (``acc[chunk]``, a Box otherwise); bounded slices (1-D: a bare slice or
-# a 1-tuple); one integer index per element; ``acc[...]`` (the allocation, shifted by ``acc.offset``);
-# or a different one of those per access.  Without accessor checks 2-D slices, boxes and chunks take
-# the fast paths (``Accessor._plain2`` / ``_plain``) and tuples of slices or ints ``_local``'s.
+# a 1-tuple); one integer index per element; ``acc[...]`` or ``acc.array`` (the allocation,
+# shifted by ``acc.offset``); or a different one of those per access.  Without accessor checks 2-D
+# slices, boxes and chunks take the fast paths (``Accessor._plain2`` / ``_plain``) and tuples of
+# slices or ints ``_local``'s.
 INDEX_STYLES = ("box", "chunk", "slices", "ints", "ellipsis", "mixed", "fancy")
 INDEX_DRAW = ("box", "box", "chunk", "slices", "slices", "ints", "ellipsis", "mixed")
 OOC_DRAWS = True            # main: a pair of kernels over larger buffers, for out-of-core batching
@@ -4076,11 +4077,17 @@ def acc_get(acc, box: Box, style: str = "box", chunk=None):
             out[idx] = acc[_int_key(box, idx)]
         return out
     if style == "ellipsis":
-        whole = acc[...]
+        whole = _whole(acc, box)
         return whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))]
     if style == "fancy":
         return acc[_fancy_key(box)]
     raise ValueError(style)
+
+
+def _whole(acc, box: Box):
+    """The accessor's allocation, as ``acc[...]`` or as ``acc.array`` (by the box's corner, so
+    no draw is added and every seed keeps its program)."""
+    return acc.array if sum(box.min) % 2 else acc[...]
 
 
 def acc_set(acc, box: Box, value, style: str = "box", chunk=None) -> None:
@@ -4098,7 +4105,7 @@ def acc_set(acc, box: Box, value, style: str = "box", chunk=None) -> None:
         for idx in np.ndindex(*box.range):
             acc[_int_key(box, idx)] = value[idx]
     elif style == "ellipsis":
-        whole = acc[...]
+        whole = _whole(acc, box)
         whole[tuple(slice(a - o, b - o) for a, b, o in zip(box.min, box.max, acc.offset))] = value
     elif style == "fancy":
         value = np.asarray(value)       # (a point write's (1, 1) to the box's shape)
