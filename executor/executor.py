@@ -256,7 +256,7 @@ class Executor(InstructionHandlers):
         self._rank = communicator.rank
         self._costs: dict[Any, int] = {}
         self._suspect: set = set()      # kinds whose next inline run is timed in CPU time (_note_cost)
-        self._probes: dict[Any, int] = {}   # kind -> inline runs it had as too slow for inline (_probe)
+        self._probes: dict[Any, int] = {}   # kind -> its inline re-measurements so far (_probe)
         # direct issue (see _accept): device -> an inline lane's info; (source, dest) memories
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
