@@ -245,11 +245,10 @@ class InstructionReplayMixin:
         replay.grouped += 1
         if cmd.task.reductions:
             replay.grouped_reductions += 1
-        commands = probe.commands
+        commands = probe.commands      # (where the group gathers: what the template names, see _Env.group)
         if commands is not None:
             replay.grouped_gathers += 1
-            return self._instantiate(commands, probe.touched, probe.shapes, probe.template)
-        return self._instantiate(cmd, probe.touched, probe.shapes, probe.template)
+        return self._instantiate(cmd if commands is None else commands, probe.touched, probe.shapes, probe.template)
 
     def begin_group(self, probe: "GroupProbe", cmds: list) -> tuple:
         """What ``record_group`` needs of the state before the task's commands are lowered."""
