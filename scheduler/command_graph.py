@@ -328,6 +328,10 @@ class CommandGraphGenerator(CommandReplayMixin):
         return out
 
     def _build_now(self, task: Task, out: list[Command]) -> None:
+        if task.kind == tg.EPOCH or task.kind == tg.HORIZON:
+            # (the buffers replay left as shapes are restored before the epoch moves: a
+            # shape's references to the epoch stand for the epoch of when it was taken)
+            self._sync_buffers(None)
         if task.kind == tg.EPOCH:
             c = self._new(EpochCommand, task)
             self._commit(out, c)

@@ -14,7 +14,8 @@ from typing import Callable
 from . import replay as _replay_module
 from . import task_graph as tg
 from .horizons import forget_before
-from .replay import absolute, absolute_id, bind_value, compiled_builder, own_base_shape, relative_id
+from .replay import absolute_epoch, absolute_id, bind_value, compiled_builder, newest_named, relative_epoch, \
+    relative_id
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
 
@@ -52,7 +53,7 @@ class CommandReplayMixin:
         replay.misses += 1
         # (a horizon's key holds the epoch itself: its lowering moves it)
         replay.keep(key, self._record(task, bids, base, pending, out), epoch_rel,
-                    task.kind != tg.HORIZON and self._epoch_merged)
+                    task.kind != tg.HORIZON and (self._epoch_merged or _names_epoch(out, epoch)))
 
     def _forget_shapes(self, bids) -> None:
         if bids is None:
@@ -68,10 +69,11 @@ class CommandReplayMixin:
         stale = self._stale
         if not stale:
             return
+        epoch = self._horizons.epoch     # (what a shape's EPOCH_ID stands for: see _buffer_shape)
         for bid in list(stale) if bids is None else bids:
             rec = stale.pop(bid, None)
             if rec is not None:
-                _restore_buffer(self._buffers[bid], rec[2], absolute(rec[1] or 0))
+                _restore_buffer(self._buffers[bid], rec[2], absolute_epoch(rec[1] or 0, epoch))
 
     # ---- keys ----------------------------------------------------------------------------
     def _replay_key(self, task) -> tuple | None:
@@ -97,7 +99,7 @@ class CommandReplayMixin:
         for bid in bids:
             rec = shapes.get(bid)
             if rec is None:
-                shape, top = _buffer_shape(buffers[bid])
+                shape, top = _buffer_shape(buffers[bid], self._horizons.epoch)
                 rec = shapes[bid] = (self.replay.intern(shape), top, shape)
             parts.append(rec[0])
             parts.append(None if rec[1] is None else rec[1] - base)
@@ -144,9 +146,10 @@ class CommandReplayMixin:
                 fields = ()
             cmds.append((type(c), c.id - base, deps, fields))
         post = []
+        epoch = self._horizons.epoch
         for bid, old in zip(bids, pending_before):
             st = self._buffers[bid]
-            shape, top = _buffer_shape(st)
+            shape, top = _buffer_shape(st, epoch)
             sid = self.replay.intern(shape)
             self._shapes[bid] = (sid, top, shape)
             p = st.pending
@@ -343,6 +346,15 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
     return compiled_builder(src, "<command template>", codes, ns)
 
 
+def _names_epoch(out: list, epoch: int | None) -> bool:
+    """Whether a lowering gave a command a dependency on the epoch other than the epoch
+    dependency of a command without a true one (a read of data the epoch stands for, last
+    written before it): the template is then kept per epoch distance (``Replay.keep``),
+    since shapes write the epoch symbolically and the key does not say how far it is."""
+    return epoch is not None and any(d == epoch and kd[1] != tg.ORIGIN_LAST_EPOCH
+                                     for c in out for d, kd in c.deps.items())
+
+
 def _touched(task) -> tuple:
     return task.buffer_ids
 
@@ -352,12 +364,18 @@ def _rel_command(c, base: int, live: dict) -> int | None:
     return None if c is None or c.id not in live else c.id - base
 
 
-def _buffer_shape(st) -> tuple[tuple, int | None]:
+def _buffer_shape(st, epoch: int | None) -> tuple[tuple, int | None]:
     """A buffer's distribution and access state, and the base its command ids are
-    relative to (the newest command it names, see ``own_base_shape``).  The pending
-    reduction by its participants only: the reduction object is the producing task's,
-    and the lowering uses nothing else of it."""
-    access, top = own_base_shape(st.access)
+    relative to (the newest command it names, the epoch aside; see ``own_base_shape``).
+    References to the epoch for new commands are written symbolically
+    (``relative_epoch``), as the instruction graph's shapes write them: what another
+    rank writes keeps this rank's epoch as its last writer, at a distance that differed
+    between the first horizon period and the later ones, so a multi-rank step was
+    lowered anew for a whole period more.  The pending reduction by its participants
+    only: the reduction object is the producing task's, and the lowering uses nothing
+    else of it."""
+    top = newest_named(st.access, None, epoch)
+    access = st.access.snapshot(relative_epoch(0 if top is None else top, epoch))
     p = st.pending
     return (st.mine.snapshot(), st.mine_bb, st.held, st.uninit, access, None if p is None else p[1]), top
 

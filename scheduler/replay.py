@@ -22,11 +22,12 @@ it:
   relative) of the last side effect or collective task in play.  The epoch's id is
   in the key of a horizon only: another lowering reads it only when it hands a node
   with no true dependency the epoch dependency, and such a template is kept under
-  the epoch's relative id as well (``Replay.find`` / ``keep``).  The instruction
-  graph's shapes write a state's references to the epoch symbolically
-  (``relative_epoch``): a user allocation's data is last written by the epoch for as
-  long as it is not rewritten, and its distance made a new shape at every horizon
-  (a template that depends on the epoch is kept under its distance, as above).
+  the epoch's relative id as well (``Replay.find`` / ``keep``).  The command and
+  instruction graphs' shapes write a state's references to the epoch symbolically
+  (``relative_epoch``): a user allocation's data, and on several ranks what another
+  rank writes, is last written by the epoch for as long as it is not rewritten here,
+  and its distance made a new shape at every horizon (a template that depends on the
+  epoch is kept under its distance, as above).
 * **Hit.**  The recorded template is emitted with fresh ids (relative id + the
   current base): its dependencies bind to the same relative ids, which name the same
   nodes of the current state.  The touched buffers take the template's new state.

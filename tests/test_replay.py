@@ -657,6 +657,45 @@ def test_after_a_wait_tasks_and_commands_replay_without_waiting_for_horizons():
         q.shutdown()
 
 
+@pytest.mark.parametrize("ranks,devices", [(2, 1), (4, 1), (2, 2)])
+def test_a_multi_rank_stencils_commands_replay_from_the_first_horizon_period(ranks, devices):
+    """What another rank writes keeps this rank's epoch as its last writer: the command
+    graph's shapes write that reference symbolically, as the instruction graph's do, so
+    the step's command templates recorded while the first horizon was the epoch hold once
+    later horizons are (12 command misses on rank 0 of a 40-step 64² stencil before, the
+    whole second horizon period lowered anew; 7 now), and the graphs stay identical."""
+    prog = lambda ctx: _stencil(ctx, n=64, steps=40, split="1d")  # noqa: E731
+    off = _compile(prog, ranks, devices, "auto", None, True, False)
+    on = _compile(prog, ranks, devices, "auto", None, True, True)
+    assert _canonical(on) == _canonical(off)
+    for r, cdag in enumerate(on.cdags):
+        st_ = cdag.replay.stats()
+        assert st_["misses"] <= 7 and st_["hits"] >= 40, (r, st_)
+
+
+def test_a_command_shape_holds_the_epoch_symbolically_and_restores_under_the_epoch_of_its_time():
+    """A command-graph buffer state whose part is last written by the epoch has one shape
+    whichever horizon is the epoch, and restoring it under a later epoch names that one."""
+    from types import SimpleNamespace
+
+    from scheduler.command_replay import _buffer_shape, _restore_buffer
+    from scheduler.geometry.region_map import RegionMap
+    from scheduler.replay import EPOCH_ID, absolute_epoch
+
+    def state(epoch, base):
+        m = RegionMap(Box((0,), (8,)), (None, frozenset()))
+        m.update(Box((0,), (4,)), (epoch, frozenset()))                 # the other rank's part
+        m.update(Box((4,), (8,)), (base + 3, frozenset({base + 4})))     # this rank's, recent
+        return SimpleNamespace(access=m, mine=RegionMap(Box((0,), (8,)), None), mine_bb=None, held=None,
+                               uninit=None, pending=None)
+
+    (a, top_a), (b, top_b) = _buffer_shape(state(11, 20), 11), _buffer_shape(state(24, 33), 24)
+    assert a == b and EPOCH_ID in repr(a) and (top_a, top_b) == (24, 37)   # (the epoch is no base)
+    st = state(0, 0)
+    _restore_buffer(st, a, absolute_epoch(top_b, 24))
+    assert st.access.snapshot() == state(24, 33).access.snapshot()
+
+
 def test_epoch_references_in_shapes_are_symbolic_and_round_trip():
     """The same state under another epoch and base has the same shape (the epoch written
     symbolically, other ids relative), and a shape restores under the epoch of its time."""
@@ -695,7 +734,7 @@ def _shapes_taken_now(ctx) -> list:
     for r, cdag in enumerate(ctx.cdags):
         for bid, (sid, base, _shape) in list(cdag._shapes.items()):
             cdag._sync_buffers((bid,))
-            shape, top = _buffer_shape(cdag._buffers[bid])
+            shape, top = _buffer_shape(cdag._buffers[bid], cdag._horizons.epoch)
             out.append((f"command rank {r}", bid, (sid, base), (cdag.replay.intern(shape), top)))
     for r, igg in ctx.iggs.items():
         for bid, sh in list(igg._shapes.items()):
