@@ -107,7 +107,13 @@ class CommandReplayMixin:
         horizons = self._horizons
         epoch = None if horizons.epoch is None else horizons.epoch - base
         if horizon:
-            extras = (epoch, None if horizons.current_horizon is None else horizons.current_horizon - base,
+            # (the epoch's distance only where the horizon leaves the epoch where it is, which its
+            # template then names: otherwise the previous horizon becomes the epoch and everything
+            # older, the old epoch included (written symbolically in the shapes), collapses onto
+            # it, whatever its distance was: the first horizon after the initial epoch and the
+            # later ones, which follow a horizon, lowered alike)
+            cur = horizons.current_horizon
+            extras = (epoch if cur is None else None, None if cur is None else cur - base,
                       tuple([f - base for f in sorted(horizons.front)]),
                       tuple([(k, _rel_command(v, base, live)) for k, v in sorted(self._last_side_effect.items())]),
                       tuple([(k, _rel_command(v, base, live)) for k, v in sorted(self._last_collective.items())]))
