@@ -20,7 +20,9 @@ it:
   reductions, side effects and collective group; plus, per touched buffer, its
   shape and how far its base lies behind the current one; plus the ids (again
   relative) of the last side effect or collective task in play.  The epoch's id is
-  in the key of a horizon only: another lowering reads it only when it hands a node
+  in the key of a horizon that leaves the epoch where it is only (one that makes the
+  previous horizon the epoch collapses the old one onto it, wherever it was; the
+  command graph keys them so): another lowering reads it only when it hands a node
   with no true dependency the epoch dependency, and such a template is kept under
   the epoch's relative id as well (``Replay.find`` / ``keep``).  The command and
   instruction graphs' shapes write a state's references to the epoch symbolically
