@@ -328,26 +328,26 @@ class CommandGraphGenerator(CommandReplayMixin):
         return out
 
     def _build_now(self, task: Task, out: list[Command]) -> None:
-        if task.kind == tg.EPOCH or task.kind == tg.HORIZON:
-            # (the buffers replay left as shapes are restored before the epoch moves: a
-            # shape's references to the epoch stand for the epoch of when it was taken)
-            self._sync_buffers(None)
+        # (the epoch is collapsed onto before the tracker moves to it: see _set_epoch)
         if task.kind == tg.EPOCH:
             c = self._new(EpochCommand, task)
             self._commit(out, c)
-            self._horizons.epoch_generated(c.id)
             self._set_epoch(c)
+            self._horizons.epoch_generated(c.id)
         elif task.kind == tg.HORIZON:
             c = self._new(HorizonCommand, task)
             self._commit(out, c)
-            prev = self._horizons.horizon(c.id)
+            prev = self._horizons.current_horizon    # (the previous horizon becomes the epoch)
             if prev is not None:
                 self._set_epoch(self._live[prev])
+            self._horizons.horizon(c.id)
         else:
             self._build_compute(task, out)
 
     def _set_epoch(self, epoch: Command) -> None:
-        """``epoch`` now represents every older command (see ``horizons``)."""
+        """``epoch`` now represents every older command (see ``horizons``).  Called while the
+        tracker still names the old epoch: the buffers that replay left as shapes are restored
+        first, and a shape's references to the epoch stand for the epoch of when it was taken."""
         eid = epoch.id
         self._sync_buffers(None)
         for st in self._buffers.values():

@@ -14,8 +14,7 @@ from typing import Callable
 from . import replay as _replay_module
 from . import task_graph as tg
 from .horizons import forget_before
-from .replay import absolute_epoch, absolute_id, bind_value, compiled_builder, newest_named, relative_epoch, \
-    relative_id
+from .replay import absolute_epoch, absolute_id, bind_value, compiled_builder, own_base_shape, relative_id
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
 
@@ -380,8 +379,7 @@ def _buffer_shape(st, epoch: int | None) -> tuple[tuple, int | None]:
     lowered anew for a whole period more.  The pending reduction by its participants
     only: the reduction object is the producing task's, and the lowering uses nothing
     else of it."""
-    top = newest_named(st.access, None, epoch)
-    access = st.access.snapshot(relative_epoch(0 if top is None else top, epoch))
+    access, top = own_base_shape(st.access, epoch)
     p = st.pending
     return (st.mine.snapshot(), st.mine_bb, st.held, st.uninit, access, None if p is None else p[1]), top
 

@@ -32,7 +32,7 @@ from . import replay as _replay_module
 from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
                                 ReductionAllocation)
 from .memory import Allocation
-from .replay import absolute_epoch, bind_value, compiled_builder, newest_named, relative_epoch
+from .replay import absolute_epoch, bind_value, compiled_builder, newest_named, own_base_shape, relative_epoch
 from .replay import absolute_id as _abs
 from .replay import relative_id as _rel
 
@@ -488,8 +488,7 @@ class InstructionReplayMixin:
         if b.user is not None:
             user = b.user.box
             ids.append(b.user.id)
-            ubase = newest_named(b.user.access, None, epoch)   # (the user allocation's ids: a shape of their own)
-            ushape = b.user.access.snapshot(relative_epoch(0 if ubase is None else ubase, epoch))
+            ushape, ubase = own_base_shape(b.user.access, epoch)   # (the user allocation's ids: a shape of their own)
             usid = self.replay.intern((_USER_KEYED, ushape))
         shape = (tuple(mems), user, b.newest.snapshot(),
                  tuple([(p.transfer[0] - tbase, p.transfer[1], p.transfer[2], p.region) for p in b.pending]),

@@ -205,11 +205,13 @@ def absolute_id(r: int | None, base: int) -> int | None:
     return None if r is None else r + base
 
 
-def own_base_shape(access) -> tuple[tuple, int | None]:
+def own_base_shape(access, epoch: int | None = None) -> tuple[tuple, int | None]:
     """An access map's snapshot with its ids relative to the newest one it names, and that
-    id (its base; None where it names none): a state is one shape whenever it is taken."""
-    top = newest_named(access)
-    return access.snapshot(relative(0 if top is None else top)), top
+    id (its base; None where it names none): a state is one shape whenever it is taken.
+    With ``epoch``, references to it are written symbolically and it is no base
+    (``relative_epoch``)."""
+    top = newest_named(access, None, epoch)
+    return access.snapshot(relative_epoch(0 if top is None else top, epoch)), top
 
 
 EPOCH_ID = "epoch"   # a state's reference to the epoch for new nodes, in a shape
