@@ -236,7 +236,7 @@ class CommandGraphGenerator(CommandReplayMixin):
         self._split_cache = BoundedCache(1024)     # see ``split_task``
         self._regions_cache = BoundedCache(256)    # see ``_chunk_regions``
         self._mine_cache = BoundedCache(256)       # see ``_my_chunks``
-        self._builder_code = BoundedCache(256)     # command templates' builder source -> make (command_replay)
+        self._builder_code = BoundedCache(256)     # command templates' builder source -> code (command_replay)
         for info in (buffers or {}).values():
             self.create_buffer(info)
 

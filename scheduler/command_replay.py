@@ -289,9 +289,9 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
     written out for this template's commands and buffers, compiled once per template (at
     its ``COMPILE_AFTER``-th replay).  Each command is one constructor call with its
     dependencies as a dict display, then its execution-front update and registration,
-    in the interpreted order; then the buffers' new states.  Every value is a name bound
-    in the closure, so templates of one structure share the compiled code (``codes``:
-    source -> ``make``), as instruction templates' builders do (``_builder`` in
+    in the interpreted order; then the buffers' new states.  Every value is a global name
+    of the function, so templates of one structure share the compiled code (``codes``:
+    source -> code object), as instruction templates' builders do (``_builder`` in
     ``instruction_replay``).  Returns the commands made."""
     AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand = classes
     ns: dict = {}
@@ -324,30 +324,28 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
             call = f"C{i}({cid}, task, {dd}, (_r := buffers[{b}].pending[0]), {b}, (tid, {b}, _r.id), {const(contributes)})"
         else:
             call = f"C{i}({cid}, task, {dd})"
-        lines.append(f"        c{i} = {call}")
+        lines.append(f"    c{i} = {call}")
         names.append(f"c{i}")
     for i, keys in enumerate(dep_keys):
         # (EpochTracker.add, then CommandGraphGenerator._register less its count and recorder)
         for k in keys:
-            lines.append(f"        pop({k}, None)")
-        lines.append(f"        front[c{i}.id] = live[c{i}.id] = c{i}")
+            lines.append(f"    pop({k}, None)")
+        lines.append(f"    front[c{i}.id] = live[c{i}.id] = c{i}")
     for bid, sid, shape, pend, top in post:
         b = const(bid)
         if pend is None:
-            lines.append(f"        buffers[{b}].pending = None")
+            lines.append(f"    buffers[{b}].pending = None")
         elif pend != "kept":
-            lines.append(f"        buffers[{b}].pending = (task.reductions[{const(pend[0])}], {const(pend[1])})")
+            lines.append(f"    buffers[{b}].pending = (task.reductions[{const(pend[0])}], {const(pend[1])})")
         at = "None" if top is None else f"base + {const(top)}"
-        lines.append(f"        shapes[{b}] = stale[{b}] = ({const(sid)}, {at}, {const(shape)})")
+        lines.append(f"    shapes[{b}] = stale[{b}] = ({const(sid)}, {at}, {const(shape)})")
     made = "(" + "".join(f"{c}, " for c in names) + ")"
-    src = (f"def make({', '.join(ns)}):\n"
-           "    def build(base, epoch, task, tid, buffers, live, front, out, shapes, stale):\n"
-           "        pop = front.pop\n"
+    src = ("def build(base, epoch, task, tid, buffers, live, front, out, shapes, stale):\n"
+           "    pop = front.pop\n"
            + "\n".join(lines) + "\n"
-           f"        made = {made}\n"
-           "        out += made\n"
-           "        return made\n"
-           "    return build\n")
+           f"    made = {made}\n"
+           "    out += made\n"
+           "    return made\n")
     return compiled_builder(src, "<command template>", codes, ns)
 
 

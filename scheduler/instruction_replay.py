@@ -918,15 +918,12 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
     """A function that makes a template's instructions with fresh ids: the prototypes and
     patches written out as one expression per instruction (compiled once per template, at
     its ``COMPILE_AFTER``-th replay), instead of copying each prototype and interpreting
-    its patches.  Every value, ids and offsets included, is a name bound in the
-    function's closure, so the source is the template's structure only: templates of
-    one structure (a step's phases, a stream's rows) share the compiled code (``codes``,
-    the generator's: source -> a ``make`` that binds the values), and each costs a call
-    of ``make`` instead of a ``compile`` (the 128² stencil's 5 builders have 2
-    structures; a stream window's 134 have 10).  The values are closure cells, not
-    globals of a namespace per template: one code object run with several globals
-    dicts loses its LOAD_GLOBAL specialization at every switch (the stencil's two
-    alternating step phases paid 6.5 instead of 3.9 ns per value, 250 values a step)."""
+    its patches.  Every value, ids and offsets included, is a global name of the
+    function, so the source is the template's structure only: templates of one
+    structure (a step's phases, a stream's rows) share the compiled code (``codes``, the
+    generator's: source -> code object), and each costs a copy of the code with its own
+    globals instead of a ``compile`` (the 128² stencil's 5 builders have 2 structures; a
+    stream window's 134 have 10; see ``compiled_builder``)."""
     ns: dict = {"_DECODE": _DECODE}
     used: set[int] = set()      # the buffers whose allocations the instructions name
     exprs = []
@@ -1000,12 +997,10 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
         after.append(f"NEW(BS, ({const(sid)}, {'None' if ioff is None else f'ib + {const(ioff)}'}, "
                      f"{'None' if toff is None else f'tid + {const(toff)}'}, {ids}, {const(shape)}, {u})), ")
     # (each buffer's allocation ids read once: s<k> = shapes[k].allocations)
-    slots = "".join(f"        s{k} = shapes[{k}][{_ALLOCATIONS}]\n" for k in sorted(used))
-    src = (f"def make({', '.join(ns)}):\n"
-           "    def build(ib, ab, mb, tid, shapes, ctx, task):\n"
+    slots = "".join(f"    s{k} = shapes[{k}][{_ALLOCATIONS}]\n" for k in sorted(used))
+    src = ("def build(ib, ab, mb, tid, shapes, ctx, task):\n"
            f"{slots}"
-           f"        return ({''.join(e + ', ' for e in exprs)}), KINDS, ({''.join(after)}), EXT, SINKS\n"
-           "    return build\n")
+           f"    return ({''.join(e + ', ' for e in exprs)}), KINDS, ({''.join(after)}), EXT, SINKS\n")
     return compiled_builder(src, "<replay template>", codes, ns)
 
 
