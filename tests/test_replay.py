@@ -853,6 +853,50 @@ def test_the_phases_of_buffers_swapping_roles_compile_one_builder(monkeypatch, r
     assert len(sources) >= 5 * ranks and len(set(sources)) == 2, (len(sources), len(set(sources)))
 
 
+def test_templates_of_one_source_get_their_own_code_and_globals_from_one_compile(monkeypatch):
+    """Templates of one structure compile one source once, and each gets a function of its
+    own: a copy of the code (so CPython's LOAD_GLOBAL specialization, kept per code object,
+    is not undone by the other phase at every switch) run with the template's values as
+    its globals.  The stencil's step phases and horizons make such templates."""
+    import scheduler.instruction_replay as ir
+    import scheduler.replay as rp
+    monkeypatch.setattr(rp, "COMPILE_AFTER", 1)
+    made = []
+    compiles = []
+    real_builder, real_compile = ir.compiled_builder, compile
+
+    def compiled(src, filename, codes, ns):
+        fn = real_builder(src, filename, codes, ns)
+        made.append((src, fn, dict(ns)))
+        return fn
+
+    def counting_compile(src, filename, *a, **k):
+        if filename == "<replay template>":     # (command templates compile theirs too)
+            compiles.append(src)
+        return real_compile(src, filename, *a, **k)
+
+    monkeypatch.setattr(ir, "compiled_builder", compiled)
+    monkeypatch.setattr("builtins.compile", counting_compile)
+    ctx = GraphContext(1, devices=2, diagnostics="off", replay=True)
+    _stencil(ctx, steps=60)
+    ctx.finish()
+    by_source: dict = {}
+    for src, fn, ns in made:
+        by_source.setdefault(src, []).append((fn, ns))
+    assert sorted(compiles) == sorted(by_source), (len(compiles), len(by_source))   # one compile per source
+    shared = [fns for fns in by_source.values() if len(fns) > 1]
+    assert shared, [len(v) for v in by_source.values()]
+    for fns in shared:
+        codes = [fn.__code__ for fn, _ns in fns]
+        assert len({id(c) for c in codes}) == len(codes)
+        assert len({c.co_code for c in codes}) == 1
+        for fn, ns in fns:
+            assert fn.__globals__ == ns     # the template's own values, nothing else
+        assert len({id(fn.__globals__) for fn, _ns in fns}) == len(fns)
+        # the phases' values differ somewhere (else one template would do)
+        assert any(a[1] != b[1] for a, b in zip(fns, fns[1:]))
+
+
 @pytest.mark.parametrize("compile_after", [1, 8])
 @pytest.mark.parametrize("extra", [False, True])
 def test_command_templates_replay_through_compiled_builders_with_the_same_graphs(monkeypatch, compile_after, extra):
