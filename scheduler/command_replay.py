@@ -9,6 +9,7 @@ Horizons have templates of their own, keyed on every buffer's shape and the fron
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 from . import replay as _replay_module
@@ -296,8 +297,7 @@ def _command_builder(cmds: tuple, post: tuple, classes: tuple, codes) -> Callabl
     AwaitPushCommand, ExecutionCommand, PushCommand, ReductionCommand = classes
     ns: dict = {}
 
-    def const(v) -> str:
-        return bind_value(ns, v)
+    const = partial(bind_value, ns)     # (value -> its name in the source)
 
     lines = []
     names = []

@@ -25,6 +25,7 @@ keys on them.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 from . import command_graph as cg
@@ -934,8 +935,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
         used.add(a[1])
         return f"s{a[1]}[{const(a[2])}]"
 
-    def const(v) -> str:
-        return bind_value(ns, v)
+    const = partial(bind_value, ns)     # (value -> its name in the source)
 
     for i, (cls, proto, patches) in enumerate(instrs):
         args = [const(v) for v in proto]

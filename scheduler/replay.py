@@ -158,13 +158,22 @@ class Replay:
                 "grouped_gathers": self.grouped_gathers, "templates": len(self.templates)}
 
 
+_NAMES = tuple(f"k{i}" for i in range(1024))     # (bind_value's names, made once)
+
+
 def bind_value(ns: dict, v) -> str:
     """A compiled builder's source names every value it uses (``ns``: name -> value, the
     ``build`` function's globals), so templates of one structure share one compiled code
-    object; None and booleans are written as themselves."""
-    if v is None or type(v) is bool:
-        return repr(v)
-    name = f"k{len(ns)}"
+    object; None and booleans are written as themselves.  (A step's builder binds some 300
+    values: half of writing its source was this function before its names were made once.)"""
+    if v is None:
+        return "None"
+    if v is True:
+        return "True"
+    if v is False:
+        return "False"
+    n = len(ns)
+    name = _NAMES[n] if n < 1024 else f"k{n}"
     ns[name] = v
     return name
 
