@@ -184,12 +184,12 @@ def compiled_builder(src: str, filename: str, codes: BoundedCache, ns: dict):
     cache) and run with ``ns`` as its globals.
 
     Globals, not a closure's cells: ``compile()`` of the 128² stencil's step builder (242
-    values) took 0.92 against 1.19 ms, a call 4.90 against 5.19 µs, and binding a further
-    template of the same source 1.4 against 5.2 µs.  Each template's function gets its own
-    copy of the code (``code.replace()``): CPython specializes ``LOAD_GLOBAL`` per code
-    object for one globals dict, and templates that alternate (a step's phases) on one
-    shared code object would undo each other's specialization at every switch (12.6
-    against 9.8 µs for two phases' calls)."""
+    values) takes 0.55 against 0.90 ms (best of 20), binding a further template of the
+    same source 1.3 against 5.0 µs, and a call is no slower (4.9-5.0 against 4.9-5.2 µs).
+    Each template's function gets its own copy of the code (``code.replace()``): CPython
+    specializes ``LOAD_GLOBAL`` per code object for one globals dict, and templates that
+    alternate (a step's phases) on one shared code object would undo each other's
+    specialization at every switch (12.6 against 9.9-10.1 µs for two phases' calls)."""
     code = codes.get(src)
     if code is None:
         scope: dict = {}
