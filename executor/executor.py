@@ -77,6 +77,8 @@ _WAKE = _Signal("wake")
 _DRAIN = _Signal("drain")
 _ABORT = _Signal("abort")
 
+_KERNEL, _COPY = 1, 2      # what direct issue may do with a batch position (Executor._batch_plan)
+
 
 class _Inbox:
     """Multi-producer, single-consumer queue the executor thread sleeps on.
@@ -260,7 +262,7 @@ class Executor(InstructionHandlers):
         # direct issue (see _accept): device -> an inline lane's info; (source, dest) memories
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
-        # InstructionBatch.shape -> _batch_facts of such a batch; cleared when _direct_copies grows
+        # InstructionBatch.shape -> _batch_plan of such a batch; cleared when _direct_copies grows
         self._facts: dict[tuple, tuple] = {}
         self._cost_keys: dict[int, tuple] = {}      # id(box) -> (box, name, cost key): see _cost_key
         self._contexts: dict[int, tuple] = {}       # id(accesses) -> (accesses, box, name, device, context, cost key)
@@ -656,62 +658,63 @@ class Executor(InstructionHandlers):
                 self._report(exc, None)
         engine = self._engine
         instrs = batch.instructions
-        # direct issue (below) must not run work ahead of a later, more urgent instruction
-        # of this batch that would not run directly itself: the last positions of such
-        # instructions with priority above 0 (copies, comm) and above 1 (comm).  Without
-        # direct issue, the whole batch counts as such.
-        above0 = above1 = len(instrs)
-        slow = ()       # positions of copies that would not run directly
+        submit = engine.submit
         if self._inline_ns and self._trace is None and not self._failed:
-            # (the same for every batch of one shape, as long as the set of memory pairs
-            # copied directly stays: _batch_facts)
+            # which positions may run directly (the same for every batch of one shape, as
+            # long as the set of memory pairs copied directly stays: _batch_plan)
             shape = batch.shape
-            facts = self._facts.get(shape) if shape is not None else None
-            if facts is None:
-                facts = self._batch_facts(instrs)
+            plan = self._facts.get(shape) if shape is not None else None
+            if plan is None or len(plan) != len(instrs):   # (zip below must not drop one)
+                plan = self._batch_plan(instrs)
                 if shape is not None:
                     if len(self._facts) >= 4096:
                         self._facts.clear()
-                    self._facts[shape] = facts
-            above0, above1, slow = facts
-        # whether every instruction accepted so far ran directly, so the engine is still idle (then
-        # would_assign_at_once holds: direct issue neither submits nor completes engine work)
-        idle = engine.is_idle()
-        at_once = engine.would_assign_at_once
-        direct_kernel = self._direct_kernel
-        direct_copy = self._direct_copy
-        submit = engine.submit
-        for i, instr in enumerate(instrs):
-            t = type(instr)
-            if t is DeviceKernelInstruction:
-                if i > above0 and not self._failed and (idle or at_once(instr)) and direct_kernel(instr):
-                    continue
-            elif t is CopyInstruction:
-                if i > above1 and i not in slow and not self._failed and (idle or at_once(instr)):
-                    direct_copy(instr)
-                    continue
-            deps = None
-            if t is AwaitReceiveInstruction:
-                deps = self._await_deps(instr)
-            elif t is EpochInstruction and self._epoch_check is not None:
-                self._announce_epoch(instr)
-            submit(instr, deps)
-            idle = False
+                    self._facts[shape] = plan
+            # whether every instruction accepted so far ran directly, so the engine is still idle
+            # (then would_assign_at_once holds: direct issue neither submits nor completes engine work)
+            idle = engine.is_idle()
+            at_once = engine.would_assign_at_once
+            direct_kernel = self._direct_kernel
+            direct_copy = self._direct_copy
+            for instr, code in zip(instrs, plan):
+                if code and not self._failed and (idle or at_once(instr)):
+                    if code is _KERNEL:
+                        if direct_kernel(instr):
+                            continue
+                    else:
+                        direct_copy(instr)
+                        continue
+                self._to_engine(instr, submit)
+                idle = False
+            return
+        for instr in instrs:
+            self._to_engine(instr, submit)
 
-    def _batch_facts(self, instrs: list[Instruction]) -> tuple[int, int, Any]:
-        """What direct issue needs to know about a batch (see ``_accept``): the last positions
-        of instructions with a priority above 0 and above 1 that would not run directly, and
-        the positions of the copies that would not (the set, or () for none)."""
+    def _to_engine(self, instr: Instruction, submit) -> None:
+        """Submit ``instr`` to the engine (``submit``, its method), as ``_accept`` does with
+        what does not run directly."""
+        t = type(instr)
+        if t is AwaitReceiveInstruction:
+            submit(instr, self._await_deps(instr))
+        else:
+            if t is EpochInstruction and self._epoch_check is not None:
+                self._announce_epoch(instr)
+            submit(instr, None)
+
+    def _batch_plan(self, instrs: list[Instruction]) -> tuple:
+        """Per position of a batch, whether direct issue (see ``_accept``) may run it: 0 for
+        no, ``_KERNEL`` for a kernel, ``_COPY`` for a copy that would run inline.  Direct
+        issue must not run work ahead of a later, more urgent instruction of the batch that
+        would not run directly itself: none after the last such instruction with a priority
+        above 0 (copies, comm) for a kernel, above 1 (comm) for a copy."""
         above0 = above1 = -1
-        slow: Any = ()
+        slow: set = set()       # positions of copies that would not run directly
         inline_bytes = self._inline_bytes
         pairs = self._direct_copies
         for i, instr in enumerate(instrs):
             p = instr.priority
             if type(instr) is CopyInstruction and (instr.size_bytes > inline_bytes or (
                     instr.source_memory, instr.dest_memory) not in pairs):
-                if not slow:
-                    slow = set()
                 slow.add(i)
                 if p:
                     above0 = i
@@ -722,7 +725,16 @@ class Executor(InstructionHandlers):
                     above0 = above1 = i
                 elif type(instr) is not CopyInstruction:
                     above0 = i
-        return above0, above1, slow
+        plan = []
+        for i, instr in enumerate(instrs):
+            t = type(instr)
+            if t is DeviceKernelInstruction and i > above0:
+                plan.append(_KERNEL)
+            elif t is CopyInstruction and i > above1 and i not in slow:
+                plan.append(_COPY)
+            else:
+                plan.append(0)
+        return tuple(plan)
 
     # Direct issue.  An instruction that arrives with every predecessor complete, while
     # nothing else is ready, would be assigned at once, and if it is cheap work on an

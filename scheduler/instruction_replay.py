@@ -560,8 +560,19 @@ class InstructionReplayMixin:
             # front, a few dozen ids in a wide step, popped one by one before)
             front.clear()
         else:
-            for d in ext:
-                front.pop(epoch if d is None else ibase + d, None)
+            # (from the smaller side: a step's ext names the whole previous step, a dozen ids
+            # or more, of which the front holds the few sinks; see _summary)
+            sym, ids, idset = ext
+            if sym:
+                front.pop(epoch, None)
+            if not ids:
+                pass            # (independent tasks: the front grows, nothing leaves it)
+            elif len(front) < len(ids):
+                for f in [f for f in front if f - ibase in idset]:
+                    del front[f]
+            else:
+                for d in ids:
+                    front.pop(ibase + d, None)
         for r in sinks:
             front[ibase + r] = None
         self._out.extend(made)
@@ -852,7 +863,9 @@ def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
     """A template's instruction counts per kind and the execution front's net change (see
     ``EpochTracker.add``, applied per instruction by a lowering): the dependencies outside
     the template leave the front (``ext``), and the template's instructions no later one
-    of them depends on join it (``sinks``).  Ids relative to the template's base."""
+    of them depends on join it (``sinks``).  Ids relative to the template's base; ``ext``
+    as ``(whether the symbolic epoch leaves, the ids in order, the same as a set)``, so a
+    replay takes out of the front whichever side is the smaller, the front or ``ext``."""
     kinds: dict = {}
     own, needed = [], set()
     for cls, _proto, patches in instrs:
@@ -866,7 +879,7 @@ def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
     ext = needed.difference(own)
     sym = None in ext
     ext.discard(None)
-    return (tuple(kinds.items()), ((None,) if sym else ()) + tuple(sorted(ext)),
+    return (tuple(kinds.items()), (sym, tuple(sorted(ext)), frozenset(ext)),
             tuple(r for r in own if r not in needed))
 
 

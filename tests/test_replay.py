@@ -65,7 +65,7 @@ def _stencil(ctx, n=32, steps=40, split="2d", extra=False):
 
 
 def _signature(instrs) -> list:
-    """What the executor's direct issue reads from a batch (Executor._batch_facts)."""
+    """What the executor's direct issue reads from a batch (Executor._batch_plan)."""
     return [(type(i), i.priority, getattr(i, "size_bytes", None), getattr(i, "source_memory", None),
              getattr(i, "dest_memory", None)) for i in instrs]
 
