@@ -263,7 +263,7 @@ class Executor(InstructionHandlers):
         self._direct_kernel_lanes: dict[int, _LaneInfo] = {}
         self._direct_copies: set[tuple[int, int]] = set()
         # InstructionBatch.shape -> _batch_plan of such a batch; cleared when _direct_copies grows
-        self._facts: dict[tuple, tuple] = {}
+        self._plans: dict[tuple, tuple] = {}
         self._cost_keys: dict[int, tuple] = {}      # id(box) -> (box, name, cost key): see _cost_key
         self._contexts: dict[int, tuple] = {}       # id(accesses) -> (accesses, box, name, device, context, cost key)
 
@@ -658,18 +658,17 @@ class Executor(InstructionHandlers):
                 self._report(exc, None)
         engine = self._engine
         instrs = batch.instructions
-        submit = engine.submit
         if self._inline_ns and self._trace is None and not self._failed:
             # which positions may run directly (the same for every batch of one shape, as
             # long as the set of memory pairs copied directly stays: _batch_plan)
             shape = batch.shape
-            plan = self._facts.get(shape) if shape is not None else None
+            plan = self._plans.get(shape) if shape is not None else None
             if plan is None or len(plan) != len(instrs):   # (zip below must not drop one)
                 plan = self._batch_plan(instrs)
                 if shape is not None:
-                    if len(self._facts) >= 4096:
-                        self._facts.clear()
-                    self._facts[shape] = plan
+                    if len(self._plans) >= 4096:
+                        self._plans.clear()
+                    self._plans[shape] = plan
             # whether every instruction accepted so far ran directly, so the engine is still idle
             # (then would_assign_at_once holds: direct issue neither submits nor completes engine work)
             idle = engine.is_idle()
@@ -684,22 +683,21 @@ class Executor(InstructionHandlers):
                     else:
                         direct_copy(instr)
                         continue
-                self._to_engine(instr, submit)
+                self._to_engine(instr)
                 idle = False
             return
         for instr in instrs:
-            self._to_engine(instr, submit)
+            self._to_engine(instr)
 
-    def _to_engine(self, instr: Instruction, submit) -> None:
-        """Submit ``instr`` to the engine (``submit``, its method), as ``_accept`` does with
-        what does not run directly."""
+    def _to_engine(self, instr: Instruction) -> None:
+        """Submit ``instr`` to the engine, as ``_accept`` does with what does not run directly."""
         t = type(instr)
         if t is AwaitReceiveInstruction:
-            submit(instr, self._await_deps(instr))
+            self._engine.submit(instr, self._await_deps(instr))
         else:
             if t is EpochInstruction and self._epoch_check is not None:
                 self._announce_epoch(instr)
-            submit(instr, None)
+            self._engine.submit(instr, None)
 
     def _batch_plan(self, instrs: list[Instruction]) -> tuple:
         """Per position of a batch, whether direct issue (see ``_accept``) may run it: 0 for

@@ -101,7 +101,7 @@ class InstructionHandlers:
                 mems = (instr.source_memory, instr.dest_memory)
                 if mems not in self._direct_copies:
                     self._direct_copies.add(mems)
-                    self._facts.clear()     # (they say which copies would not run directly)
+                    self._plans.clear()     # (they say which copies would not run directly)
                 self._copy_inline(instr, pair)
                 self._engine.complete(instr.id)
                 return

@@ -562,17 +562,16 @@ class InstructionReplayMixin:
         else:
             # (from the smaller side: a step's ext names the whole previous step, a dozen ids
             # or more, of which the front holds the few sinks; see _summary)
-            sym, ids, idset = ext
+            sym, ids = ext
             if sym:
                 front.pop(epoch, None)
-            if not ids:
-                pass            # (independent tasks: the front grows, nothing leaves it)
-            elif len(front) < len(ids):
-                for f in [f for f in front if f - ibase in idset]:
-                    del front[f]
-            else:
-                for d in ids:
-                    front.pop(ibase + d, None)
+            if ids:             # (none for independent tasks: the front grows, nothing leaves it)
+                if len(front) < len(ids):
+                    for f in [f for f in front if f - ibase in ids]:
+                        del front[f]
+                else:
+                    for d in ids:
+                        front.pop(ibase + d, None)
         for r in sinks:
             front[ibase + r] = None
         self._out.extend(made)
@@ -864,8 +863,8 @@ def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
     ``EpochTracker.add``, applied per instruction by a lowering): the dependencies outside
     the template leave the front (``ext``), and the template's instructions no later one
     of them depends on join it (``sinks``).  Ids relative to the template's base; ``ext``
-    as ``(whether the symbolic epoch leaves, the ids in order, the same as a set)``, so a
-    replay takes out of the front whichever side is the smaller, the front or ``ext``."""
+    as ``(whether the symbolic epoch leaves, the ids as a frozenset)``, so a replay takes
+    out of the front whichever side is the smaller, the front or ``ext``."""
     kinds: dict = {}
     own, needed = [], set()
     for cls, _proto, patches in instrs:
@@ -879,7 +878,7 @@ def _summary(instrs: tuple) -> tuple[tuple, tuple, tuple]:
     ext = needed.difference(own)
     sym = None in ext
     ext.discard(None)
-    return (tuple(kinds.items()), (sym, tuple(sorted(ext)), frozenset(ext)),
+    return (tuple(kinds.items()), (sym, frozenset(ext)),
             tuple(r for r in own if r not in needed))
 
 

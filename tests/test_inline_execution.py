@@ -472,13 +472,13 @@ def test_batches_of_one_shape_share_what_direct_issue_knows_until_copies_of_a_ne
         first = copy()
         h.run(shape=(7,))
         assert first.id in seen                 # a pair not seen before: through the engine, inline
-        assert (7,) not in h.ex._facts          # (forgotten: the pair now copies directly)
+        assert (7,) not in h.ex._plans          # (forgotten: the pair now copies directly)
         second = copy()
         h.run(shape=(7,))
         assert second.id not in seen            # straight from its batch
-        assert h.ex._facts[(7,)] == (2, 0)      # (the copy runs directly, the batch's fence does not)
+        assert h.ex._plans[(7,)] == (2, 0)      # (the copy runs directly, the batch's fence does not)
         third = copy()
-        h.ex._facts[(7,)] = (0, 0)              # what the shape says is what counts
+        h.ex._plans[(7,)] = (0, 0)              # what the shape says is what counts
         h.run(shape=(7,))
         assert third.id in seen
         assert h.errors == []
