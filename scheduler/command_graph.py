@@ -232,6 +232,8 @@ class CommandGraphGenerator(CommandReplayMixin):
         self._last_collective: dict[int, Command] = {}
         self.num_commands = 0
         self._live: dict[int, Command] = {}   # commands that may still be dependency targets
+        self._chain: dict | None = None   # the node of the chain of templates the state is at (replay)
+        self.chain_hits = 0     # tasks replayed along a chain
         self._me_only = frozenset((rank,))
         self._split_cache = BoundedCache(1024)     # see ``split_task``
         self._regions_cache = BoundedCache(256)    # see ``_chunk_regions``
@@ -243,12 +245,14 @@ class CommandGraphGenerator(CommandReplayMixin):
     # ---- buffers -----------------------------------------------------------------
     def create_buffer(self, info: BufferInfo) -> None:
         st = _BufferState(info, self.num_ranks)
+        self._chain = None
         epoch = self._horizons.epoch
         if info.host_initialized and epoch is not None:
             st.access.update(info.box, (epoch, _NO_READERS))
         self._buffers[info.id] = st
 
     def destroy_buffer(self, bid: int) -> None:
+        self._chain = None
         self._buffers.pop(bid, None)
         self._shapes.pop(bid, None)
         self._stale.pop(bid, None)

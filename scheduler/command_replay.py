@@ -18,12 +18,59 @@ from .horizons import forget_before
 from .replay import absolute_epoch, absolute_id, bind_value, compiled_builder, own_base_shape, relative_id
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
+_CHAIN_WIDTH = 64   # steps a chain's node remembers (see _build_replayed)
 
 
 class CommandReplayMixin:
     """Replay of ``CommandGraphGenerator.build`` (uses the generator's state)."""
 
     def _build_replayed(self, task, out: list) -> None:
+        """``build`` by a template where one holds: along a chain of templates from the last
+        horizon's (as the instruction graph's, see ``InstructionReplayMixin._chain_key``:
+        a horizon's key holds every buffer, the front, the last side effects and
+        collectives and the epoch), from the chain's node without a key; else by the
+        task's key."""
+        chain = self._chain
+        sig_id = None
+        if chain is not None:
+            kind = task.kind
+            if kind == tg.HORIZON:
+                sig_id = -1
+            elif kind in _REPLAYABLE:
+                sig = tg.replay_signature(task)
+                if sig is not None:
+                    sig_id = self.replay.known(sig)
+            if sig_id is not None:
+                entry = chain.get(sig_id)
+                if entry is not None:
+                    tpl, bids, nxt = entry
+                    self._chain = nxt
+                    self.replay.hits += 1
+                    self.chain_hits += 1
+                    self._replay(task, bids, tpl, out)
+                    return
+            self._chain = None
+        tpl, bids = self._build_keyed(task, out)
+        if tpl is None:
+            return
+        if task.kind == tg.HORIZON:
+            cell = tpl[3]
+            nxt = cell[2]
+            if nxt is None:
+                nxt = cell[2] = {}
+        elif sig_id is None:
+            return
+        else:
+            nxt = {}
+        if sig_id is not None and len(chain) < _CHAIN_WIDTH:
+            chain[sig_id] = (tpl, bids, nxt)
+        elif task.kind != tg.HORIZON:
+            return
+        self._chain = nxt
+
+    def _build_keyed(self, task, out: list) -> tuple:
+        """``_build_replayed`` by the task's key: the template that holds for this lowering from
+        now on (found, or recorded now; None: none) and the buffers it touches."""
         replay = self.replay
         key = self._replay_key(task) if task.kind in _REPLAYABLE else None
         if key is None or len(key) == 1:
@@ -31,7 +78,7 @@ class CommandReplayMixin:
                 replay.bypassed += 1
             self._build_now(task, out)
             self._forget_shapes(None if task.kind in (tg.EPOCH, tg.HORIZON) else _touched(task))
-            return
+            return None, None
         base = self._next_id
         epoch = self._horizons.epoch
         epoch_rel = None if epoch is None else epoch - base
@@ -39,7 +86,7 @@ class CommandReplayMixin:
         if tpl is not None:
             replay.hits += 1
             self._replay(task, key[1], tpl, out)
-            return
+            return tpl, key[1]
         bids = key[1]
         self._sync_buffers(bids)
         pending = [self._buffers[bid].pending for bid in bids]
@@ -49,11 +96,12 @@ class CommandReplayMixin:
         if self._warned:
             replay.bypassed += 1     # diagnostics are logged by every lowering
             self._forget_shapes(bids)
-            return
+            return None, None
         replay.misses += 1
         # (a horizon's key holds the epoch itself: its lowering moves it)
-        replay.keep(key, self._record(task, bids, base, pending, out), epoch_rel,
-                    task.kind != tg.HORIZON and (self._epoch_merged or _names_epoch(out, epoch)))
+        tpl = self._record(task, bids, base, pending, out)
+        replay.keep(key, tpl, epoch_rel, task.kind != tg.HORIZON and (self._epoch_merged or _names_epoch(out, epoch)))
+        return tpl, bids
 
     def _forget_shapes(self, bids) -> None:
         if bids is None:
@@ -179,8 +227,9 @@ class CommandReplayMixin:
                        _rel_command(self._last_collective.get(task.collective_group), base, live))
             if not effects[0] and effects[1] is None:
                 effects = None      # (most tasks: nothing for a replay to apply)
-        # (builder: [compiled builder, replays so far]; see _replay)
-        return tuple(cmds), tuple(post), effects, [None, 0]
+        # (builder: [compiled builder, replays so far, a horizon's chain root]; see _replay and
+        # _build_replayed)
+        return tuple(cmds), tuple(post), effects, [None, 0, None]
 
     # ---- replay ------------------------------------------------------------------------
     def _replay(self, task, bids: tuple, tpl: tuple, out: list) -> None:

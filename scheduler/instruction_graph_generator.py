@@ -153,6 +153,11 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._out: list[Instruction] = []
         self._pilots: list[Pilot] = []
         self._template_serials = count()    # replay templates' serial numbers (see compile)
+        # the node of the chain of templates the state is at (None: none), and the task id of
+        # the chain's last step (see InstructionReplayMixin._chain_key)
+        self._chain: dict | None = None
+        self._chain_tid = 0
+        self.chain_hits = 0     # commands (and task groups) replayed along a chain
         self._counts: dict[str, int] = {}   # instructions lowered, per kind (see ``counts``)
         # replayed templates' instruction counts per kind (a tuple of (kind, n)) -> replays
         self._replayed_kinds: dict[tuple, int] = {}
@@ -168,6 +173,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         """Register a buffer; returns the id of its user allocation when host-initialized."""
         b = _Buffer(info)
         self._buffers[info.id] = b
+        self._chain = None
         self._plan_cache.clear()   # (plans are keyed by buffer id, whose shape this fixes)
         self._plan_token = object()
         if info.host_initialized:
@@ -181,6 +187,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._sync_buffers((bid,))
         b = self._buffers.pop(bid, None)
         self._shapes.pop(bid, None)
+        self._chain = None
         if b is None:
             return []
         self._begin()
@@ -194,8 +201,10 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
 
     def create_host_object(self, hoid: int) -> None:
         self._host_objects[hoid] = None
+        self._chain = None
 
     def destroy_host_object(self, hoid: int) -> list[Instruction]:
+        self._chain = None
         self._begin()
         last = self._host_objects.pop(hoid, None)
         ins = DestroyHostObjectInstruction(self._new_id(), host_object=hoid)
@@ -572,6 +581,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
                     lst.append(box)
                     new_need = True
                     self._shapes.pop(bid, None)
+                    self._chain = None     # (a state no chain step made)
         if all_hit:
             if under is not None:
                 known = plans.allocated_under
@@ -588,6 +598,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
             if b.anticipated:
                 b.anticipated.clear()
                 self._shapes.pop(bid, None)
+                self._chain = None
 
     def _requirements(self, cmd: cg.Command) -> tuple:
         kind = cmd.kind

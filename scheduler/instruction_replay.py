@@ -49,6 +49,7 @@ _ROLES = {"id": "iid", "deps": "deps", "allocation": "aid", "source": "aid", "de
 
 _USER_KEYED = ("user-keyed",)   # stored under a key whose templates touch a user allocation (see above)
 _GROUP = ("task group",)        # a signature of a task's commands together (see group_probe)
+_CHAIN_WIDTH = 64               # steps a chain's node remembers (see _chain_key)
 
 
 class GroupProbe(NamedTuple):
@@ -64,6 +65,10 @@ class GroupProbe(NamedTuple):
     # the commands, where one of them gathers an earlier task's pending reduction (else None):
     # what the template's instructions are made from in place of the first command
     commands: "_GroupCommands | None" = None
+    # the group's step along the chain the state is at (None: no chain), and the node after it
+    # where the chain knew the step (its template is then ``template``; see _chain_key)
+    chain_key: tuple | None = None
+    chain_next: dict | None = None
 
 
 class _GroupCommands:
@@ -98,7 +103,97 @@ class InstructionReplayMixin:
     # ---- entry point -------------------------------------------------------------------
     def _compile_replayed(self, cmd: cg.Command) -> int | None:
         """Lower ``cmd``, by a template where one holds; the template's serial number, or None
-        where it was lowered."""
+        where it was lowered.  Along a chain (see ``_chain_key``) the template comes from
+        the chain's node, without a key."""
+        chain = self._chain
+        ckey = None
+        if chain is not None:
+            ckey = self._chain_key(cmd)
+            if ckey is not None:
+                entry = chain.get(ckey)
+                if entry is not None:
+                    tpl, bids, nxt = entry
+                    self._chain = nxt
+                    self._chain_tid = cmd.task.id
+                    self.replay.hits += 1
+                    self.chain_hits += 1
+                    store = self._shapes
+                    try:
+                        shapes = [store[bid] for bid in bids]
+                    except KeyError:
+                        shapes = self._current_shapes(bids)
+                    return self._instantiate(cmd, bids, shapes, tpl)
+            self._chain = None
+        serial, tpl, touched = self._compile_keyed(cmd)
+        if tpl is not None:
+            if cmd.kind == cg.HORIZON:
+                cell = tpl[8]
+                nxt = cell[4]
+                if nxt is None:
+                    nxt = cell[4] = {}
+            elif ckey is None:
+                return serial
+            else:
+                nxt = {}
+            if ckey is not None and len(chain) < _CHAIN_WIDTH:
+                chain[ckey] = (tpl, touched, nxt)
+            elif cmd.kind != cg.HORIZON:
+                return serial
+            self._chain = nxt
+            self._chain_tid = cmd.task.id
+        return serial
+
+    def _chain_key(self, cmd: cg.Command) -> tuple | None:
+        """A command's step along a chain: its signature's int and how many task ids lie
+        between it and the chain's previous command (the pending receives' task ids are
+        keyed relative to the command's task); None where its lowering is not keyed.
+
+        A chain starts at a horizon's template: a horizon's key holds every buffer's state,
+        the execution front, the host objects' and collective groups' last instructions
+        and the epoch (and the bounded memories' state), so the state after it is the
+        template's whatever came before.  Every later command of the chain is lowered by a
+        template that the state and the command fix, and it fixes the state after it: the
+        state at each node is a function of the horizon's template and the steps since, and
+        so is the template of the next step.  A node remembers, per step, the template
+        and the next node, so a repeating period finds its templates without keying a
+        command (the key's shapes and lookups were ~330 of a no-op stencil step's 3540
+        scheduler opcodes).  Anything else that changes the state ends the chain (a lowering
+        not replayed, lookahead recording a need, a buffer or host object created or
+        destroyed) until the next horizon's template starts one."""
+        kind = cmd.kind
+        if kind == cg.EXECUTION:
+            plans = self._plan_chunks(cmd)
+            memo = cmd.memo
+            sig_id = memo[2] if memo is not None and memo[1] is plans else None
+            if sig_id is None:
+                sig_id = self._signature_id(cmd, self.replay.known)[0]
+        elif kind == cg.HORIZON:
+            if self._garbage:
+                return None
+            sig_id = -1
+        elif kind in _REPLAYABLE:
+            sig_id = self._signature_id(cmd, self.replay.known)[0]
+        else:
+            return None
+        if sig_id is None:
+            return None
+        return (sig_id, cmd.task.id - self._chain_tid)
+
+    def _current_shapes(self, bids: tuple) -> list:
+        """The buffers' shapes as a key would take them (``_shape_parts``)."""
+        store = self._shapes
+        out = []
+        for bid in bids:
+            sh = store.get(bid)
+            if sh is None:
+                sh = store[bid] = self._shape_of(self._buffers[bid])
+            out.append(sh)
+        return out
+
+    def _compile_keyed(self, cmd: cg.Command) -> tuple:
+        """``_compile_replayed`` by the command's key: the template's serial number (None where
+        lowered), the template that holds for this lowering from now on (found, or recorded
+        now; None: none) and the buffers it touches."""
         replay = self.replay
         touched = self._touched_buffers(cmd)
         if cmd.kind == cg.HORIZON:
@@ -110,7 +205,7 @@ class InstructionReplayMixin:
                 replay.bypassed += 1
             self._compile_now(cmd)
             self._forget_shapes(touched)
-            return
+            return None, None, touched
         epoch = self._horizons.epoch
         epoch_rel = None if epoch is None else epoch - self._next_instr
         tpl = replay.find(key, epoch_rel)
@@ -120,7 +215,7 @@ class InstructionReplayMixin:
             tpl = replay.find(key, epoch_rel)
         if tpl is not None:
             replay.hits += 1
-            return self._instantiate(cmd, touched, shapes, tpl)
+            return self._instantiate(cmd, touched, shapes, tpl), tpl, touched
         self._sync_buffers(touched)
         # whether the lowering changes a user allocation, where the key does not say so
         # already (a key marked _USER_KEYED, a horizon's: it holds the user shapes)
@@ -148,7 +243,7 @@ class InstructionReplayMixin:
             # follows the clone before it, which the key does not hold either)
             replay.bypassed += 1
             self._forget_shapes(touched)
-            return
+            return None, None, touched
         try:
             after = []
             for bid in touched:
@@ -160,10 +255,11 @@ class InstructionReplayMixin:
         except TemplateMismatch:
             replay.bypassed += 1
             self._forget_shapes(touched)
-            return
+            return None, None, touched
         replay.misses += 1
         # (a horizon's key holds the epoch itself: its lowering moves it)
         replay.keep(key, tpl, epoch_rel, cmd.kind != cg.HORIZON and _names_epoch(made, epoch))
+        return None, tpl, touched
 
     # ---- a task's commands as one template ----------------------------------------------
     # A task on several ranks gives each rank a few commands: the execution, and a push
@@ -223,6 +319,15 @@ class InstructionReplayMixin:
         # (every command's signature was lowered before: the task has repeated, so its
         # group is keyed and recorded from this sighting on)
         gsig = replay.identify((_GROUP, anticipating, tuple(sigs)))
+        commands = _GroupCommands(cmds) if gathers else None
+        chain = self._chain
+        ckey = None
+        if chain is not None:
+            ckey = (gsig, task.id - self._chain_tid)
+            entry = chain.get(ckey)
+            if entry is not None:
+                tpl, touched, nxt = entry
+                return GroupProbe(None, touched, self._current_shapes(touched), None, tpl, commands, ckey, nxt)
         touched = tuple(bids)
         ibase = self._next_instr
         shapes: list = []
@@ -235,8 +340,7 @@ class InstructionReplayMixin:
             extras = (extras, self._memory_state(ibase))
         key = (gsig, touched, tuple(parts), extras)
         epoch_rel = None if epoch is None else epoch - ibase
-        return GroupProbe(key, touched, shapes, epoch_rel, replay.find(key, epoch_rel),
-                          _GroupCommands(cmds) if gathers else None)
+        return GroupProbe(key, touched, shapes, epoch_rel, replay.find(key, epoch_rel), commands, ckey)
 
     def _replay_group(self, probe: "GroupProbe", cmd: cg.Command) -> int:
         """``compile``'s lowering of a task's commands (``cmd`` the first) by the template
@@ -249,6 +353,18 @@ class InstructionReplayMixin:
         commands = probe.commands      # (where the group gathers: what the template names, see _Env.group)
         if commands is not None:
             replay.grouped_gathers += 1
+        # (the chain's step: known, or learnt now; the state is still the probe's)
+        nxt = probe.chain_next
+        if nxt is not None:
+            self.chain_hits += 1
+        elif probe.chain_key is not None:
+            chain = self._chain
+            if len(chain) < _CHAIN_WIDTH:
+                nxt = {}
+                chain[probe.chain_key] = (probe.template, probe.touched, nxt)
+        self._chain = nxt
+        if nxt is not None:
+            self._chain_tid = cmd.task.id
         return self._instantiate(cmd if commands is None else commands, probe.touched, probe.shapes, probe.template)
 
     def begin_group(self, probe: "GroupProbe", cmds: list) -> tuple:
@@ -526,7 +642,7 @@ class InstructionReplayMixin:
         memory = self._memory_state(env.ibase) if self._capacity else None
         return (instrs, pilots, self._next_instr - env.ibase, self._next_alloc - env.abase,
                 self._next_msg - env.mbase, post, effects, memory,
-                [None, 0, None, next(self._template_serials)])
+                [None, 0, None, next(self._template_serials), None])
 
     # ---- instantiation -----------------------------------------------------------------
     def _instantiate(self, cmd: cg.Command, bids: tuple, shapes: list, tpl: tuple) -> int:
@@ -544,7 +660,8 @@ class InstructionReplayMixin:
             # wait, or during a short run's start, never earns back (the 128² stencil
             # compiled 5 builders in its first 500 steps, 2.6 ms; bench_mpi's stream
             # 100-130 per buffer, 8-10 ms per rank)
-            # (builder: [compiled builder, replays so far, interpreter, serial number])
+            # (builder: [compiled builder, replays so far, interpreter, serial number, a
+            # horizon's chain root (see _chain_key)])
             builder[1] += 1
             if builder[1] >= _replay_module.COMPILE_AFTER:
                 build = builder[0] = _builder(instrs, post, self._builder_code)
