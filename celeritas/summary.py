@@ -233,6 +233,9 @@ def render(numbers: Mapping, console=None) -> None:
                                                             (rp.get("grouped_gathers", 0), "gathering partial results"))
                             if n)
             together = f" ({grouped} of them a task's commands together{kinds})" if grouped else ""
+            chained = rp.get("chained", 0)
+            if chained:     # (found along a chain from a horizon, without a key: see replay chains)
+                together += f", {chained} found along a chain"
             over.add_row(f"replay, {level} graph", f"{rp.get('hits', 0)} replayed{together}, {lowered} lowered "
                                                     f"({rp.get('templates', 0)} templates)")
     mem = numbers.get("memory", {})

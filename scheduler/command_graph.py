@@ -233,7 +233,6 @@ class CommandGraphGenerator(CommandReplayMixin):
         self.num_commands = 0
         self._live: dict[int, Command] = {}   # commands that may still be dependency targets
         self._chain: dict | None = None   # the node of the chain of templates the state is at (replay)
-        self.chain_hits = 0     # tasks replayed along a chain
         self._me_only = frozenset((rank,))
         self._split_cache = BoundedCache(1024)     # see ``split_task``
         self._regions_cache = BoundedCache(256)    # see ``_chunk_regions``

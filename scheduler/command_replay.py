@@ -45,8 +45,9 @@ class CommandReplayMixin:
                 if entry is not None:
                     tpl, bids, nxt = entry
                     self._chain = nxt
-                    self.replay.hits += 1
-                    self.chain_hits += 1
+                    replay = self.replay
+                    replay.hits += 1
+                    replay.chained += 1
                     self._replay(task, bids, tpl, out)
                     return
             self._chain = None

@@ -157,7 +157,6 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         # the chain's last step (see InstructionReplayMixin._chain_key)
         self._chain: dict | None = None
         self._chain_tid = 0
-        self.chain_hits = 0     # commands (and task groups) replayed along a chain
         self._counts: dict[str, int] = {}   # instructions lowered, per kind (see ``counts``)
         # replayed templates' instruction counts per kind (a tuple of (kind, n)) -> replays
         self._replayed_kinds: dict[tuple, int] = {}

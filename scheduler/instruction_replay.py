@@ -115,8 +115,9 @@ class InstructionReplayMixin:
                     tpl, bids, nxt = entry
                     self._chain = nxt
                     self._chain_tid = cmd.task.id
-                    self.replay.hits += 1
-                    self.chain_hits += 1
+                    replay = self.replay
+                    replay.hits += 1
+                    replay.chained += 1
                     store = self._shapes
                     try:
                         shapes = [store[bid] for bid in bids]
@@ -356,7 +357,8 @@ class InstructionReplayMixin:
         # (the chain's step: known, or learnt now; the state is still the probe's)
         nxt = probe.chain_next
         if nxt is not None:
-            self.chain_hits += 1
+            replay.chained += 1
+            replay.chained_groups += 1
         elif probe.chain_key is not None:
             chain = self._chain
             if len(chain) < _CHAIN_WIDTH:

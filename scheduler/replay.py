@@ -75,7 +75,7 @@ class Replay:
     """One generator's memo of lowerings, with its hit counts."""
 
     __slots__ = ("templates", "hits", "misses", "bypassed", "first", "grouped", "grouped_reductions",
-                 "grouped_gathers", "_shapes", "_next_shape", "_seen")
+                 "grouped_gathers", "chained", "chained_groups", "_shapes", "_next_shape", "_seen")
 
     def __init__(self, limit: int = DEFAULT_TEMPLATES):
         self.templates = BoundedCache(limit)
@@ -86,6 +86,8 @@ class Replay:
         self.grouped = 0       # hits of a template of a task's commands together (counted in hits too)
         self.grouped_reductions = 0   # those of tasks with reductions of their own (counted in grouped too)
         self.grouped_gathers = 0      # those that gather an earlier task's pending reduction (in grouped too)
+        self.chained = 0       # hits found along a chain, without a key (counted in hits too)
+        self.chained_groups = 0       # those of a task's commands together (counted in chained and grouped too)
         self._shapes = BoundedCache(4 * limit)
         self._next_shape = 0
         self._seen = BoundedCache(4 * limit)
@@ -155,7 +157,8 @@ class Replay:
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "bypassed": self.bypassed, "first": self.first,
                 "grouped": self.grouped, "grouped_reductions": self.grouped_reductions,
-                "grouped_gathers": self.grouped_gathers, "templates": len(self.templates)}
+                "grouped_gathers": self.grouped_gathers, "chained": self.chained,
+                "chained_groups": self.chained_groups, "templates": len(self.templates)}
 
 
 _NAMES = tuple(f"k{i}" for i in range(1024))     # (bind_value's names, made once)

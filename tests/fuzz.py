@@ -181,6 +181,10 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
         dims.append("reached:replay:grouped:reduction")    # (the same, of a task with reductions of its own)
     if any(r.grouped_gathers for r in _REPLAYS):
         dims.append("reached:replay:grouped:gather")    # (the same, gathering an earlier task's pending reduction)
+    if any(r.chained for r in _REPLAYS):
+        dims.append("reached:replay:chain")     # (a template found along a chain from a horizon, no key)
+    if any(r.chained_groups for r in _REPLAYS):
+        dims.append("reached:replay:chain:grouped")     # (the same, of a task's commands together)
     _REPLAYS.clear()
     if dry:
         dims.append("config:dry_run")

@@ -1311,3 +1311,100 @@ def test_tasks_gathering_two_pending_reductions_replay_as_one_template_with_the_
     for r, igg in on.iggs.items():
         st_ = igg.replay.stats()
         assert st_["grouped_gathers"] >= 15 and st_["grouped_reductions"] >= 10, (r, st_)
+
+
+# ---- chains: a period's templates found from the last horizon's without keys ----------------
+
+def _chained(ctx) -> dict:
+    """Per generator and rank, the hits found along a chain."""
+    out = {f"command rank {r}": c.replay.stats()["chained"] for r, c in enumerate(ctx.cdags)}
+    out.update({f"instruction rank {r}": igg.replay.stats()["chained"] for r, igg in ctx.iggs.items()})
+    return out
+
+
+@pytest.mark.parametrize("ranks,devices,lookahead,side_effect", [
+    (1, 4, "auto", False), (2, 2, "auto", True), (3, 1, "none", False), (2, 1, "infinite", True)])
+def test_a_repeating_period_replays_along_chains_with_the_same_graphs(ranks, devices, lookahead, side_effect):
+    """From a horizon's template on, each step of a repeating period finds its template along
+    the chain from that horizon (both generators; on several ranks a task's commands
+    together): every graph is the one of replay off, and after the first periods almost
+    every hit is found so."""
+    steps = 60
+    on = _same_graphs_with_replay(lambda ctx: _halo_loop(ctx, steps=steps, side_effect=side_effect),
+                                  ranks, devices, lookahead)
+    tasks = steps + (steps // 4 if side_effect else 0)
+    for name, n in _chained(on).items():
+        assert n >= tasks // 2, (name, n, _replays(on))
+    if ranks > 1 and lookahead != "infinite":
+        for r, igg in on.iggs.items():
+            assert igg.replay.stats()["chained_groups"] >= steps // 2, (r, igg.replay.stats())
+
+
+def test_a_chain_ends_where_the_state_changes_outside_it_and_starts_again_at_a_horizon():
+    """A buffer created, a host object created (the instruction graph's), a step whose reads
+    grow (lookahead records a need), a fence: each ends the chain (the generator's node is
+    None after it), the graphs
+    stay those of replay off, and the steps after the next horizons chain again."""
+    seen = []
+
+    def prog(ctx):
+        n = 32
+        up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)
+
+        def steps(k):
+            nonlocal up, u
+            for _ in range(k):
+                ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1), R)])
+                up, u = u, up
+
+        def chains():
+            return [c._chain is not None for c in ctx.cdags] + [igg._chain is not None for igg in ctx.iggs.values()]
+
+        steps(30)
+        seen.append(("loop", chains()))
+        extra = ctx.buffer((n, n), host_init=True)
+        seen.append(("buffer", chains()))
+        steps(30)
+        for igg in ctx.iggs.values():
+            igg.create_host_object(7)
+        seen.append(("host object", chains()))
+        steps(30)
+        ctx.task((n, n), [(up, rm.one_to_one(), RW), (extra, rm.all(), R)])   # (a new box: a need)
+        steps(30)
+        ctx.fence(u)
+        seen.append(("fence", chains()))
+        steps(30)
+        ctx.fence(u)
+
+    on = _same_graphs_with_replay(prog, 2, 2, "auto")
+    seen = seen[len(seen) // 2:]    # (the replay-on run's; the replay-off run's come first)
+    assert seen[0] == ("loop", [True] * 4), seen
+    for what, flags in seen[1:]:
+        # (host objects are the instruction graph's: the command graph's chains go on)
+        assert flags == ([True, True, False, False] if what == "host object" else [False] * 4), (what, seen)
+    for name, n in _chained(on).items():
+        assert n >= 80, (name, n, _replays(on))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chains_step_by_task_ids_where_a_rank_gets_no_commands_for_some_tasks(seed):
+    """On two ranks a master-node task gives rank 1 no commands at all, so rank 1's instruction
+    graph sees task ids skip; pending receives are keyed relative to the task's id, so a
+    chain's step holds the distance since its last one.  Irregular patterns of such tasks
+    between stencil steps replay to the graphs of replay off."""
+    rng = random.Random(seed)
+    pattern = [rng.random() < 0.3 for _ in range(120)]
+
+    def prog(ctx):
+        n = 32
+        up, u = ctx.buffer((n, n), host_init=True), ctx.buffer((n, n), host_init=True)
+        log = ctx.buffer((4,), host_init=True)
+        for extra in pattern:
+            ctx.task((n, n), [(up, rm.one_to_one(), RW), (u, rm.neighborhood(1, 1), R)])
+            if extra:
+                ctx.task((4,), [(log, rm.all(), RW)], kind=tg.MASTER_NODE)
+            up, u = u, up
+        ctx.fence(u)
+
+    on = _same_graphs_with_replay(prog, 2, 1, "auto")
+    assert _chained(on)["instruction rank 1"] > 0, _replays(on)
