@@ -33,13 +33,13 @@ class CommandReplayMixin:
         chain = self._chain
         sig_id = None
         if chain is not None:
+            # (a step is the task graph's int for the task's signature, which the task carries:
+            # no hash of the signature here; a horizon's is -1, no signature's)
             kind = task.kind
             if kind == tg.HORIZON:
                 sig_id = -1
             elif kind in _REPLAYABLE:
-                sig = tg.replay_signature(task)
-                if sig is not None:
-                    sig_id = self.replay.known(sig)
+                sig_id = task.replay_sig_id
             if sig_id is not None:
                 entry = chain.get(sig_id)
                 if entry is not None:

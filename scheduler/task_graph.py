@@ -146,6 +146,9 @@ class Task:
     buffer_ids: tuple[int, ...] = ()  # the buffers accessed or reduced into, sorted (every level reads it)
     # replay_signature's result, computed once (the task and command levels both key on it)
     replay_sig: Any = field(default=SIG_UNKNOWN, repr=False)
+    # the task graph's int for replay_sig (Replay.signature; None: none yet), which the command
+    # graph's chains step by without hashing the signature again (CommandReplayMixin._build_replayed)
+    replay_sig_id: int | None = field(default=None, repr=False)
 
     def add_dep(self, dep: "Task", kind: str, origin: str) -> None:
         """A dependency on ``dep``; a true one replaces an anti one on the same task."""
@@ -554,7 +557,7 @@ class TaskManager:
         if sig is None:
             return None
         bids = t.buffer_ids
-        sig_id = self.replay.signature(sig)
+        sig_id = t.replay_sig_id = self.replay.signature(sig)
         if sig_id is None:
             return (sig,)   # a first sighting: lowered normally, nothing shaped or recorded
         tid = t.id
