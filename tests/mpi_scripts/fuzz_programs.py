@@ -50,7 +50,9 @@ def main(first: int, count: int, groups: str) -> int:
     reached = "" if igg_replay is None else (f" (instruction replay: {igg_replay.hits} replays, "
                                              f"{igg_replay.grouped} of a task's commands together, "
                                              f"{igg_replay.grouped_reductions} with the task's reductions, "
-                                             f"{igg_replay.grouped_gathers} gathering partial results)")
+                                             f"{igg_replay.grouped_gathers} gathering partial results, "
+                                             f"{igg_replay.chained} found along a chain, "
+                                             f"{igg_replay.chained_groups} of them groups)")
     print(f"rank {rank}: {count - len(failures)}/{count} programs match numpy{reached} on {backend}", flush=True)
     return 1 if failures else 0
 
