@@ -1056,10 +1056,9 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
     generator's: source -> code object), and each costs a copy of the code with its own
     globals instead of a ``compile`` (the 128² stencil's 5 builders have 2 structures; a
     stream window's 134 have 10; see ``compiled_builder``)."""
-    ns: dict = {"_DECODE": _DECODE, "MAKE": object.__new__}
+    ns: dict = {"_DECODE": _DECODE}
     used: set[int] = set()      # the buffers whose allocations the instructions name
     exprs = []
-    stmts = []
 
     def aid(a) -> str:   # (as _dec_aid decodes it)
         if a[0] == "n":
@@ -1114,12 +1113,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
             else:
                 args[pos] = f"_DECODE[{val[0]!r}]({const(val[1])}, ctx, None)"
         ns[f"C{i}"] = cls
-        # (the object made without its __init__ and its fields set here: a class's call runs
-        # __init__ as a frame of its own, ~30 % of making an instruction; every field is an
-        # __init__ argument and none has a __post_init__, see _encode)
-        stmts.append(f"    o{i} = MAKE(C{i})\n" + "".join(
-            f"    o{i}.{name} = {a}\n" for name, a in zip(cls.__dataclass_fields__, args)))
-        exprs.append(f"o{i}")
+        exprs.append(f"C{i}({', '.join(args)})")
     ns["KINDS"], ns["EXT"], ns["SINKS"] = _summary(instrs)
     # the touched buffers' shapes after the lowering (``_post_shapes`` written out)
     ns["BS"], ns["NEW"] = _BufferShape, _new_shape
@@ -1136,7 +1130,7 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
     # (each buffer's allocation ids read once: s<k> = shapes[k].allocations)
     slots = "".join(f"    s{k} = shapes[{k}][{_ALLOCATIONS}]\n" for k in sorted(used))
     src = ("def build(ib, ab, mb, tid, shapes, ctx, task):\n"
-           f"{slots}{''.join(stmts)}"
+           f"{slots}"
            f"    return ({''.join(e + ', ' for e in exprs)}), KINDS, ({''.join(after)}), EXT, SINKS\n")
     return compiled_builder(src, "<replay template>", codes, ns)
 
