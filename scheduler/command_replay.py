@@ -15,10 +15,10 @@ from typing import Callable
 from . import replay as _replay_module
 from . import task_graph as tg
 from .horizons import forget_before
-from .replay import absolute_epoch, absolute_id, bind_value, compiled_builder, own_base_shape, relative_id
+from .replay import (absolute_epoch, absolute_id, bind_value, chain_after, compiled_builder, own_base_shape,
+                     relative_id)
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
-_CHAIN_WIDTH = 64   # steps a chain's node remembers (see _build_replayed)
 
 
 class CommandReplayMixin:
@@ -52,22 +52,10 @@ class CommandReplayMixin:
                     return
             self._chain = None
         tpl, bids = self._build_keyed(task, out)
-        if tpl is None:
-            return
-        if task.kind == tg.HORIZON:
-            cell = tpl[3]
-            nxt = cell[2]
-            if nxt is None:
-                nxt = cell[2] = {}
-        elif sig_id is None:
-            return
-        else:
-            nxt = {}
-        if sig_id is not None and len(chain) < _CHAIN_WIDTH:
-            chain[sig_id] = (tpl, bids, nxt)
-        elif task.kind != tg.HORIZON:
-            return
-        self._chain = nxt
+        if tpl is not None:
+            nxt = chain_after(chain, sig_id, tpl, bids, tpl[3], 2, task.kind == tg.HORIZON)
+            if nxt is not None:
+                self._chain = nxt
 
     def _build_keyed(self, task, out: list) -> tuple:
         """``_build_replayed`` by the task's key: the template that holds for this lowering from

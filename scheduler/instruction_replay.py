@@ -33,7 +33,8 @@ from . import replay as _replay_module
 from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Instruction, Pilot,
                                 ReductionAllocation)
 from .memory import Allocation
-from .replay import absolute_epoch, bind_value, compiled_builder, newest_named, own_base_shape, relative_epoch
+from .replay import (CHAIN_WIDTH, absolute_epoch, bind_value, chain_after, compiled_builder, newest_named,
+                     own_base_shape, relative_epoch)
 from .replay import absolute_id as _abs
 from .replay import relative_id as _rel
 
@@ -49,7 +50,6 @@ _ROLES = {"id": "iid", "deps": "deps", "allocation": "aid", "source": "aid", "de
 
 _USER_KEYED = ("user-keyed",)   # stored under a key whose templates touch a user allocation (see above)
 _GROUP = ("task group",)        # a signature of a task's commands together (see group_probe)
-_CHAIN_WIDTH = 64               # steps a chain's node remembers (see _chain_key)
 
 
 class GroupProbe(NamedTuple):
@@ -127,21 +127,10 @@ class InstructionReplayMixin:
             self._chain = None
         serial, tpl, touched = self._compile_keyed(cmd)
         if tpl is not None:
-            if cmd.kind == cg.HORIZON:
-                cell = tpl[8]
-                nxt = cell[4]
-                if nxt is None:
-                    nxt = cell[4] = {}
-            elif ckey is None:
-                return serial
-            else:
-                nxt = {}
-            if ckey is not None and len(chain) < _CHAIN_WIDTH:
-                chain[ckey] = (tpl, touched, nxt)
-            elif cmd.kind != cg.HORIZON:
-                return serial
-            self._chain = nxt
-            self._chain_tid = cmd.task.id
+            nxt = chain_after(chain, ckey, tpl, touched, tpl[8], 4, cmd.kind == cg.HORIZON)
+            if nxt is not None:
+                self._chain = nxt
+                self._chain_tid = cmd.task.id
         return serial
 
     def _chain_key(self, cmd: cg.Command) -> tuple | None:
@@ -361,7 +350,7 @@ class InstructionReplayMixin:
             replay.chained_groups += 1
         elif probe.chain_key is not None:
             chain = self._chain
-            if len(chain) < _CHAIN_WIDTH:
+            if len(chain) < CHAIN_WIDTH:
                 nxt = {}
                 chain[probe.chain_key] = (probe.template, probe.touched, nxt)
         self._chain = nxt

@@ -174,6 +174,30 @@ class Replay:
                 "chained_groups": self.chained_groups, "templates": len(self.templates)}
 
 
+CHAIN_WIDTH = 64    # steps a chain's node remembers (see "Chains" above)
+
+
+def chain_after(chain: dict | None, step, tpl: tuple, touched: tuple, cell: list, root: int,
+                horizon: bool) -> dict | None:
+    """The chain node after a lowering whose template ``tpl`` was found or recorded by its key
+    (``step``: its step along ``chain``, the node the state was at; None: no chain): a
+    horizon's template starts a chain at its own root (``cell[root]``, made at its first use),
+    a step along a chain is learnt and leads to a new node; None where no chain goes on."""
+    if horizon:
+        nxt = cell[root]
+        if nxt is None:
+            nxt = cell[root] = {}
+    elif step is None:
+        return None
+    else:
+        nxt = {}
+    if step is not None and len(chain) < CHAIN_WIDTH:
+        chain[step] = (tpl, touched, nxt)
+    elif not horizon:
+        return None
+    return nxt
+
+
 _NAMES = tuple(f"k{i}" for i in range(1024))     # (bind_value's names, made once)
 
 
