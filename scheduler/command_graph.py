@@ -24,7 +24,7 @@ from .geometry import Box, Region, RegionMap
 from .horizons import EpochTracker, collapse_access, collapse_map, forget_before
 from .recorders import CommandRecorder
 from .command_replay import CommandReplayMixin
-from .replay import Replay
+from .replay import Chains, Replay
 from .split import split_1d, split_2d
 from .task_graph import BufferInfo, Reduction, Task
 
@@ -233,6 +233,7 @@ class CommandGraphGenerator(CommandReplayMixin):
         self.num_commands = 0
         self._live: dict[int, Command] = {}   # commands that may still be dependency targets
         self._chain: dict | None = None   # the node of the chain of templates the state is at (replay)
+        self._chains = Chains()
         self._me_only = frozenset((rank,))
         self._split_cache = BoundedCache(1024)     # see ``split_task``
         self._regions_cache = BoundedCache(256)    # see ``_chunk_regions``

@@ -15,8 +15,7 @@ from typing import Callable
 from . import replay as _replay_module
 from . import task_graph as tg
 from .horizons import forget_before
-from .replay import (absolute_epoch, absolute_id, bind_value, chain_after, compiled_builder, own_base_shape,
-                     relative_id)
+from .replay import absolute_epoch, absolute_id, bind_value, compiled_builder, own_base_shape, relative_id
 
 _REPLAYABLE = frozenset((tg.DEVICE_COMPUTE, tg.HOST_COMPUTE, tg.COLLECTIVE, tg.MASTER_NODE, tg.HORIZON))
 
@@ -53,7 +52,7 @@ class CommandReplayMixin:
             self._chain = None
         tpl, bids = self._build_keyed(task, out)
         if tpl is not None:
-            nxt = chain_after(chain, sig_id, tpl, bids, tpl[3], 2, task.kind == tg.HORIZON)
+            nxt = self._chains.after(chain, sig_id, tpl, bids, tpl[3], 2, task.kind == tg.HORIZON)
             if nxt is not None:
                 self._chain = nxt
 

@@ -29,7 +29,7 @@ from .device_chunks import ChunkPlan, ChunkPlanning
 from .instruction_replay import InstructionReplayMixin
 from .memory import DEP_ALLOCATION, PRIORITY_COPY, Allocation, MemoryManagement
 from .recorders import InstructionRecorder
-from .replay import Replay
+from .replay import Chains, Replay
 from .instruction_graph import (  # noqa: F401 - (the dependency origins, also imported from here)
     DEP_COLLECTIVE, DEP_EXECUTION_FRONT, DEP_LAST_EPOCH, DEP_READ, DEP_SIDE_EFFECT, DEP_SPLIT_RECEIVE, DEP_WRITE,
     HOST_MEMORY, USER_MEMORY, AccessAllocation, AllocInstruction, AwaitReceiveInstruction,
@@ -157,6 +157,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         # the chain's last step (see InstructionReplayMixin._chain_key)
         self._chain: dict | None = None
         self._chain_tid = 0
+        self._chains = Chains()
         self._counts: dict[str, int] = {}   # instructions lowered, per kind (see ``counts``)
         # replayed templates' instruction counts per kind (a tuple of (kind, n)) -> replays
         self._replayed_kinds: dict[tuple, int] = {}

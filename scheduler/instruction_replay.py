@@ -33,8 +33,8 @@ from . import replay as _replay_module
 from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Instruction, Pilot,
                                 ReductionAllocation)
 from .memory import Allocation
-from .replay import (CHAIN_WIDTH, absolute_epoch, bind_value, chain_after, compiled_builder, newest_named,
-                     own_base_shape, relative_epoch)
+from .replay import (CHAIN_WIDTH, absolute_epoch, bind_value, compiled_builder, newest_named, own_base_shape,
+                     relative_epoch)
 from .replay import absolute_id as _abs
 from .replay import relative_id as _rel
 
@@ -127,7 +127,7 @@ class InstructionReplayMixin:
             self._chain = None
         serial, tpl, touched = self._compile_keyed(cmd)
         if tpl is not None:
-            nxt = chain_after(chain, ckey, tpl, touched, tpl[8], 4, cmd.kind == cg.HORIZON)
+            nxt = self._chains.after(chain, ckey, tpl, touched, tpl[8], 4, cmd.kind == cg.HORIZON)
             if nxt is not None:
                 self._chain = nxt
                 self._chain_tid = cmd.task.id
@@ -352,7 +352,7 @@ class InstructionReplayMixin:
             chain = self._chain
             if len(chain) < CHAIN_WIDTH:
                 nxt = {}
-                chain[probe.chain_key] = (probe.template, probe.touched, nxt)
+                self._chains.learn(chain, probe.chain_key, probe.template, probe.touched, nxt)
         self._chain = nxt
         if nxt is not None:
             self._chain_tid = cmd.task.id

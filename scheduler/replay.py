@@ -55,7 +55,9 @@ it:
   parts and lookups were ~15 % of a no-op stencil step's scheduler instructions).
   Anything that changes the state outside a chain step (a lowering that is not a
   template, lookahead recording a need, a buffer or host object created or destroyed)
-  ends the chain until the next horizon's template starts one.
+  ends the chain until the next horizon's template starts one.  A node keeps at most
+  ``CHAIN_WIDTH`` steps and a generator's chains ``CHAIN_ENTRIES`` in all, past which
+  they are forgotten and learnt anew (``Chains``).
 
 Exactness: ids are compared only for equality and order by the generators, and a
 relative encoding preserves both; everything else that a lowering reads is in the
@@ -174,28 +176,58 @@ class Replay:
                 "chained_groups": self.chained_groups, "templates": len(self.templates)}
 
 
-CHAIN_WIDTH = 64    # steps a chain's node remembers (see "Chains" above)
+CHAIN_WIDTH = 64        # steps a chain's node remembers (see "Chains" above)
+CHAIN_ENTRIES = 1 << 15     # steps all of a generator's chains remember before they start over
 
 
-def chain_after(chain: dict | None, step, tpl: tuple, touched: tuple, cell: list, root: int,
-                horizon: bool) -> dict | None:
-    """The chain node after a lowering whose template ``tpl`` was found or recorded by its key
-    (``step``: its step along ``chain``, the node the state was at; None: no chain): a
-    horizon's template starts a chain at its own root (``cell[root]``, made at its first use),
-    a step along a chain is learnt and leads to a new node; None where no chain goes on."""
-    if horizon:
-        nxt = cell[root]
-        if nxt is None:
-            nxt = cell[root] = {}
-    elif step is None:
-        return None
-    else:
-        nxt = {}
-    if step is not None and len(chain) < CHAIN_WIDTH:
+class Chains:
+    """A generator's chains (see "Chains" above): learns their steps, and bounds them.  A
+    node's steps are at most ``CHAIN_WIDTH``; all nodes' steps together at most
+    ``CHAIN_ENTRIES``, past which every chain is forgotten (the horizons' templates drop
+    their roots) and learnt anew: a program whose periods never repeat between horizons
+    that do would otherwise keep a path per period, and the templates it names alive
+    past the memo's bound."""
+
+    __slots__ = ("entries", "starts", "_roots")
+
+    def __init__(self) -> None:
+        self.entries = 0
+        self.starts = 0             # times every chain was forgotten
+        self._roots: list = []      # (cell, index) of every root made since the last start-over
+
+    def after(self, chain: dict | None, step, tpl: tuple, touched: tuple, cell: list, root: int,
+              horizon: bool) -> dict | None:
+        """The node after a lowering whose template ``tpl`` was found or recorded by its key
+        (``step``: its step along ``chain``, the node the state was at; None: no chain): a
+        horizon's template starts a chain at its own root (``cell[root]``, made at its first
+        use), a step along a chain is learnt and leads to a new node; None where no chain
+        goes on."""
+        if horizon:
+            nxt = cell[root]
+            if nxt is None:
+                nxt = cell[root] = {}
+                self._roots.append((cell, root))
+                self.entries += 1
+        elif step is None:
+            return None
+        else:
+            nxt = {}
+        if step is not None and len(chain) < CHAIN_WIDTH:
+            self.learn(chain, step, tpl, touched, nxt)
+        elif not horizon:
+            return None
+        return nxt
+
+    def learn(self, chain: dict, step, tpl: tuple, touched: tuple, nxt: dict) -> None:
+        """``chain`` goes on by ``step`` with ``tpl`` to ``nxt``."""
+        if self.entries >= CHAIN_ENTRIES:
+            for c, i in self._roots:
+                c[i] = None
+            self._roots = []
+            self.entries = 0
+            self.starts += 1
         chain[step] = (tpl, touched, nxt)
-    elif not horizon:
-        return None
-    return nxt
+        self.entries += 1
 
 
 _NAMES = tuple(f"k{i}" for i in range(1024))     # (bind_value's names, made once)

@@ -1408,3 +1408,28 @@ def test_chains_step_by_task_ids_where_a_rank_gets_no_commands_for_some_tasks(se
 
     on = _same_graphs_with_replay(prog, 2, 1, "auto")
     assert _chained(on)["instruction rank 1"] > 0, _replays(on)
+
+
+@pytest.mark.parametrize("bound", [6, 10])
+def test_chains_start_over_past_their_bound_with_the_same_graphs(monkeypatch, bound):
+    """All of a generator's chains remember at most ``CHAIN_ENTRIES`` steps: past it every
+    horizon's root is dropped and the chains are learnt anew (a program whose periods never
+    repeat would otherwise keep a path per period).  This halo loop's instruction graph
+    keeps 24 steps unbounded, its command graph 7: with a bound of 10 the instruction
+    graph's chains start over again and again and still find most steps, with 6 the
+    command graph's start over too and the instruction graph's never get round a period;
+    every graph stays the one of replay off, and no generator ever holds more steps than
+    the bound."""
+    from scheduler import replay as replay_module
+    monkeypatch.setattr(replay_module, "CHAIN_ENTRIES", bound)
+    on = _same_graphs_with_replay(lambda ctx: _halo_loop(ctx, steps=60, side_effect=True), 2, 2, "auto")
+    chained = _chained(on)
+    for g in list(on.cdags) + list(on.iggs.values()):
+        assert g._chains.entries <= bound, g._chains.entries
+    for igg in on.iggs.values():
+        assert igg._chains.starts >= 2, igg._chains.starts
+    for c in on.cdags:
+        assert c._chains.starts == (1 if bound == 6 else 0), c._chains.starts
+    assert chained["command rank 0"] >= 60, chained
+    if bound == 10:
+        assert chained["instruction rank 0"] >= 50, chained
