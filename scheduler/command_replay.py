@@ -177,7 +177,7 @@ class CommandReplayMixin:
                           for d, kd in c.deps.items()])
             kind = c.kind
             if kind == EXECUTION:
-                fields = (c.box, c.include_current_reductions, [None, None, None])
+                fields = (c.box, c.include_current_reductions, [None, None, None, None])
             elif kind == PUSH:
                 fields = (c.transfer[1], c.transfer[2] != 0, tuple(c.targets), c.contributes)
             elif kind == AWAIT_PUSH:

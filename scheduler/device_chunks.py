@@ -126,6 +126,7 @@ class ChunkPlanning:
                 memo[0] = token
                 memo[1] = plans
                 memo[2] = None
+                memo[3] = None
         return plans
 
     def _make_plans(self, cmd: cg.ExecutionCommand) -> list[ChunkPlan]:

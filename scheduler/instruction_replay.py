@@ -279,6 +279,19 @@ class InstructionReplayMixin:
         task = cmds[0].task
         if task.collective_group is not None:
             return None
+        # (the group's signature, buffers and whether it gathers, as the execution command's
+        # cell in its command template keeps them: the template makes the same commands every
+        # time, and the cell's plans are the command's while its signature holds)
+        cell = None
+        for c in cmds:
+            if c.kind == cg.EXECUTION:
+                memo = c.memo
+                if memo is not None and memo[1] is self._plan_chunks(c):
+                    cell = memo
+                    known_group = memo[3]
+                    if known_group is not None and known_group[0] == anticipating and known_group[1] == len(cmds):
+                        return self._probe_known(cmds, task, *known_group[2:])
+                break
         replay = self.replay
         known = replay.known
         sigs = []
@@ -309,6 +322,14 @@ class InstructionReplayMixin:
         # (every command's signature was lowered before: the task has repeated, so its
         # group is keyed and recorded from this sighting on)
         gsig = replay.identify((_GROUP, anticipating, tuple(sigs)))
+        touched = tuple(bids)
+        if cell is not None and cell[1] is not None:
+            cell[3] = (anticipating, len(cmds), gsig, touched, gathers)
+        return self._probe_known(cmds, task, gsig, touched, gathers)
+
+    def _probe_known(self, cmds: list, task, gsig: int, touched: tuple, gathers: bool) -> GroupProbe:
+        """``group_probe`` once the group's signature ``gsig`` and buffers ``touched`` are known:
+        along a chain by its step, else by the group's key."""
         commands = _GroupCommands(cmds) if gathers else None
         chain = self._chain
         ckey = None
@@ -318,7 +339,7 @@ class InstructionReplayMixin:
             if entry is not None:
                 tpl, touched, nxt = entry
                 return GroupProbe(None, touched, self._current_shapes(touched), None, tpl, commands, ckey, nxt)
-        touched = tuple(bids)
+        replay = self.replay
         ibase = self._next_instr
         shapes: list = []
         parts = self._shape_parts(touched, ibase, task.id, shapes)

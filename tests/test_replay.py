@@ -1433,3 +1433,30 @@ def test_chains_start_over_past_their_bound_with_the_same_graphs(monkeypatch, bo
     assert chained["command rank 0"] >= 60, chained
     if bound == 10:
         assert chained["instruction rank 0"] >= 50, chained
+
+
+def test_a_groups_signature_is_kept_in_its_execution_commands_template_cell(monkeypatch):
+    """A command template makes a task's commands alike every time, so the group's signature,
+    buffers and gathering (``group_probe``) are kept in the execution command's cell of its
+    template (``ExecutionCommand.memo``), beside its plans and signature: once a step
+    repeats, a task's pushes and await-pushes are no longer signed one by one.  The graphs
+    stay those of replay off."""
+    from scheduler.instruction_replay import InstructionReplayMixin
+    calls = []
+    original = InstructionReplayMixin._signature_id
+
+    def counted(self, cmd, look):
+        calls.append(cmd.kind)
+        return original(self, cmd, look)
+
+    monkeypatch.setattr(InstructionReplayMixin, "_signature_id", counted)
+    steps = 80
+    on = _same_graphs_with_replay(lambda ctx: _halo_loop(ctx, steps=steps), 2, 1, "auto")
+    signed = len([k for k in calls if k in ("push", "await_push")])
+    calls.clear()
+    _compile(lambda ctx: _halo_loop(ctx, steps=2 * steps), 2, 1, "auto", None, True, True)
+    # (only the first periods sign their transfers: twice the steps sign no more of them, and
+    # far fewer than the 2 ranks' 2 transfer commands a step)
+    assert len([k for k in calls if k in ("push", "await_push")]) <= signed < steps * 2, (signed, len(calls))
+    for igg in on.iggs.values():
+        assert igg.replay.stats()["grouped"] >= steps // 2, igg.replay.stats()
