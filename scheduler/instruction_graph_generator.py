@@ -111,6 +111,7 @@ class InstructionGraphGenerator(ChunkPlanning, MemoryManagement, InstructionRepl
         self._stale: dict = {}     # buffers whose objects lag behind their replay shape
         self._allocated_memo = BoundedCache(4096)   # (shape, memory, box) -> allocated? (lookahead)
         self._builder_code = BoundedCache(1024)     # replay builders' source -> code (see _builder)
+        self._makers: dict = {}     # instruction class -> the function replay builders make it by (see _maker)
         # out-of-core (see memory.py): capacity per bounded memory, bytes allocated there,
         # the frees since / the last allocation (allocations depend on them), the
         # allocations the command being compiled uses (never evicted for it)

@@ -30,11 +30,10 @@ from typing import NamedTuple
 
 from . import command_graph as cg
 from . import replay as _replay_module
-from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Instruction, Pilot,
+from .instruction_graph import (DEP_LAST_EPOCH, AccessAllocation, CloneCollectiveGroupInstruction, Pilot,
                                 ReductionAllocation)
 from .memory import Allocation
-from .replay import (CHAIN_WIDTH, absolute_epoch, bind_value, compiled_builder, newest_named, own_base_shape,
-                     relative_epoch)
+from .replay import absolute_epoch, bind_value, compiled_builder, newest_named, own_base_shape, relative_epoch
 from .replay import absolute_id as _abs
 from .replay import relative_id as _rel
 
@@ -118,12 +117,7 @@ class InstructionReplayMixin:
                     replay = self.replay
                     replay.hits += 1
                     replay.chained += 1
-                    store = self._shapes
-                    try:
-                        shapes = [store[bid] for bid in bids]
-                    except KeyError:
-                        shapes = self._current_shapes(bids)
-                    return self._instantiate(cmd, bids, shapes, tpl)
+                    return self._instantiate(cmd, bids, self._current_shapes(bids), tpl)
             self._chain = None
         serial, tpl, touched = self._compile_keyed(cmd)
         if tpl is not None:
@@ -170,8 +164,13 @@ class InstructionReplayMixin:
         return (sig_id, cmd.task.id - self._chain_tid)
 
     def _current_shapes(self, bids: tuple) -> list:
-        """The buffers' shapes as a key would take them (``_shape_parts``)."""
+        """The buffers' shapes (``_BufferShape``), taken now where replay has none kept (a
+        lowering done normally forgets those of the buffers it touched)."""
         store = self._shapes
+        try:
+            return [store[bid] for bid in bids]     # (all kept: along a chain, always)
+        except KeyError:
+            pass
         out = []
         for bid in bids:
             sh = store.get(bid)
@@ -323,7 +322,7 @@ class InstructionReplayMixin:
         # group is keyed and recorded from this sighting on)
         gsig = replay.identify((_GROUP, anticipating, tuple(sigs)))
         touched = tuple(bids)
-        if cell is not None and cell[1] is not None:
+        if cell is not None:
             cell[3] = (anticipating, len(cmds), gsig, touched, gathers)
         return self._probe_known(cmds, task, gsig, touched, gathers)
 
@@ -341,8 +340,8 @@ class InstructionReplayMixin:
                 return GroupProbe(None, touched, self._current_shapes(touched), None, tpl, commands, ckey, nxt)
         replay = self.replay
         ibase = self._next_instr
-        shapes: list = []
-        parts = self._shape_parts(touched, ibase, task.id, shapes)
+        shapes = self._current_shapes(touched)
+        parts = self._shape_parts(shapes, ibase, task.id)
         epoch = self._horizons.epoch
         hos = self._host_objects
         extras = (epoch is None,
@@ -369,11 +368,8 @@ class InstructionReplayMixin:
         if nxt is not None:
             replay.chained += 1
             replay.chained_groups += 1
-        elif probe.chain_key is not None:
-            chain = self._chain
-            if len(chain) < CHAIN_WIDTH:
-                nxt = {}
-                self._chains.learn(chain, probe.chain_key, probe.template, probe.touched, nxt)
+        elif probe.chain_key is not None:     # (a group is no horizon: no root, ``cell`` unused)
+            nxt = self._chains.after(self._chain, probe.chain_key, probe.template, probe.touched, None, 0, False)
         self._chain = nxt
         if nxt is not None:
             self._chain_tid = cmd.task.id
@@ -498,7 +494,12 @@ class InstructionReplayMixin:
                 return None if sig is None else (sig,)
         ibase = self._next_instr
         shapes = self._shapes
-        parts = self._shape_parts(bids, ibase, task.id, shapes_out) if bids else []
+        if bids:
+            now = self._current_shapes(bids)
+            shapes_out.extend(now)
+            parts = self._shape_parts(now, ibase, task.id)
+        else:
+            parts = []
         if kind == cg.HORIZON:   # (it collapses the user allocations' ids too)
             parts.append(_user_parts([shapes[bid] for bid in bids], ibase))
         epoch = self._horizons.epoch
@@ -570,18 +571,12 @@ class InstructionReplayMixin:
             sig = (kind,)
         return look(sig), sig
 
-    def _shape_parts(self, bids: tuple, ibase: int, tid: int, shapes: list | None = None) -> list:
-        """A key's part per buffer: its interned shape and how far its bases lie behind the
-        lowering's (instruction ids, task ids); the shapes themselves go to ``shapes``."""
+    @staticmethod
+    def _shape_parts(shapes: list, ibase: int, tid: int) -> list:
+        """A key's part per buffer of ``shapes`` (``_current_shapes``): its interned shape and
+        how far its bases lie behind the lowering's (instruction ids, task ids)."""
         parts = []
-        store = self._shapes
-        buffers = self._buffers
-        for bid in bids:
-            sh = store.get(bid)
-            if sh is None:
-                sh = store[bid] = self._shape_of(buffers[bid])
-            if shapes is not None:
-                shapes.append(sh)
+        for sh in shapes:
             ib, tb = sh.ibase, sh.tbase
             parts.append((sh.sid, None if ib is None else ib - ibase, None if tb is None else tb - tid))
         return parts
@@ -676,7 +671,7 @@ class InstructionReplayMixin:
             # horizon's chain root (see _chain_key)])
             builder[1] += 1
             if builder[1] >= _replay_module.COMPILE_AFTER:
-                build = builder[0] = _builder(instrs, post, self._builder_code)
+                build = builder[0] = _builder(instrs, post, self._builder_code, self._makers)
                 builder[2] = None
             else:
                 build = builder[2]
@@ -1056,7 +1051,7 @@ class _Interpreted:
         return tuple(made), self.kinds, _post_shapes(self.post, shapes, ib, tid, ids), self.ext, self.sinks
 
 
-def _builder(instrs: tuple, post: tuple, codes: dict):
+def _builder(instrs: tuple, post: tuple, codes: dict, makers: dict):
     """A function that makes a template's instructions with fresh ids: the prototypes and
     patches written out as one expression per instruction (compiled once per template, at
     its ``COMPILE_AFTER``-th replay), instead of copying each prototype and interpreting
@@ -1122,7 +1117,10 @@ def _builder(instrs: tuple, post: tuple, codes: dict):
                 args[pos] = "[]"
             else:
                 args[pos] = f"_DECODE[{val[0]!r}]({const(val[1])}, ctx, None)"
-        ns[f"C{i}"] = _MAKERS.get(cls, cls)
+        maker = makers.get(cls)
+        if maker is None:
+            maker = makers[cls] = _maker(cls)
+        ns[f"C{i}"] = maker
         exprs.append(f"C{i}({', '.join(args)})")
     ns["KINDS"], ns["EXT"], ns["SINKS"] = _summary(instrs)
     # the touched buffers' shapes after the lowering (``_post_shapes`` written out)
@@ -1152,23 +1150,15 @@ def _maker(cls):
     ``__init__`` through C as a frame of its own (270 against 330 ns for a kernel's 14
     fields; setting them in the builder itself, 230 ns, made the stencil's builder source
     twice as long and its ``compile`` 0.4 ms slower).  Every field is an ``__init__``
-    argument and none of the classes has a ``__post_init__``."""
+    argument and none of the classes has a ``__post_init__``.  Made once per class and
+    generator (``_builder``'s ``makers``, the generator's), when a builder first makes
+    one: ~50 us each, for the classes it replays only."""
     names = tuple(cls.__dataclass_fields__)
     src = (f"def make({', '.join(names)}):\n    o = MAKE(C)\n"
            + "".join(f"    o.{n} = {n}\n" for n in names) + "    return o\n")
     ns = {"MAKE": object.__new__, "C": cls}
     exec(compile(src, f"<make {cls.__name__}>", "exec"), ns)   # noqa: S102 - field names only
     return ns["make"]
-
-
-def _instruction_classes(cls=Instruction):
-    for sub in cls.__subclasses__():
-        yield sub
-        yield from _instruction_classes(sub)
-
-
-# (made at import, once per process, as if written out here)
-_MAKERS = {cls: _maker(cls) for cls in _instruction_classes()}
 
 
 def _remember_accesses(memo: list, ids: tuple, accesses: list) -> list:
