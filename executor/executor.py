@@ -77,7 +77,7 @@ _WAKE = _Signal("wake")
 _DRAIN = _Signal("drain")
 _ABORT = _Signal("abort")
 
-_KERNEL, _COPY = 1, 2      # what direct issue may do with a batch position (Executor._batch_plan)
+_KERNEL, _COPY, _HORIZON = 1, 2, 3      # what direct issue may do with a batch position (Executor._batch_plan)
 
 
 class _Inbox:
@@ -680,8 +680,11 @@ class Executor(InstructionHandlers):
                     if code is _KERNEL:
                         if direct_kernel(instr):
                             continue
-                    else:
+                    elif code is _COPY:
                         direct_copy(instr)
+                        continue
+                    else:
+                        self._direct_horizon(instr)
                         continue
                 self._to_engine(instr)
                 idle = False
@@ -701,7 +704,8 @@ class Executor(InstructionHandlers):
 
     def _batch_plan(self, instrs: list[Instruction]) -> tuple:
         """Per position of a batch, whether direct issue (see ``_accept``) may run it: 0 for
-        no, ``_KERNEL`` for a kernel, ``_COPY`` for a copy that would run inline.  Direct
+        no, ``_KERNEL`` for a kernel, ``_COPY`` for a copy that would run inline,
+        ``_HORIZON`` for a horizon (bookkeeping only, like a kernel's position).  Direct
         issue must not run work ahead of a later, more urgent instruction of the batch that
         would not run directly itself: none after the last such instruction with a priority
         above 0 (copies, comm) for a kernel, above 1 (comm) for a copy."""
@@ -728,6 +732,8 @@ class Executor(InstructionHandlers):
             t = type(instr)
             if t is DeviceKernelInstruction and i > above0:
                 plan.append(_KERNEL)
+            elif t is HorizonInstruction and i > above0:
+                plan.append(_HORIZON)
             elif t is CopyInstruction and i > above1 and i not in slow:
                 plan.append(_COPY)
             else:
@@ -784,6 +790,18 @@ class Executor(InstructionHandlers):
             return False
         self._kernel_inline(instr, instr.launcher, self._inline_context(instr, lane, key), key, est)
         return True
+
+    def _direct_horizon(self, instr: HorizonInstruction) -> None:
+        """``_issue_horizon`` without the engine: a horizon whose predecessors all completed
+        (the whole previous step ran directly) only drops garbage, prunes the arbiter and
+        tells the runtime.  Through the engine its node depended on the whole execution
+        front and cost a submit, an assignment, a completion and a pass of the loop: ~640
+        executor opcodes a horizon of the no-op stencil, a quarter of them per step."""
+        if instr.garbage:
+            self._collect_garbage(instr.garbage)
+        self._arbiter.prune(instr.task)
+        if self._on_horizon is not None:
+            self._callback(self._on_horizon, instr)
 
     def _direct_copy(self, instr: CopyInstruction) -> None:
         """Run a copy that ``_accept`` found to copy directly."""

@@ -23,7 +23,7 @@ from executor.instruction_handlers import cost_key
 from scheduler.geometry import Box
 from scheduler.instruction_graph import (HOST_MEMORY, AccessAllocation, AllocInstruction, CopyInstruction,
                                          DeviceKernelInstruction, EpochInstruction, FenceInstruction,
-                                         FreeInstruction, HostTaskInstruction, device_memory)
+                                         FreeInstruction, HorizonInstruction, HostTaskInstruction, device_memory)
 
 pytestmark = pytest.mark.timeout(60)
 from instruction_builder import Graph  # tests/ is on sys.path (conftest)
@@ -448,6 +448,36 @@ def test_cheap_ready_kernels_and_copies_run_straight_from_their_batch():
         np.testing.assert_array_equal(h.ex._allocs[1], np.full(16, 112.0))
         assert threads == [h.ex._thread.name]
         assert not {k0.id, k1.id, c.id} & set(seen)          # no engine node for any of them
+        assert h.errors == []
+    finally:
+        h.close()
+
+
+def test_a_horizon_after_directly_run_work_runs_directly_drops_its_garbage_and_tells_the_runtime():
+    """A horizon whose predecessors all ran directly needs no engine node either (its node
+    depended on the whole execution front); one with a predecessor still on its lane goes
+    through the engine, and both drop their garbage and reach ``on_horizon`` in order."""
+    horizons = []
+    h = Harness(trace=False, on_horizon=horizons.append)
+    try:
+        box = _host_and_device_arrays(h, 16)
+        acc = [AccessAllocation(0, 2, box, box)]
+        for _ in range(2):                   # learn the kernel's cost
+            h.kernel(lambda ctx: ctx.arrays[0].__iadd__(1.0), name="add", box=box, accesses=acc)
+            h.run()
+        seen = _engine_spy(h)
+        k = h.kernel(lambda ctx: ctx.arrays[0].__iadd__(1.0), name="add", box=box, accesses=acc)
+        hz = h.last = h.g.add(HorizonInstruction, k, task=h.g.next_id, garbage=[1])
+        h.run()
+        assert not {k.id, hz.id} & set(seen)
+        assert horizons == [hz.task]
+        assert 1 not in h.ex._allocs and 2 in h.ex._allocs
+        slow = h.known_slow(h.kernel(lambda ctx: ctx.arrays[0].__iadd__(1.0), name="slow", box=box, accesses=acc))
+        hz2 = h.last = h.g.add(HorizonInstruction, slow, task=h.g.next_id)
+        h.run()
+        assert {slow.id, hz2.id} <= set(seen)
+        assert horizons == [hz.task, hz2.task]
+        np.testing.assert_array_equal(h.ex._allocs[2], np.full(16, 4.0))
         assert h.errors == []
     finally:
         h.close()
