@@ -264,6 +264,7 @@ class Executor(InstructionHandlers):
         self._direct_copies: set[tuple[int, int]] = set()
         # InstructionBatch.shape -> _batch_plan of such a batch; cleared when _direct_copies grows
         self._plans: dict[tuple, tuple] = {}
+        self.direct_horizons = 0        # horizons run straight from their batch (_direct_horizon)
         self._cost_keys: dict[int, tuple] = {}      # id(box) -> (box, name, cost key): see _cost_key
         self._contexts: dict[int, tuple] = {}       # id(accesses) -> (accesses, box, name, device, context, cost key)
 
@@ -797,6 +798,7 @@ class Executor(InstructionHandlers):
         tells the runtime.  Through the engine its node depended on the whole execution
         front and cost a submit, an assignment, a completion and a pass of the loop: ~640
         executor opcodes a horizon of the no-op stencil, a quarter of them per step."""
+        self.direct_horizons += 1
         if instr.garbage:
             self._collect_garbage(instr.garbage)
         self._arbiter.prune(instr.task)

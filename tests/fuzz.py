@@ -122,6 +122,7 @@ def own_pocl_cache() -> None:
 
 
 _REPLAYS: list = []     # the Replay memos made by this worker's current run (see _keep_replays)
+_EXECUTORS: list = []   # the executors made by this worker's current run (see _keep_executors)
 
 
 def _keep_replays() -> None:
@@ -140,11 +141,29 @@ def _keep_replays() -> None:
     replay.Replay.__init__ = keep
 
 
+def _keep_executors() -> None:
+    """Make this worker keep every ``Executor`` the runtime makes, so that a run can report
+    what the executor reached (``reached:executor:direct_horizon``: a horizon run straight
+    from its batch, which only steps whose every instruction ran directly reach)."""
+    from executor import executor
+    init = executor.Executor.__init__
+    if getattr(init, "kept_by_fuzz", False):
+        return
+
+    def keep(self, *a, **kw):
+        init(self, *a, **kw)
+        _EXECUTORS.append(self)
+    keep.kept_by_fuzz = True
+    executor.Executor.__init__ = keep
+
+
 def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None, timeout: float) -> Result:
     quiet_runtime_logs()
     own_pocl_cache()
     _keep_replays()
     _REPLAYS.clear()
+    _keep_executors()
+    _EXECUTORS.clear()
     p, cfg = program_for(seed, kind, groups, pinned)
     t0 = time.perf_counter()
     tag, msg = None, ""
@@ -186,6 +205,9 @@ def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict |
     if any(r.chained_groups for r in _REPLAYS):
         dims.append("reached:replay:chain:grouped")     # (the same, of a task's commands together)
     _REPLAYS.clear()
+    if any(e.direct_horizons for e in _EXECUTORS):
+        dims.append("reached:executor:direct_horizon")      # (a horizon run without an engine node)
+    _EXECUTORS.clear()
     if dry:
         dims.append("config:dry_run")
     if p.kind == "main" and split_caches_overflow(p):
