@@ -121,49 +121,34 @@ def own_pocl_cache() -> None:
     os.environ["CELERITAS_FUZZ_POCL_PID"] = str(os.getpid())
 
 
-_REPLAYS: list = []     # the Replay memos made by this worker's current run (see _keep_replays)
-_EXECUTORS: list = []   # the executors made by this worker's current run (see _keep_executors)
+_REPLAYS: list = []     # the Replay memos made by this worker's current run (see _keep_instances)
+_EXECUTORS: list = []   # the executors made by this worker's current run (see _keep_instances)
 
 
-def _keep_replays() -> None:
-    """Make this worker keep every ``Replay`` memo the runtime makes, so that a run can
-    report what replay reached (``reached:`` features: the program's record does not say
-    whether its steps repeated often enough)."""
-    from scheduler import replay
-    init = replay.Replay.__init__
+def _keep_instances(cls, kept: list) -> None:
+    """Make this worker append every ``cls`` the runtime makes to ``kept``, so that a run can
+    report what it reached (``reached:`` features: the program's record does not say whether
+    its steps repeated often enough for replay, or ran directly in the executor)."""
+    init = cls.__init__
     if getattr(init, "kept_by_fuzz", False):
         return
 
     def keep(self, *a, **kw):
         init(self, *a, **kw)
-        _REPLAYS.append(self)
+        kept.append(self)
     keep.kept_by_fuzz = True
-    replay.Replay.__init__ = keep
-
-
-def _keep_executors() -> None:
-    """Make this worker keep every ``Executor`` the runtime makes, so that a run can report
-    what the executor reached (``reached:executor:direct_horizon``: a horizon run straight
-    from its batch, which only steps whose every instruction ran directly reach)."""
-    from executor import executor
-    init = executor.Executor.__init__
-    if getattr(init, "kept_by_fuzz", False):
-        return
-
-    def keep(self, *a, **kw):
-        init(self, *a, **kw)
-        _EXECUTORS.append(self)
-    keep.kept_by_fuzz = True
-    executor.Executor.__init__ = keep
+    cls.__init__ = keep
 
 
 def run_one(seed: int, kind: str | None, groups: tuple[str, ...], pinned: dict | None, timeout: float) -> Result:
     quiet_runtime_logs()
     own_pocl_cache()
-    _keep_replays()
+    from executor.executor import Executor
+    from scheduler.replay import Replay
+    _keep_instances(Replay, _REPLAYS)
     _REPLAYS.clear()
-    _keep_executors()
-    _EXECUTORS.clear()
+    _keep_instances(Executor, _EXECUTORS)       # (reached:executor:direct_horizon: a horizon run
+    _EXECUTORS.clear()                           # straight from its batch)
     p, cfg = program_for(seed, kind, groups, pinned)
     t0 = time.perf_counter()
     tag, msg = None, ""
