@@ -298,8 +298,9 @@ class CommandReplayMixin:
             shapes[bid] = stale[bid] = (sid, absolute_id(top, base), shape)
         if task.kind == tg.HORIZON:
             se, coll, cur, ep = effects
-            self._last_side_effect = {k: live[base + v] for k, v in se}
-            self._last_collective = {k: live[base + v] for k, v in coll}
+            # (a comprehension is a call in CPython 3.11: most programs have neither)
+            self._last_side_effect = {k: live[base + v] for k, v in se} if se else {}
+            self._last_collective = {k: live[base + v] for k, v in coll} if coll else {}
             old_epoch = horizons.epoch
             horizons.current_horizon = None if cur is None else base + cur
             horizons.epoch = None if ep is None else base + ep

@@ -726,8 +726,9 @@ class InstructionReplayMixin:
             shapes[bid] = stale[bid] = sh
         if cmd.kind == cg.HORIZON:
             hos, colls, cur, ep = effects
-            self._host_objects = {k: _abs(v, ibase) for k, v in hos}
-            self._collective = {k: _abs(v, ibase) for k, v in colls}
+            # (a comprehension is a call in CPython 3.11: most programs have neither)
+            self._host_objects = {k: _abs(v, ibase) for k, v in hos} if hos else {}
+            self._collective = {k: _abs(v, ibase) for k, v in colls} if colls else {}
             self._horizons.current_horizon = _abs(cur, ibase)
             self._horizons.epoch = _abs(ep, ibase)
         elif effects:
