@@ -741,9 +741,12 @@ def test_a_measured_run_that_takes_an_inline_kind_over_the_threshold_rearms_its_
         h.ex._costs[key] = inline - 1000
         h.ex._note_cost(key, 10 * inline)            # a CPU-timed figure: over the threshold
         assert h.ex._costs[key] > inline and key not in h.ex._probes
-        threads.clear()
-        _cheap_beside_a_long_kernel(h, threads)
-        assert threads == [h.ex._thread.name], threads
+        for _ in range(PROBES):      # (the probes given back: on a busy machine one may be slow too)
+            threads.clear()
+            _cheap_beside_a_long_kernel(h, threads)
+            assert threads == [h.ex._thread.name], threads
+            if h.ex._costs[key] < inline:
+                break
         assert h.ex._costs[key] < inline
         h.ex._costs[key] = inline - 1000
         h.ex._note_cost(key, 10 * inline, wall=True)  # wall time: suspect, the estimate kept
