@@ -799,9 +799,7 @@ class Executor(InstructionHandlers):
         front and cost a submit, an assignment, a completion and a pass of the loop: ~640
         executor opcodes a horizon of the no-op stencil, a quarter of them per step."""
         self.direct_horizons += 1
-        if instr.garbage:
-            self._collect_garbage(instr.garbage)
-        self._arbiter.prune(instr.task)
+        self._horizon_work(instr)
         if self._on_horizon is not None:
             self._callback(self._on_horizon, instr)
 

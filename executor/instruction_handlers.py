@@ -415,11 +415,18 @@ class InstructionHandlers:
     def _issue_horizon(self, a: Assignment) -> None:
         instr: HorizonInstruction = a.instruction
         t0 = _perf_ns()
-        self._collect_garbage(instr.garbage)
-        self._arbiter.prune(instr.task)
+        self._horizon_work(instr)
         self._complete_sync(instr, "immediate", t0)
         if self._on_horizon is not None:
             self._callback(self._on_horizon, instr)
+
+    def _horizon_work(self, instr: HorizonInstruction) -> None:
+        """What a horizon does, through the engine (``_issue_horizon``) or straight from its
+        batch (``Executor._direct_horizon``): drop the user allocations it names, prune the
+        arbiter's record of tasks before it."""
+        if instr.garbage:
+            self._collect_garbage(instr.garbage)
+        self._arbiter.prune(instr.task)
 
     def _issue_epoch(self, a: Assignment) -> None:
         instr: EpochInstruction = a.instruction

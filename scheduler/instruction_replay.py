@@ -493,15 +493,11 @@ class InstructionReplayMixin:
                 # shaped or recorded)
                 return None if sig is None else (sig,)
         ibase = self._next_instr
-        shapes = self._shapes
-        if bids:
-            now = self._current_shapes(bids)
-            shapes_out.extend(now)
-            parts = self._shape_parts(now, ibase, task.id)
-        else:
-            parts = []
+        now = self._current_shapes(bids) if bids else []
+        shapes_out.extend(now)
+        parts = self._shape_parts(now, ibase, task.id)
         if kind == cg.HORIZON:   # (it collapses the user allocations' ids too)
-            parts.append(_user_parts([shapes[bid] for bid in bids], ibase))
+            parts.append(_user_parts(now, ibase))
         epoch = self._horizons.epoch
         # (the epoch's distance is not in the key of what a command lowers to, see
         # Replay.find; a horizon's key holds it)
